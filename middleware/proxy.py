@@ -1,0 +1,167 @@
+"""The OpenAI-compatible proxy: thin FastAPI handlers over the Pipeline.
+
+Errors of every kind leave as OpenAI error JSON (`{"error": {...}}`), mapped here in one place.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from middleware.config import Config
+from middleware.errors import BadRequest, KvgateError, Unauthorized
+from middleware.pipeline import CacheInfo, Pipeline, Result
+from middleware.request import CacheControl
+from middleware.schema import ChatCompletionRequest
+
+log = logging.getLogger("kvgate.proxy")
+CONTROL_HEADER = "x-kvgate-cache-control"
+
+
+def tenant_of(token: str | None) -> str:
+    """A tenant id derived from the bearer token; the token itself is never stored."""
+    return hashlib.sha256(token.encode()).hexdigest()[:24] if token else "anonymous"
+
+
+def bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def error_response(exc: KvgateError) -> JSONResponse:
+    return JSONResponse(exc.to_json(), status_code=exc.status)
+
+
+def cache_headers(info: CacheInfo) -> dict[str, str]:
+    headers = {"x-kvgate-cache": info.cache, "x-kvgate-route": info.route}
+    if info.similarity is not None:
+        headers["x-kvgate-similarity"] = f"{info.similarity:.4f}"
+    return headers
+
+
+def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    return f"invalid request: {field}: {first.get('msg')}", field
+
+
+async def _sse(result: Result) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in result.stream:
+            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n".encode()
+    except KvgateError as exc:  # the backend failed mid-stream: tell the client in-band
+        yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
+    """Build the app; the pipeline (embedder + index) is created at start-up unless given."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = pipeline is None
+        app.state.pipeline = pipeline or Pipeline(config)
+        yield
+        if owned:
+            app.state.pipeline.close()
+
+    app = FastAPI(title="kvgate", version="0.1.0", lifespan=lifespan)
+    keys = frozenset(config.auth.keys)
+
+    def authorise(request: Request) -> str:
+        token = bearer(request)
+        if keys and token not in keys:
+            raise Unauthorized("missing or unknown API key" if token is None else "invalid API key")
+        return tenant_of(token)
+
+    @app.exception_handler(KvgateError)
+    async def _kvgate_error(_: Request, exc: KvgateError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, field = _validation_message(exc)
+        return error_response(BadRequest(message, param=field))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = KvgateError(str(exc.detail))
+        err.status, err.type = exc.status_code, "invalid_request_error"
+        return error_response(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return error_response(KvgateError(f"internal error: {type(exc).__name__}"))
+
+    @app.post("/v1/chat/completions", openapi_extra={"requestBody": {"content": {"application/json": {
+        "schema": ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}, "required": True}})
+    async def chat_completions(request: Request) -> Response:
+        tenant = authorise(request)
+        body = await _read_json(request, config.server.max_body_bytes)
+        control = CacheControl.from_header(request.headers.get(CONTROL_HEADER))
+        result = await request.app.state.pipeline.acomplete(body, tenant, control)
+        headers = cache_headers(result.info)
+        if result.stream is not None:
+            headers["cache-control"] = "no-cache"
+            return StreamingResponse(_sse(result), media_type="text/event-stream", headers=headers)
+        return JSONResponse(result.response.model_dump(), headers=headers)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authorise(request)
+        data = [{"id": r.model, "object": "model", "owned_by": f"kvgate:{r.name}"} for r in config.routes]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        return {"status": "ok", "entries": len(request.app.state.pipeline.index)}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        authorise(request)
+        return Response(request.app.state.pipeline.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a validated dict; 400/413 with a message naming the problem otherwise."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > limit:
+            raise _too_large(limit)
+    try:
+        body = json.loads(bytes(raw))
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        message, field = _validation_message(exc)
+        raise BadRequest(message, param=field) from None
+    return body
+
+
+def _too_large(limit: int) -> KvgateError:
+    err = BadRequest(f"request body larger than server.max_body_bytes ({limit} bytes)")
+    err.status = 413
+    return err

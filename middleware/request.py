@@ -1,0 +1,182 @@
+"""What the pipeline knows about one request: validated, canonicalised, hashed.
+
+Pure functions: the same request gives the same keys in every process, so the cache survives
+restarts and is shared between processes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from middleware.config import Config, RouteConfig
+from middleware.errors import BadRequest, ModelNotFound
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+# Arguments that do not change what the model says. Everything else counts as output-affecting,
+# so an unknown new parameter splits the cache rather than risking a wrong hit.
+NON_OUTPUT_PARAMS = frozenset(
+    {
+        "model", "messages", "stream", "stream_options", "user", "metadata", "api_key", "api_base",
+        "base_url", "api_version", "timeout", "request_timeout", "cache", "extra_headers", "headers",
+        "num_retries", "max_retries", "store", "litellm_logging_obj", "mock_response", "caching",
+        "fallbacks", "context_window_fallback_dict", "service_tier",
+    }
+)
+# Sent on to the backend but kept out of the keys.
+FORWARDED_NON_OUTPUT = ("stream_options", "user", "metadata", "extra_headers", "headers")
+KEY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CacheControl:
+    """Per-request cache directives (header `x-kvgate-cache-control`, SDK kwarg `cache`)."""
+
+    no_cache: bool = False  # do not look up
+    no_store: bool = False  # do not write
+    ttl: float | None = None  # override the route's TTL for this write
+
+    @classmethod
+    def from_header(cls, value: str | None) -> "CacheControl":
+        """Parse `no-cache, no-store, ttl=60` (comma separated, case-insensitive)."""
+        if not value:
+            return cls()
+        no_cache = no_store = False
+        ttl = None
+        for part in (p.strip().lower() for p in value.split(",")):
+            if part == "no-cache":
+                no_cache = True
+            elif part == "no-store":
+                no_store = True
+            elif part.startswith(("ttl=", "max-age=")):
+                ttl = _positive_float(part.split("=", 1)[1], "x-kvgate-cache-control ttl")
+            elif part:
+                raise BadRequest(f"unknown x-kvgate-cache-control directive {part!r}", param="x-kvgate-cache-control")
+        return cls(no_cache, no_store, ttl)
+
+    @classmethod
+    def from_kwarg(cls, value: Any) -> "CacheControl":
+        """LiteLLM's per-call `cache={"no-cache": True, "no-store": True, "ttl": 60}`."""
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise BadRequest("`cache` must be a dict like {'no-cache': True, 'ttl': 60}", param="cache")
+        ttl = value.get("ttl", value.get("s-maxage"))
+        return cls(
+            bool(value.get("no-cache", False)),
+            bool(value.get("no-store", False)),
+            _positive_float(ttl, "cache.ttl") if ttl is not None else None,
+        )
+
+
+def _positive_float(raw: Any, name: str) -> float:
+    try:
+        out = float(raw)
+    except (TypeError, ValueError):
+        raise BadRequest(f"{name} must be a number of seconds", param=name) from None
+    if out <= 0:
+        raise BadRequest(f"{name} must be positive", param=name)
+    return out
+
+
+@dataclass(frozen=True)
+class RequestView:
+    route: RouteConfig
+    model: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]  # output-affecting, canonical
+    forwarded: dict[str, Any]  # sent to the backend, not part of any key
+    stream: bool
+    tenant: str
+    exact_key: str
+    scope: str
+    query_text: str | None  # the last user turn, when it is plain text
+    control: CacheControl = field(default_factory=CacheControl)
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON: sorted keys, no spaces, None-valued dict keys dropped at every level."""
+    return json.dumps(_drop_none(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value]
+    if hasattr(value, "model_dump"):  # pydantic objects passed by SDK users (e.g. litellm Message)
+        return _drop_none(value.model_dump())
+    return value
+
+
+def digest(*parts: Any) -> str:
+    """sha256 over the canonical JSON of `parts`; equal inputs ⇔ equal digests (up to sha256)."""
+    return hashlib.sha256(canonical_json([KEY_VERSION, *parts]).encode()).hexdigest()
+
+
+def text_of(content: Any) -> str | None:
+    """Plain text of a message content, or None when it holds anything but text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = []
+        for part in content:
+            if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                return None
+            texts.append(part["text"])
+        return "\n".join(texts)
+    return None
+
+
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check the OpenAI message shape; return plain dicts. Raises BadRequest naming the field."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("`messages` must be a non-empty list", param="messages")
+    out = []
+    for i, msg in enumerate(messages):
+        if hasattr(msg, "model_dump"):
+            msg = msg.model_dump(exclude_none=True)
+        if not isinstance(msg, Mapping):
+            raise BadRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise BadRequest(
+                f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}", param=f"messages[{i}].role"
+            )
+        content = msg.get("content")
+        if content is None and not (role == "assistant" and msg.get("tool_calls")):
+            if role != "assistant":
+                raise BadRequest(f"messages[{i}].content is required", param=f"messages[{i}].content")
+        elif content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
+        out.append(dict(msg))
+    return out
+
+
+def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl) -> RequestView:
+    """Match the route and compute the exact key, the semantic scope and the query text."""
+    model = kwargs.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("`model` is required and must be a string", param="model")
+    route = config.match(model)
+    if route is None:
+        known = ", ".join(repr(r.model) for r in config.routes)
+        raise ModelNotFound(f"no route serves model {model!r}; routes accept: {known}", param="model")
+    messages = validate_messages(kwargs.get("messages"))
+    params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and v is not None}
+    params = json.loads(canonical_json(params))
+    forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
+    stream = bool(kwargs.get("stream", False))
+    cache_tenant = tenant if route.semantic.scope == "tenant" else None
+
+    exact_key = digest("exact", route.name, model, messages, params, cache_tenant)
+    last = messages[-1]
+    query = text_of(last.get("content")) if last.get("role") == "user" else None
+    earlier = messages[:-1]
+    if route.semantic.context == "last_user_only":
+        earlier = [m for m in earlier if m.get("role") in SYSTEM_ROLES]
+    scope = digest("scope", route.name, model, params, earlier, cache_tenant)
+    return RequestView(route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control)

@@ -24,6 +24,8 @@ test:
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 run:
+	@# the demo backend on :9001 stands in for an LLM server; stop both with Ctrl-C
+	$(BIN)/kvgate demo-backend --port 9001 & pid=$$!; trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
 	$(BIN)/kvgate serve --config examples/proxy_config.yaml
 
 bench: bench-semantic

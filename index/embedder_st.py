@@ -15,7 +15,8 @@ class SentenceTransformerEmbedder:
 
         self._model = SentenceTransformer(str(model_path), device="cpu")
         self.name = f"st:{Path(model_path).name}"
-        self.dim = int(self._model.get_sentence_embedding_dimension())
+        dim_of = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dim = int(dim_of())
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = self._model.encode(

@@ -21,7 +21,9 @@ def _serve(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else config.server.port
     if host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("kvgate").warning("binding to %s: the proxy is reachable beyond this machine", host)
-    print(f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})", flush=True)
+    print(f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})\n"
+          f"  try: curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
+          f"-d '{{\"model\": \"{config.routes[0].model.replace('*', '1')}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}' -i", flush=True)
     uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
@@ -42,6 +44,16 @@ def _prepare(args: argparse.Namespace) -> int:
     embedder = make_embedder("onnx", cache_dir=args.model_cache)
     vec = embedder.embed(["kvgate prepare"])
     print(f"embedder ready: {embedder.name} dim={vec.shape[1]} at {getattr(embedder, 'path', '?')}")
+    return 0
+
+
+def _demo_backend(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from middleware.bench.fake_backend import create_fake_app
+
+    print(f"kvgate demo backend (echoes 'Answer <n>: <question>') on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(create_fake_app(), host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -74,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
     prep.set_defaults(func=_prepare)
 
+    demo = sub.add_parser("demo-backend", help="a deterministic fake OpenAI-compatible backend for demos and tests")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=9001)
+    demo.set_defaults(func=_demo_backend)
+
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     from middleware.bench.semantic import add_arguments
@@ -86,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):  # per-call INFO lines from libraries
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

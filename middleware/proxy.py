@@ -38,6 +38,18 @@ def bearer(request: Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "moderation"})
+
+
+def openai_json(value: Any) -> Any:
+    """Drop LiteLLM's own bookkeeping fields so clients see OpenAI's wire format."""
+    if isinstance(value, dict):
+        return {k: openai_json(v) for k, v in value.items() if k not in LITELLM_ONLY_FIELDS}
+    if isinstance(value, list):
+        return [openai_json(v) for v in value]
+    return value
+
+
 def error_response(exc: KvgateError) -> JSONResponse:
     return JSONResponse(exc.to_json(), status_code=exc.status)
 
@@ -58,7 +70,8 @@ def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[
 async def _sse(result: Result) -> AsyncIterator[bytes]:
     try:
         async for chunk in result.stream:
-            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n".encode()
+            payload = openai_json(chunk.model_dump(exclude_none=True))
+            yield f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
     except KvgateError as exc:  # the backend failed mid-stream: tell the client in-band
         yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
     yield b"data: [DONE]\n\n"
@@ -115,7 +128,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         if result.stream is not None:
             headers["cache-control"] = "no-cache"
             return StreamingResponse(_sse(result), media_type="text/event-stream", headers=headers)
-        return JSONResponse(result.response.model_dump(), headers=headers)
+        return JSONResponse(openai_json(result.response.model_dump()), headers=headers)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

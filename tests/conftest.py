@@ -1,0 +1,102 @@
+"""Shared fixtures: one real embedder per session, fake backends and proxies on 127.0.0.1."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import httpx
+import pytest
+
+import middleware  # noqa: F401
+from index.embedder import Embedder, make_embedder
+from middleware.bench.fake_backend import Calls, ServerThread, create_fake_app
+from middleware.config import Config, parse_config
+from middleware.pipeline import Pipeline
+from middleware.proxy import create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    return make_embedder("onnx")
+
+
+class Backend:
+    def __init__(self) -> None:
+        self.calls = Calls()
+        self.server = ServerThread(create_fake_app(self.calls)).start()
+        self.url = self.server.url
+        self.api_base = f"{self.url}/v1"
+
+    @property
+    def count(self) -> int:
+        return self.calls.count
+
+
+@pytest.fixture(scope="session")
+def backend() -> Iterator[Backend]:
+    b = Backend()
+    yield b
+    b.server.stop()
+
+
+def route_config(api_base: str, cache_dir: Path, **semantic: Any) -> dict[str, Any]:
+    """The issue's example config, pointed at a test backend."""
+    return {
+        "cache_dir": str(cache_dir),
+        "routes": [
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
+                "semantic": {"threshold": 0.9, "ttl": 86400, "scope": "tenant", "context": "exact", **semantic},
+            },
+            {
+                "name": "shared",
+                "model": "shared-*",
+                "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
+                "semantic": {"threshold": 0.9, "scope": "shared"},
+            },
+        ],
+    }
+
+
+class Proxy:
+    def __init__(self, config: Config, embedder: Embedder) -> None:
+        self.pipeline = Pipeline(config, embedder=embedder)
+        self.server = ServerThread(create_app(config, self.pipeline)).start()
+        self.url = self.server.url
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    def chat(self, content: str | list[dict[str, Any]], *, key: str = "key-a", model: str = "demo-1",
+             headers: dict[str, str] | None = None, **params: Any) -> httpx.Response:
+        messages = content if isinstance(content, list) else [{"role": "user", "content": content}]
+        body = {"model": model, "messages": messages, **params}
+        return self.http.post("/v1/chat/completions", json=body,
+                              headers={"authorization": f"Bearer {key}", **(headers or {})})
+
+    def stop(self) -> None:
+        self.http.close()
+        self.server.stop()
+        self.pipeline.close()
+
+
+@pytest.fixture
+def make_proxy(embedder: Embedder, backend: Backend, tmp_path: Path) -> Iterator[Callable[..., Proxy]]:
+    started: list[Proxy] = []
+
+    def make(cache_dir: Path | None = None, raw: dict[str, Any] | None = None, **semantic: Any) -> Proxy:
+        config = parse_config(raw or route_config(backend.api_base, cache_dir or tmp_path / "cache", **semantic))
+        proxy = Proxy(config, embedder)
+        started.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in started:
+        if proxy.server.thread.is_alive():
+            proxy.stop()

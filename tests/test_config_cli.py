@@ -1,0 +1,100 @@
+"""Config validation messages and the `kvgate` command line, as a user runs it."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from middleware.config import load_config, parse_config
+from middleware.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+KVGATE = [sys.executable, "-m", "middleware.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_example_config_is_valid():
+    config = load_config(ROOT / "examples" / "proxy_config.yaml")
+    assert config.match("demo-7").name == "chat" and config.match("gpt-4") is None
+    assert config.routes[0].semantic.threshold == 0.9 and config.server.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"routes": []}, "routes"),
+    ({}, "routes"),
+    ({"routes": [{"name": "a", "model": "x", "semantic": {"threshold": 1.5}}]}, "routes.0.semantic.threshold"),
+    ({"routes": [{"name": "a", "model": "x", "semantic": {"scope": "global"}}]}, "routes.0.semantic.scope"),
+    ({"routes": [{"name": "a", "model": "x", "backend": {"api_bsae": "http://x"}}]}, "routes.0.backend.api_bsae"),
+    ({"routes": [{"name": "a", "model": "x"}, {"name": "a", "model": "y"}]}, "routes"),
+    ({"routes": [{"name": "a", "model": "x"}], "server": {"port": 70000}}, "server.port"),
+])
+def test_bad_config_names_the_field(data, field):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert f"{field}:" in err.value.message
+
+
+def test_cli_bad_config_exits_with_message(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("routes:\n  - name: chat\n    model: 'demo-*'\n    semantic: {threshold: high}\n")
+    run = subprocess.run([*KVGATE, "serve", "--config", str(bad)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 2
+    assert "routes.0.semantic.threshold" in run.stderr and "Traceback" not in run.stderr
+    missing = subprocess.run([*KVGATE, "check-config", "--config", str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "cannot read config" in missing.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("routes: [\n")
+    run = subprocess.run([*KVGATE, "check-config", "--config", str(broken)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "not valid YAML" in run.stderr
+
+
+def test_cli_serve_and_examples_end_to_end(tmp_path, backend):
+    """`kvgate serve` as a process, driven by the two example scripts."""
+    port = free_port()
+    config = tmp_path / "kvgate.yaml"
+    text = (ROOT / "examples" / "proxy_config.yaml").read_text()
+    config.write_text(text.replace("http://127.0.0.1:9001/v1", backend.api_base).replace("./.kvgate", str(tmp_path / "cache")))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([*KVGATE, "serve", "--config", str(config), "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail("proxy did not start")
+        out = subprocess.run([sys.executable, str(ROOT / "examples" / "proxy_client.py"), f"http://127.0.0.1:{port}/v1"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith("miss") and lines[1].startswith("semantic")
+        assert lines[2] == "stream: " + lines[0].split("-> ", 1)[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "serving 1 route(s)" in proc.stdout.read()
+
+
+def test_sdk_example(backend):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "sdk_chat.py"), backend.api_base],
+                         capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr
+    tiers = [line.split()[0] for line in out.stdout.splitlines()]
+    assert tiers[:3] == ["miss", "exact", "semantic"]
+    assert out.stdout.splitlines()[3].startswith("stream exact: Answer")

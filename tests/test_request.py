@@ -1,0 +1,110 @@
+"""Keys and scopes: pure functions, checked with properties."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from middleware.config import parse_config
+from middleware.errors import BadRequest
+from middleware.replay import replay_chunks, split_text
+from middleware.request import CacheControl, build_view, canonical_json
+
+CONFIG = parse_config({"routes": [
+    {"name": "a", "model": "m-*"},
+    {"name": "b", "model": "last-*", "semantic": {"context": "last_user_only"}},
+    {"name": "s", "model": "shared-*", "semantic": {"scope": "shared"}},
+]})
+
+
+def view(messages, model="m-1", tenant="t1", **params):
+    return build_view(CONFIG, {"model": model, "messages": messages, **params}, tenant, CacheControl())
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def test_key_ignores_dict_order_and_non_output_params():
+    a = view([user("hi")], temperature=0.2, top_p=0.9)
+    b = build_view(CONFIG, {"top_p": 0.9, "messages": [{"content": "hi", "role": "user"}], "temperature": 0.2,
+                            "model": "m-1", "stream": True, "user": "someone", "metadata": {"x": 1}}, "t1", CacheControl())
+    assert a.exact_key == b.exact_key and a.scope == b.scope
+
+
+@pytest.mark.parametrize("change", [
+    {"model": "m-2"}, {"tenant": "t2"}, {"temperature": 0.5}, {"max_tokens": 10}, {"seed": 3},
+    {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"response_format": {"type": "json_object"}},
+])
+def test_every_output_affecting_change_splits_scope(change):
+    base = view([user("hi")])
+    other = view([user("hi")], **change)
+    assert base.exact_key != other.exact_key and base.scope != other.scope
+
+
+def test_context_modes():
+    sys_ = {"role": "system", "content": "be brief"}
+    turn = [user("about Rome"), {"role": "assistant", "content": "Rome is old"}]
+    exact_a = view([sys_, *turn, user("what is there?")])
+    exact_b = view([sys_, user("what is there?")])
+    assert exact_a.scope != exact_b.scope  # context: exact keeps earlier turns in the scope
+    last_a = view([sys_, *turn, user("what is there?")], model="last-1")
+    last_b = view([sys_, user("what is there?")], model="last-1")
+    assert last_a.scope == last_b.scope  # last_user_only drops them...
+    assert last_a.exact_key != last_b.exact_key  # ...but the exact tier never does
+    assert view([user("x")], model="last-1").scope != last_b.scope  # the system prompt always counts
+
+
+def test_shared_scope_ignores_tenant():
+    assert view([user("x")], model="shared-1", tenant="a").scope == view([user("x")], model="shared-1", tenant="b").scope
+
+
+def test_query_text_only_for_plain_user_text():
+    assert view([user("hello")]).query_text == "hello"
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert view([{"role": "user", "content": parts}]).query_text == "a\nb"
+    image = [{"type": "image_url", "image_url": {"url": "data:..."}}]
+    assert view([{"role": "user", "content": image}]).query_text is None
+    tool = [user("x"), {"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "1", "content": "42"}]
+    assert view(tool).query_text is None  # last turn is a tool result: exact tier only
+
+
+@pytest.mark.parametrize("messages", [[], "hi", [{"role": "user"}], [{"role": "x", "content": "y"}], [{"role": "user", "content": 5}]])
+def test_bad_messages(messages):
+    with pytest.raises(BadRequest):
+        view(messages)
+
+
+def test_cache_control_parsing():
+    assert CacheControl.from_header("No-Cache, no-store, ttl=30") == CacheControl(True, True, 30.0)
+    assert CacheControl.from_kwarg({"no-cache": True, "ttl": 5}) == CacheControl(True, False, 5.0)
+    for bad in ("ttl=abc", "ttl=-1", "sometimes"):
+        with pytest.raises(BadRequest):
+            CacheControl.from_header(bad)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                           max_leaves=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), json_values, max_size=5))
+def test_canonical_json_is_order_independent(d):
+    assert canonical_json(d) == canonical_json(dict(reversed(list(d.items()))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_split_text_roundtrips(text):
+    assert "".join(split_text(text)) == text
+
+
+def test_replay_rebuilds_content_and_usage():
+    stored = {"id": "x", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "one two three four five"},
+              "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
+    chunks = list(replay_chunks(stored, include_usage=True))
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "one two three four five"
+    assert chunks[-1]["usage"]["total_tokens"] == 6 and chunks[-2]["choices"][0]["finish_reason"] == "stop"

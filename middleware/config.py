@@ -35,12 +35,49 @@ class SemanticConfig(_Strict):
     context: Literal["exact", "last_user_only"] = "exact"
 
 
+class ReplicaConfig(_Strict):
+    """One server of a route's backend; inherits the backend's model and api_key."""
+
+    name: str = Field(min_length=1)
+    api_base: str = Field(min_length=1)
+    api_key: str | None = None
+    events: str | None = Field(None, description="ZMQ endpoint of the replica's KV events (precise mode)")
+    capacity_blocks: int | None = Field(None, gt=0, description="approximate mode: blocks its prefix cache holds")
+
+
+class RoutingConfig(_Strict):
+    """How a miss picks a replica. See middleware/routing/*.py for each policy's rule."""
+
+    policy: Literal["round_robin", "least_loaded", "cache_aware", "affinity"] = "cache_aware"
+    block_size: int = Field(16, gt=0, le=4096, description="tokens per hashed block (characters with tokenizer: text)")
+    tokenizer: str = Field("text", description="smollm2 | text | path to a local HF tokenizer dir")
+    seed: str = Field("kvgate", description="hash seed; must match the replicas' (precise mode)")
+    mode: Literal["approximate", "precise"] = "approximate"
+    capacity_blocks: int | None = Field(None, gt=0, description="default per-replica cache size in blocks (approximate)")
+    decode_weight: float = Field(64.0, ge=0, description="cache_aware: prefill tokens one running decode costs")
+    load_factor: float = Field(1.25, ge=1.0, description="affinity: bound on load vs the mean")
+    max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")
+    down_for_s: float = Field(5.0, gt=0, description="a failed replica gets no traffic this long (then half-open)")
+    probe_interval_s: float = Field(2.0, gt=0, description="health probe of down replicas (proxy)")
+
+
 class RouteConfig(_Strict):
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="glob matched against the request's model")
     backend: BackendConfig = Field(default_factory=BackendConfig)
     semantic: SemanticConfig = Field(default_factory=SemanticConfig)
     exact: bool = Field(True, description="serve byte-identical repeats from the exact tier")
+    replicas: list[ReplicaConfig] = Field(default_factory=list, description="servers to route misses across")
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+
+    @field_validator("replicas")
+    @classmethod
+    def _unique_replicas(cls, replicas: list[ReplicaConfig]) -> list[ReplicaConfig]:
+        names = [r.name for r in replicas]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"replica names must be unique, repeated: {dupes}")
+        return replicas
 
     def matches(self, model: str) -> bool:
         return fnmatch.fnmatchcase(model, self.model)

@@ -24,10 +24,12 @@ from litellm.types.utils import ModelResponseStream  # noqa: E402
 
 from index.embedder import Embedder, make_embedder  # noqa: E402
 from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
-from middleware.config import Config  # noqa: E402
+from middleware.backend import Backend, Call  # noqa: E402
+from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
 from middleware.replay import replay_chunks  # noqa: E402
+from middleware.routing.router import Router  # noqa: E402
 from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
 
 log = logging.getLogger("kvgate.pipeline")
@@ -45,6 +47,7 @@ class CacheInfo:
     similarity: float | None = None
     entry_id: int | None = None
     stored: bool = False
+    replica: str | None = None  # the replica that answered a miss, on routes with replicas
 
 
 @dataclass
@@ -94,6 +97,11 @@ class Pipeline:
             config.cache_dir / "responses", self.embedder.dim, max_entries=config.max_entries
         )
         self.metrics.entries.set_function(lambda: len(self.index))
+        self.backends = {route.name: Backend(route, _router_for(route)) for route in config.routes}
+
+    @property
+    def routers(self) -> dict[str, Router]:
+        return {name: b.router for name, b in self.backends.items() if b.router is not None}
 
     def close(self) -> None:
         self.index.close()
@@ -135,7 +143,7 @@ class Pipeline:
             return None
         sem = view.route.semantic
         semantic = sem.enabled and view.query_text is not None
-        cost = _cost(response, self.backend_kwargs(view)["model"])
+        cost = _cost(response, self.backends[route].kwargs(view)["model"])
         if cost:
             response = {**response, "_kvgate_cost_usd": cost}
         if semantic and vector is None:
@@ -153,23 +161,6 @@ class Pipeline:
         self.metrics.stores.labels(route, "stored").inc()
         return entry
 
-    def backend_kwargs(self, view: RequestView) -> dict[str, Any]:
-        backend = view.route.backend
-        kwargs: dict[str, Any] = {
-            **view.params,
-            **view.forwarded,
-            "model": backend.model or view.model,
-            "messages": view.messages,
-            "stream": view.stream,
-            "timeout": backend.timeout,
-            "num_retries": backend.num_retries,
-        }
-        if backend.api_base:
-            kwargs["api_base"] = backend.api_base
-        if backend.api_key:
-            kwargs["api_key"] = backend.api_key
-        return kwargs
-
     # ------------------------------------------------------------------ async face
     async def acomplete(
         self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None
@@ -180,42 +171,45 @@ class Pipeline:
         found = Lookup(hit) if hit else await asyncio.to_thread(self.lookup_semantic, view)
         if found.hit:
             return self._served_hit(view, found.hit, started)
-        call = self.backend_kwargs(view)
-        try:
-            response = await litellm.acompletion(**call)
-            if view.stream:
-                stream = response.__aiter__()
-                first = await stream.__anext__()
-        except StopAsyncIteration:
-            first, stream = None, None
-        except Exception as exc:  # litellm raises many types; all mean "the backend failed"
-            raise self._backend_failed(view, exc) from exc
-        self.metrics.backend_calls.labels(view.route.name, "ok").inc()
-        info = CacheInfo("miss", view.route.name)
+        backend = self.backends[view.route.name]
+        call = await self._counted(view, backend.acall(view))
+        info = CacheInfo("miss", view.route.name, replica=call.replica)
         if view.stream:
-            return Result(info, stream=self._tee_async(view, info, first, stream, found.vector, started), started=started)
-        payload = response.model_dump()
+            return Result(info, stream=self._tee_async(view, info, call, found.vector, started), started=started)
+        payload = call.response.model_dump()
+        backend.done(call, True, view, _answer_text(payload))
         entry = await asyncio.to_thread(self.store, view, payload, found.vector)
         self._finish(view, info, entry, started)
-        _tag(response, info)
-        return Result(info, response=response, started=started)
+        _tag(call.response, info)
+        return Result(info, response=call.response, started=started)
+
+    async def _counted(self, view: RequestView, pending: Any) -> Any:
+        try:
+            call = await pending
+        except BackendError:
+            self.metrics.backend_calls.labels(view.route.name, "error").inc()
+            raise
+        self.metrics.backend_calls.labels(view.route.name, "ok").inc()
+        return call
 
     async def _tee_async(
-        self, view: RequestView, info: CacheInfo, first: Any, rest: Any, vector: np.ndarray | None, started: float
+        self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float
     ) -> AsyncIterator[ModelResponseStream]:
-        chunks = []
+        backend, chunks, ok = self.backends[view.route.name], [], False
         try:
-            if first is not None:
-                chunks.append(first)
-                yield first
-            if rest is not None:
-                async for chunk in rest:
-                    chunks.append(chunk)
-                    yield chunk
+            if call.first is not None:
+                chunks.append(call.first)
+                yield call.first
+            async for chunk in call.rest:
+                chunks.append(chunk)
+                yield chunk
+            ok = True
         except Exception as exc:
-            raise self._backend_failed(view, exc) from exc
-        # reached only when the stream ran to its end: a cut-off stream is never stored
-        payload = self._assemble(view, chunks)
+            raise backend.error(exc) from exc
+        finally:
+            # reached with ok=False when the stream broke or the client went away: never stored
+            payload = self._assemble(view, chunks) if ok else None
+            backend.done(call, ok, view, _answer_text(payload) if payload else None)
         entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
         self._finish(view, info, entry, started)
 
@@ -228,38 +222,40 @@ class Pipeline:
         found = self.lookup(view)
         if found.hit:
             return self._served_hit(view, found.hit, started, sync=True)
-        call = self.backend_kwargs(view)
+        backend = self.backends[view.route.name]
         try:
-            response = litellm.completion(**call)
-            if view.stream:
-                stream = iter(response)
-                first = next(stream, None)
-        except Exception as exc:
-            raise self._backend_failed(view, exc) from exc
+            call = backend.call(view)
+        except BackendError:
+            self.metrics.backend_calls.labels(view.route.name, "error").inc()
+            raise
         self.metrics.backend_calls.labels(view.route.name, "ok").inc()
-        info = CacheInfo("miss", view.route.name)
+        info = CacheInfo("miss", view.route.name, replica=call.replica)
         if view.stream:
-            return Result(info, stream=self._tee_sync(view, info, first, stream, found.vector, started), started=started)
-        payload = response.model_dump()
+            return Result(info, stream=self._tee_sync(view, info, call, found.vector, started), started=started)
+        payload = call.response.model_dump()
+        backend.done(call, True, view, _answer_text(payload))
         entry = self.store(view, payload, found.vector)
         self._finish(view, info, entry, started)
-        _tag(response, info)
-        return Result(info, response=response, started=started)
+        _tag(call.response, info)
+        return Result(info, response=call.response, started=started)
 
     def _tee_sync(
-        self, view: RequestView, info: CacheInfo, first: Any, rest: Iterator[Any], vector: np.ndarray | None, started: float
+        self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float
     ) -> Iterator[ModelResponseStream]:
-        chunks = []
+        backend, chunks, ok = self.backends[view.route.name], [], False
         try:
-            if first is not None:
-                chunks.append(first)
-                yield first
-            for chunk in rest:
+            if call.first is not None:
+                chunks.append(call.first)
+                yield call.first
+            for chunk in call.rest:
                 chunks.append(chunk)
                 yield chunk
+            ok = True
         except Exception as exc:
-            raise self._backend_failed(view, exc) from exc
-        payload = self._assemble(view, chunks)
+            raise backend.error(exc) from exc
+        finally:
+            payload = self._assemble(view, chunks) if ok else None
+            backend.done(call, ok, view, _answer_text(payload) if payload else None)
         entry = self.store(view, payload, vector) if payload else None
         self._finish(view, info, entry, started)
 
@@ -303,19 +299,23 @@ class Pipeline:
         self.metrics.requests.labels(route, "miss").inc()
         self.metrics.latency.labels(route, "miss").observe(time.perf_counter() - started)
 
-    def _backend_failed(self, view: RequestView, exc: Exception) -> BackendError:
-        self.metrics.backend_calls.labels(view.route.name, "error").inc()
-        status = getattr(exc, "status_code", None)
-        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-        log.warning("backend for route %s failed: %s", view.route.name, message)
-        return BackendError(f"backend error on route {view.route.name!r}: {message}", backend_status=status)
-
     def _count_lookup(self, view: RequestView, tier: str, started: float, hit: bool) -> None:
         route = view.route.name
         self.metrics.lookups.labels(route, tier).inc()
         self.metrics.lookup_latency.labels(route, tier).observe(time.perf_counter() - started)
         if hit:
             self.metrics.hits.labels(route, tier).inc()
+
+
+def _router_for(route: RouteConfig) -> Router | None:
+    return Router(route.replicas, route.routing) if route.replicas else None
+
+
+def _answer_text(payload: dict[str, Any]) -> str | None:
+    choices = payload.get("choices") or []
+    message = (choices[0].get("message") or {}) if choices else {}
+    content = message.get("content")
+    return content if isinstance(content, str) else None
 
 
 def _cost(payload: dict[str, Any], model: str) -> float:

@@ -4,12 +4,14 @@ Errors of every kind leave as OpenAI error JSON (`{"error": {...}}`), mapped her
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -21,6 +23,7 @@ from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError, Unauthorized
 from middleware.pipeline import CacheInfo, Pipeline, Result
 from middleware.request import CacheControl
+from middleware.routing.router import Router
 from middleware.schema import ChatCompletionRequest
 
 log = logging.getLogger("kvgate.proxy")
@@ -58,6 +61,8 @@ def cache_headers(info: CacheInfo) -> dict[str, str]:
     headers = {"x-kvgate-cache": info.cache, "x-kvgate-route": info.route}
     if info.similarity is not None:
         headers["x-kvgate-similarity"] = f"{info.similarity:.4f}"
+    if info.replica is not None:
+        headers["x-kvgate-replica"] = info.replica
     return headers
 
 
@@ -84,7 +89,10 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = pipeline is None
         app.state.pipeline = pipeline or Pipeline(config)
+        probes = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in app.state.pipeline.routers.values()]
         yield
+        for task in probes:
+            task.cancel()
         if owned:
             app.state.pipeline.close()
 
@@ -146,6 +154,17 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         return Response(request.app.state.pipeline.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _probe_loop(router: Router, interval: float) -> None:
+    """Re-admit replicas that were marked down once they answer again."""
+    async with httpx.AsyncClient() as client:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await router.probe(client)
+            except Exception:  # a probe must never take the proxy down
+                log.exception("health probe failed")
 
 
 async def _read_json(request: Request, limit: int) -> dict[str, Any]:

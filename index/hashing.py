@@ -1,0 +1,85 @@
+"""Chained block hashes over token ids (the vLLM prefix-caching scheme), pure functions.
+
+A prompt of tokens t_0..t_{n-1} is cut into full blocks of `block_size` tokens (the partial tail
+is not hashed: an engine caches only full blocks). Block i's hash is
+
+    h_i = H(h_{i-1} || extra || tokens of block i),   h_{-1} = seed_hash(seed)
+
+with H = SHA-256, truncated to 64 bits for compact keys. Because every hash covers its parent,
+h_i depends on *all* tokens before the end of block i: two prompts share h_0..h_k exactly when
+(up to SHA-256 collisions) they share their first (k+1)·block_size tokens. So "the longest run of
+leading hashes a replica holds" is "the longest cached token prefix", and matching is a walk from
+the front that stops at the first miss. Same input gives the same hashes in every process and on
+every machine (no Python `hash()`, no pickling).
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Iterable, Sequence
+
+BlockHash = int  # 64-bit unsigned
+DEFAULT_SEED = "kvgate"
+CHARS_PER_TOKEN = 4  # text fallback: ~4 characters per token in English
+
+
+def seed_hash(seed: str = DEFAULT_SEED) -> BlockHash:
+    """The parent of the first block; routes and replicas must agree on the seed."""
+    return int.from_bytes(hashlib.sha256(b"kvgate-seed:" + seed.encode()).digest()[:8], "little")
+
+
+def _extra_bytes(extra: Sequence[str | int]) -> bytes:
+    return "\x1f".join(str(e) for e in extra).encode() if extra else b""
+
+
+def hash_block(parent: BlockHash, tokens: Sequence[int], extra: Sequence[str | int] = ()) -> BlockHash:
+    """H(parent, extra, tokens). Tokens are packed as uint32 little-endian; extra keys (model,
+    LoRA id, …) are length-prefixed so no two (extra, tokens) pairs share an encoding."""
+    h = hashlib.sha256(parent.to_bytes(8, "little"))
+    ex = _extra_bytes(extra)
+    h.update(len(ex).to_bytes(4, "little"))
+    h.update(ex)
+    h.update(array("I", tokens).tobytes())
+    return int.from_bytes(h.digest()[:8], "little")
+
+
+def block_hashes(
+    tokens: Sequence[int],
+    block_size: int = 16,
+    parent: BlockHash | None = None,
+    extra: Sequence[str | int] = (),
+    seed: str = DEFAULT_SEED,
+) -> list[BlockHash]:
+    """Hashes of every full block of `tokens`, chained from `parent` (default: the seed).
+
+    Resuming is exact: block_hashes(a + b) == block_hashes(a) + block_hashes(b, parent=last of a)
+    whenever len(a) is a multiple of block_size.
+    """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    h = seed_hash(seed) if parent is None else parent
+    out: list[BlockHash] = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        h = hash_block(h, tokens[start : start + block_size], extra)
+        out.append(h)
+    return out
+
+
+def text_tokens(text: str) -> list[int]:
+    """Fallback "tokens" for routes without a tokenizer: the text's Unicode code points."""
+    return [ord(c) for c in text]
+
+
+def text_block_hashes(text: str, block_size: int = 16, extra: Sequence[str | int] = (), seed: str = DEFAULT_SEED) -> list[BlockHash]:
+    """Chained hashes over blocks of block_size·CHARS_PER_TOKEN characters (≈ block_size tokens)."""
+    return block_hashes(text_tokens(text), block_size * CHARS_PER_TOKEN, extra=extra, seed=seed)
+
+
+def common_prefix_len(a: Iterable[BlockHash], b: Iterable[BlockHash]) -> int:
+    """Number of leading hashes two chains share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

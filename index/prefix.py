@@ -1,0 +1,242 @@
+"""PrefixIndex: which backend replica holds which KV blocks, and how long a prompt's cached
+prefix is on each.
+
+Keys are the chained block hashes of `index.hashing`: block i's hash covers every token up to
+the end of block i. Two consequences shape this module:
+
+* A replica can reuse block i only if it also holds blocks 0..i-1 (an engine's prefix cache is
+  looked up from the front and stops at the first miss). So the useful number for routing is the
+  count of LEADING hashes a replica holds, and `match` stops counting a replica at its first
+  miss even if later hashes of the chain are present there (they are orphans the engine cannot
+  reach without recomputing the missing block).
+* Because a hash identifies its whole prefix, one flat table `hash -> holders` is enough; no
+  tree is needed. `match` walks the chain once, intersecting holder sets, and stops as soon as no
+  replica is left, so its cost is O(longest match), independent of the number of indexed blocks.
+
+Two ways to feed it:
+
+* approximate: `record(replica, hashes)` after routing a request to `replica`, mirroring the
+  engine's LRU prefix cache with a per-replica capacity in blocks (guessing evictions);
+* precise: `stored` / `removed` / `cleared` from the engine's KV cache events
+  (`index.kv_events`), where the engine reports its own evictions.
+
+Holders are kept as an int bitmask (one bit per replica): intersecting is one `&`, and small ints
+are cached by CPython, so 1M blocks cost one dict entry each in the global table plus one entry
+in the holding replica's LRU.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from index.hashing import BlockHash
+
+
+@dataclass
+class _Replica:
+    name: str
+    bit: int  # 1 << slot
+    capacity: int | None
+    # LRU order: first = least recently used. Values unused (OrderedDict as an ordered set).
+    lru: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
+    evictions: int = 0
+
+
+class PrefixIndex:
+    """Block hash → replicas holding it, with per-replica LRU capacity.
+
+    Invariant: `self._holders[h]` has bit b set exactly when `h` is in the LRU of the replica
+    owning bit b; hashes held by no replica are absent (no zero masks are stored).
+
+    Thread-safe: every public method takes one lock (events arrive on a subscriber thread while
+    the router matches on another).
+    """
+
+    def __init__(self, capacity_blocks: int | None = None) -> None:
+        """capacity_blocks: default per-replica capacity in blocks; None = unlimited."""
+        _check_capacity(capacity_blocks)
+        self._default_capacity = capacity_blocks
+        self._replicas: dict[str, _Replica] = {}
+        self._by_slot: dict[int, _Replica] = {}  # slot index -> replica, for decoding masks
+        self._holders: dict[BlockHash, int] = {}
+        self._lock = threading.Lock()
+
+    # -- replicas ---------------------------------------------------------------------------
+
+    def add_replica(self, name: str, capacity_blocks: int | None = None) -> None:
+        """Register a replica; capacity_blocks overrides the index default (None = default)."""
+        cap = self._default_capacity if capacity_blocks is None else capacity_blocks
+        _check_capacity(cap)
+        with self._lock:
+            if name in self._replicas:
+                raise ValueError(f"replica {name!r} already registered")
+            slot = 0
+            while slot in self._by_slot:  # reuse freed slots so masks stay small
+                slot += 1
+            rep = _Replica(name=name, bit=1 << slot, capacity=cap)
+            self._replicas[name] = rep
+            self._by_slot[slot] = rep
+
+    def remove_replica(self, name: str) -> None:
+        """Forget a replica and every block it held."""
+        with self._lock:
+            rep = self._get(name)
+            self._drop_all(rep)
+            del self._replicas[name]
+            del self._by_slot[rep.bit.bit_length() - 1]
+
+    @property
+    def replicas(self) -> list[str]:
+        with self._lock:
+            return list(self._replicas)
+
+    # -- approximate mode -------------------------------------------------------------------
+
+    def record(self, replica: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """A request with this block chain was served by `replica`: its blocks are now there.
+
+        Inserts missing blocks and marks all of them most recently used, then evicts least
+        recently used blocks while over capacity. Returns the evicted hashes (oldest first).
+
+        The chain is touched from its LAST block to its FIRST, so the first block ends up the
+        most recent: like vLLM, which frees a finished request's blocks in reverse so the tail is
+        evicted before the head. Evicting a head block would orphan every block after it.
+        """
+        with self._lock:
+            rep = self._get(replica)
+            self._insert(rep, reversed(hashes))
+            return self._evict_over_capacity(rep)
+
+    # -- precise mode (engine events) -------------------------------------------------------
+
+    def stored(self, replica: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """The engine reports these blocks stored on `replica`.
+
+        Same bookkeeping as `record` (the engine will report evictions itself, so leave the
+        replica's capacity None, or set it above the engine's size as a memory bound in case
+        removal events are lost). Returns hashes evicted by that bound, if any.
+        """
+        with self._lock:
+            rep = self._get(replica)
+            self._insert(rep, reversed(hashes))
+            return self._evict_over_capacity(rep)
+
+    def removed(self, replica: str, hashes: Iterable[BlockHash]) -> None:
+        """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
+        with self._lock:
+            rep = self._get(replica)
+            lru, holders, keep = rep.lru, self._holders, ~rep.bit
+            for h in hashes:
+                if h in lru:
+                    del lru[h]
+                    self._unset(holders, h, keep)
+
+    def cleared(self, replica: str) -> None:
+        """The engine reports its whole prefix cache reset."""
+        with self._lock:
+            self._drop_all(self._get(replica))
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
+        """For every replica, how many leading hashes of `hashes` it holds.
+
+        Stops counting a replica at its first miss (see the module docstring: a later block
+        without its predecessors is unusable), and stops the walk when no replica is left, so
+        the cost is O(longest match). Does not touch LRU order: routing decides afterwards, and
+        `record` marks the chosen replica's blocks.
+        """
+        with self._lock:
+            result = dict.fromkeys(self._replicas, 0)
+            by_slot = self._by_slot
+            get = self._holders.get
+            active = 0
+            for rep in self._replicas.values():
+                active |= rep.bit
+            i = 0
+            for h in hashes:
+                still = get(h, 0) & active
+                if still != active:
+                    self._settle(result, by_slot, active & ~still, i)
+                    active = still
+                    if not active:
+                        return result
+                i += 1
+            self._settle(result, by_slot, active, i)
+            return result
+
+    def blocks(self, replica: str) -> int:
+        """Number of blocks the index believes `replica` holds."""
+        with self._lock:
+            return len(self._get(replica).lru)
+
+    def stats(self) -> dict[str, object]:
+        """{'blocks': {replica: n}, 'evictions': {replica: n}, 'capacity': {replica: cap},
+        'unique_blocks': distinct hashes held anywhere}."""
+        with self._lock:
+            reps = self._replicas.values()
+            return {
+                "blocks": {r.name: len(r.lru) for r in reps},
+                "evictions": {r.name: r.evictions for r in reps},
+                "capacity": {r.name: r.capacity for r in reps},
+                "unique_blocks": len(self._holders),
+            }
+
+    # -- internals (lock held) --------------------------------------------------------------
+
+    def _get(self, name: str) -> _Replica:
+        try:
+            return self._replicas[name]
+        except KeyError:
+            raise KeyError(f"unknown replica {name!r}") from None
+
+    def _insert(self, rep: _Replica, hashes: Iterable[BlockHash]) -> None:
+        lru, holders, bit = rep.lru, self._holders, rep.bit
+        move = lru.move_to_end
+        for h in hashes:
+            if h in lru:
+                move(h)
+            else:
+                lru[h] = None
+                holders[h] = holders.get(h, 0) | bit
+
+    def _evict_over_capacity(self, rep: _Replica) -> list[BlockHash]:
+        if rep.capacity is None or len(rep.lru) <= rep.capacity:
+            return []
+        lru, holders, keep = rep.lru, self._holders, ~rep.bit
+        evicted: list[BlockHash] = []
+        while len(lru) > rep.capacity:
+            h, _ = lru.popitem(last=False)
+            self._unset(holders, h, keep)
+            evicted.append(h)
+        rep.evictions += len(evicted)
+        return evicted
+
+    def _drop_all(self, rep: _Replica) -> None:
+        holders, keep = self._holders, ~rep.bit
+        for h in rep.lru:
+            self._unset(holders, h, keep)
+        rep.lru.clear()
+
+    @staticmethod
+    def _unset(holders: dict[BlockHash, int], h: BlockHash, keep: int) -> None:
+        mask = holders[h] & keep
+        if mask:
+            holders[h] = mask
+        else:
+            del holders[h]
+
+    @staticmethod
+    def _settle(result: dict[str, int], by_slot: dict[int, _Replica], mask: int, n: int) -> None:
+        """Give every replica whose bit is in `mask` a match length of n."""
+        while mask:
+            low = mask & -mask
+            result[by_slot[low.bit_length() - 1].name] = n
+            mask ^= low
+
+
+def _check_capacity(cap: int | None) -> None:
+    if cap is not None and cap < 0:
+        raise ValueError("capacity_blocks must be >= 0 or None")

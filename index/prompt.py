@@ -1,0 +1,93 @@
+"""Prompt → chained block hashes, reusing earlier work so cost grows with the new turn.
+
+Two caches, both keyed by content digests (never by object identity):
+- segment text → token ids (earlier turns are the same segments every time);
+- chain state after a run of segments → (block hashes so far, unhashed tail tokens), keyed by a
+  running digest of the segment texts. A request whose first k segments were seen before resumes
+  hashing from there: block_hashes(a + b) == block_hashes(a) + block_hashes(tail + b, parent)
+  (see index.hashing), so resuming gives exactly the hashes of a full recomputation.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+from index.hashing import DEFAULT_SEED, BlockHash, block_hashes
+from index.tokenizer import ChatTokenizer
+
+
+class _LRU(OrderedDict):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def get_touch(self, key: Any) -> Any:
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
+class PromptHasher:
+    """Block hashes of chat prompts for one (tokenizer, block_size, seed, extra) setting."""
+
+    def __init__(self, tokenizer: ChatTokenizer, block_size: int = 16, seed: str = DEFAULT_SEED,
+                 extra: Sequence[str | int] = (), cache_size: int = 2048) -> None:
+        self.tokenizer = tokenizer
+        self.block_size = block_size
+        self.seed = seed
+        self.extra = tuple(extra)
+        self._segments = _LRU(cache_size)
+        self._chains = _LRU(cache_size)
+        self._lock = threading.Lock()
+
+    def tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        out: list[int] = []
+        for seg in self.tokenizer.segments(messages):
+            out.extend(self._encode(seg))
+        return out
+
+    def hashes(self, messages: Sequence[dict[str, Any]]) -> tuple[list[BlockHash], int]:
+        """(block hashes of the rendered prompt, its token count)."""
+        segments = self.tokenizer.segments(messages)
+        digests = []
+        d = hashlib.sha256(f"{self.block_size}:{self.seed}:{self.extra}".encode()).digest()
+        for seg in segments:
+            d = hashlib.sha256(d + seg.encode()).digest()
+            digests.append(d)
+        # resume from the longest run of segments already hashed
+        start, hashes, tail = 0, [], []
+        with self._lock:
+            for k in range(len(digests) - 1, -1, -1):
+                state = self._chains.get_touch(digests[k])
+                if state is not None:
+                    start = k + 1
+                    hashes, tail = list(state[0]), list(state[1])
+                    break
+        for k in range(start, len(segments)):
+            tail.extend(self._encode(segments[k]))
+            full = len(tail) - len(tail) % self.block_size
+            if full:
+                parent = hashes[-1] if hashes else None
+                hashes.extend(block_hashes(tail[:full], self.block_size, parent, self.extra, self.seed))
+                tail = tail[full:]
+            with self._lock:
+                self._chains.put(digests[k], (tuple(hashes), tuple(tail)))
+        return hashes, len(hashes) * self.block_size + len(tail)
+
+    def _encode(self, segment: str) -> list[int]:
+        with self._lock:
+            ids = self._segments.get_touch(segment)
+        if ids is None:
+            ids = self.tokenizer.encode(segment)
+            with self._lock:
+                self._segments.put(segment, ids)
+        return ids

@@ -1,0 +1,159 @@
+"""The LiteLLM call of a route: one backend, or replicas behind a Router with failover.
+
+Failover rule: a connection error, timeout or 5xx marks the replica down (circuit open for
+`routing.down_for_s`, then half-open) and the request moves to the next best replica, up to
+`routing.max_attempts` replicas. A 4xx is the caller's problem and is returned as is. Streams fail
+over only before their first chunk (after that the client already has part of an answer).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import litellm
+
+from middleware.config import RouteConfig
+from middleware.errors import BackendError
+from middleware.request import RequestView
+from middleware.routing.router import Router, Ticket
+
+log = logging.getLogger("kvgate.backend")
+
+
+@dataclass
+class Call:
+    """A backend call that has answered: a full response, or a stream's first chunk and the rest."""
+
+    response: Any = None
+    first: Any = None
+    rest: Any = None
+    ticket: Ticket | None = None
+
+    @property
+    def replica(self) -> str | None:
+        return self.ticket.replica.name if self.ticket else None
+
+
+def status_of(exc: Exception) -> int | None:
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def retryable(exc: Exception) -> bool:
+    """Connection errors, timeouts (no HTTP status), 429 and 5xx may succeed elsewhere."""
+    status = status_of(exc)
+    return status is None or status == 429 or status >= 500
+
+
+def error_message(exc: Exception) -> str:
+    return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+
+
+class Backend:
+    def __init__(self, route: RouteConfig, router: Router | None = None) -> None:
+        self.route = route
+        self.router = router
+
+    def kwargs(self, view: RequestView) -> dict[str, Any]:
+        backend = self.route.backend
+        kwargs: dict[str, Any] = {
+            **view.params,
+            **view.forwarded,
+            "model": backend.model or view.model,
+            "messages": view.messages,
+            "stream": view.stream,
+            "timeout": backend.timeout,
+            "num_retries": backend.num_retries,
+        }
+        if backend.api_base:
+            kwargs["api_base"] = backend.api_base
+        if backend.api_key:
+            kwargs["api_key"] = backend.api_key
+        return kwargs
+
+    # -------------------------------------------------------------- attempts
+    def _attempt(self, view: RequestView, plan: Any, tried: set[str], call: dict[str, Any]) -> tuple[dict[str, Any], Ticket | None]:
+        if self.router is None:
+            return call, None
+        replica = self.router.choose(plan, tried)
+        if replica is None:
+            raise BackendError(f"no replica left to try on route {self.route.name!r}")
+        tried.add(replica.name)
+        ticket = self.router.started(replica, plan)
+        attempt = {**call, "api_base": replica.api_base}
+        if replica.api_key:
+            attempt["api_key"] = replica.api_key
+        attempt.setdefault("api_key", "none")  # openai-compatible servers behind us may need none
+        return attempt, ticket
+
+    def _failed(self, view: RequestView, ticket: Ticket | None, exc: Exception, tried: set[str]) -> bool:
+        """Book the failure; True when another replica should be tried."""
+        if ticket is None or self.router is None:
+            return False
+        self.router.finished(ticket, ok=False)
+        if not retryable(exc):
+            return False
+        if status_of(exc) != 429:
+            self.router.mark_down(ticket.replica, error_message(exc))
+        more = len(tried) < min(self.router.cfg.max_attempts, len(self.router.replicas))
+        if more:
+            log.info("route %s: retrying on another replica after %s failed", self.route.name, ticket.replica.name)
+        return more
+
+    def _plan(self, view: RequestView) -> Any:
+        if self.router is None:
+            return None
+        user = view.forwarded.get("user")
+        return self.router.plan(view.messages, session=user if isinstance(user, str) else None)
+
+    async def acall(self, view: RequestView) -> Call:
+        plan, tried, base = self._plan(view), set(), self.kwargs(view)
+        while True:
+            kwargs, ticket = self._attempt(view, plan, tried, base)
+            try:
+                response = await litellm.acompletion(**kwargs)
+                if not view.stream:
+                    return Call(response=response, ticket=ticket)
+                rest = response.__aiter__()
+                try:
+                    first = await rest.__anext__()
+                except StopAsyncIteration:
+                    first = None
+                return self._first(Call(first=first, rest=rest, ticket=ticket))
+            except Exception as exc:  # litellm raises many types; all mean "the backend failed"
+                if not self._failed(view, ticket, exc, tried):
+                    raise self.error(exc) from exc
+
+    def call(self, view: RequestView) -> Call:
+        plan, tried, base = self._plan(view), set(), self.kwargs(view)
+        while True:
+            kwargs, ticket = self._attempt(view, plan, tried, base)
+            try:
+                response = litellm.completion(**kwargs)
+                if not view.stream:
+                    return Call(response=response, ticket=ticket)
+                rest: Iterator[Any] = iter(response)
+                return self._first(Call(first=next(rest, None), rest=rest, ticket=ticket))
+            except Exception as exc:
+                if not self._failed(view, ticket, exc, tried):
+                    raise self.error(exc) from exc
+
+    def _first(self, call: Call) -> Call:
+        if call.ticket is not None and self.router is not None:
+            self.router.first_token(call.ticket)
+        return call
+
+    def done(self, call: Call, ok: bool, view: RequestView, answer: str | None = None) -> None:
+        """The answer is complete (or abandoned); tell the router what the replica now holds."""
+        if call.ticket is None or self.router is None:
+            return
+        conversation = None
+        if ok and answer is not None:
+            conversation = [*view.messages, {"role": "assistant", "content": answer}]
+        self.router.finished(call.ticket, ok, conversation)
+
+    def error(self, exc: Exception) -> BackendError:
+        message = error_message(exc)
+        log.warning("backend for route %s failed: %s", self.route.name, message)
+        return BackendError(f"backend error on route {self.route.name!r}: {message}", backend_status=status_of(exc))

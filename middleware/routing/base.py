@@ -1,0 +1,43 @@
+"""What every routing policy sees: replica states and the plan of one request."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+
+@dataclass
+class ReplicaState:
+    """Live view of one backend replica, updated by the Router."""
+
+    name: str
+    api_base: str
+    api_key: str | None = None
+    in_flight: int = 0  # requests sent, not yet finished
+    pending_prefill_tokens: int = 0  # uncached prompt tokens of requests not yet past their first token
+    healthy: bool = True
+    down_until: float = 0.0  # circuit open until then (monotonic clock)
+    failures: int = 0
+    requests: int = 0
+
+
+@dataclass
+class RoutePlan:
+    """One request, ready for a policy: its prefix hashes and what each replica holds of them."""
+
+    hashes: list[int]
+    prompt_tokens: int
+    block_size: int
+    matched_blocks: dict[str, int] = field(default_factory=dict)  # replica → leading blocks held
+    session: str | None = None  # user / session id for affinity
+
+    def matched_tokens(self, replica: str) -> int:
+        return min(self.matched_blocks.get(replica, 0) * self.block_size, self.prompt_tokens)
+
+
+class RoutingPolicy(Protocol):
+    """Chooses one replica among the candidates (healthy, not yet tried for this request)."""
+
+    name: str
+
+    def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
+        ...

@@ -1,0 +1,57 @@
+"""Chained block hashing: the properties prefix routing relies on."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from index.hashing import block_hashes, common_prefix_len, hash_block, seed_hash, text_block_hashes
+
+tokens = st.lists(st.integers(0, 2**32 - 1), max_size=200)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens, tokens, st.integers(1, 16))
+def test_equal_prefixes_iff_equal_leading_hashes(a, b, bs):
+    ha, hb = block_hashes(a, bs), block_hashes(b, bs)
+    shared_tokens = common_prefix_len(a, b)
+    # leading hashes agree exactly for the full blocks inside the shared token prefix
+    assert common_prefix_len(ha, hb) == min(shared_tokens // bs, len(ha), len(hb))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50000), min_size=1, max_size=200), st.integers(1, 16), st.data())
+def test_change_at_t_changes_every_hash_from_its_block_on(toks, bs, data):
+    t = data.draw(st.integers(0, len(toks) - 1))
+    changed = list(toks)
+    changed[t] = toks[t] + 1
+    before, after = block_hashes(toks, bs), block_hashes(changed, bs)
+    first = t // bs
+    assert before[:first] == after[:first]
+    assert all(x != y for x, y in zip(before[first:], after[first:]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens, tokens, st.integers(1, 8))
+def test_resume_from_parent(a, b, bs):
+    a = a[: len(a) // bs * bs]
+    head = block_hashes(a, bs)
+    tail = block_hashes(b, bs, parent=head[-1] if head else None)
+    assert block_hashes(a + b, bs) == head + tail
+
+
+def test_only_full_blocks_extra_keys_and_seed():
+    assert len(block_hashes(list(range(47)), 16)) == 2
+    assert block_hashes([1] * 16, 16, extra=("lora-a",)) != block_hashes([1] * 16, 16)
+    assert block_hashes([1] * 16, 16, seed="other") != block_hashes([1] * 16, 16)
+    assert len(text_block_hashes("x" * 130, 16)) == 2  # 64 characters a block
+    assert hash_block(seed_hash(), [1, 2]) != hash_block(seed_hash(), [2, 1])
+
+
+def test_stable_across_processes():
+    code = "from index.hashing import block_hashes; print(block_hashes(list(range(64)), 16))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.stdout.strip() == str(block_hashes(list(range(64)), 16))

@@ -9,6 +9,7 @@ turns) and pay only for the new turn.
 from __future__ import annotations
 
 import importlib.util
+from array import array
 import logging
 import os
 import re
@@ -59,7 +60,7 @@ class TextTokenizer:
         return render_transcript(messages)
 
     def encode(self, segment: str) -> list[int]:
-        return [ord(c) for c in segment]
+        return list(array("I", segment.encode("utf-32-le")))  # = [ord(c) for c in segment], faster
 
 
 class HFChatTokenizer:

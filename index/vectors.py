@@ -13,7 +13,7 @@ import numpy as np
 
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
-HNSW_EF_SEARCH = 96
+HNSW_EF_SEARCH = 256  # recall ≥ 0.99 on 100k random unit vectors; search stays < 1 ms
 
 
 class ScopeVectors:

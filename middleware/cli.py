@@ -17,6 +17,11 @@ def _serve(args: argparse.Namespace) -> int:
     from middleware.proxy import create_app
 
     config = load_config(args.config)
+    import litellm
+
+    # The proxy owns this process and uses no LiteLLM loggers: skip its per-chunk logging work
+    # (~30% of the proxy's CPU per streamed request).
+    litellm.disable_streaming_logging = True
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -62,6 +67,14 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.bench == "semantic":
         return semantic.main(args)
+    if args.bench == "routing":
+        from middleware.bench import arena
+
+        return arena.main(args)
+    if args.bench == "route-overhead":
+        from middleware.bench import route_overhead
+
+        return route_overhead.main(args)
     return 2
 
 
@@ -91,11 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=9001)
     demo.set_defaults(func=_demo_backend)
 
+    from middleware.replica import sim
+
+    sim.add_arguments(sub.add_parser("sim-replica", help="a simulated engine replica (prefix cache + timing model)"))
+    sub.choices["sim-replica"].set_defaults(func=sim.run)
+
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     from middleware.bench.semantic import add_arguments
 
     add_arguments(bsub.add_parser("semantic", help="semantic cache precision/recall and lookup latency, vs GPTCache"))
+    from middleware.bench import route_overhead
+
+    route_overhead.add_arguments(bsub.add_parser("route-overhead", help="routing decision time (tokenize+hash+match+choose)"))
+    from middleware.bench import arena
+
+    arena.add_arguments(bsub.add_parser("routing", help="the routing arena: policies vs sglang-router on a replayed trace"))
     bench.set_defaults(func=_bench)
     return parser
 

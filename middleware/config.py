@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from middleware.errors import ConfigError
 
@@ -69,6 +69,14 @@ class RouteConfig(_Strict):
     exact: bool = Field(True, description="serve byte-identical repeats from the exact tier")
     replicas: list[ReplicaConfig] = Field(default_factory=list, description="servers to route misses across")
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+
+    @model_validator(mode="after")
+    def _precise_needs_events(self) -> "RouteConfig":
+        if self.routing.mode == "precise":
+            missing = [r.name for r in self.replicas if not r.events]
+            if missing:
+                raise ValueError(f"routing.mode precise needs replicas[].events (a ZMQ endpoint) for: {missing}")
+        return self
 
     @field_validator("replicas")
     @classmethod

@@ -36,6 +36,7 @@ log = logging.getLogger("kvgate.pipeline")
 Tier = Literal["miss", "exact", "semantic"]
 # An answer cut short or withheld is not an answer worth serving again.
 UNCACHEABLE_FINISH = frozenset({"length", "content_filter"})
+MINILM_DIM = 384
 
 
 @dataclass
@@ -90,12 +91,13 @@ class Pipeline:
     ) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        self.embedder = embedder or make_embedder(
-            config.embedder.backend, config.embedder.model_path, cache_dir=None
+        semantic = any(r.semantic.enabled for r in config.routes)
+        # no semantic route, no model to load (saves ~5 s of start-up and its memory)
+        self.embedder: Embedder | None = embedder or (
+            make_embedder(config.embedder.backend, config.embedder.model_path) if semantic else None
         )
-        self.index = index or SemanticIndex(
-            config.cache_dir / "responses", self.embedder.dim, max_entries=config.max_entries
-        )
+        dim = self.embedder.dim if self.embedder is not None else MINILM_DIM
+        self.index = index or SemanticIndex(config.cache_dir / "responses", dim, max_entries=config.max_entries)
         self.metrics.entries.set_function(lambda: len(self.index))
         self.backends = {route.name: Backend(route, _router_for(route)) for route in config.routes}
 
@@ -104,6 +106,8 @@ class Pipeline:
         return {name: b.router for name, b in self.backends.items() if b.router is not None}
 
     def close(self) -> None:
+        for router in self.routers.values():
+            router.close()
         self.index.close()
 
     # ------------------------------------------------------------------ steps
@@ -123,7 +127,7 @@ class Pipeline:
         if view.control.no_cache or not sem.enabled or view.query_text is None:
             return Lookup()
         started = time.perf_counter()
-        vector = self.embedder.embed([view.query_text])[0]
+        vector = self._embed(view.query_text)
         found = self.index.search(view.scope, vector, k=1)
         hit = None
         if found and found[0][1] >= sem.threshold:
@@ -131,14 +135,22 @@ class Pipeline:
         self._count_lookup(view, "semantic", started, hit is not None)
         return Lookup(hit, vector)
 
+    def _embed(self, text: str) -> np.ndarray:
+        assert self.embedder is not None, "semantic tier used without an embedder"
+        return self.embedder.embed([text])[0]
+
     def lookup(self, view: RequestView) -> Lookup:
         hit = self.lookup_exact(view)
         return Lookup(hit) if hit else self.lookup_semantic(view)
 
+    def stores(self, view: RequestView) -> bool:
+        """Whether this request's answer will be written anywhere."""
+        return not view.control.no_store and (view.route.exact or (view.route.semantic.enabled and view.query_text is not None))
+
     def store(self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None) -> CacheEntry | None:
         """Write an answer (exact + semantic); skipped on no-store or an unfinished answer."""
         route = view.route.name
-        if view.control.no_store or not cacheable(response):
+        if not self.stores(view) or not cacheable(response):
             self.metrics.stores.labels(route, "skipped").inc()
             return None
         sem = view.route.semantic
@@ -147,7 +159,7 @@ class Pipeline:
         if cost:
             response = {**response, "_kvgate_cost_usd": cost}
         if semantic and vector is None:
-            vector = self.embedder.embed([view.query_text])[0]  # type: ignore[list-item]
+            vector = self._embed(view.query_text)  # type: ignore[arg-type]
         entry = self.index.add(
             view.scope,
             response,
@@ -208,8 +220,8 @@ class Pipeline:
             raise backend.error(exc) from exc
         finally:
             # reached with ok=False when the stream broke or the client went away: never stored
-            payload = self._assemble(view, chunks) if ok else None
-            backend.done(call, ok, view, _answer_text(payload) if payload else None)
+            backend.done(call, ok, view, _streamed_text(chunks) if ok else None)
+        payload = self._assemble(view, chunks) if self.stores(view) else None
         entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
         self._finish(view, info, entry, started)
 
@@ -254,8 +266,8 @@ class Pipeline:
         except Exception as exc:
             raise backend.error(exc) from exc
         finally:
-            payload = self._assemble(view, chunks) if ok else None
-            backend.done(call, ok, view, _answer_text(payload) if payload else None)
+            backend.done(call, ok, view, _streamed_text(chunks) if ok else None)
+        payload = self._assemble(view, chunks) if self.stores(view) else None
         entry = self.store(view, payload, vector) if payload else None
         self._finish(view, info, entry, started)
 
@@ -316,6 +328,18 @@ def _answer_text(payload: dict[str, Any]) -> str | None:
     message = (choices[0].get("message") or {}) if choices else {}
     content = message.get("content")
     return content if isinstance(content, str) else None
+
+
+def _streamed_text(chunks: list[Any]) -> str:
+    """Content of choice 0 from stream chunks (what the replica generated)."""
+    parts = []
+    for chunk in chunks:
+        choices = getattr(chunk, "choices", None) or []
+        delta = getattr(choices[0], "delta", None) if choices else None
+        content = getattr(delta, "content", None) if delta is not None else None
+        if content:
+            parts.append(content)
+    return "".join(parts)
 
 
 def _cost(payload: dict[str, Any], model: str) -> float:

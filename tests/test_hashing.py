@@ -42,6 +42,16 @@ def test_resume_from_parent(a, b, bs):
     assert block_hashes(a + b, bs) == head + tail
 
 
+@settings(max_examples=100, deadline=None)
+@given(tokens, st.integers(1, 8), st.lists(st.text(max_size=3), max_size=2))
+def test_block_hashes_is_a_fold_of_hash_block(toks, bs, extra):
+    h, expected = seed_hash(), []
+    for i in range(len(toks) // bs):
+        h = hash_block(h, toks[i * bs : (i + 1) * bs], extra)
+        expected.append(h)
+    assert block_hashes(toks, bs, extra=extra) == expected
+
+
 def test_only_full_blocks_extra_keys_and_seed():
     assert len(block_hashes(list(range(47)), 16)) == 2
     assert block_hashes([1] * 16, 16, extra=("lora-a",)) != block_hashes([1] * 16, 16)

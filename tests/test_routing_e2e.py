@@ -134,3 +134,50 @@ def test_streams_route_and_record(cluster):
     assert resp.status_code == 200 and resp.text.rstrip().endswith("data: [DONE]")
     replica = resp.headers["x-kvgate-replica"]
     assert pipeline.routers["local"].stats()[replica]["in_flight"] == 0
+
+
+def test_precise_mode_follows_replica_events(embedder, tmp_path):
+    """Replicas announce stored blocks over ZMQ (vLLM's KV-event format); the router follows them."""
+    from index.kv_events import BlockRemoved, BlockStored, ZmqEventPublisher
+
+    reps = [Replica(f"r{i}") for i in range(2)]
+    pubs = [ZmqEventPublisher("tcp://127.0.0.1:*") for _ in reps]
+    config = parse_config({
+        "cache_dir": str(tmp_path / "c"),
+        "routes": [{
+            "name": "local", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
+            "semantic": {"enabled": False},
+            "replicas": [{"name": r.name, "api_base": f"http://127.0.0.1:{r.port}/v1", "events": p.endpoint}
+                         for r, p in zip(reps, pubs)],
+            "routing": {"policy": "cache_aware", "mode": "precise", "block_size": 16, "tokenizer": "smollm2"},
+        }],
+    })
+    pipeline = Pipeline(config, embedder=embedder)
+    server = ServerThread(create_app(config, pipeline)).start()
+    try:
+        router = pipeline.routers["local"]
+        messages = [{"role": "user", "content": "Summarise the history of the printing press. " * 20}]
+        tokens = router.hasher.tokens(messages)
+        full = tokens[: len(tokens) // 16 * 16]
+        engine_hashes = [1000 + i for i in range(len(full) // 16)]
+        deadline = time.time() + 10
+        while router.index.blocks("r1") == 0 and time.time() < deadline:  # ZMQ slow joiner: repeat
+            pubs[1].publish([BlockStored(engine_hashes, None, full, 16)])
+            time.sleep(0.1)
+        assert router.index.blocks("r1") == len(engine_hashes)
+        client = httpx.Client(base_url=server.url, timeout=30)
+        for _ in range(3):
+            resp = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages,
+                                                               "temperature": 0.1 * _})
+            assert resp.headers["x-kvgate-replica"] == "r1"
+        pubs[1].publish([BlockRemoved(engine_hashes)])
+        while router.index.blocks("r1") and time.time() < deadline:
+            time.sleep(0.05)
+        assert router.index.blocks("r0") == 0  # precise mode: routing itself records nothing
+    finally:
+        server.stop()
+        pipeline.close()
+        for p in pubs:
+            p.close()
+        for r in reps:
+            r.stop()

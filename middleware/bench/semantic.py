@@ -1,5 +1,409 @@
-"""placeholder, replaced below"""
-def add_arguments(p):
-    p.add_argument("--pairs")
-def main(args):
+"""`kvgate bench semantic`: semantic-cache precision/recall vs GPTCache, and proxy latency at size.
+
+Two modes, one required:
+
+* `--pairs FILE.csv` (columns question1, question2, is_duplicate): every question1 goes into one
+  scope of a SemanticIndex, every question2 is looked up (top-1). A hit (similarity >= threshold)
+  is correct only when it returns that pair's own entry and the pair is a duplicate;
+  precision = correct hits / hits, recall = correct hits / duplicate pairs. A threshold sweep comes
+  from the same top-1 results. Lookup latency (one embedding + one search, one query at a time)
+  is measured on the first --latency-queries question2. GPTCache runs on the same pairs with the
+  same embedder (middleware.bench.gptcache_anchor) and is scored by the same code.
+* `--entries N`: proxy-level latency with N entries in the scope (middleware.bench.proxy_latency).
+
+Results go to --json (indent 2); a summary table goes to stdout, progress to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+REQUIRED_COLUMNS = ("question1", "question2", "is_duplicate")
+DEFAULT_PAIRS_THRESHOLD = 0.9
+DEFAULT_PROXY_THRESHOLD = 0.8
+DEFAULT_LATENCY_QUERIES = 1000
+DEFAULT_PROXY_QUERIES = 300
+EMBED_BATCH = 1024
+WARMUP_QUERIES = 20
+SWEEP = tuple(round(0.70 + 0.02 * k, 2) for k in range(15))  # 0.70 .. 0.98
+SCOPE = "qqp"
+TRUE_VALUES = frozenset({"1", "true", "yes"})
+FALSE_VALUES = frozenset({"0", "false", "no"})
+
+
+class BenchInputError(ValueError):
+    """A problem with the benchmark's input or arguments, shown to the user as one line."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    question1: str
+    question2: str
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class TopHit:
+    """Top-1 answer to one query: which pair's entry came back, and how similar it was."""
+
+    pair: int
+    similarity: float
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `kvgate bench semantic`."""
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--pairs", type=Path, metavar="FILE.csv",
+                      help="precision/recall mode: CSV with columns question1,question2,is_duplicate")
+    mode.add_argument("--entries", type=int, metavar="N",
+                      help="proxy latency mode: pre-fill the scope with N entries, then time requests")
+    parser.add_argument("--json", type=Path, metavar="OUT", default=None, help="write the results here (JSON)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help=f"cosine similarity for a hit (default {DEFAULT_PAIRS_THRESHOLD} with --pairs, "
+                             f"{DEFAULT_PROXY_THRESHOLD} with --entries)")
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="--pairs: use the first N usable pairs")
+    parser.add_argument("--latency-queries", type=int, default=None, metavar="N",
+                        help=f"--pairs: time the first N lookups one at a time (default {DEFAULT_LATENCY_QUERIES})")
+    parser.add_argument("--queries", type=int, default=None, metavar="N",
+                        help=f"--entries: exact and semantic requests to time (default {DEFAULT_PROXY_QUERIES})")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the chosen mode; 0 on success, 2 on bad input (message on stderr)."""
+    try:
+        if args.pairs is not None:
+            result = run_pairs(**_pairs_options(args))
+            print_pairs_summary(result)
+        else:
+            result = run_proxy(**_proxy_options(args))
+            print_proxy_summary(result)
+    except BenchInputError as exc:
+        print(f"kvgate bench semantic: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json is not None:
+        write_json(args.json, result)
+        print(f"results written to {args.json}")
     return 0
+
+
+def _reject_other_mode(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) is not None]
+    if given:
+        raise BenchInputError(f"{', '.join(given)} only applies to the other mode, not {mode}")
+
+
+def _check_threshold(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise BenchInputError(f"--threshold must be between 0 and 1, got {value}")
+    return value
+
+
+def _pairs_options(args: argparse.Namespace) -> dict[str, Any]:
+    _reject_other_mode(args, ["queries"], "--pairs")
+    if args.limit is not None and args.limit < 1:
+        raise BenchInputError(f"--limit must be at least 1, got {args.limit}")
+    latency = DEFAULT_LATENCY_QUERIES if args.latency_queries is None else args.latency_queries
+    if latency < 1:
+        raise BenchInputError(f"--latency-queries must be at least 1, got {latency}")
+    threshold = DEFAULT_PAIRS_THRESHOLD if args.threshold is None else args.threshold
+    return {"path": args.pairs, "threshold": _check_threshold(threshold), "limit": args.limit, "latency_queries": latency}
+
+
+def _proxy_options(args: argparse.Namespace) -> dict[str, Any]:
+    _reject_other_mode(args, ["limit", "latency_queries"], "--entries")
+    if args.entries < 0:
+        raise BenchInputError(f"--entries must be 0 or more, got {args.entries}")
+    queries = DEFAULT_PROXY_QUERIES if args.queries is None else args.queries
+    if queries < 1:
+        raise BenchInputError(f"--queries must be at least 1, got {queries}")
+    threshold = DEFAULT_PROXY_THRESHOLD if args.threshold is None else args.threshold
+    return {"entries": args.entries, "queries": queries, "threshold": _check_threshold(threshold)}
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def progress(message: str) -> None:
+    """One progress line on stderr (stdout keeps the summary)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the figures were taken, and how busy the machine was (latencies depend on it)."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        load = None
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "load_average_1_5_15m": load,
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` as indented JSON, creating parent directories."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def percentiles_ms(samples_s: Sequence[float]) -> tuple[float | None, float | None]:
+    """(p50, p99) in milliseconds, None for an empty sample."""
+    if not samples_s:
+        return None, None
+    arr = np.asarray(samples_s) * 1000.0
+    return round(float(np.percentile(arr, 50)), 3), round(float(np.percentile(arr, 99)), 3)
+
+
+# ------------------------------------------------------------------------------------------ input
+def read_pairs(path: Path, limit: int | None = None) -> tuple[list[Pair], int]:
+    """Usable pairs from a CSV (first `limit`), and how many rows were skipped for an empty question.
+
+    Raises BenchInputError for a missing file, missing columns or an unreadable is_duplicate.
+    """
+    if not path.is_file():
+        raise BenchInputError(f"pairs file {path} does not exist" if not path.exists() else f"{path} is not a file")
+    pairs: list[Pair] = []
+    skipped = 0
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            columns = [c.strip() for c in (reader.fieldnames or [])]
+            missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+            if missing:
+                raise BenchInputError(
+                    f"{path}: missing column(s) {', '.join(missing)}; need {', '.join(REQUIRED_COLUMNS)}, "
+                    f"found {', '.join(columns) or 'no header'}"
+                )
+            reader.fieldnames = columns
+            for row in reader:
+                q1 = (row.get("question1") or "").strip()
+                q2 = (row.get("question2") or "").strip()
+                if not q1 or not q2:
+                    skipped += 1
+                    continue
+                flag = (row.get("is_duplicate") or "").strip().lower()
+                if flag not in TRUE_VALUES | FALSE_VALUES:
+                    raise BenchInputError(f"{path} line {reader.line_num}: is_duplicate must be 0 or 1, got {flag!r}")
+                pairs.append(Pair(q1, q2, flag in TRUE_VALUES))
+                if limit is not None and len(pairs) >= limit:
+                    break
+    except UnicodeDecodeError as exc:
+        raise BenchInputError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except csv.Error as exc:
+        raise BenchInputError(f"{path}: not a readable CSV ({exc})") from None
+    if not pairs:
+        raise BenchInputError(f"{path}: no usable pairs (rows with both questions non-empty)")
+    return pairs, skipped
+
+
+# ------------------------------------------------------------------------------------------ scoring
+def score(pairs: Sequence[Pair], top: Sequence[TopHit | None], threshold: float) -> dict[str, Any]:
+    """Hits, correct hits, precision and recall of top-1 answers at `threshold`.
+
+    `top[i]` is the answer to pair i's question2 (None: the index returned nothing); it is a hit when
+    its similarity reaches the threshold. precision is None without hits, recall None without duplicates.
+    """
+    duplicates = sum(p.duplicate for p in pairs)
+    hits = correct = 0
+    for i, (pair, found) in enumerate(zip(pairs, top)):
+        if found is None or found.similarity < threshold:
+            continue
+        hits += 1
+        correct += found.pair == i and pair.duplicate
+    return {
+        "threshold": threshold,
+        "hits": hits,
+        "correct_hits": correct,
+        "precision": round(correct / hits, 4) if hits else None,
+        "recall": round(correct / duplicates, 4) if duplicates else None,
+    }
+
+
+def score_returned(pairs: Sequence[Pair], returned: Sequence[int | None]) -> dict[str, Any]:
+    """The same scoring for a cache that only says which pair answered (None = miss): every
+    answer it returned is a hit, so it is scored as a top-1 of similarity 1 at threshold 1."""
+    top = [TopHit(r, 1.0) if r is not None else None for r in returned]
+    out = score(pairs, top, 1.0)
+    del out["threshold"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ pairs mode
+def embed_batched(embedder: Any, texts: Sequence[str], label: str) -> np.ndarray:
+    """Embed `texts` in batches of EMBED_BATCH with progress lines."""
+    out = np.empty((len(texts), embedder.dim), dtype=np.float32)
+    started = time.perf_counter()
+    for start in range(0, len(texts), EMBED_BATCH):
+        chunk = texts[start : start + EMBED_BATCH]
+        out[start : start + len(chunk)] = embedder.embed(chunk)
+        progress(f"embedded {start + len(chunk)}/{len(texts)} {label} ({time.perf_counter() - started:.1f}s)")
+    return out
+
+
+def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: int) -> dict[str, Any]:
+    """The whole --pairs benchmark; returns the JSON-ready result."""
+    from index.embedder import make_embedder
+    from index.semantic import SemanticIndex
+    from middleware.bench.gptcache_anchor import require_gptcache, run_gptcache
+
+    started_all = time.perf_counter()
+    pairs, skipped = read_pairs(path, limit)
+    duplicates = sum(p.duplicate for p in pairs)
+    progress(f"{len(pairs)} pairs ({duplicates} duplicates) from {path}; loading the embedder")
+    embedder = make_embedder("onnx")
+    q1 = [p.question1 for p in pairs]
+    q2 = [p.question2 for p in pairs]
+    v1 = embed_batched(embedder, q1, "question1")
+    v2 = embed_batched(embedder, q2, "question2")
+    latency_texts = q2[:latency_queries]
+    warmup = q1[-WARMUP_QUERIES:]
+
+    with tempfile.TemporaryDirectory(prefix="kvgate-bench-semantic-") as tmp:
+        index = SemanticIndex(Path(tmp) / "index", embedder.dim, max_entries=len(pairs) + 1)
+        try:
+            index.add_many_vectors(SCOPE, [({"pair": i}, q1[i], v1[i]) for i in range(len(pairs))])
+            index_kind = "hnsw" if len(pairs) > index.hnsw_above else "flat"
+            top: list[TopHit | None] = []
+            search_started = time.perf_counter()
+            for i in range(len(pairs)):
+                found = index.search(SCOPE, v2[i], k=1)
+                top.append(TopHit(int(found[0][0].response["pair"]), float(found[0][1])) if found else None)
+            progress(f"searched {len(pairs)} question2 in {time.perf_counter() - search_started:.1f}s")
+
+            for text in warmup:
+                index.search(SCOPE, embedder.embed([text])[0], k=1)
+            latencies: list[float] = []
+            for text in latency_texts:
+                t0 = time.perf_counter()
+                index.search(SCOPE, embedder.embed([text])[0], k=1)
+                latencies.append(time.perf_counter() - t0)
+        finally:
+            index.close()
+    progress(f"kvgate lookup latency over {len(latencies)} queries done")
+
+    main_score = score(pairs, top, threshold)
+    p50, p99 = percentiles_ms(latencies)
+    notes = [
+        f"embedder {embedder.name}; all question1 in one scope of a SemanticIndex ({index_kind} FAISS inner product)",
+        "a hit is correct only when top-1 is the pair's own entry and the pair is a duplicate",
+        "precision pass: question2 embedded in batches, then one index.search(k=1) each; "
+        "latency pass: one embed + one search per query, one at a time, after a warm-up of "
+        f"{len(warmup)} queries",
+        "precision is null when there are no hits",
+    ]
+    distinct_q1 = len(set(q1))
+    if distinct_q1 < len(q1):
+        notes.append(f"{len(q1) - distinct_q1} question1 texts repeat another pair's; "
+                     "a top-1 on the other copy counts as incorrect")
+
+    anchor: dict[str, Any]
+    reason = require_gptcache()
+    if reason is not None:
+        anchor = {"skipped": reason}
+        notes.append(f"gptcache anchor skipped: {reason}")
+    else:
+        progress("gptcache anchor: same embedder, sqlite + faiss stores")
+        run = run_gptcache(embedder, q1, q2, v1, v2, threshold, len(latency_texts), warmup, progress)
+        g50, g99 = percentiles_ms(run.latencies_s)
+        ours = [t.pair if t is not None and t.similarity >= threshold else None for t in top]
+        anchor = {
+            "threshold": threshold,
+            "gptcache_similarity_threshold": round(run.similarity_threshold, 6),
+            "max_distance": run.max_distance,
+            **score_returned(pairs, run.returned),
+            "pairs": len(pairs),
+            "lookup_p50_ms": g50,
+            "lookup_p99_ms": g99,
+            "latency_queries": len(run.latencies_s),
+            "same_answer_as_kvgate": sum(a == b for a, b in zip(ours, run.returned)),
+            "settings": run.settings,
+            "notes": run.notes,
+        }
+        notes.extend(run.notes)
+
+    return {
+        "mode": "pairs",
+        "pairs_file": str(path),
+        "pairs": len(pairs),
+        "duplicates": duplicates,
+        "skipped_rows": skipped,
+        "threshold": threshold,
+        "precision": main_score["precision"],
+        "recall": main_score["recall"],
+        "hits": main_score["hits"],
+        "correct_hits": main_score["correct_hits"],
+        "top1_own_entry": sum(t is not None and t.pair == i for i, t in enumerate(top)),
+        "lookup_p50_ms": p50,
+        "lookup_p99_ms": p99,
+        "latency_queries": len(latencies),
+        "index_kind": index_kind,
+        "embedder": embedder.name,
+        "sweep": [score(pairs, top, t) for t in SWEEP],
+        "gptcache": anchor,
+        "duration_s": round(time.perf_counter() - started_all, 2),
+        "machine": machine_info(),
+        "notes": notes,
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def print_pairs_summary(result: dict[str, Any]) -> None:
+    """A short table: kvgate vs GPTCache at the threshold, then the sweep."""
+    print(f"semantic cache on {result['pairs']} pairs ({result['duplicates']} duplicates), "
+          f"cosine threshold {result['threshold']}")
+    rows = [("kvgate", result)]
+    if "skipped" not in result["gptcache"]:
+        rows.append(("gptcache", result["gptcache"]))
+    print(f"{'cache':<10}{'precision':>10}{'recall':>9}{'hits':>7}{'correct':>9}{'p50 ms':>9}{'p99 ms':>9}")
+    for name, r in rows:
+        print(f"{name:<10}{_fmt(r['precision']):>10}{_fmt(r['recall']):>9}{r['hits']:>7}{r['correct_hits']:>9}"
+              f"{_fmt(r['lookup_p50_ms']):>9}{_fmt(r['lookup_p99_ms']):>9}")
+    if "skipped" in result["gptcache"]:
+        print(f"gptcache: skipped ({result['gptcache']['skipped']})")
+    print("sweep (kvgate):  threshold  precision  recall  hits")
+    for s in result["sweep"]:
+        print(f"{'':16}{s['threshold']:>9.2f}{_fmt(s['precision']):>11}{_fmt(s['recall']):>8}{s['hits']:>6}")
+
+
+# ------------------------------------------------------------------------------------------ proxy mode
+def run_proxy(entries: int, queries: int, threshold: float) -> dict[str, Any]:
+    """The --entries benchmark (middleware.bench.proxy_latency) plus machine info."""
+    from middleware.bench.proxy_latency import run_proxy_latency
+
+    result = run_proxy_latency(entries, queries, threshold, progress)
+    result["machine"] = machine_info()
+    return result
+
+
+def print_proxy_summary(result: dict[str, Any]) -> None:
+    """A short table of the proxy latencies."""
+    print(f"proxy latency with {result['scope_entries']} entries in the scope ({result['index_kind']} index), "
+          f"threshold {result['threshold']}")
+    print(f"{'request':<22}{'count':>12}{'p50 ms':>9}{'p99 ms':>9}")
+    lines = [
+        ("miss (seed)", f"{result['seed_misses']}/{result['seeded']}", result["miss_p50_ms"], result["miss_p99_ms"]),
+        ("exact hit", f"{result['exact_hits']}/{result['exact_requests']}", result["exact_hit_p50_ms"], result["exact_hit_p99_ms"]),
+        ("semantic hit", f"{result['semantic_hits']}/{result['semantic_requests']}", result["semantic_hit_p50_ms"], result["semantic_hit_p99_ms"]),
+        ("backend direct", str(result["queries"]), result["backend_direct_p50_ms"], result["backend_direct_p99_ms"]),
+    ]
+    for name, count, p50, p99 in lines:
+        print(f"{name:<22}{count:>12}{_fmt(p50):>9}{_fmt(p99):>9}")
+    print(f"semantic hits returning the right seed's answer: {result['semantic_hits_correct']}/{result['semantic_hits']}")

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
+from index.kv_events import EventApplier, ZmqEventSubscriber
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import load_tokenizer
@@ -64,6 +65,16 @@ class Router:
         self.policy = policy or make_policy(cfg.policy, **policy_options(cfg))
         self._clock = clock
         self._lock = threading.Lock()
+        self._subscribers: list[ZmqEventSubscriber] = []
+        if cfg.mode == "precise":
+            for r in replicas:
+                if r.events:  # config validation guarantees every replica has one in precise mode
+                    applier = EventApplier(self.index, r.name, cfg.block_size, seed=cfg.seed)
+                    self._subscribers.append(ZmqEventSubscriber(r.events, applier).start())
+
+    def close(self) -> None:
+        for sub in self._subscribers:
+            sub.stop()
 
     # ------------------------------------------------------------------ decisions
     def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None) -> RoutePlan:
@@ -140,6 +151,9 @@ class Router:
                     self.mark_up(replica)
             except httpx.HTTPError:
                 pass
+
+    def event_stats(self) -> list[dict[str, Any]]:
+        return [sub.stats() for sub in self._subscribers]
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,121 @@
+"""`kvgate bench semantic` end to end on tiny inputs: both modes, input validation, the GPTCache mapping."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from middleware.bench.gptcache_anchor import gptcache_threshold, require_gptcache
+from middleware.bench.proxy_latency import SEED_QUESTIONS
+from middleware.cli import main
+
+
+def _write_pairs(path: Path) -> tuple[int, int]:
+    """40 usable pairs (30 duplicates, 10 not) plus one row with an empty question."""
+    rows = [(seed, para, 1) for seed, para, _ in SEED_QUESTIONS[:30]]
+    # not duplicates: question2 paraphrases an earlier pair's question1, so a hit there is wrong
+    rows += [(SEED_QUESTIONS[30 + k][0], SEED_QUESTIONS[k][2], 0) for k in range(10)]
+    rows.insert(5, ("", "an empty question1 is skipped", 0))
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["question1", "question2", "is_duplicate"])
+        writer.writerows(rows)
+    return 40, 30
+
+
+def test_pairs_mode_reports_consistent_figures(tmp_path: Path) -> None:
+    pairs_file = tmp_path / "pairs.csv"
+    n, dups = _write_pairs(pairs_file)
+    out = tmp_path / "deep" / "out.json"
+    assert main(["bench", "semantic", "--pairs", str(pairs_file), "--threshold", "0.8",
+                 "--latency-queries", "10", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for key in ("mode", "pairs_file", "pairs", "duplicates", "threshold", "precision", "recall", "hits",
+                "correct_hits", "lookup_p50_ms", "lookup_p99_ms", "sweep", "gptcache", "machine", "notes"):
+        assert key in data, key
+    assert data["mode"] == "pairs" and data["pairs"] == n and data["duplicates"] == dups
+    assert data["skipped_rows"] == 1
+    assert 0 < data["hits"] <= data["pairs"]
+    assert data["correct_hits"] <= data["hits"]
+    assert 0.0 <= data["precision"] <= 1.0 and 0.0 <= data["recall"] <= 1.0
+    assert data["precision"] == pytest.approx(data["correct_hits"] / data["hits"], abs=1e-4)
+    assert data["recall"] == pytest.approx(data["correct_hits"] / dups, abs=1e-4)
+    assert data["precision"] < 1.0  # the non-duplicates paraphrase another pair's question1
+    assert data["lookup_p50_ms"] > 0 and data["lookup_p99_ms"] >= data["lookup_p50_ms"]
+    assert data["latency_queries"] == 10
+    assert data["machine"]["cpu_count"] >= 1
+
+    hits = [s["hits"] for s in data["sweep"]]
+    assert hits == sorted(hits, reverse=True)  # a higher threshold never adds hits
+    at_threshold = next(s for s in data["sweep"] if s["threshold"] == 0.8)
+    assert at_threshold["hits"] == data["hits"]
+
+    anchor = data["gptcache"]
+    if require_gptcache() is not None:
+        assert "skipped" in anchor
+        return
+    assert anchor["pairs"] == n and anchor["threshold"] == 0.8
+    assert anchor["gptcache_similarity_threshold"] == pytest.approx(0.9)
+    assert 0 <= anchor["hits"] <= n and 0.0 <= anchor["precision"] <= 1.0
+    assert anchor["lookup_p50_ms"] > 0 and anchor["latency_queries"] == 10
+    # same vectors, exact search on both sides, equivalent thresholds: the same answers
+    assert anchor["same_answer_as_kvgate"] == n
+    assert (anchor["hits"], anchor["correct_hits"]) == (data["hits"], data["correct_hits"])
+    assert anchor["settings"]["embedding_calls_real"] >= 10  # the latency pass embedded for real
+
+
+def test_entries_mode_times_real_hits(tmp_path: Path) -> None:
+    out = tmp_path / "proxy.json"
+    assert main(["bench", "semantic", "--entries", "2000", "--queries", "20", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for key in ("exact_hit_p50_ms", "exact_hit_p99_ms", "semantic_hit_p50_ms", "semantic_hit_p99_ms",
+                "entries", "index_kind", "miss_p50_ms", "backend_direct_p50_ms", "machine", "notes"):
+        assert key in data, key
+    assert data["mode"] == "proxy" and data["entries"] == 2000 and data["index_kind"] == "flat"
+    assert data["scope_entries"] > 2000
+    assert data["exact_hits"] == data["exact_requests"] == 20
+    assert 0 < data["semantic_hits"] <= data["semantic_requests"] == 20
+    assert data["semantic_hits_correct"] == data["semantic_hits"]
+    assert data["semantic_similarity_min"] >= data["threshold"]
+    assert data["seed_misses"] == data["seeded"]
+    assert 0 < data["exact_hit_p50_ms"] <= data["exact_hit_p99_ms"]
+    assert 0 < data["semantic_hit_p50_ms"] <= data["semantic_hit_p99_ms"]
+
+
+def test_bad_inputs_are_reported_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "semantic", "--pairs", str(tmp_path / "nope.csv")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("question1,answer\nhello,world\n")
+    assert main(["bench", "semantic", "--pairs", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "missing column(s) question2, is_duplicate" in err
+
+    flags = tmp_path / "flags.csv"
+    flags.write_text("question1,question2,is_duplicate\na,b,maybe\n")
+    assert main(["bench", "semantic", "--pairs", str(flags)]) == 2
+    assert "is_duplicate must be 0 or 1" in capsys.readouterr().err
+
+    assert main(["bench", "semantic", "--entries", "10", "--limit", "5"]) == 2
+    assert "--limit only applies" in capsys.readouterr().err
+
+    with pytest.raises(SystemExit) as both:
+        main(["bench", "semantic", "--pairs", str(bad), "--entries", "10"])
+    assert both.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "semantic"])
+    assert "one of the arguments --pairs --entries is required" in capsys.readouterr().err
+
+
+def test_gptcache_threshold_matches_cosine() -> None:
+    # squared L2 on unit vectors: d = 2 - 2cos; hit when d <= 4 * (1 - s)
+    for cosine in (0.0, 0.5, 0.8, 0.9, 1.0):
+        s = gptcache_threshold(cosine)
+        assert 4.0 * (1.0 - s) == pytest.approx(2.0 - 2.0 * cosine)
+    assert gptcache_threshold(0.9) == pytest.approx(0.95)
+    with pytest.raises(ValueError):
+        gptcache_threshold(1.5)

@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test run bench bench-semantic clean
+.PHONY: install test run bench bench-semantic bench-routing clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,12 +28,18 @@ run:
 	$(BIN)/kvgate demo-backend --port 9001 & pid=$$!; trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
 	$(BIN)/kvgate serve --config examples/proxy_config.yaml
 
-bench: bench-semantic
+bench: bench-semantic bench-routing
 
 bench-semantic:
 	mkdir -p bench-out
 	$(BIN)/kvgate bench semantic --pairs ../shared/data/qqp_dev.csv --json bench-out/semantic_qqp.json
 	$(BIN)/kvgate bench semantic --entries 100000 --json bench-out/semantic_proxy_100k.json
+
+bench-routing:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench route-overhead --json bench-out/route_overhead.json
+	$(BIN)/kvgate bench routing --trace ../shared/data/mooncake_conversation_trace.jsonl --replicas 4 \
+		--capacity-tokens 1500000 --speed 4 --limit 1600 --json bench-out/routing.json
 
 clean:
 	rm -rf $(VENV) .kvgate bench-out

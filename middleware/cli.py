@@ -49,6 +49,11 @@ def _prepare(args: argparse.Namespace) -> int:
     embedder = make_embedder("onnx", cache_dir=args.model_cache)
     vec = embedder.embed(["kvgate prepare"])
     print(f"embedder ready: {embedder.name} dim={vec.shape[1]} at {getattr(embedder, 'path', '?')}")
+    from index.tokenizer import load_tokenizer, smollm2_tokenizer_dir
+
+    tok = load_tokenizer("smollm2")
+    ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
+    print(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
     return 0
 
 

@@ -54,7 +54,9 @@ class RoutingConfig(_Strict):
     seed: str = Field("kvgate", description="hash seed; must match the replicas' (precise mode)")
     mode: Literal["approximate", "precise"] = "approximate"
     capacity_blocks: int | None = Field(None, gt=0, description="default per-replica cache size in blocks (approximate)")
-    decode_weight: float = Field(64.0, ge=0, description="cache_aware: prefill tokens one running decode costs")
+    decode_weight: float = Field(8.0, ge=0, description="cache_aware: prefill tokens one running request costs")
+    miss_weight: float = Field(8.0, ge=1.0, description="cache_aware: cost of one uncached prompt token (compute + cache space)")
+    record_answers: bool = Field(True, description="approximate mode: the engine caches generated tokens too (vLLM does)")
     load_factor: float = Field(1.25, ge=1.0, description="affinity: bound on load vs the mean")
     max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")
     down_for_s: float = Field(5.0, gt=0, description="a failed replica gets no traffic this long (then half-open)")

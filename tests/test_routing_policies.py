@@ -38,10 +38,13 @@ def test_cache_aware_spills_when_queue_outweighs_savings():
     rs = replicas()
     p = plan({"r2": 100}, tokens=1600)  # r2 holds the whole prompt: saves 1600 tokens
     rs[2].pending_prefill_tokens = 5000  # but 5000 tokens of prefill are queued ahead there
-    assert make_policy("cache_aware").choose(rs, p).name in ("r0", "r1")
-    rs[2].pending_prefill_tokens = 1000
-    assert make_policy("cache_aware").choose(rs, p).name == "r2"
-    assert expected_cost(rs[2], p) == 1000 + 0  # queued + nothing left to prefill
+    policy = make_policy("cache_aware", miss_weight=2.0)
+    assert policy.choose(rs, p).name in ("r0", "r1")  # 5000 > 2 × 1600
+    rs[2].pending_prefill_tokens = 3000
+    assert policy.choose(rs, p).name == "r2"  # re-prefilling elsewhere costs 2 × 1600
+    assert make_policy("cache_aware", miss_weight=1.0).choose(rs, p).name in ("r0", "r1")  # purely greedy
+    assert make_policy("cache_aware").choose(rs, p).name == "r2"  # default 8: stickier
+    assert expected_cost(rs[2], p) == 3000 + 0  # queued + nothing left to prefill
 
 
 def test_cache_aware_spreads_cold_requests():

@@ -29,7 +29,7 @@ from middleware.bench.procs import Proc, free_port, kvgate_argv, sglang_router_b
 from middleware.bench.trace import TraceRequest, load_trace, prompt_text
 from middleware.replica.sim_model import PrefixCache, SimEngine
 
-KVGATE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "affinity")
+KVGATE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "cache_aware_precise", "affinity")
 BLOCK_SIZE = 16
 
 
@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-tps", type=float, default=None, help="per request; default 60 × speed")
     p.add_argument("--max-output-tokens", type=int, default=256, help="cap on a request's output_length")
     p.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
+    p.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra kvgate routing option for every kvgate policy (repeatable), e.g. miss_weight=1.5")
     p.add_argument("--json", type=Path, default=None)
 
 
@@ -130,16 +132,26 @@ def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any
     }
 
 
-def kvgate_config(policy: str, replicas: list[str], capacity_tokens: int, cache_dir: str) -> dict[str, Any]:
+def kvgate_config(policy: str, replicas: list[str], capacity_tokens: int, cache_dir: str,
+                  events: list[str] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Both cache tiers off (every request is routed); the sim caches prompts only, so
+    record_answers is off. `cache_aware_precise` follows the replicas' KV events instead."""
+    precise = policy == "cache_aware_precise"
+    routing = {"policy": "cache_aware" if precise else policy, "block_size": BLOCK_SIZE, "tokenizer": "text",
+               "capacity_blocks": capacity_tokens // BLOCK_SIZE, "max_attempts": 2, "record_answers": False,
+               "mode": "precise" if precise else "approximate", **(extra or {})}
+    replica_cfg = [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)]
+    if precise:
+        for r, e in zip(replica_cfg, events or []):
+            r["events"] = e
     return {
         "cache_dir": cache_dir,
         "routes": [{
             "name": "arena", "model": "*",
             "backend": {"model": "openai/sim", "api_key": "none", "timeout": 600},
             "exact": False, "semantic": {"enabled": False},  # every request must be routed
-            "replicas": [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)],
-            "routing": {"policy": policy, "block_size": BLOCK_SIZE, "tokenizer": "text",
-                        "capacity_blocks": capacity_tokens // BLOCK_SIZE, "max_attempts": 2},
+            "replicas": replica_cfg,
+            "routing": routing,
         }],
         "server": {"max_body_bytes": 64 * 1024 * 1024},
     }
@@ -169,14 +181,20 @@ def run_arena(args: argparse.Namespace) -> dict[str, Any]:
     result.update(ceilings(prompts, args.replicas * args.capacity_tokens))
     log(f"ceilings: infinite {result['ceiling_infinite']:.3f}, lru {result['ceiling_lru']:.3f}")
 
+    extra = {}
+    for item in args.routing:
+        key, _, value = item.partition("=")
+        extra[key.strip()] = yaml.safe_load(value)
+    result["routing_options"] = extra
     work = Path(tempfile.mkdtemp(prefix="kvgate-arena-"))
-    replicas, urls = [], []
+    replicas, urls, events = [], [], []
     try:
         for i in range(args.replicas):
             port = free_port()
+            events.append(f"tcp://127.0.0.1:{free_port()}")
             argv = kvgate_argv("sim-replica", "--port", str(port), "--name", f"r{i}",
                                "--capacity-tokens", str(args.capacity_tokens), "--prefill-tps", str(prefill),
-                               "--decode-tps", str(decode), "--block-size", str(BLOCK_SIZE))
+                               "--decode-tps", str(decode), "--block-size", str(BLOCK_SIZE), "--events-endpoint", events[-1])
             replicas.append(Proc(f"replica-r{i}", argv, work))
             urls.append(f"http://127.0.0.1:{port}")
         for proc, url in zip(replicas, urls):
@@ -196,7 +214,8 @@ def run_arena(args: argparse.Namespace) -> dict[str, Any]:
                 ready = f"http://127.0.0.1:{port}/health"
             else:
                 cfg_path = work / f"kvgate-{policy}.yaml"
-                cfg_path.write_text(yaml.safe_dump(kvgate_config(policy, urls, args.capacity_tokens, str(work / f"cache-{policy}"))))
+                cfg_path.write_text(yaml.safe_dump(kvgate_config(policy, urls, args.capacity_tokens, str(work / f"cache-{policy}"),
+                                                                 events, extra)))
                 router = Proc(f"router-{policy}", kvgate_argv("serve", "--config", str(cfg_path), "--port", str(port),
                                                              "--log-level", "warning"), work)
                 ready = f"http://127.0.0.1:{port}/health"

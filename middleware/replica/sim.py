@@ -39,7 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from middleware.errors import BadRequest
-from middleware.replica.sim_model import DEFAULT_OVERHEAD_S, PrefillInfo, SimEngine
+from middleware.replica.sim_model import DEFAULT_OVERHEAD_S, PrefillInfo, SimEngine, SimRequest
 
 STREAM_PIECES = 16  # decode is streamed in at most this many chunks after the first token
 FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
@@ -167,7 +167,7 @@ def create_sim_app(engine: SimEngine, name: str = "sim", model: str = "sim") -> 
     return app
 
 
-async def _stream(engine: SimEngine, req: Any, words: Sequence[str], call: ChatCall, rid: str, created: int) -> AsyncIterator[bytes]:
+async def _stream(engine: SimEngine, req: SimRequest, words: Sequence[str], call: ChatCall, rid: str, created: int) -> AsyncIterator[bytes]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": call.model}
     info: PrefillInfo | None = None
     async with aclosing(engine.generate(req, pieces=STREAM_PIECES)) as steps:

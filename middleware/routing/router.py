@@ -36,7 +36,7 @@ class Ticket:
 
 def policy_options(cfg: RoutingConfig) -> dict[str, Any]:
     if cfg.policy == "cache_aware":
-        return {"decode_weight": cfg.decode_weight}
+        return {"decode_weight": cfg.decode_weight, "miss_weight": cfg.miss_weight}
     if cfg.policy == "affinity":
         return {"load_factor": cfg.load_factor}
     return {}
@@ -124,7 +124,7 @@ class Router:
             ticket.replica.in_flight -= 1
             if ok:
                 ticket.replica.healthy, ticket.replica.failures = True, 0
-        if ok and conversation is not None and self.cfg.mode == "approximate":
+        if ok and conversation is not None and self.cfg.mode == "approximate" and self.cfg.record_answers:
             hashes, _ = self.hasher.hashes(conversation)
             self.index.record(ticket.replica.name, hashes)
 

@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test run bench bench-semantic bench-routing clean
+.PHONY: install test run demo bench bench-semantic bench-routing bench-kv bench-e2e clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,11 +24,21 @@ test:
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 run:
-	@# the demo backend on :9001 stands in for an LLM server; stop both with Ctrl-C
+	@# two reference replicas (SmolLM2-135M on CPU) sharing one KV store, then the proxy in front
+	@mkdir -p .kvgate
+	$(BIN)/kvgate replica --port 9101 --name r1 --kv-dir .kvgate/kv --events-endpoint tcp://127.0.0.1:5601 & p1=$$!; \
+	$(BIN)/kvgate replica --port 9102 --name r2 --kv-dir .kvgate/kv --events-endpoint tcp://127.0.0.1:5602 & p2=$$!; \
+	trap "kill $$p1 $$p2 2>/dev/null" EXIT INT TERM; \
+	until $(BIN)/python -c "import httpx, sys; sys.exit(any(httpx.get(f'http://127.0.0.1:{p}/health').status_code != 200 for p in (9101, 9102)))" 2>/dev/null; do sleep 1; done; \
+	echo "replicas ready; multi-turn demo: .venv/bin/python examples/multi_turn_demo.py"; \
+	$(BIN)/kvgate serve --config examples/replicas_config.yaml
+
+demo:
+	@# the proxy with the semantic-cache example config and a deterministic demo backend on :9001
 	$(BIN)/kvgate demo-backend --port 9001 & pid=$$!; trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
 	$(BIN)/kvgate serve --config examples/proxy_config.yaml
 
-bench: bench-semantic bench-routing
+bench: bench-semantic bench-routing bench-kv bench-e2e
 
 bench-semantic:
 	mkdir -p bench-out
@@ -40,6 +50,14 @@ bench-routing:
 	$(BIN)/kvgate bench route-overhead --json bench-out/route_overhead.json
 	$(BIN)/kvgate bench routing --trace ../shared/data/mooncake_conversation_trace.jsonl --replicas 4 \
 		--capacity-tokens 1500000 --speed 4 --limit 1600 --json bench-out/routing.json
+
+bench-kv:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench kv --json bench-out/kv.json
+
+bench-e2e:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench e2e --replicas 2 --conversations 4 --turns 4 --json bench-out/e2e.json
 
 clean:
 	rm -rf $(VENV) .kvgate bench-out

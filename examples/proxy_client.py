@@ -1,6 +1,6 @@
 """Talk to a running kvgate proxy with the official OpenAI client.
 
-Run: python examples/proxy_client.py [PROXY_URL]   (default http://127.0.0.1:8080/v1, `make run`)
+Run: python examples/proxy_client.py [PROXY_URL]   (default http://127.0.0.1:8080/v1, `make demo`)
 """
 from __future__ import annotations
 

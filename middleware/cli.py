@@ -54,6 +54,9 @@ def _prepare(args: argparse.Namespace) -> int:
     tok = load_tokenizer("smollm2")
     ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
     print(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
+    from middleware.replica.model import convert_smollm2
+
+    print(f"smollm2 model ready at {convert_smollm2()} (safetensors, converted once from the packaged GGUF)")
     return 0
 
 
@@ -76,6 +79,14 @@ def _bench(args: argparse.Namespace) -> int:
         from middleware.bench import arena
 
         return arena.main(args)
+    if args.bench == "kv":
+        from middleware.bench import kv
+
+        return kv.main(args)
+    if args.bench == "e2e":
+        from middleware.bench import e2e
+
+        return e2e.main(args)
     if args.bench == "route-overhead":
         from middleware.bench import route_overhead
 
@@ -100,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--config", required=True, type=Path)
     check.set_defaults(func=_check)
 
-    prep = sub.add_parser("prepare", help="export the packaged embedder to ONNX (run by make install)")
+    prep = sub.add_parser("prepare", help="export the embedder to ONNX, convert SmolLM2's tokenizer and weights (make install)")
     prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
     prep.set_defaults(func=_prepare)
 
@@ -113,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim.add_arguments(sub.add_parser("sim-replica", help="a simulated engine replica (prefix cache + timing model)"))
     sub.choices["sim-replica"].set_defaults(func=sim.run)
+    from middleware.replica import server as replica
+
+    replica.add_arguments(sub.add_parser("replica", help="the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)"))
+    sub.choices["replica"].set_defaults(func=replica.run)
 
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bsub = bench.add_subparsers(dest="bench", required=True)
@@ -125,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     from middleware.bench import arena
 
     arena.add_arguments(bsub.add_parser("routing", help="the routing arena: policies vs sglang-router on a replayed trace"))
+    from middleware.bench import e2e, kv
+
+    kv.add_arguments(bsub.add_parser("kv", help="KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"))
+    e2e.add_arguments(bsub.add_parser("e2e", help="multi-turn chats through kvgate serve over reference replicas, per policy"))
     bench.set_defaults(func=_bench)
     return parser
 

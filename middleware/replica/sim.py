@@ -94,12 +94,12 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-class _ReplicaHeader:
-    """ASGI wrapper adding `x-sim-replica: NAME` to every HTTP response (streams included)."""
+class ReplicaHeader:
+    """ASGI wrapper adding `header: NAME` to every HTTP response (streams included)."""
 
-    def __init__(self, app: Any, name: str) -> None:
+    def __init__(self, app: Any, name: str, header: bytes = b"x-sim-replica") -> None:
         self.app = app
-        self.header = (b"x-sim-replica", name.encode())
+        self.header = (header, name.encode())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -119,7 +119,7 @@ def create_sim_app(engine: SimEngine, name: str = "sim", model: str = "sim") -> 
     `model` is what /v1/models lists (any requested model name is accepted)."""
     app = FastAPI(title=f"kvgate sim replica {name}")
     app.state.engine = engine
-    app.add_middleware(_ReplicaHeader, name=name)
+    app.add_middleware(ReplicaHeader, name=name)
 
     @app.exception_handler(BadRequest)
     async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:

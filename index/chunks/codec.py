@@ -1,0 +1,156 @@
+"""KV chunk serialization: self-describing, checksummed, no pickle.
+
+Layout of one encoded chunk (all integers little-endian):
+
+    offset 0   magic      b"KVGC"                     4 bytes
+    offset 4   version    u16 (FORMAT_VERSION)        2 bytes
+    offset 6   header_len u32                         4 bytes
+    offset 10  header     UTF-8 JSON, header_len bytes:
+                          {"key", "dtype", "n_layers", "shapes": [[...] per tensor], "byteorder"}
+    ...        payload    raw tensor bytes in order k0 v0 k1 v1 … (C order, native = little endian)
+    ...        checksum   SHA-256 of every byte before it        32 bytes
+
+Invariants that `decode_chunk` enforces (any violation raises CorruptChunk, never returns data):
+  * magic, version and every length agree exactly with len(data) (no trailing bytes, no short
+    payload), so a truncated or extended file is rejected before its bytes are interpreted;
+  * the checksum matches, so a torn write or flipped bit is rejected;
+  * the key stored inside equals the key asked for, so a value filed under the wrong key (a
+    renamed file, a misdirected write) is rejected even though its checksum is valid.
+SHA-256 rather than BLAKE2b: with the CPU's SHA extensions it runs about 2x faster here
+(~1.8 GB/s vs ~0.8 GB/s on 12 MB), and the format version pins the choice.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+import sys
+
+import torch
+
+KVChunk = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per layer (keys, values), each [kv_heads, chunk_tokens, head_dim], contiguous, on the CPU."""
+
+MAGIC = b"KVGC"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<4sHI")  # magic, version, header_len
+_DIGEST_SIZE = 32
+_MAX_HEADER = 1 << 20  # a sane bound so a corrupt length cannot make us slice absurdly
+
+# Only dtypes a KV cache is kept in. bfloat16 has no numpy dtype, so bytes are always moved as
+# raw storage (views as uint8), never through numpy's dtype system.
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class CorruptChunk(ValueError):
+    """Stored bytes are not a valid chunk for the requested key (damaged, truncated, misfiled)."""
+
+
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes without copying (it must be contiguous and on the CPU)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def encode_chunk(chunk: KVChunk, key: str) -> bytes:
+    """Serialize `chunk` under `key`. One copy of the tensor bytes (into the result).
+
+    Raises ValueError for an empty chunk, mixed dtypes or an unsupported dtype (a caller bug,
+    not corruption).
+    """
+    if not chunk:
+        raise ValueError("a KV chunk needs at least one layer")
+    tensors: list[torch.Tensor] = []
+    for layer, pair in enumerate(chunk):
+        if len(pair) != 2:
+            raise ValueError(f"layer {layer}: expected a (keys, values) pair")
+        for t in pair:
+            # no-ops for the documented input (contiguous CPU tensors); a safety net otherwise
+            tensors.append(t.detach().to("cpu").contiguous())
+    dtype = tensors[0].dtype
+    if any(t.dtype != dtype for t in tensors):
+        raise ValueError("all tensors of a chunk must share one dtype")
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"unsupported dtype {dtype}; supported: {sorted(_DTYPES)}")
+    header = json.dumps(
+        {
+            "key": key,
+            "dtype": _DTYPE_NAMES[dtype],
+            "n_layers": len(chunk),
+            "shapes": [list(t.shape) for t in tensors],
+            "byteorder": sys.byteorder,
+        },
+        separators=(",", ":"),
+    ).encode()
+    parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header]
+    parts.extend(_raw_bytes(t) for t in tensors)
+    digest = hashlib.sha256()
+    for p in parts:
+        digest.update(p)
+    parts.append(digest.digest())
+    return b"".join(parts)
+
+
+def decode_chunk(data: bytes, key: str) -> KVChunk:
+    """Parse and verify bytes made by `encode_chunk(chunk, key)`; raise CorruptChunk otherwise.
+
+    The returned tensors are writable and share no memory with `data`: the payload is copied
+    once into a fresh bytearray that the tensors view (disjoint slices of it).
+    """
+    view = memoryview(data)
+    n = len(view)
+    if n < _PREFIX.size + _DIGEST_SIZE:
+        raise CorruptChunk(f"chunk {key!r}: {n} bytes is shorter than the fixed framing")
+    magic, version, header_len = _PREFIX.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise CorruptChunk(f"chunk {key!r}: bad magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise CorruptChunk(f"chunk {key!r}: format version {version}, this build reads {FORMAT_VERSION}")
+    start = _PREFIX.size + header_len
+    if header_len > _MAX_HEADER or start + _DIGEST_SIZE > n:
+        raise CorruptChunk(f"chunk {key!r}: header length {header_len} does not fit in {n} bytes")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : start]))
+        stored_key = header["key"]
+        dtype_name = header["dtype"]
+        n_layers = int(header["n_layers"])
+        shapes = [tuple(int(d) for d in s) for s in header["shapes"]]
+        byteorder = header["byteorder"]
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError/UnicodeDecodeError are ValueErrors
+        raise CorruptChunk(f"chunk {key!r}: unreadable header ({e})") from None
+    if stored_key != key:
+        raise CorruptChunk(f"chunk {key!r}: holds the data of key {stored_key!r} (misfiled)")
+    if dtype_name not in _DTYPES:
+        raise CorruptChunk(f"chunk {key!r}: unknown dtype {dtype_name!r}")
+    if byteorder != sys.byteorder:
+        raise CorruptChunk(f"chunk {key!r}: written on a {byteorder}-endian machine")
+    if n_layers < 1 or len(shapes) != 2 * n_layers or any(d < 0 for s in shapes for d in s):
+        raise CorruptChunk(f"chunk {key!r}: inconsistent header (n_layers={n_layers}, {len(shapes)} shapes)")
+    dtype = _DTYPES[dtype_name]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    counts = [math.prod(s) for s in shapes]
+    payload_len = sum(counts) * itemsize
+    if start + payload_len + _DIGEST_SIZE != n:
+        raise CorruptChunk(
+            f"chunk {key!r}: {n} bytes, header says {start + payload_len + _DIGEST_SIZE} (truncated or extended)"
+        )
+    end = start + payload_len
+    if hashlib.sha256(view[:end]).digest() != bytes(view[end:]):
+        raise CorruptChunk(f"chunk {key!r}: checksum mismatch (torn write or damaged bytes)")
+
+    buf = bytearray(view[start:end])  # the one copy: writable, independent of `data`
+    tensors: list[torch.Tensor] = []
+    offset = 0
+    for shape, count in zip(shapes, counts):
+        if count:
+            t = torch.frombuffer(buf, dtype=dtype, count=count, offset=offset).view(shape)
+        else:  # frombuffer rejects count=0
+            t = torch.empty(shape, dtype=dtype)
+        tensors.append(t)
+        offset += count * itemsize
+    return [(tensors[2 * i], tensors[2 * i + 1]) for i in range(n_layers)]

@@ -1,0 +1,83 @@
+"""MemoryTier: encoded chunks in RAM, least recently used evicted first under a byte budget."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Iterator
+
+
+class MemoryTier:
+    """LRU byte store in process memory.
+
+    Invariants (under `self._lock`): `self._bytes == sum(len(v) for v in self._items.values())
+    <= self.budget_bytes`; `self._items` is ordered least recently used first. Only len(value)
+    is charged to the budget (keys and dict overhead are small next to MB-sized chunks).
+    """
+
+    name = "memory"
+
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError("budget_bytes must be >= 0")
+        self.budget_bytes = budget_bytes
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.evictions = 0
+        self.rejected = 0  # puts refused because the value alone exceeds the budget
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            data = self._items.get(key)
+            if data is not None:
+                self._items.move_to_end(key)
+            return data
+
+    def put(self, key: str, data: bytes) -> bool:
+        size = len(data)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return True
+            if size > self.budget_bytes:
+                self.rejected += 1
+                return False
+            while self._bytes + size > self.budget_bytes:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+                self.evictions += 1
+            self._items[key] = bytes(data)  # no-op for bytes; freezes a bytearray
+            self._bytes += size
+            return True
+
+    def contains(self, key: str) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            data = self._items.pop(key, None)
+            if data is not None:
+                self._bytes -= len(data)
+
+    def keys(self) -> Iterator[str]:
+        with self._lock:
+            return iter(list(self._items))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "items": len(self._items),
+                "bytes": self._bytes,
+                "budget_bytes": self.budget_bytes,
+                "evictions": self.evictions,
+                "rejected": self.rejected,
+            }
+
+    def close(self) -> None:
+        self.clear()

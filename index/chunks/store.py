@@ -1,0 +1,193 @@
+"""ChunkStore: KV chunks of long prompts, keyed by the prefix hash chain, over storage tiers.
+
+A chunk is the KV cache of `chunk_tokens` consecutive prompt tokens (all layers). It is keyed by
+the chained hash of its block (`chunk_hashes`), which covers every token before the chunk's end,
+so chunk i is only ever reused after exactly the same i·chunk_tokens-token prefix, and a prompt's
+reusable KV is the longest run of *leading* chunks present. Keys are
+"kv:<namespace>:<hash as 16 hex digits>"; the namespace (model and dtype, e.g.
+"smollm2-135m:float32") keeps different models' KV apart in shared tiers.
+
+Tiers are ordered fastest first (e.g. memory, disk). Writes go to every tier (write-through);
+a read takes the first tier that has the key and copies it into the faster tiers (promotion).
+Every read is verified by the codec (checksum + key); a chunk that fails is counted, logged,
+deleted from every tier and treated as a miss, so the caller recomputes it: wrong KV is never
+returned. `longest_prefix` only asks `contains`, so it is a cheap upper bound that `get_many`
+can undercut (eviction by another process, a damaged chunk); callers use what `get_many` returns.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Sequence
+
+from index.chunks.base import StorageTier
+from index.chunks.codec import CorruptChunk, KVChunk, decode_chunk, encode_chunk
+from index.hashing import BlockHash, block_hashes
+
+log = logging.getLogger("kvgate.chunks")
+
+
+def chunk_hashes(tokens: Sequence[int], chunk_tokens: int = 256, namespace: Sequence[str | int] = ()) -> list[int]:
+    """Chained hashes of every full `chunk_tokens` block of `tokens` (a partial tail is not hashed:
+    only full chunks are stored). `namespace` goes into every hash as extra keys."""
+    return block_hashes(tokens, chunk_tokens, extra=namespace)
+
+
+class ChunkStore:
+    """KV chunks by chained hash over `tiers` (fastest first). Thread-safe if the tiers are.
+
+    Invariant: `get_many` returns only chunks that decoded under their own key with a valid
+    checksum, and they are exactly the first len(result) chunks asked for.
+    """
+
+    def __init__(self, tiers: list[StorageTier], namespace: str) -> None:
+        if not tiers:
+            raise ValueError("a ChunkStore needs at least one tier")
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        if not namespace:
+            raise ValueError("namespace must be non-empty (e.g. 'model:dtype')")
+        self.tiers = list(tiers)
+        self.namespace = namespace
+        self._prefix = f"kv:{namespace}:"
+        self._lock = threading.Lock()  # guards the counters below
+        self._hits = {name: 0 for name in names}
+        self._misses = 0
+        self._corrupt = 0
+        self._promotions = 0
+        self._puts = 0  # successful tier writes
+        self._new = 0  # chunks that were in no tier before put_many stored them
+        self._put_failures = 0  # tier writes refused (too big, disk full)
+        self._bytes_read = 0
+        self._bytes_written = 0
+
+    def key(self, h: BlockHash) -> str:
+        """The tier key of chunk hash `h` in this namespace."""
+        return f"{self._prefix}{h:016x}"
+
+    def longest_prefix(self, hashes: Sequence[BlockHash]) -> int:
+        """Number of leading chunks present in any tier (no reads, no LRU effect)."""
+        n = 0
+        for h in hashes:
+            key = self.key(h)
+            if not any(t.contains(key) for t in self.tiers):
+                break
+            n += 1
+        return n
+
+    def get_many(self, hashes: Sequence[BlockHash]) -> list[KVChunk]:
+        """The longest run of leading chunks that load and verify; stops at the first missing or
+        corrupt one. A hit in a slower tier is copied into the faster ones."""
+        out: list[KVChunk] = []
+        for h in hashes:
+            chunk = self._load(self.key(h))
+            if chunk is None:
+                break
+            out.append(chunk)
+        return out
+
+    def _load(self, key: str) -> KVChunk | None:
+        for i, tier in enumerate(self.tiers):
+            try:
+                data = tier.get(key)
+                if data is None:
+                    continue
+                chunk = decode_chunk(data, key)
+            except CorruptChunk as e:
+                self._drop_corrupt(key, tier.name, e)
+                return None
+            promoted = False
+            for faster in self.tiers[:i]:
+                promoted |= faster.put(key, data)
+            with self._lock:
+                self._hits[tier.name] += 1
+                self._bytes_read += len(data)
+                self._promotions += promoted
+            return chunk
+        with self._lock:
+            self._misses += 1
+        return None
+
+    def _drop_corrupt(self, key: str, tier: str, error: CorruptChunk) -> None:
+        # Every copy goes, not only the bad one: the caller recomputes the chunk and put_many
+        # then rewrites all tiers from fresh data.
+        log.warning("dropping corrupt KV chunk from all tiers (found in %s): %s", tier, error)
+        for t in self.tiers:
+            t.delete(key)
+        with self._lock:
+            self._corrupt += 1
+            self._misses += 1
+
+    def put_many(self, hashes: Sequence[BlockHash], chunks: Sequence[KVChunk]) -> int:
+        """Store chunk i under hashes[i] in every tier that lacks it (encoding at most once per
+        chunk). Returns how many chunks were in no tier before and are now in at least one.
+        A tier that cannot store (too big, disk full) is skipped, never an exception."""
+        if len(hashes) != len(chunks):
+            raise ValueError(f"{len(hashes)} hashes for {len(chunks)} chunks")
+        new = puts = failures = written = 0
+        for h, chunk in zip(hashes, chunks):
+            key = self.key(h)
+            missing = [t for t in self.tiers if not t.contains(key)]
+            if not missing:
+                continue
+            data = encode_chunk(chunk, key)
+            stored = 0
+            for t in missing:
+                if t.put(key, data):
+                    stored += 1
+                    written += len(data)
+                else:
+                    failures += 1
+            puts += stored
+            if stored and len(missing) == len(self.tiers):
+                new += 1
+        with self._lock:
+            self._new += new
+            self._puts += puts
+            self._put_failures += failures
+            self._bytes_written += written
+        return new
+
+    def stored_hashes(self) -> list[BlockHash]:
+        """Hashes of this namespace's chunks held by any tier (e.g. to announce a restarted
+        replica's disk contents to the router). Reads keys only."""
+        found: set[BlockHash] = set()
+        for t in self.tiers:
+            for key in t.keys():
+                if key.startswith(self._prefix):
+                    try:
+                        found.add(int(key[len(self._prefix):], 16))
+                    except ValueError:
+                        continue
+        return sorted(found)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction plus each tier's own stats under "tiers"."""
+        with self._lock:
+            out: dict[str, Any] = {
+                "hits": dict(self._hits),
+                "misses": self._misses,
+                "corrupt": self._corrupt,
+                "promotions": self._promotions,
+                "puts": self._puts,
+                "new_chunks": self._new,
+                "put_failures": self._put_failures,
+                "bytes_read": self._bytes_read,
+                "bytes_written": self._bytes_written,
+            }
+        out["tiers"] = {t.name: t.stats() for t in self.tiers}
+        return out
+
+    def clear(self, tier: str | None = None) -> None:
+        """Empty one tier by name (e.g. "memory" before a cold-start benchmark) or all. Clears
+        the whole tier, including other namespaces' chunks if the tier is shared."""
+        targets = self.tiers if tier is None else [t for t in self.tiers if t.name == tier]
+        if not targets:
+            raise ValueError(f"no tier named {tier!r}; have {[t.name for t in self.tiers]}")
+        for t in targets:
+            t.clear()
+
+    def close(self) -> None:
+        for t in self.tiers:
+            t.close()

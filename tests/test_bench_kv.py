@@ -1,0 +1,53 @@
+"""`kvgate bench kv` at a tiny size (the real model over a real ChunkStore on disk), and the cheap
+parts of `kvgate bench e2e` (option checks, deterministic openings)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from middleware.bench.kv import fit, history, sentences
+from middleware.cli import main
+
+
+def test_bench_kv_tiny(tmp_path, capsys):
+    out = tmp_path / "kv.json"
+    argv = ["bench", "kv", "--history-tokens", "600", "--repeats", "1", "--io-repeats", "1", "--max-tokens", "4",
+            "--drop-page-cache", "fadvise", "--dir", str(tmp_path), "--json", str(out)]
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert 500 <= r["history_tokens"] <= 600
+    assert r["identical_output"] is True
+    assert r["loaded_chunks"] == (r["history_tokens"] - 1) // r["chunk_tokens"] == 2
+    for key in ("ttft_cold_s", "ttft_warm_ram_s", "ttft_warm_disk_s", "ttft_warm_disk_pagecache_s",
+                "disk_load_gbps", "disk_read_gbps", "decode_gbps", "raw_disk_read_gbps", "ram_load_gbps",
+                "warm_ram_speedup", "warm_disk_speedup", "disk_vs_raw"):
+        assert isinstance(r[key], float) and math.isfinite(r[key]) and r[key] > 0, key
+    for mode in ("cold", "warm_ram", "warm_disk", "warm_disk_pagecache"):
+        m = r["modes"][mode]
+        assert len(m["ttft_runs_s"]) == len(m["load_runs_s"]) == len(m["prefill_runs_s"]) == 1
+        assert m["cached_tokens"] == (0 if mode == "cold" else 2 * r["chunk_tokens"])
+        assert m["prefill_s"] > 0
+    assert r["decoded_bytes"] > 0 and r["stored_bytes"] >= r["decoded_bytes"]
+    assert set(r["page_cache"]) >= {"applied", "methods"} and "drop_caches" not in r["page_cache"]["methods"]
+    assert r["machine"]["cpus"] >= 1
+    assert "warm_ram" in capsys.readouterr().out
+    assert not any(tmp_path.glob("kvgate-bench-kv-*"))  # the store's directory is removed
+
+
+def test_history_fits_the_target_and_is_deterministic():
+    count = lambda msgs: sum(len(m["content"].split()) for m in msgs)  # noqa: E731
+    msgs, n = fit(history, count, 300, hi=100)
+    k = sum(m["content"].count("Record ") for m in msgs)
+    assert n == count(msgs) <= 300 < count(history(k + 1))
+    assert msgs == fit(history, count, 300, hi=100)[0]
+    assert sentences(3, 5) == sentences(3, 5) != sentences(4, 5)
+
+
+@pytest.mark.parametrize("bad", [["--replicas", "0"], ["--turns", "0"], ["--policies", "nope"],
+                                 ["--policies", "round_robin,round_robin"], ["--max-tokens", "0"],
+                                 ["--opening-min-tokens", "900", "--opening-max-tokens", "600"]])
+def test_bench_e2e_rejects_bad_options_before_starting_anything(bad, capsys):
+    assert main(["bench", "e2e", *bad]) == 2
+    assert "kvgate bench e2e: error" in capsys.readouterr().err

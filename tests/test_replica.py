@@ -1,0 +1,264 @@
+"""The reference CPU replica: the real SmolLM2-135M model, a real ChunkStore (RAM + disk tiers).
+
+Checks that KV loaded from the store (RAM, disk only, after a restart) gives token-for-token the
+same greedy answer as a cold prefill, that a second conversation turn reuses the first turn's
+chunks, that events follow vLLM's BlockStored semantics in the router's hash space, and the HTTP
+face with the openai client and real LiteLLM. The model is loaded once for the module; prompts
+are ~700 tokens (2-3 chunks of 256) and answers short, to keep the file quick on two cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import httpx
+import litellm
+import pytest
+import torch
+from openai import OpenAI
+from transformers import DynamicCache
+
+from index.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
+from index.hashing import block_hashes
+from index.kv_events import BlockStored, EventApplier
+from index.prefix import PrefixIndex
+from index.prompt import PromptHasher
+from index.tokenizer import load_tokenizer
+from middleware.bench.fake_backend import ServerThread
+from middleware.errors import BadRequest
+from middleware.replica.engine import ReplicaEngine, _StopMatcher
+from middleware.replica.model import load_model, model_namespace
+from middleware.replica.server import create_replica_app
+
+CT = 256
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+PARIS = "The capital of France is Paris."
+
+
+def long_chat(n_facts: int = 40, question: str = "What is 7 squared? Answer briefly.") -> list[dict[str, Any]]:
+    facts = " ".join(f"Fact {i}: the number {i} squared is {i * i}." for i in range(n_facts))
+    return [{"role": "system", "content": "You answer from the facts given."},
+            {"role": "user", "content": f"{facts}\n{question}"}]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer() -> tuple[Any, Any]:
+    return load_model("smollm2")
+
+
+def make_store(kv_dir: Path, ram_mb: int = 256, disk_mb: int = 512) -> ChunkStore:
+    return ChunkStore([MemoryTier(ram_mb << 20), DiskTier(kv_dir, disk_mb << 20)], namespace="smollm2-135m:float32")
+
+
+@pytest.fixture
+def engines(model_and_tokenizer: tuple[Any, Any]) -> Iterator[Any]:
+    """make(store=None, **kw) -> ReplicaEngine; everything made is closed afterwards."""
+    made: list[Any] = []
+
+    def make(store: ChunkStore | None = None, **kw: Any) -> ReplicaEngine:
+        model, tok = model_and_tokenizer
+        engine = ReplicaEngine(model, tok, store, chunk_tokens=CT, **kw)
+        made.append(engine)
+        if store is not None:
+            made.append(store)
+        return engine
+
+    yield make
+    for thing in made:
+        thing.close()
+
+
+def test_greedy_answer_and_namespace(engines: Any, model_and_tokenizer: tuple[Any, Any]) -> None:
+    engine = engines()
+    assert model_namespace(model_and_tokenizer[0]) == "smollm2-135m:float32"
+    c = engine.generate(FRANCE, max_tokens=16)
+    assert c.text == PARIS
+    assert c.finish_reason == "stop" and c.cached_tokens == 0 and c.prompt_tokens == 37
+    # the ids the replica feeds are the ids the router hashes
+    router = PromptHasher(load_tokenizer("smollm2"), CT)
+    chat = long_chat()
+    assert engine.tokens(chat) == router.tokens(chat)
+
+
+def test_kv_from_ram_disk_and_restart_matches_cold(engines: Any, tmp_path: Path) -> None:
+    chat = long_chat()
+    engine = engines(make_store(tmp_path))
+    cold = engine.generate(chat, max_tokens=12)
+    assert cold.cached_tokens == 0 and cold.prompt_tokens > 2 * CT
+    assert cold.stored_chunks == (cold.prompt_tokens + cold.completion_tokens - 1) // CT
+
+    warm = engine.generate(chat, max_tokens=12)  # RAM tier
+    loadable = (cold.prompt_tokens - 1) // CT * CT
+    assert warm.cached_tokens == loadable
+    assert warm.token_ids == cold.token_ids and warm.text == cold.text
+
+    engine.store.clear("memory")  # disk only
+    disk = engine.generate(chat, max_tokens=12)
+    assert disk.cached_tokens == loadable and disk.token_ids == cold.token_ids
+    assert engine.store.stats()["hits"]["disk"] >= loadable // CT
+
+    restarted = engines(make_store(tmp_path))  # a new process would see the same directory
+    again = restarted.generate(chat, max_tokens=12)
+    assert again.cached_tokens == loadable and again.token_ids == cold.token_ids
+
+
+def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path) -> None:
+    engine = engines(make_store(tmp_path), exact_prefill=True)
+    chat = long_chat(36)
+    engine.generate(chat, max_tokens=1)  # stores the prompt's chunks
+    ids, never = engine.tokens(chat), threading.Event()
+    cold = engine._prefill(ids, 0, DynamicCache(config=engine.model.config), never)
+    cache, loaded = engine._load(chunk_hashes(ids, CT)[: (len(ids) - 1) // CT])
+    assert loaded == (len(ids) - 1) // CT >= 2
+    assert torch.equal(engine._prefill(ids, loaded * CT, cache, never), cold)
+
+
+def test_second_turn_reuses_first_turn_chunks(engines: Any, tmp_path: Path) -> None:
+    engine = engines(make_store(tmp_path))
+    turn1 = long_chat(44, "Explain what 7 squared is, in a full sentence.")  # 760 tokens + ~19
+    first = engine.generate(turn1, max_tokens=24)
+    turn2 = turn1 + [{"role": "assistant", "content": first.text},
+                     {"role": "user", "content": "And what is 8 squared?"}]
+    second = engine.generate(turn2, max_tokens=8)
+    assert second.cached_tokens >= first.prompt_tokens // CT * CT
+    # exactly the chunks turn 1 left in the cache (prompt + answer but its last token) that
+    # turn 2's prompt starts with: chunks holding answer tokens are reused too, since the
+    # answer re-tokenizes to the same ids
+    held = (engine.tokens(turn1) + list(first.token_ids))[: first.prompt_tokens + first.completion_tokens - 1]
+    ids2 = engine.tokens(turn2)
+    common = next((i for i, (a, b) in enumerate(zip(held, ids2)) if a != b), min(len(held), len(ids2)))
+    assert second.cached_tokens == min(common, len(ids2) - 1) // CT * CT
+    assert len(held) >= 3 * CT, "the answer should cross a chunk boundary"
+    assert second.cached_tokens == 3 * CT > first.prompt_tokens
+
+
+def test_events_follow_the_chain_in_router_hash_space(engines: Any, tmp_path: Path) -> None:
+    events: list[tuple[list[int], list[int], int | None]] = []
+    engine = engines(make_store(tmp_path), on_stored=lambda h, t, p: events.append((h, t, p)))
+    chat = long_chat(30)
+    first = engine.generate(chat, max_tokens=4)
+    engine.generate(chat, max_tokens=4)  # nothing new: no event
+    assert len(events) == 1
+    hashes, tokens, parent = events[0]
+    assert parent is None and len(tokens) == len(hashes) * CT
+    ids = engine.tokens(chat)
+    assert hashes == block_hashes(ids, CT)[: len(hashes)] and tokens == ids[: len(tokens)]
+    assert len(hashes) == (first.prompt_tokens + first.completion_tokens - 1) // CT
+
+    index = PrefixIndex()
+    index.add_replica("r1")
+    applier = EventApplier(index, "r1", block_size=CT)
+    for h, t, p in events:
+        applier.apply(BlockStored(block_hashes=h, parent_block_hash=p, token_ids=t, block_size=CT))
+    router_hashes, _ = PromptHasher(load_tokenizer("smollm2"), CT).hashes(chat)
+    assert applier.stats()["stored"] == len(hashes)
+    assert [applier.our_hash(h) for h in hashes] == router_hashes[: len(hashes)]
+
+
+def test_sampling_and_stop_strings(engines: Any) -> None:
+    engine = engines()
+    a = engine.generate(FRANCE, max_tokens=8, temperature=0.9, seed=7)
+    b = engine.generate(FRANCE, max_tokens=8, temperature=0.9, seed=7, top_p=0.9)
+    c = engine.generate(FRANCE, max_tokens=8, temperature=0.9, seed=7)
+    assert a.token_ids == c.token_ids and a.completion_tokens >= 1 and b.completion_tokens >= 1
+    stopped = engine.generate(FRANCE, max_tokens=16, stop=[" Paris"])
+    assert stopped.text == "The capital of France is" and stopped.finish_reason == "stop"
+    assert "".join(engine.stream(FRANCE, max_tokens=16, stop=["France"])) == "The capital of "
+    with pytest.raises(BadRequest):
+        engine.generate(FRANCE, max_tokens=5000)
+    with pytest.raises(BadRequest):
+        engine.generate(FRANCE, max_tokens=8, top_p=0)
+
+
+def test_stop_matcher_holds_back_partial_stops() -> None:
+    m = _StopMatcher(["END"])
+    assert m.feed("abc E") == "abc " and m.feed("N") == "" and m.feed("x") == "ENx"
+    assert m.feed("yEND tail") == "y" and m.stopped and m.text == "abc ENxy"
+    assert _StopMatcher([]).feed("anything") == "anything"
+
+
+# -- HTTP -------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def replica(engines: Any, tmp_path: Path) -> Iterator[tuple[ServerThread, ReplicaEngine]]:
+    engine = engines(make_store(tmp_path))
+    server = ServerThread(create_replica_app(engine, "r1")).start()
+    yield server, engine
+    server.stop()
+
+
+def test_http_openai_litellm_and_errors(replica: tuple[ServerThread, ReplicaEngine]) -> None:
+    server, _ = replica
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    r = client.chat.completions.create(model="smollm2", messages=FRANCE, max_tokens=16)
+    assert r.choices[0].message.content == PARIS and r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens == 37 and r.usage.prompt_tokens_details.cached_tokens == 0
+
+    chat = long_chat(36)
+    cold = client.chat.completions.create(model="smollm2", messages=chat, max_tokens=8)
+    pieces, usage = [], None
+    for chunk in client.chat.completions.create(model="smollm2", messages=chat, max_tokens=8, stream=True,
+                                                stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(pieces) == cold.choices[0].message.content
+    assert usage is not None and usage.prompt_tokens == cold.usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // CT * CT > 0
+
+    resp = litellm.completion(model="openai/x", api_base=f"{server.url}/v1", api_key="none",
+                              messages=FRANCE, max_tokens=16)
+    assert resp.choices[0].message.content == PARIS
+
+    http = httpx.Client(base_url=server.url, timeout=30)
+    for body in (b"{not json", json.dumps({"model": "x", "messages": []}).encode(),
+                 json.dumps({"model": "x", "messages": FRANCE, "max_tokens": 5000}).encode(),
+                 json.dumps({"model": "x", "messages": FRANCE, "temperature": "hot"}).encode()):
+        bad = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert bad.status_code == 400, body
+        assert bad.json()["error"]["type"] == "invalid_request_error"
+    assert http.get("/v1/models").json()["data"][0]["id"] == "smollm2"
+    metrics = http.get("/metrics").text
+    assert "kvgate_replica_cached_tokens_total" in metrics and "kvgate_replica_prefill_seconds" in metrics
+    assert http.get("/health").headers["x-kvgate-replica"] == "r1"
+    http.close()
+
+
+def test_disconnect_cancels_and_health_stays_responsive(replica: tuple[ServerThread, ReplicaEngine]) -> None:
+    server, engine = replica
+    http = httpx.Client(base_url=server.url, timeout=30)
+    body = {"model": "x", "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+            "max_tokens": 400, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
+        t0 = time.perf_counter()
+        health = http.get("/health", timeout=2)  # while the model is decoding
+        assert health.status_code == 200 and health.json()["running"] == 1
+        assert time.perf_counter() - t0 < 1.0
+    deadline = time.time() + 15
+    while engine.stats()["cancelled"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    stats = engine.stats()
+    assert stats["cancelled"] == 1 and stats["running"] == 0
+    assert stats["completion_tokens"] < 200
+    # a non-streaming client that gives up cancels too
+    with pytest.raises(httpx.ReadTimeout):
+        http.post("/v1/chat/completions", json={**body, "stream": False}, timeout=1.5)
+    deadline = time.time() + 15
+    while engine.stats()["cancelled"] < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["cancelled"] == 2 and engine.stats()["completion_tokens"] < 400
+    # the engine keeps serving after a cancel
+    ok = http.post("/v1/chat/completions", json={"model": "x", "messages": FRANCE, "max_tokens": 16}).json()
+    assert ok["choices"][0]["message"]["content"] == PARIS
+    http.close()

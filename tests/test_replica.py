@@ -93,12 +93,13 @@ def test_kv_from_ram_disk_and_restart_matches_cold(engines: Any, tmp_path: Path)
     assert cold.cached_tokens == 0 and cold.prompt_tokens > 2 * CT
     assert cold.stored_chunks == (cold.prompt_tokens + cold.completion_tokens - 1) // CT
 
-    warm = engine.generate(chat, max_tokens=12)  # RAM tier
+    warm = engine.generate(chat, max_tokens=12)  # RAM: full chunks + the partial tail after them
     loadable = (cold.prompt_tokens - 1) // CT * CT
-    assert warm.cached_tokens == loadable
+    assert warm.cached_tokens == cold.prompt_tokens - 1  # everything but the token that must be fed
     assert warm.token_ids == cold.token_ids and warm.text == cold.text
 
-    engine.store.clear("memory")  # disk only
+    engine.store.clear("memory")  # disk only: the RAM tail goes too
+    engine.tails.clear()
     disk = engine.generate(chat, max_tokens=12)
     assert disk.cached_tokens == loadable and disk.token_ids == cold.token_ids
     assert engine.store.stats()["hits"]["disk"] >= loadable // CT
@@ -130,12 +131,18 @@ def test_second_turn_reuses_first_turn_chunks(engines: Any, tmp_path: Path) -> N
     # exactly the chunks turn 1 left in the cache (prompt + answer but its last token) that
     # turn 2's prompt starts with: chunks holding answer tokens are reused too, since the
     # answer re-tokenizes to the same ids
-    held = (engine.tokens(turn1) + list(first.token_ids))[: first.prompt_tokens + first.completion_tokens - 1]
+    # the cache holds every fed token: all answer tokens when it stopped on EOS, all but the last
+    # when it hit max_tokens
+    fed = first.prompt_tokens + first.completion_tokens - (first.finish_reason == "length")
+    held = (engine.tokens(turn1) + list(first.token_ids))[:fed]
     ids2 = engine.tokens(turn2)
     common = next((i for i, (a, b) in enumerate(zip(held, ids2)) if a != b), min(len(held), len(ids2)))
-    assert second.cached_tokens == min(common, len(ids2) - 1) // CT * CT
+    # full chunks from the store, then the RAM tail up to where turn 2 departs from turn 1
+    assert second.cached_tokens == min(common, len(ids2) - 1) > 3 * CT
     assert len(held) >= 3 * CT, "the answer should cross a chunk boundary"
-    assert second.cached_tokens == 3 * CT > first.prompt_tokens
+    assert engine.tails.stats()["hits"] >= 1
+    fresh = engines()  # no store, no tails: a cold run of turn 2
+    assert fresh.generate(turn2, max_tokens=8).token_ids == second.token_ids
 
 
 def test_events_follow_the_chain_in_router_hash_space(engines: Any, tmp_path: Path) -> None:
@@ -211,7 +218,7 @@ def test_http_openai_litellm_and_errors(replica: tuple[ServerThread, ReplicaEngi
             usage = chunk.usage
     assert "".join(pieces) == cold.choices[0].message.content
     assert usage is not None and usage.prompt_tokens == cold.usage.prompt_tokens
-    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // CT * CT > 0
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1 > CT  # chunks + RAM tail
 
     resp = litellm.completion(model="openai/x", api_base=f"{server.url}/v1", api_key="none",
                               messages=FRANCE, max_tokens=16)

@@ -77,7 +77,8 @@ def test_precise_routing_over_reference_replicas(model_and_tokenizer, tmp_path):
         other = replicas[1] if home == "r0" else replicas[0]
         direct = httpx.post(f"{other.url}/v1/chat/completions", timeout=300,
                             json={"model": "smollm2", "messages": messages, "max_tokens": 12})
-        assert direct.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
+        # full chunks only: the partial tail after them lives in the home replica's RAM
+        assert direct.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached // CHUNK * CHUNK >= 2 * CHUNK
         assert direct.json()["choices"][0]["message"]["content"] == second.json()["choices"][0]["message"]["content"]
     finally:
         client.close()

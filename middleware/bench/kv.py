@@ -282,22 +282,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.clear()
         generate()  # warm-up at full length; leaves the prefix chunks stored
         snapshot = [(store.key(h), memory.get(store.key(h))) for h in hashes]
+        tails = engine.tails.snapshot()  # the RAM-only partial chunk after the last full one
         if any(data is None for _, data in snapshot):
             raise RuntimeError("the warm-up run did not store the prompt's prefix chunks (store budget too small?)")
         stored_bytes = sum(len(d) for _, d in snapshot)
 
         def rebuild(memory_too: bool) -> None:
             store.clear()
+            engine.tails.clear()
             for key, data in snapshot:
                 disk.put(key, data)
                 if memory_too:
                     memory.put(key, data)
+            if memory_too:
+                engine.tails.restore(tails)
 
         runs: dict[str, list[Any]] = {m: [] for m in MODES}
         for r in range(args.repeats):
             for mode in MODES:
                 if mode == "cold":
                     store.clear()
+                    engine.tails.clear()
                 else:
                     rebuild(memory_too=mode == "warm_ram")
                     if mode == "warm_disk":

@@ -60,6 +60,7 @@ from index.prompt import PromptHasher
 from index.tokenizer import HFChatTokenizer
 from middleware.errors import BadRequest
 from middleware.replica.model import model_namespace
+from middleware.replica.tails import Tail, TailCache
 
 log = logging.getLogger("kvgate.replica")
 
@@ -280,6 +281,7 @@ class ReplicaEngine:
         on_removed: RemovedCallback | None = None,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         exact_prefill: bool = False,
+        tail_bytes: int = 256 << 20,
     ) -> None:
         if chunk_tokens <= 0:
             raise ValueError("chunk_tokens must be positive")
@@ -303,6 +305,9 @@ class ReplicaEngine:
         self._kv_shape = (int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads), chunk_tokens,
                           int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads))
         self._eos = self._eos_ids()
+        # the partial chunk after the last full one, per conversation (RAM only); off with
+        # exact_prefill, whose bit-exactness needs chunk-aligned forwards
+        self.tails = TailCache(0 if exact_prefill else tail_bytes)
         self._announced: OrderedDict[BlockHash, None] = OrderedDict()
         self._counters = _Counters()
         self._state = threading.Lock()  # guards _pending and requests (touched by callers)
@@ -364,7 +369,7 @@ class ReplicaEngine:
             "completion_tokens": c.completion_tokens, "stored_chunks": c.stored_chunks,
             "prefill_s": round(c.prefill_s, 6), "load_s": round(c.load_s, 6),
             "queue_len": max(0, self._pending - self._running), "running": int(self._running),
-            "chunk_tokens": self.chunk_tokens, "namespace": self.namespace,
+            "chunk_tokens": self.chunk_tokens, "namespace": self.namespace, "tails": self.tails.stats(),
         }
         if store and self.store is not None:
             out["store"] = self.store.stats()
@@ -445,8 +450,12 @@ class ReplicaEngine:
         # 1. load the longest stored prefix (never the whole prompt: one token must be fed)
         loadable = hashes[: (n - 1) // ct]
         cache, loaded = self._load(loadable)
-        load_s = time.perf_counter() - started
         cached = loaded * ct
+        tail = self.tails.best(hashes[loaded - 1] if loaded else None, tokens[cached:], n - 1 - cached)
+        if tail is not None:
+            cache = self._extend(cache, tail)
+            cached += len(tail.tokens)
+        load_s = time.perf_counter() - started
 
         # 2. prefill the rest (in slices, see _prefill)
         params = job.params
@@ -491,9 +500,10 @@ class ReplicaEngine:
             decode_s = time.perf_counter() - t_decode
         text = stops.text if logits is not None else ""
 
-        # 4. store the new full chunks of prompt + answer
+        # 4. store the new full chunks of prompt + answer, and keep the partial one after them
         t0 = time.perf_counter()
         stored = self._store(tokens + answer, cache, loaded)
+        self._keep_tail(tokens + answer, cache)
         store_s = time.perf_counter() - t0
 
         c = self._counters
@@ -531,6 +541,30 @@ class ReplicaEngine:
             for i in range(self._n_layers)
         ]
         return DynamicCache(layers, config=self.model.config), len(chunks)
+
+    def _extend(self, cache: Any, tail: Tail) -> Any:
+        """A DynamicCache holding `cache`'s KV followed by the tail's."""
+        from transformers import DynamicCache
+
+        if cache.get_seq_length() == 0:
+            layers = [(k.clone(), v.clone()) for k, v in tail.layers]
+        else:
+            layers = [(torch.cat([layer.keys, k], dim=2), torch.cat([layer.values, v], dim=2))
+                      for layer, (k, v) in zip(cache.layers, tail.layers)]
+        return DynamicCache(layers, config=self.model.config)
+
+    def _keep_tail(self, tokens: list[int], cache: Any) -> None:
+        """Remember the KV after the last full chunk that `cache` holds (tokens it has KV for)."""
+        if self.tails.budget_bytes <= 0:
+            return
+        ct, length = self.chunk_tokens, min(len(tokens), cache.get_seq_length())
+        full = length // ct
+        if length == full * ct:
+            return
+        parent = chunk_hashes(tokens[: full * ct], ct)[-1] if full else None
+        layers = tuple((layer.keys[:, :, full * ct : length].clone(), layer.values[:, :, full * ct : length].clone())
+                       for layer in cache.layers)
+        self.tails.put(parent, Tail(tuple(tokens[full * ct : length]), layers))
 
     def _fits(self, chunk: KVChunk) -> bool:
         return len(chunk) == self._n_layers and all(

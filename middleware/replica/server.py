@@ -278,6 +278,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-dir", type=Path, default=None,
                         help="KV chunk store directory (may be shared by replicas of the same model); none = no store")
     parser.add_argument("--kv-ram-mb", type=int, default=1024, help="RAM tier budget, MiB (0 = no RAM tier)")
+    parser.add_argument("--kv-tail-mb", type=int, default=256,
+                        help="RAM for each conversation's partial last chunk (not in the store), MiB (0 = off)")
     parser.add_argument("--kv-disk-mb", type=int, default=8192, help="disk tier budget, MiB (0 = no disk tier)")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per stored KV chunk (= event block_size)")
     parser.add_argument("--events-endpoint", default=None, metavar="tcp://127.0.0.1:PORT",
@@ -335,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--events-endpoint {args.events_endpoint}: {exc}") from None
             cb = publisher_callbacks(publisher, args.chunk_tokens)
             callbacks = {"on_stored": cb["on_stored"], "on_removed": cb["on_removed"]}
-        engine = ReplicaEngine(model, tokenizer, store, chunk_tokens=args.chunk_tokens,
+        engine = ReplicaEngine(model, tokenizer, store, chunk_tokens=args.chunk_tokens, tail_bytes=args.kv_tail_mb << 20,
                                exact_prefill=args.exact_prefill, **callbacks)
         engine.generate([{"role": "user", "content": "hi"}], max_tokens=1)  # warm-up: first forward is slow
     except (ValueError, FileNotFoundError) as exc:

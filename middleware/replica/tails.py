@@ -19,6 +19,8 @@ from typing import Sequence
 
 import torch
 
+from index.hashing import common_prefix_len
+
 TAILS_PER_PARENT = 4  # distinct continuations of one prefix kept at once
 
 
@@ -30,15 +32,6 @@ class Tail:
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class TailCache:
@@ -74,7 +67,7 @@ class TailCache:
             candidates = [(k, t) for k, t in self._tails.items() if k[0] == parent]
             best_key, best, best_n = None, None, 0
             for key, tail in candidates:
-                n = min(common_prefix(tail.tokens, rest), limit)
+                n = min(common_prefix_len(tail.tokens, rest), limit)
                 if n > best_n:
                     best_key, best, best_n = key, tail, n
             if best is None:

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator, Literal
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import statistics
 import sys
@@ -26,6 +25,7 @@ import httpx
 import yaml
 
 from middleware.bench.procs import Proc, free_port, kvgate_argv, sglang_router_bin
+from middleware.bench.stats import pct, write_json
 from middleware.bench.trace import TraceRequest, load_trace, prompt_text
 from middleware.replica.sim_model import PrefixCache, SimEngine
 
@@ -50,9 +50,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None)
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def ceilings(prompts: list[str], total_capacity_tokens: int) -> dict[str, float]:
@@ -253,7 +250,5 @@ def main(args: argparse.Namespace) -> int:
             print(f"{name:14s} {s['hit_rate']:6.3f} {s['ttft_mean_s']*1000:8.0f}ms {s['ttft_p50_s']*1000:6.0f}ms "
                   f"{s['ttft_p99_s']*1000:6.0f}ms {s['imbalance']:6.2f} {s['errors']:6d}")
     print(f"ceiling_infinite {result['ceiling_infinite']:.3f}  ceiling_lru {result['ceiling_lru']:.3f}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0

@@ -41,6 +41,7 @@ import yaml
 
 from middleware.bench.kv import fit, machine_info, sentences
 from middleware.bench.procs import Proc, free_port, kvgate_argv
+from middleware.bench.stats import pct
 
 POLICIES = ("cache_aware", "round_robin", "least_loaded", "affinity", "cache_aware_approximate")
 SYSTEM = "You are a careful clerk. Answer briefly from the records."
@@ -203,10 +204,6 @@ def proxy_config(policy: str, replicas: list[str], events: list[str], chunk_toke
     }
 
 
-def pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (p99 of fewer than 100 samples is the maximum)."""
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def _stats(urls: list[str]) -> list[dict[str, Any]]:

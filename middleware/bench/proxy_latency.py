@@ -31,6 +31,7 @@ from middleware.config import parse_config
 from middleware.pipeline import Pipeline
 from middleware.proxy import create_app, tenant_of
 from middleware.request import CacheControl, build_view
+from middleware.bench.stats import percentiles_ms
 
 BENCH_TOKEN = "kvgate-bench-key"
 BENCH_MODEL = "bench-chat"
@@ -139,12 +140,6 @@ def bench_config(cache_dir: Path, backend_url: str, threshold: float, entries: i
     }
 
 
-def percentiles_ms(samples_s: list[float]) -> tuple[float | None, float | None]:
-    """(p50, p99) in milliseconds, None for an empty sample."""
-    if not samples_s:
-        return None, None
-    arr = np.asarray(samples_s) * 1000.0
-    return round(float(np.percentile(arr, 50)), 3), round(float(np.percentile(arr, 99)), 3)
 
 
 def random_unit_vectors(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:

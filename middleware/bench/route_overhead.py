@@ -9,7 +9,6 @@ sight of a whole history.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import statistics
@@ -21,6 +20,7 @@ from typing import Any
 from index.hashing import block_hashes
 from middleware.config import ReplicaConfig, RoutingConfig
 from middleware.routing.router import Router
+from middleware.bench.stats import pct, write_json
 
 WORDS = ("the of and to in a is that for it as was with be by on not this are or from at which but have an they "
          "you were her she there would their we him been has when who will more no if out so said what up its about "
@@ -50,9 +50,6 @@ def conversation(turns: int, tokens: int, rng: random.Random) -> list[dict[str, 
     return msgs
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,7 +105,5 @@ def main(args: argparse.Namespace) -> int:
     result = run(args)
     print(f"routing decision ({result['prompt_tokens']} tokens, {result['replicas']} replicas, {result['indexed_blocks']} blocks): "
           f"p50 {result['decision_p50_ms']:.3f} ms, p99 {result['decision_p99_ms']:.3f} ms, cold {result['cold_decision_ms']:.1f} ms")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from middleware.bench.stats import percentiles_ms
 
 REQUIRED_COLUMNS = ("question1", "question2", "is_duplicate")
 DEFAULT_PAIRS_THRESHOLD = 0.9
@@ -159,12 +160,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def percentiles_ms(samples_s: Sequence[float]) -> tuple[float | None, float | None]:
-    """(p50, p99) in milliseconds, None for an empty sample."""
-    if not samples_s:
-        return None, None
-    arr = np.asarray(samples_s) * 1000.0
-    return round(float(np.percentile(arr, 50)), 3), round(float(np.percentile(arr, 99)), 3)
 
 
 # ------------------------------------------------------------------------------------------ input

@@ -20,7 +20,6 @@ from typing import Iterable, Sequence
 
 BlockHash = int  # 64-bit unsigned
 DEFAULT_SEED = "kvgate"
-CHARS_PER_TOKEN = 4  # text fallback: ~4 characters per token in English
 
 
 def seed_hash(seed: str = DEFAULT_SEED) -> BlockHash:
@@ -77,11 +76,6 @@ def block_hashes(
 def text_tokens(text: str) -> list[int]:
     """Fallback "tokens" for routes without a tokenizer: the text's Unicode code points."""
     return [ord(c) for c in text]
-
-
-def text_block_hashes(text: str, block_size: int = 16, extra: Sequence[str | int] = (), seed: str = DEFAULT_SEED) -> list[BlockHash]:
-    """Chained hashes over blocks of block_size·CHARS_PER_TOKEN characters (≈ block_size tokens)."""
-    return block_hashes(text_tokens(text), block_size * CHARS_PER_TOKEN, extra=extra, seed=seed)
 
 
 def common_prefix_len(a: Iterable[BlockHash], b: Iterable[BlockHash]) -> int:

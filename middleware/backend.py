@@ -55,12 +55,16 @@ class Backend:
         self.route = route
         self.router = router
 
+    def model_for(self, view: RequestView) -> str:
+        """The LiteLLM model string a miss is sent as (also what its price is looked up by)."""
+        return self.route.backend.model or view.model
+
     def kwargs(self, view: RequestView) -> dict[str, Any]:
         backend = self.route.backend
         kwargs: dict[str, Any] = {
             **view.params,
             **view.forwarded,
-            "model": backend.model or view.model,
+            "model": self.model_for(view),
             "messages": view.messages,
             "stream": view.stream,
             "timeout": backend.timeout,

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator, Literal
 
 import numpy as np
@@ -68,7 +68,6 @@ class Result:
     info: CacheInfo
     response: ModelResponse | None = None
     stream: Any = None  # AsyncIterator[ModelResponseStream] or Iterator[ModelResponseStream]
-    started: float = field(default_factory=time.perf_counter)
 
 
 def cacheable(response: dict[str, Any]) -> bool:
@@ -154,7 +153,7 @@ class Pipeline:
             return None
         sem = view.route.semantic
         semantic = sem.enabled and view.query_text is not None
-        cost = _cost(response, self.backends[route].kwargs(view)["model"])
+        cost = _cost(response, self.backends[route].model_for(view))
         if cost:
             response = {**response, "_kvgate_cost_usd": cost}
         if semantic and vector is None:
@@ -186,13 +185,13 @@ class Pipeline:
         call = await self._counted(view, backend.acall(view))
         info = CacheInfo("miss", view.route.name, replica=call.replica)
         if view.stream:
-            return Result(info, stream=self._tee_async(view, info, call, found.vector, started), started=started)
+            return Result(info, stream=self._tee_async(view, info, call, found.vector, started))
         payload = call.response.model_dump()
         backend.done(call, True, view, _answer_text(payload))
         entry = await asyncio.to_thread(self.store, view, payload, found.vector)
         self._finish(view, info, entry, started)
         _tag(call.response, info)
-        return Result(info, response=call.response, started=started)
+        return Result(info, response=call.response)
 
     async def _counted(self, view: RequestView, pending: Any) -> Any:
         try:
@@ -242,13 +241,13 @@ class Pipeline:
         self.metrics.backend_calls.labels(view.route.name, "ok").inc()
         info = CacheInfo("miss", view.route.name, replica=call.replica)
         if view.stream:
-            return Result(info, stream=self._tee_sync(view, info, call, found.vector, started), started=started)
+            return Result(info, stream=self._tee_sync(view, info, call, found.vector, started))
         payload = call.response.model_dump()
         backend.done(call, True, view, _answer_text(payload))
         entry = self.store(view, payload, found.vector)
         self._finish(view, info, entry, started)
         _tag(call.response, info)
-        return Result(info, response=call.response, started=started)
+        return Result(info, response=call.response)
 
     def _tee_sync(
         self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float
@@ -286,11 +285,11 @@ class Pipeline:
         if not view.stream:
             response = ModelResponse(**public)
             _tag(response, info)
-            return Result(info, response=response, started=started)
+            return Result(info, response=response)
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
         chunks = [_tagged_chunk(c, info) for c in replay_chunks(public, include_usage)]
         stream = iter(chunks) if sync else _aiter(chunks)
-        return Result(info, stream=stream, started=started)
+        return Result(info, stream=stream)
 
     def _assemble(self, view: RequestView, chunks: list[Any]) -> dict[str, Any] | None:
         if not chunks:

@@ -7,7 +7,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.hashing import block_hashes, common_prefix_len, hash_block, seed_hash, text_block_hashes
+from index.hashing import block_hashes, common_prefix_len, hash_block, seed_hash
 
 tokens = st.lists(st.integers(0, 2**32 - 1), max_size=200)
 
@@ -56,7 +56,6 @@ def test_only_full_blocks_extra_keys_and_seed():
     assert len(block_hashes(list(range(47)), 16)) == 2
     assert block_hashes([1] * 16, 16, extra=("lora-a",)) != block_hashes([1] * 16, 16)
     assert block_hashes([1] * 16, 16, seed="other") != block_hashes([1] * 16, 16)
-    assert len(text_block_hashes("x" * 130, 16)) == 2  # 64 characters a block
     assert hash_block(seed_hash(), [1, 2]) != hash_block(seed_hash(), [2, 1])
 
 

@@ -12,9 +12,8 @@ Prompt → tokens → blocks
     (index.hashing.text_tokens), so `block_size`, `capacity_tokens`, `prefill_tps`, `decode_tps`
     and the reported prompt/cached token counts all count *characters* (≈ 4 per real token):
     a benchmark that wants "10k real tokens/s" passes prefill_tps ≈ 40k. Blocks are hashed with
-    index.hashing.block_hashes(tokens, block_size) — not text_block_hashes, which groups 4·block_size
-    characters. A router computes the same hashes with index.prompt.PromptHasher(TextTokenizer(),
-    block_size). Another tokenizer spec ("smollm2", a local HF directory) uses that model's chat
+    index.hashing.block_hashes(tokens, block_size). A router computes the same hashes with
+    index.prompt.PromptHasher(TextTokenizer(), block_size). Another tokenizer spec ("smollm2", a local HF directory) uses that model's chat
     template and ids instead; everything then counts real tokens.
 
 Prefix cache (PrefixCache)

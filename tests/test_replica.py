@@ -98,15 +98,28 @@ def test_kv_from_ram_disk_and_restart_matches_cold(engines: Any, tmp_path: Path)
     assert warm.cached_tokens == cold.prompt_tokens - 1  # everything but the token that must be fed
     assert warm.token_ids == cold.token_ids and warm.text == cold.text
 
-    engine.store.clear("memory")  # disk only: the RAM tail goes too
+    engine.store.clear("memory")  # disk only: the RAM tail goes too, its spilled copy stays
     engine.tails.clear()
     disk = engine.generate(chat, max_tokens=12)
-    assert disk.cached_tokens == loadable and disk.token_ids == cold.token_ids
+    assert disk.cached_tokens == cold.prompt_tokens - 1 and disk.token_ids == cold.token_ids
     assert engine.store.stats()["hits"]["disk"] >= loadable // CT
+    assert engine.tails.stats()["spill_hits"] == 1
 
     restarted = engines(make_store(tmp_path))  # a new process would see the same directory
     again = restarted.generate(chat, max_tokens=12)
-    assert again.cached_tokens == loadable and again.token_ids == cold.token_ids
+    assert again.cached_tokens == cold.prompt_tokens - 1 and again.token_ids == cold.token_ids
+
+    # a damaged spilled tail is dropped and recomputed: full chunks only, same answer
+    chunk_file_size = len(restarted.store.tiers[1].get(restarted.store.key(chunk_hashes(engine.tokens(chat), CT)[0])))
+    tail_files = [p for p in tmp_path.rglob("*.val") if p.stat().st_size != chunk_file_size]
+    assert len(tail_files) == 1
+    raw = bytearray(tail_files[0].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    tail_files[0].write_bytes(bytes(raw))
+    damaged = engines(make_store(tmp_path))
+    third = damaged.generate(chat, max_tokens=12)
+    assert third.token_ids == cold.token_ids and third.cached_tokens == loadable
+    assert damaged.tails.stats()["spill_corrupt"] == 1
 
 
 def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path) -> None:

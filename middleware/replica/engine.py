@@ -305,9 +305,11 @@ class ReplicaEngine:
         self._kv_shape = (int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads), chunk_tokens,
                           int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads))
         self._eos = self._eos_ids()
-        # the partial chunk after the last full one, per conversation (RAM only); off with
-        # exact_prefill, whose bit-exactness needs chunk-aligned forwards
-        self.tails = TailCache(0 if exact_prefill else tail_bytes)
+        # the partial chunk after the last full one, per conversation (RAM, spilled to the
+        # store's slowest non-memory tier); off with exact_prefill, whose bit-exactness needs
+        # chunk-aligned forwards
+        spill = next((t for t in reversed(store.tiers) if t.name != "memory"), None) if store is not None else None
+        self.tails = TailCache(0 if exact_prefill else tail_bytes, spill=spill, namespace=self.namespace)
         self._announced: OrderedDict[BlockHash, None] = OrderedDict()
         self._counters = _Counters()
         self._state = threading.Lock()  # guards _pending and requests (touched by callers)

@@ -7,7 +7,10 @@ export TRANSFORMERS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test run demo bench bench-semantic bench-routing bench-kv bench-e2e clean
+PAIRS ?= ../shared/data/qqp_dev.csv
+POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
+
+.PHONY: install test run demo bench bench-semantic bench-multiturn bench-routing bench-kv bench-e2e clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,12 +41,16 @@ demo:
 	$(BIN)/kvgate demo-backend --port 9001 & pid=$$!; trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
 	$(BIN)/kvgate serve --config examples/proxy_config.yaml
 
-bench: bench-semantic bench-routing bench-kv bench-e2e
+bench: bench-semantic bench-multiturn bench-routing bench-kv bench-e2e
 
 bench-semantic:
 	mkdir -p bench-out
 	$(BIN)/kvgate bench semantic --pairs ../shared/data/qqp_dev.csv --json bench-out/semantic_qqp.json
 	$(BIN)/kvgate bench semantic --entries 100000 --json bench-out/semantic_proxy_100k.json
+
+bench-multiturn:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench multiturn --conversations tests/data/multiturn_conversations.json --json bench-out/multiturn.json
 
 bench-routing:
 	mkdir -p bench-out

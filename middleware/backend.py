@@ -3,19 +3,28 @@
 Failover rule: a connection error, timeout or 5xx marks the replica down (circuit open for
 `routing.down_for_s`, then half-open) and the request moves to the next best replica, up to
 `routing.max_attempts` replicas. A 4xx is the caller's problem and is returned as is. Streams fail
-over only before their first chunk (after that the client already has part of an answer).
+over before their first chunk; a stream that breaks after it is re-issued on another replica and
+resumed where the client is (middleware.resume) when the request is greedy, else it ends with an
+in-band error.
+
+Timeouts: `backend.timeout` bounds every wait on a replica (connect, time to the first byte of
+a non-streamed answer, the gap between two stream chunks); a replica that exceeds it counts as
+failed like a dead one. `backend.num_retries` retries the same server inside LiteLLM (0 by
+default: on routes with replicas, another replica is the better retry).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import litellm
 
 from middleware.config import RouteConfig
 from middleware.errors import BackendError
+from middleware.metrics import Metrics
 from middleware.request import RequestView
+from middleware.resume import Diverged, StreamResume, resumable
 from middleware.routing.router import Router, Ticket
 
 log = logging.getLogger("kvgate.backend")
@@ -29,6 +38,10 @@ class Call:
     first: Any = None
     rest: Any = None
     ticket: Ticket | None = None
+    # what a mid-stream failover needs: the routing plan, replicas tried, the call's arguments
+    plan: Any = None
+    tried: set[str] | None = None
+    kwargs: dict[str, Any] | None = None
 
     @property
     def replica(self) -> str | None:
@@ -41,9 +54,10 @@ def status_of(exc: Exception) -> int | None:
 
 
 def retryable(exc: Exception) -> bool:
-    """Connection errors, timeouts (no HTTP status), 429 and 5xx may succeed elsewhere."""
+    """Connection errors (no HTTP status), timeouts (LiteLLM's Timeout says 408), 429 and 5xx may
+    succeed elsewhere."""
     status = status_of(exc)
-    return status is None or status == 429 or status >= 500
+    return status is None or status in (408, 429) or status >= 500
 
 
 def error_message(exc: Exception) -> str:
@@ -51,9 +65,10 @@ def error_message(exc: Exception) -> str:
 
 
 class Backend:
-    def __init__(self, route: RouteConfig, router: Router | None = None) -> None:
+    def __init__(self, route: RouteConfig, router: Router | None = None, metrics: Metrics | None = None) -> None:
         self.route = route
         self.router = router
+        self.metrics = metrics
 
     def model_for(self, view: RequestView) -> str:
         """The LiteLLM model string a miss is sent as (also what its price is looked up by)."""
@@ -74,6 +89,10 @@ class Backend:
             kwargs["api_base"] = backend.api_base
         if backend.api_key:
             kwargs["api_key"] = backend.api_key
+        if view.params.get("tools"):
+            # LiteLLM checks every request with tools for its MCP gateway, which imports the
+            # optional `mcp` package: without this, a tools request fails before leaving.
+            kwargs["_skip_mcp_handler"] = True
         return kwargs
 
     # -------------------------------------------------------------- attempts
@@ -91,7 +110,8 @@ class Backend:
         attempt.setdefault("api_key", "none")  # openai-compatible servers behind us may need none
         return attempt, ticket
 
-    def _failed(self, view: RequestView, ticket: Ticket | None, exc: Exception, tried: set[str]) -> bool:
+    def _failed(self, view: RequestView, ticket: Ticket | None, exc: Exception, tried: set[str],
+                when: str = "before_first_byte") -> bool:
         """Book the failure; True when another replica should be tried."""
         if ticket is None or self.router is None:
             return False
@@ -103,6 +123,8 @@ class Backend:
         more = len(tried) < min(self.router.cfg.max_attempts, len(self.router.replicas))
         if more:
             log.info("route %s: retrying on another replica after %s failed", self.route.name, ticket.replica.name)
+            if self.metrics is not None:
+                self.metrics.failovers.labels(self.route.name, when).inc()
         return more
 
     def _plan(self, view: RequestView) -> Any:
@@ -124,7 +146,7 @@ class Backend:
                     first = await rest.__anext__()
                 except StopAsyncIteration:
                     first = None
-                return self._first(Call(first=first, rest=rest, ticket=ticket))
+                return self._first(Call(first=first, rest=rest, ticket=ticket, plan=plan, tried=tried, kwargs=base))
             except Exception as exc:  # litellm raises many types; all mean "the backend failed"
                 if not self._failed(view, ticket, exc, tried):
                     raise self.error(exc) from exc
@@ -138,10 +160,76 @@ class Backend:
                 if not view.stream:
                     return Call(response=response, ticket=ticket)
                 rest: Iterator[Any] = iter(response)
-                return self._first(Call(first=next(rest, None), rest=rest, ticket=ticket))
+                return self._first(Call(first=next(rest, None), rest=rest, ticket=ticket, plan=plan, tried=tried, kwargs=base))
             except Exception as exc:
                 if not self._failed(view, ticket, exc, tried):
                     raise self.error(exc) from exc
+
+    # -------------------------------------------------------------- streams
+    async def astream(self, view: RequestView, call: Call) -> AsyncIterator[Any]:
+        """The chunks of a streamed answer. A replica that fails mid-stream is replaced: the
+        request is re-issued on another one and resumed after what the client already has
+        (greedy requests only); `call.ticket` follows the replica now streaming."""
+        resume = StreamResume()
+        if call.first is not None:
+            yield resume.sent(call.first)
+        while True:
+            try:
+                async for chunk in call.rest:
+                    out = resume.trim(chunk)
+                    if out is not None:
+                        yield out
+                return
+            except Diverged:
+                raise
+            except Exception as exc:
+                self._resume_or_raise(view, call, resume, exc)
+                try:
+                    response = await litellm.acompletion(**self._reissue(view, call))
+                    call.rest = response.__aiter__()
+                except Exception as again:  # the new replica failed at once: book it and go on
+                    call.rest = _araise(again)
+
+    def stream(self, view: RequestView, call: Call) -> Iterator[Any]:
+        """Sync twin of `astream`."""
+        resume = StreamResume()
+        if call.first is not None:
+            yield resume.sent(call.first)
+        while True:
+            try:
+                for chunk in call.rest:
+                    out = resume.trim(chunk)
+                    if out is not None:
+                        yield out
+                return
+            except Diverged:
+                raise
+            except Exception as exc:
+                self._resume_or_raise(view, call, resume, exc)
+                try:
+                    call.rest = iter(litellm.completion(**self._reissue(view, call)))
+                except Exception as again:
+                    call.rest = _raise(again)
+
+    def _resume_or_raise(self, view: RequestView, call: Call, resume: StreamResume, exc: Exception) -> None:
+        """Book a mid-stream failure; return when the stream can go on elsewhere, else re-raise."""
+        if call.ticket is None or call.tried is None or not resume.spliceable or not resumable(view.params):
+            raise exc
+        more = self._failed(view, call.ticket, exc, call.tried, "mid_stream")
+        call.ticket = None  # booked as failed (by _failed); a new attempt gets its own ticket
+        if not more:
+            raise exc
+        resume.restart()
+        log.info("route %s: stream broke after %d characters; resuming on another replica", self.route.name,
+                 len(resume.sent_text))
+
+    def _reissue(self, view: RequestView, call: Call) -> dict[str, Any]:
+        """Arguments for the same request on the next replica; `call.ticket` becomes its ticket."""
+        assert call.kwargs is not None and call.tried is not None
+        kwargs, call.ticket = self._attempt(view, call.plan, call.tried, call.kwargs)
+        if call.ticket is not None and self.router is not None:
+            self.router.first_token(call.ticket)  # its prefill is no longer queued work we wait on
+        return kwargs
 
     def _first(self, call: Call) -> Call:
         if call.ticket is not None and self.router is not None:
@@ -161,3 +249,14 @@ class Backend:
         message = error_message(exc)
         log.warning("backend for route %s failed: %s", self.route.name, message)
         return BackendError(f"backend error on route {self.route.name!r}: {message}", backend_status=status_of(exc))
+
+
+async def _araise(exc: Exception) -> AsyncIterator[Any]:
+    """A stream that fails at once with `exc` (so a re-issue failure goes through the same path)."""
+    raise exc
+    yield  # pragma: no cover
+
+
+def _raise(exc: Exception) -> Iterator[Any]:
+    raise exc
+    yield  # pragma: no cover

@@ -13,6 +13,7 @@ from middleware.errors import ConfigError
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from middleware.auth import bind_warning
     from middleware.config import load_config
     from middleware.proxy import create_app
 
@@ -24,8 +25,9 @@ def _serve(args: argparse.Namespace) -> int:
     litellm.disable_streaming_logging = True
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("kvgate").warning("binding to %s: the proxy is reachable beyond this machine", host)
+    warning = bind_warning(host, config.auth.keys)
+    if warning:
+        logging.getLogger("kvgate").warning(warning)
     print(f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})\n"
           f"  try: curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
           f"-d '{{\"model\": \"{config.routes[0].model.replace('*', '1')}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}' -i", flush=True)
@@ -87,6 +89,18 @@ def _bench(args: argparse.Namespace) -> int:
         from middleware.bench import e2e
 
         return e2e.main(args)
+    if args.bench == "replica-faults":
+        from middleware.bench import replica_faults
+
+        return replica_faults.main(args)
+    if args.bench == "multiturn":
+        from middleware.bench import multiturn
+
+        return multiturn.main(args)
+    if args.bench == "soak":
+        from middleware.bench import soak
+
+        return soak.main(args)
     if args.bench == "route-overhead":
         from middleware.bench import route_overhead
 
@@ -115,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
     prep.set_defaults(func=_prepare)
 
+    from middleware.tuning import tune
+
+    tune.add_arguments(sub.add_parser(
+        "tune", help="train/load the verifier and calibrate a route's operating point for a precision target",
+        description="Train (or load) the verifier, pick the cosine + verifier thresholds that meet the target "
+                    "precision with the best recall on the calibration part of --pairs, and write them to "
+                    "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. Progress on stderr."))
+    sub.choices["tune"].set_defaults(func=tune.main)
+
     demo = sub.add_parser("demo-backend", help="a deterministic fake OpenAI-compatible backend for demos and tests")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=9001)
@@ -137,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     from middleware.bench import route_overhead
 
     route_overhead.add_arguments(bsub.add_parser("route-overhead", help="routing decision time (tokenize+hash+match+choose)"))
+    from middleware.bench import soak
+
+    soak.add_arguments(bsub.add_parser("soak", help="bounded load through kvgate serve: errors, RSS, fds, cache budget"))
     from middleware.bench import arena
 
     arena.add_arguments(bsub.add_parser("routing", help="the routing arena: policies vs sglang-router on a replayed trace"))
@@ -144,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     kv.add_arguments(bsub.add_parser("kv", help="KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"))
     e2e.add_arguments(bsub.add_parser("e2e", help="multi-turn chats through kvgate serve over reference replicas, per policy"))
+    from middleware.bench import multiturn
+
+    multiturn.add_arguments(bsub.add_parser("multiturn", help="follow-ups vs other conversations' answers; feedback on wrong hits"))
+    from middleware.bench import replica_faults
+
+    replica_faults.add_arguments(bsub.add_parser("replica-faults", help="kill / slow / hang one of N replicas under load through the proxy"))
     bench.set_defaults(func=_bench)
     return parser
 

@@ -4,13 +4,16 @@ Same kwargs as `litellm.completion`; returns litellm's objects. How the call was
 every response and stream chunk as `response._hidden_params["kvgate"]` (a CacheInfo; also via
 `cache_info(response)`), and on stream wrappers as `.kvgate`. `cache={...}` takes LiteLLM's
 per-call names: "no-cache", "no-store", "ttl", and "namespace" (the tenant for this call).
+`gateway.feedback(cache_info(response).request_id, correct=False)` reports a wrong answer.
 """
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 from middleware.config import Config, load_config, parse_config
+from middleware.feedback import FeedbackOutcome
 from middleware.pipeline import CacheInfo, Pipeline, Result
 from middleware.request import CacheControl
 
@@ -79,6 +82,15 @@ class Gateway:
         """Like `litellm.acompletion`: a ModelResponse, or an AsyncStream when stream=True."""
         result = await self.pipeline.acomplete(*self._split(kwargs))
         return AsyncStream(result) if result.stream is not None else result.response
+
+    def feedback(self, request_id: str, correct: bool, *, namespace: str | None = None) -> FeedbackOutcome:
+        """Judge an answer by its `cache_info(response).request_id`; `correct=False` removes the
+        entry and tightens its neighbourhood. Raises RequestNotFound for another tenant's id."""
+        return self.pipeline.feedback(request_id, correct, namespace or self.tenant)
+
+    async def afeedback(self, request_id: str, correct: bool, *, namespace: str | None = None) -> FeedbackOutcome:
+        """Async `feedback` (the disk work runs in a thread)."""
+        return await asyncio.to_thread(self.feedback, request_id, correct, namespace=namespace)
 
     def close(self) -> None:
         self.pipeline.close()

@@ -33,6 +33,22 @@ class SemanticConfig(_Strict):
     ttl: float | None = Field(86400, gt=0, description="seconds an answer stays; null = forever")
     scope: Literal["tenant", "shared"] = "tenant"
     context: Literal["exact", "last_user_only"] = "exact"
+    # the verification stage (index/verifier.py, middleware/verification.py); see README "Verified hits"
+    target_precision: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="instead of `threshold`: use the operating point `kvgate tune` calibrated for this precision")
+    verifier: bool | None = Field(
+        None, description="serve a semantic hit only if the trained verifier accepts the pair; "
+                          "null = off with `threshold`, as tuned with `target_precision`")
+    verifier_threshold: float = Field(0.5, ge=0.0, le=1.0, description="with `threshold` + verifier: score needed")
+    candidates: int = Field(3, ge=1, le=32, description="with the verifier: top entries it reads per lookup")
+
+    @model_validator(mode="after")
+    def _threshold_or_target(self) -> "SemanticConfig":
+        if self.target_precision is not None and "threshold" in self.model_fields_set:
+            raise ValueError("set either threshold or target_precision, not both "
+                             "(target_precision takes its threshold from `kvgate tune`)")
+        return self
 
 
 class ReplicaConfig(_Strict):
@@ -100,21 +116,36 @@ class AuthConfig(_Strict):
 class EmbedderConfig(_Strict):
     backend: Literal["onnx", "sentence-transformers"] = "onnx"
     model_path: str | None = Field(None, description="local model dir; default: packaged all-MiniLM-L6-v2")
+    verifier_path: str | None = Field(None, description="trained verifier dir; default: the one `kvgate tune` made "
+                                                        "in the model cache (~/.cache/kvgate/models)")
 
 
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    max_tokens_cap: int = Field(
+        131072, gt=0, description="requests asking for more max_tokens / max_completion_tokens get a 400"
+    )
+
+
+class FeedbackConfig(_Strict):
+    """Request ids and `POST /v1/cache/feedback` (middleware/feedback.py)."""
+
+    record_ttl: float = Field(86400, gt=0, description="seconds a request id can still receive feedback")
+    record_max_mb: float = Field(64, gt=0, description="size bound of the request-id log on disk")
+    margin: float = Field(0.01, ge=0, le=0.5, description="a tightened entry needs the wrong match's similarity plus this")
 
 
 class Config(_Strict):
     cache_dir: Path = Path("./.kvgate")
     max_entries: int = Field(1_000_000, gt=0, description="entries kept before LRU eviction")
+    max_bytes: int = Field(2 * 2**30, gt=0, description="bytes of stored answers + vectors kept before LRU eviction")
     routes: list[RouteConfig] = Field(min_length=1)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    feedback: FeedbackConfig = Field(default_factory=FeedbackConfig)
 
     @field_validator("routes")
     @classmethod

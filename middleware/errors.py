@@ -41,12 +41,27 @@ class ModelNotFound(KvgateError):
     code = "model_not_found"
 
 
+class RequestNotFound(KvgateError):
+    """Feedback on a request id that is unknown, expired, or another tenant's."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "request_not_found"
+
+
 class BackendError(KvgateError):
     """The backend (through LiteLLM) failed; carries its message and status when known."""
 
     status = 502
     type = "backend_error"
 
+    # The backend (or LiteLLM on its behalf) refused the request itself: the caller's problem,
+    # passed on with its own status. 401/403 are not: they mean kvgate's backend key is wrong.
+    CALLER_STATUSES = frozenset({400, 404, 413, 422, 429})
+
     def __init__(self, message: str, *, backend_status: int | None = None) -> None:
         super().__init__(message)
         self.backend_status = backend_status
+        if backend_status in self.CALLER_STATUSES:
+            self.status = backend_status
+            self.type = "rate_limit_error" if backend_status == 429 else "invalid_request_error"

@@ -26,7 +26,21 @@ class Metrics:
         )
         self.tokens_saved = Counter("kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r)
         self.cost_saved = Counter("kvgate_cost_saved_usd", "Estimated USD saved by hits (where LiteLLM knows the price)", ["route"], registry=r)
+        self.feedback = Counter("kvgate_cache_feedback", "Feedback on served answers", ["route", "tier", "verdict"], registry=r)
+        self.feedback_removed = Counter("kvgate_feedback_entries_removed", "Entries deleted by wrong-answer feedback", ["route"], registry=r)
+        self.feedback_tightened = Counter(
+            "kvgate_feedback_entries_tightened", "Entries whose similarity floor feedback raised", ["route"], registry=r
+        )
         self.entries = Gauge("kvgate_cache_entries", "Entries in the response cache", registry=r)
+        self.cache_bytes = Gauge("kvgate_cache_bytes", "Bytes of stored answers + vectors (budget: max_bytes)", registry=r)
+        self.verifier_rejections = Counter(
+            "kvgate_verifier_rejections", "Semantic lookups whose cosine candidates the verifier all rejected", ["route"],
+            registry=r)
+        # when: before_first_byte (nothing sent yet) | mid_stream (resumed after what was sent)
+        self.failovers = Counter("kvgate_backend_failovers", "Requests moved to another replica after a failure",
+                                 ["route", "when"], registry=r)
+        self.replica_up = Gauge("kvgate_replica_up", "1 while a replica takes traffic, 0 while its circuit is open",
+                                ["route", "replica"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator, Literal
 
 import numpy as np
@@ -23,12 +23,17 @@ from litellm.types.utils import ModelResponseStream  # noqa: E402
 
 from index.embedder import Embedder, make_embedder  # noqa: E402
 from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
+from index.tighten import threshold_for  # noqa: E402
+from index.verifier import Verifier, VerifierMissing, load_verifier  # noqa: E402
 from middleware.backend import Backend, Call  # noqa: E402
 from middleware.config import Config, RouteConfig  # noqa: E402
-from middleware.errors import BackendError  # noqa: E402
+from middleware.errors import BackendError, ConfigError  # noqa: E402
+from middleware.feedback import FeedbackOutcome, give_feedback  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
+from middleware.request_log import RequestLog, RequestRecord, new_request_id  # noqa: E402
 from middleware.replay import replay_chunks  # noqa: E402
 from middleware.routing.router import Router  # noqa: E402
+from middleware.verification import SemanticSettings, choose, resolve, to_verify  # noqa: E402
 from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
 
 log = logging.getLogger("kvgate.pipeline")
@@ -48,6 +53,7 @@ class CacheInfo:
     entry_id: int | None = None
     stored: bool = False
     replica: str | None = None  # the replica that answered a miss, on routes with replicas
+    request_id: str = field(default_factory=new_request_id)  # for POST /v1/cache/feedback
 
 
 @dataclass
@@ -86,18 +92,31 @@ class Pipeline:
         embedder: Embedder | None = None,
         index: SemanticIndex | None = None,
         metrics: Metrics | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
+        # thresholds from the config or from `kvgate tune`'s operating point, resolved once (ConfigError if missing)
+        self.semantic = {r.name: resolve(r, config.cache_dir, i) for i, r in enumerate(config.routes)}
+        # the verifier model loads only when a semantic route uses it
+        verifying = [i for i, r in enumerate(config.routes) if r.semantic.enabled and self.semantic[r.name].verifies]
+        self.verifier: Verifier | None = verifier or (_load_verifier(config, verifying[0]) if verifying else None)
         semantic = any(r.semantic.enabled for r in config.routes)
         # no semantic route, no model to load (saves ~5 s of start-up and its memory)
         self.embedder: Embedder | None = embedder or (
             make_embedder(config.embedder.backend, config.embedder.model_path) if semantic else None
         )
         dim = self.embedder.dim if self.embedder is not None else MINILM_DIM
-        self.index = index or SemanticIndex(config.cache_dir / "responses", dim, max_entries=config.max_entries)
+        self.index = index or SemanticIndex(config.cache_dir / "responses", dim, max_entries=config.max_entries,
+                                            tighten_margin=config.feedback.margin, max_bytes=config.max_bytes)
+        self.requests = RequestLog(config.cache_dir / "requests", config.feedback.record_ttl,
+                                   int(config.feedback.record_max_mb * 2**20))
         self.metrics.entries.set_function(lambda: len(self.index))
-        self.backends = {route.name: Backend(route, _router_for(route)) for route in config.routes}
+        self.metrics.cache_bytes.set_function(lambda: self.index.bytes)
+        self.backends = {route.name: Backend(route, _router_for(route), self.metrics) for route in config.routes}
+        for name, router in self.routers.items():
+            for replica in router.replicas:
+                self.metrics.replica_up.labels(name, replica.name).set_function(lambda r=replica: float(r.healthy))
 
     @property
     def routers(self) -> dict[str, Router]:
@@ -107,6 +126,7 @@ class Pipeline:
         for router in self.routers.values():
             router.close()
         self.index.close()
+        self.requests.close()
 
     # ------------------------------------------------------------------ steps
     def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None) -> RequestView:
@@ -125,13 +145,28 @@ class Pipeline:
         if view.control.no_cache or not sem.enabled or view.query_text is None:
             return Lookup()
         started = time.perf_counter()
+        settings = self.semantic[view.route.name]
         vector = self._embed(view.query_text)
-        found = self.index.search(view.scope, vector, k=1)
-        hit = None
-        if found and found[0][1] >= sem.threshold:
-            hit = Hit(found[0][0], "semantic", found[0][1])
+        found = self.index.search(view.scope, vector, k=settings.candidates)
+        sims = [similarity for _, similarity in found]
+        floors = [threshold_for(settings.threshold, entry.min_similarity) for entry, _ in found]
+        served = choose(sims, floors, self._verify(view, found, sims, floors, settings), settings)
+        hit = Hit(found[served][0], "semantic", found[served][1]) if served is not None else None
         self._count_lookup(view, "semantic", started, hit is not None)
         return Lookup(hit, vector)
+
+    def _verify(self, view: RequestView, found: list[tuple[CacheEntry, float]], sims: list[float],
+                floors: list[float], settings: SemanticSettings) -> dict[int, float]:
+        """Verifier scores of the candidates that passed their cosine floor; counts a rejection
+        when there were some and none reaches the verifier threshold."""
+        positions = to_verify(sims, floors, settings)
+        if not positions or self.verifier is None:
+            return {}
+        probs = self.verifier.score([(found[i][0].text, view.query_text or "") for i in positions])
+        scores = {i: float(p) for i, p in zip(positions, probs)}
+        if max(scores.values()) < (settings.verifier_threshold or 0.0):
+            self.metrics.verifier_rejections.labels(view.route.name).inc()
+        return scores
 
     def _embed(self, text: str) -> np.ndarray:
         assert self.embedder is not None, "semantic tier used without an embedder"
@@ -168,7 +203,8 @@ class Pipeline:
             route=route,
             model=view.model,
         )
-        self.metrics.stores.labels(route, "stored").inc()
+        # None: the cache could not write (disk full, damaged store); the answer is served anyway
+        self.metrics.stores.labels(route, "stored" if entry is not None else "failed").inc()
         return entry
 
     # ------------------------------------------------------------------ async face
@@ -207,10 +243,7 @@ class Pipeline:
     ) -> AsyncIterator[ModelResponseStream]:
         backend, chunks, ok = self.backends[view.route.name], [], False
         try:
-            if call.first is not None:
-                chunks.append(call.first)
-                yield call.first
-            async for chunk in call.rest:
+            async for chunk in backend.astream(view, call):  # resumes on another replica mid-stream
                 chunks.append(chunk)
                 yield chunk
             ok = True
@@ -254,10 +287,7 @@ class Pipeline:
     ) -> Iterator[ModelResponseStream]:
         backend, chunks, ok = self.backends[view.route.name], [], False
         try:
-            if call.first is not None:
-                chunks.append(call.first)
-                yield call.first
-            for chunk in call.rest:
+            for chunk in backend.stream(view, call):
                 chunks.append(chunk)
                 yield chunk
             ok = True
@@ -272,6 +302,7 @@ class Pipeline:
     # ------------------------------------------------------------------ helpers
     def _served_hit(self, view: RequestView, hit: Hit, started: float, sync: bool = False) -> Result:
         info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id)
+        self._remember(view, info)
         stored = hit.entry.response
         route = view.route.name
         self.metrics.requests.labels(route, hit.tier).inc()
@@ -306,8 +337,21 @@ class Pipeline:
         info.stored = entry is not None
         if entry is not None:
             info.entry_id = entry.id
+        self._remember(view, info)
         self.metrics.requests.labels(route, "miss").inc()
         self.metrics.latency.labels(route, "miss").observe(time.perf_counter() - started)
+
+    def _remember(self, view: RequestView, info: CacheInfo) -> None:
+        """Log what this request id was served from / stored as, for feedback."""
+        record = RequestRecord(view.tenant, view.route.name, info.cache, view.scope, info.entry_id, info.similarity)
+        self.requests.record(info.request_id, record)
+
+    def feedback(self, request_id: str, correct: bool, tenant: str = "anonymous") -> FeedbackOutcome:
+        """Judge an earlier answer (see middleware/feedback.py); RequestNotFound if not this tenant's."""
+        record = self.requests.get(request_id)
+        route = next((r for r in self.config.routes if record is not None and r.name == record.route), None)
+        mark_ttl = route.semantic.ttl if route is not None else None
+        return give_feedback(self.index, self.requests, self.metrics, request_id, correct, tenant, mark_ttl)
 
     def _count_lookup(self, view: RequestView, tier: str, started: float, hit: bool) -> None:
         route = view.route.name
@@ -315,6 +359,14 @@ class Pipeline:
         self.metrics.lookup_latency.labels(route, tier).observe(time.perf_counter() - started)
         if hit:
             self.metrics.hits.labels(route, tier).inc()
+
+
+def _load_verifier(config: Config, position: int) -> Verifier:
+    """The trained verifier; a missing one is a ConfigError naming the route that needs it."""
+    try:
+        return load_verifier(config.embedder.verifier_path)
+    except VerifierMissing as exc:
+        raise ConfigError(f"routes.{position}.semantic.verifier: {exc}") from None
 
 
 def _router_for(route: RouteConfig) -> Router | None:

@@ -16,15 +16,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from middleware.auth import KeyGate
 from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError, Unauthorized
+from middleware.input_checks import check_token_caps, check_unicode
 from middleware.pipeline import CacheInfo, Pipeline, Result
 from middleware.request import CacheControl
 from middleware.routing.router import Router
-from middleware.schema import ChatCompletionRequest
+from middleware.schema import ChatCompletionRequest, FeedbackRequest, chat_openapi_extra
 
 log = logging.getLogger("kvgate.proxy")
 CONTROL_HEADER = "x-kvgate-cache-control"
@@ -63,6 +65,7 @@ def cache_headers(info: CacheInfo) -> dict[str, str]:
         headers["x-kvgate-similarity"] = f"{info.similarity:.4f}"
     if info.replica is not None:
         headers["x-kvgate-replica"] = info.replica
+    headers["x-kvgate-request-id"] = info.request_id
     return headers
 
 
@@ -98,6 +101,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
 
     app = FastAPI(title="kvgate", version="0.1.0", lifespan=lifespan)
     keys = frozenset(config.auth.keys)
+    app.add_middleware(KeyGate, keys=keys)  # every route but /health, present and future
 
     def authorise(request: Request) -> str:
         token = bearer(request)
@@ -125,11 +129,11 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         log.exception("unexpected error")
         return error_response(KvgateError(f"internal error: {type(exc).__name__}"))
 
-    @app.post("/v1/chat/completions", openapi_extra={"requestBody": {"content": {"application/json": {
-        "schema": ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}, "required": True}})
+    @app.post("/v1/chat/completions", openapi_extra=chat_openapi_extra())
     async def chat_completions(request: Request) -> Response:
         tenant = authorise(request)
         body = await _read_json(request, config.server.max_body_bytes)
+        check_token_caps(body, config.server)
         control = CacheControl.from_header(request.headers.get(CONTROL_HEADER))
         result = await request.app.state.pipeline.acomplete(body, tenant, control)
         headers = cache_headers(result.info)
@@ -137,6 +141,14 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
             headers["cache-control"] = "no-cache"
             return StreamingResponse(_sse(result), media_type="text/event-stream", headers=headers)
         return JSONResponse(openai_json(result.response.model_dump()), headers=headers)
+
+    @app.post("/v1/cache/feedback", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": FeedbackRequest.model_json_schema()}}}})
+    async def cache_feedback(request: Request) -> dict[str, Any]:
+        tenant = authorise(request)  # before reading the body: no key, no parsing
+        body = FeedbackRequest.model_validate(await _read_json(request, config.server.max_body_bytes, FeedbackRequest))
+        outcome = await asyncio.to_thread(request.app.state.pipeline.feedback, body.request_id, body.correct, tenant)
+        return outcome.to_json()
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -167,7 +179,7 @@ async def _probe_loop(router: Router, interval: float) -> None:
                 log.exception("health probe failed")
 
 
-async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+async def _read_json(request: Request, limit: int, schema: type[BaseModel] = ChatCompletionRequest) -> dict[str, Any]:
     """The body as a validated dict; 400/413 with a message naming the problem otherwise."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -185,8 +197,9 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    check_unicode(body, bytes(raw))
     try:
-        ChatCompletionRequest.model_validate(body)
+        schema.model_validate(body)
     except ValidationError as exc:
         message, field = _validation_message(exc)
         raise BadRequest(message, param=field) from None

@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-tokens", type=int, default=256, help="replicas' --chunk-tokens = the router's block_size")
     p.add_argument("--kv-ram-mb", type=int, default=256, help="each replica's RAM tier")
     p.add_argument("--kv-disk-mb", type=int, default=1024, help="each replica's disk tier")
+    p.add_argument("--kv-tail-mb", type=int, default=256,
+                   help="each replica's RAM for the partial chunk after the last full one (spilled to disk)")
     p.add_argument("--replica-threads", type=int, default=None, help="torch threads per replica (default: CPUs / replicas)")
     p.add_argument("--exact-prefill", action="store_true", help="pass --exact-prefill to the replicas")
     p.add_argument("--think-s", type=float, default=0.5,
@@ -82,6 +84,8 @@ def validate(args: argparse.Namespace) -> list[str]:
         bad.append("need 1 <= --opening-min-tokens <= --opening-max-tokens <= 6000")
     if args.kv_ram_mb < 0 or args.kv_disk_mb < 0 or args.kv_ram_mb + args.kv_disk_mb == 0:
         bad.append("--kv-ram-mb and --kv-disk-mb must be >= 0, not both 0")
+    if args.kv_tail_mb < 0:
+        bad.append("--kv-tail-mb must be >= 0")
     if args.replica_threads is not None and args.replica_threads < 1:
         bad.append("--replica-threads must be >= 1")
     if args.think_s < 0:
@@ -224,6 +228,7 @@ def run_policy(policy: str, args: argparse.Namespace, firsts: list[list[dict[str
             events.append(f"tcp://127.0.0.1:{free_port()}")
             argv = kvgate_argv("replica", "--port", str(port), "--name", f"r{i}", "--kv-dir", str(pdir / f"kv-r{i}"),
                                "--kv-ram-mb", str(args.kv_ram_mb), "--kv-disk-mb", str(args.kv_disk_mb),
+                               "--kv-tail-mb", str(args.kv_tail_mb),
                                "--chunk-tokens", str(args.chunk_tokens), "--events-endpoint", events[-1],
                                "--threads", str(threads), "--log-level", "warning",
                                *(["--exact-prefill"] if args.exact_prefill else []))
@@ -303,7 +308,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "replicas": args.replicas, "conversations": args.conversations, "turns": args.turns,
         "max_tokens": args.max_tokens, "opening_tokens": [n for _, n in first], "chunk_tokens": args.chunk_tokens,
-        "kv_ram_mb": args.kv_ram_mb, "kv_disk_mb": args.kv_disk_mb, "replica_threads": threads,
+        "kv_ram_mb": args.kv_ram_mb, "kv_disk_mb": args.kv_disk_mb, "kv_tail_mb": args.kv_tail_mb,
+        "replica_threads": threads,
         "exact_prefill": args.exact_prefill, "think_s": args.think_s, "seed": args.seed,
         "machine": machine_info(work), "policies": {}, "requests_detail": {},
     }

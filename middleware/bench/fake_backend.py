@@ -2,7 +2,10 @@
 
 It is the far end of tests and benchmarks: no model, just `Answer <n>: <question>`, where n is the
 call number, so a test can tell a cached answer from a fresh one. Triggers in the last user message:
-`[[length]]` ends with finish_reason "length"; `[[fail]]` answers 500; `[[sleep=S]]` waits S seconds.
+`[[length]]` ends with finish_reason "length"; `[[fail]]` answers 500; `[[sleep=S]]` waits S seconds;
+`[[fixed]]` answers `Answer: <question>` (the same text on every call and server, like a greedy model).
+`break_streams_after=K` makes the server cut every stream after K content chunks (a replica dying
+mid-stream); `delay_s` delays every answer (a slow or, beyond the caller's timeout, hung replica).
 """
 from __future__ import annotations
 
@@ -41,7 +44,11 @@ def _last_user(body: dict[str, Any]) -> str:
     return ""
 
 
-def create_fake_app(calls: Calls | None = None) -> FastAPI:
+class BrokenStream(Exception):
+    """Raised inside a streaming response: the server drops the connection mid-body."""
+
+
+def create_fake_app(calls: Calls | None = None, break_streams_after: int | None = None, delay_s: float = 0.0) -> FastAPI:
     calls = calls or Calls()
     app = FastAPI()
     app.state.calls = calls
@@ -58,13 +65,15 @@ def create_fake_app(calls: Calls | None = None) -> FastAPI:
     async def chat(request: Request) -> Any:
         body = await request.json()
         n = calls.record(body)
+        if delay_s:
+            await asyncio.sleep(delay_s)
         question = _last_user(body)
         if "[[fail]]" in question:
             return JSONResponse({"error": {"message": "fake backend exploded", "type": "server_error"}}, status_code=500)
         sleep = re.search(r"\[\[sleep=([0-9.]+)\]\]", question)
         if sleep:
             await asyncio.sleep(float(sleep.group(1)))
-        answer = f"Answer {n}: {question}"
+        answer = f"Answer: {question}" if "[[fixed]]" in question else f"Answer {n}: {question}"
         finish = "length" if "[[length]]" in question else "stop"
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer.split()),
@@ -81,7 +90,9 @@ def create_fake_app(calls: Calls | None = None) -> FastAPI:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
             first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
             yield f"data: {json.dumps({**base, 'choices': [first]})}\n\n"
-            for word in re.findall(r"\S*\s*", answer):
+            for sent, word in enumerate(w for w in re.findall(r"\S*\s*", answer) if w):
+                if break_streams_after is not None and sent >= break_streams_after:
+                    raise BrokenStream("fake backend cut the stream")
                 if word:
                     piece = {"index": 0, "delta": {"content": word}, "finish_reason": None}
                     yield f"data: {json.dumps({**base, 'choices': [piece]})}\n\n"

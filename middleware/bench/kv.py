@@ -6,9 +6,10 @@ four stored states, rebuilt identically before every run (clear every tier, then
 same encoded prefix chunks):
 
     cold            nothing stored: the whole prompt is prefilled
-    warm_ram        the prompt's prefix chunks in the memory tier (and the disk tier)
-    warm_disk       memory tier emptied (store.clear("memory")), page cache dropped: the chunks
-                    come from the disk tier's files
+    warm_ram        the prompt's prefix chunks in the memory tier (and the disk tier), the
+                    partial chunk after them in the engine's RAM tail cache
+    warm_disk       memory tier and RAM tails emptied, page cache dropped: the chunks and the
+                    spilled tail (middleware/replica/tails.py) come from the disk tier's files
     warm_disk_pagecache  the same with the files still in the page cache (what a replica sees
                     for chunks written or read recently)
 
@@ -17,14 +18,14 @@ prefill_s); each mode's figure is the median over --repeats runs, runs interleav
 `identical_output` compares the greedy answer (token ids and text) of every run.
 
 Load bandwidth, in bytes of decoded tensors per second: `disk_load_gbps` = store.get_many of the
-same chunks with the memory tier cleared (DiskTier.get + decode_chunk: SQLite row, file read,
-SHA-256 check, one copy), `ram_load_gbps` = get_many served by the memory tier (decode only), and
+same chunks with the memory tier cleared (DiskTier.get + decode_chunk: SQLite row, file read
+into a fresh buffer, XXH3 check, no copy; plus the promotion into the memory tier), `ram_load_gbps` = get_many served by the memory tier (decode only), and
 `raw_disk_read_gbps` = a plain sequential read in 8 MiB blocks of one file of the chunks' total
 size in the same directory. Before every disk read the page cache is dropped "where possible":
 `sync`, then posix_fadvise(DONTNEED) on every file concerned, then (if we may: root) writing 1 to
 /proc/sys/vm/drop_caches. The JSON says which methods ran and how many bytes of the files were
 still resident afterwards (mincore). `disk_read_gbps` / `decode_gbps` split disk_load_gbps into
-DiskTier.get alone (encoded bytes/s) and decode_chunk alone (checksum + copy). No figure is
+DiskTier.get alone (encoded bytes/s) and decode_chunk alone (checksum + views). No figure is
 pass/fail.
 """
 from __future__ import annotations
@@ -282,18 +283,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.clear()
         generate()  # warm-up at full length; leaves the prefix chunks stored
         snapshot = [(store.key(h), memory.get(store.key(h))) for h in hashes]
-        tails = engine.tails.snapshot()  # the RAM-only partial chunk after the last full one
+        tails = engine.tails.snapshot()  # the partial chunk after the last full one (RAM part)
         if any(data is None for _, data in snapshot):
             raise RuntimeError("the warm-up run did not store the prompt's prefix chunks (store budget too small?)")
         stored_bytes = sum(len(d) for _, d in snapshot)
+        on_disk = [(key, bytes(disk.get(key) or b"")) for key in disk.keys()]  # chunks + the spilled tail
 
         def rebuild(memory_too: bool) -> None:
             store.clear()
             engine.tails.clear()
-            for key, data in snapshot:
+            for key, data in on_disk:
                 disk.put(key, data)
-                if memory_too:
-                    memory.put(key, data)
+            for key, data in snapshot if memory_too else ():
+                memory.put(key, data)
             if memory_too:
                 engine.tails.restore(tails)
 

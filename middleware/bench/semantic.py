@@ -79,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"--pairs: time the first N lookups one at a time (default {DEFAULT_LATENCY_QUERIES})")
     parser.add_argument("--queries", type=int, default=None, metavar="N",
                         help=f"--entries: exact and semantic requests to time (default {DEFAULT_PROXY_QUERIES})")
+    parser.add_argument("--route", default=None, metavar="NAME",
+                        help="--pairs: use this route's operating point (its tuned point with target_precision, "
+                             "from --config's cache_dir, else ./.kvgate) instead of --threshold")
+    parser.add_argument("--config", type=Path, default=None, metavar="CONFIG", help="--pairs: config holding --route")
+    parser.add_argument("--holdout", action="store_true",
+                        help="--pairs: evaluate only the held-out part of the deterministic split `kvgate tune` uses")
+    parser.add_argument("--no-verifier", action="store_true", help="--pairs: skip the run with the verifier")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -118,12 +125,41 @@ def _pairs_options(args: argparse.Namespace) -> dict[str, Any]:
     latency = DEFAULT_LATENCY_QUERIES if args.latency_queries is None else args.latency_queries
     if latency < 1:
         raise BenchInputError(f"--latency-queries must be at least 1, got {latency}")
-    threshold = DEFAULT_PAIRS_THRESHOLD if args.threshold is None else args.threshold
-    return {"path": args.pairs, "threshold": _check_threshold(threshold), "limit": args.limit, "latency_queries": latency}
+    settings, verifier_path = _route_settings(args)
+    threshold = settings.threshold if settings else DEFAULT_PAIRS_THRESHOLD if args.threshold is None else args.threshold
+    return {"path": args.pairs, "threshold": _check_threshold(threshold), "limit": args.limit, "latency_queries": latency,
+            "settings": settings, "holdout": args.holdout, "verifier": not args.no_verifier, "verifier_path": verifier_path}
+
+
+def _route_settings(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """(SemanticSettings of --route or None, the configured verifier dir or None)."""
+    from middleware.config import Config, RouteConfig, load_config
+    from middleware.errors import ConfigError
+    from middleware.verification import resolve
+
+    if args.route is None:
+        if args.config is not None:
+            raise BenchInputError("--config needs --route (the route whose operating point to use)")
+        return None, None
+    if args.threshold is not None:
+        raise BenchInputError("give --threshold or --route, not both (the route has its own threshold)")
+    try:
+        config = load_config(args.config) if args.config else None
+        if config is None:  # no config: the route is only a name for its tuned point in ./.kvgate
+            route = RouteConfig(name=args.route, model="*", semantic={"target_precision": 0.5})
+            return resolve(route, Config.model_fields["cache_dir"].default, 0), None
+        position = next((i for i, r in enumerate(config.routes) if r.name == args.route), None)
+        if position is None:
+            raise BenchInputError(f"{args.config} has no route named {args.route!r}")
+        return resolve(config.routes[position], config.cache_dir, position), config.embedder.verifier_path
+    except ConfigError as exc:
+        raise BenchInputError(exc.message) from None
 
 
 def _proxy_options(args: argparse.Namespace) -> dict[str, Any]:
-    _reject_other_mode(args, ["limit", "latency_queries"], "--entries")
+    _reject_other_mode(args, ["limit", "latency_queries", "route", "config"], "--entries")
+    if args.holdout or args.no_verifier:
+        raise BenchInputError("--holdout and --no-verifier only apply to --pairs")
     if args.entries < 0:
         raise BenchInputError(f"--entries must be 0 or more, got {args.entries}")
     queries = DEFAULT_PROXY_QUERIES if args.queries is None else args.queries
@@ -248,14 +284,33 @@ def embed_batched(embedder: Any, texts: Sequence[str], label: str) -> np.ndarray
     return out
 
 
-def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: int) -> dict[str, Any]:
-    """The whole --pairs benchmark; returns the JSON-ready result."""
+def holdout_pairs(pairs: list[Pair], limit: int | None) -> tuple[list[Pair], dict[str, int]]:
+    """The held-out part of `pairs` under kvgate tune's split (first `limit`), and the part sizes."""
+    from middleware.tuning.split import assign_parts
+
+    parts = assign_parts([(p.question1, p.question2) for p in pairs])
+    kept = [p for p, part in zip(pairs, parts) if part == "holdout"][:limit]
+    if not kept:
+        raise BenchInputError("--holdout: the held-out part of these pairs is empty")
+    return kept, {part: parts.count(part) for part in ("train", "calib", "holdout")}
+
+
+def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: int, settings: Any = None,
+              holdout: bool = False, verifier: bool = True, verifier_path: str | None = None) -> dict[str, Any]:
+    """The whole --pairs benchmark; returns the JSON-ready result.
+
+    `settings` (middleware.verification.SemanticSettings) is the route's operating point; without
+    it the run with the verifier uses `threshold` and the config defaults for `verifier: true`.
+    """
     from index.embedder import make_embedder
     from index.semantic import SemanticIndex
     from middleware.bench.gptcache_anchor import require_gptcache, run_gptcache
 
     started_all = time.perf_counter()
-    pairs, skipped = read_pairs(path, limit)
+    pairs, skipped = read_pairs(path, None if holdout else limit)
+    split = None
+    if holdout:
+        pairs, split = holdout_pairs(pairs, limit)
     duplicates = sum(p.duplicate for p in pairs)
     progress(f"{len(pairs)} pairs ({duplicates} duplicates) from {path}; loading the embedder")
     embedder = make_embedder("onnx")
@@ -285,6 +340,8 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
                 t0 = time.perf_counter()
                 index.search(SCOPE, embedder.embed([text])[0], k=1)
                 latencies.append(time.perf_counter() - t0)
+            verified = _verified_run(index, embedder, pairs, v2, threshold, settings, verifier, verifier_path,
+                                     latency_texts, warmup)
         finally:
             index.close()
     progress(f"kvgate lookup latency over {len(latencies)} queries done")
@@ -329,9 +386,17 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
         }
         notes.extend(run.notes)
 
+    without = {k: main_score[k] for k in ("precision", "recall", "hits", "correct_hits")}
+    without |= {"threshold": threshold, "pairs": len(pairs), "lookup_p50_ms": p50, "lookup_p99_ms": p99,
+                "precision_95ci": _wilson(main_score["correct_hits"], main_score["hits"])}
     return {
         "mode": "pairs",
         "pairs_file": str(path),
+        "holdout": holdout,
+        "split": split,
+        "operating_point": _describe(settings, threshold),
+        "with_verifier": verified,
+        "without_verifier": without,
         "pairs": len(pairs),
         "duplicates": duplicates,
         "skipped_rows": skipped,
@@ -354,6 +419,42 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
     }
 
 
+def _wilson(correct: int, hits: int) -> Any:
+    from middleware.tuning.calibrate import wilson_interval
+
+    return wilson_interval(correct, hits)
+
+
+def _describe(settings: Any, threshold: float) -> dict[str, Any]:
+    if settings is None:
+        return {"source": "--threshold", "cosine_threshold": threshold}
+    return {"source": settings.source, "cosine_threshold": settings.threshold,
+            "verifier_threshold": settings.verifier_threshold, "candidates": settings.candidates}
+
+
+def _verified_run(index: Any, embedder: Any, pairs: list[Pair], v2: np.ndarray, threshold: float, settings: Any,
+                  enabled: bool, verifier_path: str | None, latency_texts: list[str], warmup: list[str]) -> dict[str, Any]:
+    """The same lookups with the verifier (middleware.bench.verified), or why it was skipped."""
+    from index.verifier import VerifierMissing, load_verifier
+    from middleware.bench.verified import run_verified
+    from middleware.config import SemanticConfig
+    from middleware.verification import SemanticSettings
+
+    if not enabled:
+        return {"skipped": "--no-verifier"}
+    if settings is None or not settings.verifies:  # the defaults of a route with `verifier: true`
+        defaults = SemanticConfig()
+        settings = SemanticSettings(threshold, defaults.verifier_threshold, defaults.candidates, "config defaults")
+    try:
+        verifier = load_verifier(verifier_path)
+    except VerifierMissing as exc:
+        return {"skipped": str(exc)}
+    progress(f"with the verifier {verifier.name}: cosine >= {settings.threshold}, "
+             f"verifier >= {settings.verifier_threshold}, top-{settings.candidates}")
+    return run_verified(index, SCOPE, embedder, verifier, [p.question1 for p in pairs], [p.question2 for p in pairs],
+                        [p.duplicate for p in pairs], v2, settings, latency_texts, warmup, progress)
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -365,6 +466,8 @@ def print_pairs_summary(result: dict[str, Any]) -> None:
     print(f"semantic cache on {result['pairs']} pairs ({result['duplicates']} duplicates), "
           f"cosine threshold {result['threshold']}")
     rows = [("kvgate", result)]
+    if "skipped" not in result["with_verifier"]:
+        rows.append(("+verifier", result["with_verifier"]))
     if "skipped" not in result["gptcache"]:
         rows.append(("gptcache", result["gptcache"]))
     print(f"{'cache':<10}{'precision':>10}{'recall':>9}{'hits':>7}{'correct':>9}{'p50 ms':>9}{'p99 ms':>9}")
@@ -373,6 +476,14 @@ def print_pairs_summary(result: dict[str, Any]) -> None:
               f"{_fmt(r['lookup_p50_ms']):>9}{_fmt(r['lookup_p99_ms']):>9}")
     if "skipped" in result["gptcache"]:
         print(f"gptcache: skipped ({result['gptcache']['skipped']})")
+    if "skipped" in result["with_verifier"]:
+        print(f"+verifier: skipped ({result['with_verifier']['skipped']})")
+    else:
+        v = result["with_verifier"]
+        print(f"+verifier: cosine >= {v['threshold']}, verifier >= {_fmt(v['verifier_threshold'])}, top-{v['candidates']}; "
+              "precision/recall over verifier thresholds at this cosine threshold (not tuned on these pairs):")
+        print("  " + "  ".join(f"P>={r['precision_at_least']}: R={_fmt(r.get('recall'))}"
+                               for r in v["curve_at_this_cosine_threshold"]))
     print("sweep (kvgate):  threshold  precision  recall  hits")
     for s in result["sweep"]:
         print(f"{'':16}{s['threshold']:>9.2f}{_fmt(s['precision']):>11}{_fmt(s['recall']):>8}{s['hits']:>6}")

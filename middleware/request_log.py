@@ -1,0 +1,72 @@
+"""Request ids and what each request was served from, kept so feedback can act on them later.
+
+Records live in a diskcache next to the responses (`<cache_dir>/requests`), so every proxy
+process on one cache dir can take feedback on a request another process served. The log is
+bounded twice: each record expires after `ttl` seconds, and the whole log is culled
+(least recently stored first) past `max_bytes`. Values are JSON; no prompts or keys are kept,
+only ids, the tenant hash, the scope hash and the similarity.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import diskcache
+
+REQUEST_ID_PREFIX = "kvg-"
+
+
+def new_request_id() -> str:
+    """An unguessable id (122 random bits), so knowing one proves having seen the response."""
+    return REQUEST_ID_PREFIX + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What one chat completion was served from (hit) or stored as (miss)."""
+
+    tenant: str
+    route: str
+    tier: str  # miss | exact | semantic
+    scope: str
+    entry_id: int | None  # the entry served (hit) or written (miss); None when nothing was stored
+    similarity: float | None = None  # semantic hits only
+    created: float = field(default_factory=time.time)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "RequestRecord":
+        return cls(**json.loads(raw))
+
+
+class RequestLog:
+    """request id → RequestRecord, bounded by age and size; safe across threads and processes."""
+
+    def __init__(self, directory: str | Path, ttl: float, max_bytes: int) -> None:
+        self.ttl = ttl
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self._disk = diskcache.Cache(str(directory), size_limit=int(max_bytes), eviction_policy="least-recently-stored")
+
+    def record(self, request_id: str, record: RequestRecord) -> None:
+        self._disk.set(request_id, record.to_bytes(), expire=self.ttl)
+
+    def get(self, request_id: str) -> RequestRecord | None:
+        """The record of a request id, or None when unknown, expired or culled."""
+        raw = self._disk.get(request_id) if request_id.startswith(REQUEST_ID_PREFIX) else None
+        if raw is None:
+            return None
+        try:
+            return RequestRecord.from_bytes(raw)
+        except (ValueError, TypeError):  # damaged: treated as unknown
+            return None
+
+    def __len__(self) -> int:
+        return len(self._disk)
+
+    def close(self) -> None:
+        self._disk.close()

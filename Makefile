@@ -62,9 +62,23 @@ bench-kv:
 	mkdir -p bench-out
 	$(BIN)/kvgate bench kv --json bench-out/kv.json
 
+bench-soak:
+	@# 20,000 mixed requests, 32 concurrent, through kvgate serve (one process, then three on one cache_dir)
+	mkdir -p bench-out
+	$(BIN)/kvgate bench soak --requests 20000 --concurrency 32 --json bench-out/soak.json
+	$(BIN)/kvgate bench soak --requests 20000 --concurrency 32 --proxies 3 --json bench-out/soak_3proxies.json
+
 bench-e2e:
 	mkdir -p bench-out
-	$(BIN)/kvgate bench e2e --replicas 2 --conversations 4 --turns 4 --json bench-out/e2e.json
+	$(BIN)/kvgate bench e2e --replicas 2 --conversations 6 --turns 6 --think-s 3 --json bench-out/e2e_k6t6.json
+	$(BIN)/kvgate bench e2e --replicas 2 --conversations 6 --turns 6 --think-s 3 \
+		--kv-ram-mb 160 --kv-disk-mb 0 --kv-tail-mb 48 --json bench-out/e2e_small_cache.json
+
+bench-faults:
+	@# issue 6 parts 1-2: replica kill/slow/hang under load, 20x SIGKILL of proxy + disk-tier writer, full disk
+	mkdir -p bench-out
+	$(BIN)/kvgate bench replica-faults --requests 1000 --concurrency 16 --json bench-out/replica_faults.json
+	$(BIN)/kvgate bench storage-faults --rounds 20 --json bench-out/storage_faults.json
 
 clean:
 	rm -rf $(VENV) .kvgate bench-out

@@ -282,3 +282,29 @@ def test_disconnect_cancels_and_health_stays_responsive(replica: tuple[ServerThr
     ok = http.post("/v1/chat/completions", json={"model": "x", "messages": FRANCE, "max_tokens": 16}).json()
     assert ok["choices"][0]["message"]["content"] == PARIS
     http.close()
+
+
+def test_a_cached_turn_is_not_queued_behind_cold_prompts(engines: Any, tmp_path: Path) -> None:
+    from middleware.replica.engine import SamplingParams
+
+    engine = engines(make_store(tmp_path))
+    warm_chat = long_chat(40, "What is 3 squared?")
+    engine.generate(warm_chat, max_tokens=1)  # its chunks are now stored
+    done: list[str] = []
+    finished = threading.Event()
+
+    def sink(name: str) -> Any:
+        def on(event: Any) -> None:
+            if not isinstance(event, str):
+                done.append(name)
+                if len(done) == 3:
+                    finished.set()
+        return on
+
+    params = SamplingParams(max_tokens=1)
+    for name, chat in (("cold-1", long_chat(41, "What is 5 squared?")), ("cold-2", long_chat(42, "What is 6 squared?")),
+                       ("warm", warm_chat)):
+        engine.submit(engine.prepare(chat, params), params, sink(name))
+    assert finished.wait(300)
+    # whichever cold prompt the worker took first, the cached one runs before the other
+    assert done.index("warm") < done.index("cold-2")

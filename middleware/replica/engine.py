@@ -23,8 +23,9 @@ Invariants
   len(prompt) - 1 rounded down to whole chunks (the model needs a new token to produce logits).
 - Only tokens whose KV is in the cache are stored: the last sampled token (EOS, the
   max_tokens-th token, or one after a cancel) is never fed back, so it is not part of a chunk.
-- One request runs at a time, in arrival (FIFO) order, on the engine's single worker thread;
-  callers never touch the model. A cancelled request stops within one decode step or one
+- One request runs at a time on the engine's single worker thread, least uncached prompt first
+  with aging (scheduling.py: a cached next turn is not queued behind cold prompts, and a long
+  prompt is passed over for at most its prefill time); callers never touch the model. A cancelled request stops within one decode step or one
   prefill slice (or is skipped if it has not started) and still stores the full chunks it
   computed.
 - With exact_prefill, a run that loads KV from the store computes bit for bit the logits of a
@@ -60,6 +61,7 @@ from index.prompt import PromptHasher
 from index.tokenizer import HFChatTokenizer
 from middleware.errors import BadRequest
 from middleware.replica.model import model_namespace
+from middleware.replica.scheduling import JobQueue
 from middleware.replica.tails import Tail, TailCache
 
 log = logging.getLogger("kvgate.replica")
@@ -263,7 +265,7 @@ class _Counters:
 
 
 class ReplicaEngine:
-    """A causal LM + an optional ChunkStore, serving chat requests one at a time (FIFO).
+    """A causal LM + an optional ChunkStore, serving chat requests one at a time.
 
     `store` must use this engine's `namespace` (default model_namespace(model), e.g.
     "smollm2-135m:float32"): KV of another model or dtype must never be loaded.
@@ -315,7 +317,7 @@ class ReplicaEngine:
         self._state = threading.Lock()  # guards _pending and requests (touched by callers)
         self._pending = 0
         self._running = False
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # FIFO
+        self._jobs: JobQueue[_Job] = JobQueue()  # least prefill first, with aging (scheduling.py)
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="kvgate-replica-engine", daemon=True)
         self._worker.start()
@@ -344,7 +346,7 @@ class ReplicaEngine:
         with self._state:
             self._pending += 1
             self._counters.requests += 1
-        self._jobs.put(job)
+        self._jobs.put(job, self._prefill_estimate(job.tokens))
         return Ticket(job)
 
     def stream(self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, **kwargs: Any) -> TokenStream:
@@ -434,7 +436,7 @@ class ReplicaEngine:
         while True:  # drain: whoever still waits gets an answer
             try:
                 job = self._jobs.get_nowait()
-            except queue.Empty:
+            except LookupError:
                 break
             if job is not None:
                 job.sink(RuntimeError("engine closed"))
@@ -522,6 +524,14 @@ class ReplicaEngine:
                           completion_tokens=len(answer), stored_chunks=stored, queue_s=queue_s, load_s=load_s,
                           prefill_s=prefill_s, ttft_s=ttft_s, decode_s=decode_s, store_s=store_s,
                           token_ids=tuple(answer))
+
+    def _prefill_estimate(self, tokens: list[int]) -> int:
+        """Prompt tokens not covered by stored full chunks (the queue's ordering key; tails and
+        chunks evicted before the job runs make it approximate, never wrong)."""
+        n, ct = len(tokens), self.chunk_tokens
+        if self.store is None or n <= ct:
+            return n
+        return n - self.store.longest_prefix(chunk_hashes(tokens, ct)[: (n - 1) // ct]) * ct
 
     def _load(self, hashes: list[BlockHash]) -> tuple[Any, int]:
         """(DynamicCache holding the longest loadable run of `hashes`, chunks loaded)."""

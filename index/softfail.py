@@ -12,32 +12,32 @@ import threading
 
 
 class SoftFailures:
-    """Per-operation failure counts; the first failure after a success is logged at WARNING."""
+    """Failure counts per operation ("store", "lookup"…); the first failure of an operation after
+    it last worked is logged at WARNING, its next success at INFO."""
 
     def __init__(self, log: logging.Logger, what: str) -> None:
         self._log = log
         self._what = what
         self._lock = threading.Lock()
-        self._failing = False
-        self._streak = 0
+        self._streaks: dict[str, int] = {}  # operations failing right now → failures in a row
         self.counts: dict[str, int] = {}
 
     def failed(self, op: str, exc: BaseException) -> None:
         with self._lock:
             self.counts[op] = self.counts.get(op, 0) + 1
-            self._streak += 1
-            first = not self._failing
-            self._failing = True
+            first = op not in self._streaks
+            self._streaks[op] = self._streaks.get(op, 0) + 1
         if first:
             self._log.warning("%s: %s failed (%s: %s); the request goes on without it, further failures "
                               "are counted, not logged, until one succeeds", self._what, op, type(exc).__name__, exc)
 
-    def succeeded(self) -> None:
-        if not self._failing:  # the common case: no lock
+    def succeeded(self, op: str) -> None:
+        if op not in self._streaks:  # the common case: no lock
             return
         with self._lock:
-            streak, self._failing, self._streak = self._streak, False, 0
-        self._log.info("%s: storage works again after %d failed operations", self._what, streak)
+            streak = self._streaks.pop(op, 0)
+        if streak:
+            self._log.info("%s: %s works again after %d failures", self._what, op, streak)
 
     @property
     def total(self) -> int:

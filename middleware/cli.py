@@ -31,17 +31,27 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})\n"
           f"  try: curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
           f"-d '{{\"model\": \"{config.routes[0].model.replace('*', '1')}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}' -i", flush=True)
-    uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, access_log=args.access_log)
+    # Idle client connections stay open longer than clients keep them (httpx, the OpenAI SDK: 5 s),
+    # so the proxy never closes one a client is about to reuse (uvicorn's own default is 5 s too).
+    uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, access_log=args.access_log,
+                timeout_keep_alive=config.server.keep_alive_s)
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
     from middleware.config import load_config
 
+    from middleware.verification import resolve
+
     config = load_config(args.config)
-    for route in config.routes:
+    for position, route in enumerate(config.routes):
+        sem = route.semantic
+        # with target_precision the thresholds come from `kvgate tune` (a missing point is a ConfigError here too)
+        settings = resolve(route, config.cache_dir, position)
+        verifier = f" verifier ≥ {settings.verifier_threshold:.4f} (top-{settings.candidates})" if settings.verifies else ""
+        target = f" target_precision {sem.target_precision}" if sem.target_precision is not None else ""
         print(f"route {route.name}: model {route.model!r} → {route.backend.model or '(request model)'}"
-              f" threshold {route.semantic.threshold} scope {route.semantic.scope} context {route.semantic.context}")
+              f"{target} threshold {settings.threshold}{verifier} scope {sem.scope} context {sem.context}")
     return 0
 
 
@@ -68,44 +78,26 @@ def _demo_backend(args: argparse.Namespace) -> int:
     from middleware.bench.fake_backend import create_fake_app
 
     print(f"kvgate demo backend (echoes 'Answer <n>: <question>') on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(create_fake_app(), host=args.host, port=args.port, log_level="warning")
+    # keeps idle connections longer than the proxy's pool does (AIOHTTP_KEEPALIVE_TIMEOUT, 3 s)
+    uvicorn.run(create_fake_app(), host=args.host, port=args.port, log_level="warning", timeout_keep_alive=75)
     return 0
 
 
+# `kvgate bench NAME` → the module under middleware/bench that runs it (imported on use: each
+# pulls in heavy dependencies of its own)
+BENCH_MODULES = {
+    "semantic": "semantic", "routing": "arena", "kv": "kv", "e2e": "e2e", "storage-faults": "storage_faults",
+    "replica-faults": "replica_faults", "multiturn": "multiturn", "soak": "soak", "route-overhead": "route_overhead",
+}
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from middleware.bench import semantic
+    import importlib
 
-    if args.bench == "semantic":
-        return semantic.main(args)
-    if args.bench == "routing":
-        from middleware.bench import arena
-
-        return arena.main(args)
-    if args.bench == "kv":
-        from middleware.bench import kv
-
-        return kv.main(args)
-    if args.bench == "e2e":
-        from middleware.bench import e2e
-
-        return e2e.main(args)
-    if args.bench == "replica-faults":
-        from middleware.bench import replica_faults
-
-        return replica_faults.main(args)
-    if args.bench == "multiturn":
-        from middleware.bench import multiturn
-
-        return multiturn.main(args)
-    if args.bench == "soak":
-        from middleware.bench import soak
-
-        return soak.main(args)
-    if args.bench == "route-overhead":
-        from middleware.bench import route_overhead
-
-        return route_overhead.main(args)
-    return 2
+    name = BENCH_MODULES.get(args.bench)
+    if name is None:
+        return 2
+    return int(importlib.import_module(f"middleware.bench.{name}").main(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     from middleware.bench import replica_faults
 
     replica_faults.add_arguments(bsub.add_parser("replica-faults", help="kill / slow / hang one of N replicas under load through the proxy"))
+    from middleware.bench import storage_faults
+
+    storage_faults.add_arguments(bsub.add_parser("storage-faults", help="SIGKILL proxy + disk-tier writer during writes; a full disk"))
     bench.set_defaults(func=_bench)
     return parser
 

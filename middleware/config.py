@@ -127,6 +127,7 @@ class ServerConfig(_Strict):
     max_tokens_cap: int = Field(
         131072, gt=0, description="requests asking for more max_tokens / max_completion_tokens get a 400"
     )
+    keep_alive_s: int = Field(75, gt=0, description="seconds an idle client connection is kept open (> clients' own)")
 
 
 class FeedbackConfig(_Strict):

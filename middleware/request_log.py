@@ -9,12 +9,19 @@ only ids, the tenant hash, the scope hash and the similarity.
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import diskcache
+
+from index.recover import open_cache
+from index.softfail import SoftFailures
+
+log = logging.getLogger("kvgate.request_log")
 
 REQUEST_ID_PREFIX = "kvg-"
 
@@ -50,14 +57,25 @@ class RequestLog:
     def __init__(self, directory: str | Path, ttl: float, max_bytes: int) -> None:
         self.ttl = ttl
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self._disk = diskcache.Cache(str(directory), size_limit=int(max_bytes), eviction_policy="least-recently-stored")
+        # a damaged database is moved aside; a full disk makes records no-ops (logged once), never errors
+        self._disk = open_cache(Path(directory), log, size_limit=int(max_bytes), eviction_policy="least-recently-stored")
+        self._soft = SoftFailures(log, f"request log {directory}")
 
     def record(self, request_id: str, record: RequestRecord) -> None:
-        self._disk.set(request_id, record.to_bytes(), expire=self.ttl)
+        try:
+            self._disk.set(request_id, record.to_bytes(), expire=self.ttl)
+        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+            self._soft.failed("record", exc)
+            return
+        self._soft.succeeded("record")
 
     def get(self, request_id: str) -> RequestRecord | None:
         """The record of a request id, or None when unknown, expired or culled."""
-        raw = self._disk.get(request_id) if request_id.startswith(REQUEST_ID_PREFIX) else None
+        try:
+            raw = self._disk.get(request_id) if request_id.startswith(REQUEST_ID_PREFIX) else None
+        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+            self._soft.failed("lookup", exc)
+            return None
         if raw is None:
             return None
         try:

@@ -16,7 +16,7 @@ from schemathesis import GenerationMode
 
 from conftest import route_config
 
-CASES_PER_MODE = 50
+CASES_PER_MODE = 40
 KEY = "fuzz-key"
 
 

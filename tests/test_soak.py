@@ -10,7 +10,7 @@ from middleware.cli import build_parser
 
 
 def test_short_soak_through_a_real_proxy(tmp_path: Path) -> None:
-    args = build_parser().parse_args(["bench", "soak", "--requests", "400", "--concurrency", "32",
+    args = build_parser().parse_args(["bench", "soak", "--requests", "300", "--concurrency", "32",
                                       "--max-entries", "120", "--max-bytes", "250000", "--workdir", str(tmp_path)])
     result = soak.run(args)
     counts = result["load"]["counts"]

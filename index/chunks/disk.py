@@ -29,6 +29,7 @@ from typing import BinaryIO, Iterator
 import diskcache
 
 from index.chunks.codec import CorruptChunk
+from index.softfail import SoftFailures
 
 log = logging.getLogger("kvgate.chunks.disk")
 
@@ -87,6 +88,7 @@ class DiskTier:
         self.write_errors = 0  # disk full, I/O error, lock timeout on put
         self.timeouts = 0  # lock timeouts on get (reported as misses)
         self.read_errors = 0  # value file could not be read (reported as misses)
+        self._write_log = SoftFailures(log, f"disk tier {self.directory}")  # a full disk: one warning, not one per chunk
 
     def _count(self, counter: str, n: int = 1) -> None:
         with self._lock:
@@ -127,8 +129,9 @@ class DiskTier:
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             # ENOSPC mid-write leaves a partial, row-less file: unreachable, never read as a chunk
             self._count("write_errors")
-            log.warning("disk tier: could not store %s: %s", key, e)
+            self._write_log.failed("store", e)
             return False
+        self._write_log.succeeded("store")
         if self._cache.volume() > self.budget_bytes:
             self._shrink()
             return self.contains(key)  # a budget too small for the SQLite pages + data evicts it too

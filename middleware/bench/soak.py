@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import yaml
 
 from middleware.bench.procs import Proc, free_port, kvgate_argv
@@ -76,6 +75,8 @@ class Sampler(threading.Thread):
     """RSS and open fds of some processes, every `interval` seconds, until stopped."""
 
     def __init__(self, pids: list[int], interval: float = 0.25) -> None:
+        import psutil  # a dev dependency (and accelerate's); only the benchmark needs it
+
         super().__init__(daemon=True)
         self.procs = [psutil.Process(p) for p in pids]
         self.interval = interval
@@ -170,7 +171,8 @@ async def drive(urls: list[str], work: Workload, requests: int, concurrency: int
             issued += 1
             await one(client, issued)
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # reuse idle connections for less time than any server keeps them (uvicorn's default: 5 s)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         started = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))

@@ -63,8 +63,8 @@ def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, f
 
 
 def _point(c: float, v: float | None, hits: int, correct: int, duplicates: int) -> Point:
-    return Point(round(c, 4), None if v is None else round(float(v), 6), int(hits), int(correct),
-                 round(correct / hits, 4) if hits else None, round(correct / duplicates, 4) if duplicates else None)
+    return Point(round(float(c), 4), None if v is None else round(float(v), 6), int(hits), int(correct),
+                 round(float(correct) / hits, 4) if hits else None, round(float(correct) / duplicates, 4) if duplicates else None)
 
 
 def verifier_grid(prob: np.ndarray, size: int = VERIFIER_GRID_SIZE) -> np.ndarray:
@@ -88,6 +88,7 @@ def sweep(c: Candidates, cosine_grid: Sequence[float] = COSINE_GRID, with_verifi
             out.append(_point(t, None, hit.sum(), (hit & correct[:, 0]).sum(), duplicates))
         return out
     prob = np.nan_to_num(c.prob, nan=-1.0)
+    grid = verifier_grid(c.prob)  # from the scored candidates only (nan = not scored)
     rows = np.arange(len(cos))
     for t in cosine_grid:
         passed = cos >= t
@@ -95,7 +96,7 @@ def sweep(c: Candidates, cosine_grid: Sequence[float] = COSINE_GRID, with_verifi
         best = ranked.argmax(axis=1)  # the candidate the pipeline would serve (highest verifier score)
         best_prob = ranked[rows, best]
         best_correct = correct[rows, best]
-        for v in verifier_grid(prob):
+        for v in grid:
             hit = best_prob >= v
             out.append(_point(t, v, hit.sum(), (hit & best_correct).sum(), duplicates))
     return out

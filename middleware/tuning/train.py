@@ -48,7 +48,8 @@ class TrainConfig:
         """Names the artefact after everything that shapes it (config, data, base weights)."""
         weights = base / "model.safetensors"
         size = weights.stat().st_size if weights.exists() else 0
-        raw = json.dumps({"cfg": asdict(self), "data": data_digest, "base": size, "v": ARTEFACT_VERSION}, sort_keys=True)
+        shaping = {k: v for k, v in asdict(self).items() if k != "threads"}  # threads change speed, not the model
+        raw = json.dumps({"cfg": shaping, "data": data_digest, "base": size, "v": ARTEFACT_VERSION}, sort_keys=True)
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -68,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """0 when an operating point was written, 1 when the target is out of reach, 2 on bad input."""
+    # on a shared machine, spinning OpenMP workers burn the cores the other worker needs; must be
+    # set before torch starts its thread pool
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from middleware.config import Config, load_config
     from middleware.errors import ConfigError
 
@@ -224,7 +228,9 @@ def run_tune(
     best_cosine = calibrate.pick(cosine_points, target, min_hits)
     best_verified = calibrate.pick(verified_points, target, min_hits) if verified_points else None
     chosen = best_verified
-    if chosen is None or (best_cosine is not None and (best_cosine.recall or 0) >= (chosen.recall or 0)):
+    if use_verifier is None and (chosen is None or (best_cosine is not None and (best_cosine.recall or 0) >= (chosen.recall or 0))):
+        chosen = best_cosine  # no verifier needed: as good without it (a route that says verifier: true keeps it)
+    if use_verifier is False:
         chosen = best_cosine
     holdout = cache_candidates(split["holdout"], embedder, verifier, candidates, "holdout") if split["holdout"] else None
 

@@ -71,8 +71,9 @@ class TailCache:
         self.hits = 0
 
     def put(self, parent: int | None, tail: Tail) -> None:
-        self._put_ram(parent, tail)
-        if self.spill is not None and len(tail.tokens) >= KEY_TOKENS:
+        new = self._put_ram(parent, tail)
+        # a tail already in RAM was spilled when it arrived: a repeated prompt rewrites nothing
+        if new and self.spill is not None and len(tail.tokens) >= KEY_TOKENS:
             key = spill_key(self.namespace, parent, tail.tokens)
             data = encode_chunk(list(tail.layers), key, meta={"tokens": list(tail.tokens)})
             try:
@@ -81,9 +82,10 @@ class TailCache:
             except Exception:  # a failing spill must not fail the request
                 log.exception("spilling a KV tail failed")
 
-    def _put_ram(self, parent: int | None, tail: Tail) -> None:
+    def _put_ram(self, parent: int | None, tail: Tail) -> bool:
+        """Keep `tail` in RAM; False when the same tail (parent and tokens) was already there."""
         if not tail.tokens or tail.nbytes > self.budget_bytes:
-            return
+            return True
         key = (parent, tail.tokens)
         with self._lock:
             old = self._tails.pop(key, None)
@@ -96,6 +98,7 @@ class TailCache:
             self._bytes += tail.nbytes
             while self._bytes > self.budget_bytes:
                 self._bytes -= self._tails.popitem(last=False)[1].nbytes
+        return old is None
 
     def best(self, parent: int | None, rest: Sequence[int], limit: int) -> Tail | None:
         """The stored tail after `parent` sharing the longest prefix with `rest`, cut to at most

@@ -50,7 +50,17 @@ def test_history_fits_the_target_and_is_deterministic():
 
 @pytest.mark.parametrize("bad", [["--replicas", "0"], ["--turns", "0"], ["--policies", "nope"],
                                  ["--policies", "round_robin,round_robin"], ["--max-tokens", "0"],
-                                 ["--opening-min-tokens", "900", "--opening-max-tokens", "600"]])
+                                 ["--opening-min-tokens", "900", "--opening-max-tokens", "600"], ["--arrival-s", "-1"]])
 def test_bench_e2e_rejects_bad_options_before_starting_anything(bad, capsys):
     assert main(["bench", "e2e", *bad]) == 2
     assert "kvgate bench e2e: error" in capsys.readouterr().err
+
+
+def test_arrivals_are_seeded_and_spread_when_asked():
+    from middleware.bench.e2e import arrivals
+
+    assert arrivals(4, 0.0, 0) == [0.0] * 4
+    a = arrivals(200, 2.0, 7)
+    assert a == arrivals(200, 2.0, 7) != arrivals(200, 2.0, 8)
+    assert a[0] == 0.0 and all(x < y for x, y in zip(a, a[1:]))
+    assert 1.5 < a[-1] / 199 < 2.5  # mean gap near 2 s

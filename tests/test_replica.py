@@ -124,13 +124,14 @@ def test_kv_from_ram_disk_and_restart_matches_cold(engines: Any, tmp_path: Path)
 
 def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path) -> None:
     engine = engines(make_store(tmp_path), exact_prefill=True)
+    first_logits: list[torch.Tensor] = []
+    pick = engine._pick
+    engine._pick = lambda logits, *a: (first_logits.append(logits.clone()), pick(logits, *a))[1]  # type: ignore[method-assign]
     chat = long_chat(36)
-    engine.generate(chat, max_tokens=1)  # stores the prompt's chunks
-    ids, never = engine.tokens(chat), threading.Event()
-    cold = engine._prefill(ids, 0, DynamicCache(config=engine.model.config), never)
-    cache, loaded = engine._load(chunk_hashes(ids, CT)[: (len(ids) - 1) // CT])
-    assert loaded == (len(ids) - 1) // CT >= 2
-    assert torch.equal(engine._prefill(ids, loaded * CT, cache, never), cold)
+    cold = engine.generate(chat, max_tokens=1)  # cold: stores the prompt's chunks
+    warm = engine.generate(chat, max_tokens=1)
+    assert cold.cached_tokens == 0 and warm.cached_tokens == (cold.prompt_tokens - 1) // CT * CT >= 2 * CT
+    assert torch.equal(first_logits[0], first_logits[1])
 
 
 def test_second_turn_reuses_first_turn_chunks(engines: Any, tmp_path: Path) -> None:
@@ -308,3 +309,110 @@ def test_a_cached_turn_is_not_queued_behind_cold_prompts(engines: Any, tmp_path:
     assert finished.wait(300)
     # whichever cold prompt the worker took first, the cached one runs before the other
     assert done.index("warm") < done.index("cold-2")
+
+
+class _Recorder:
+    """Sinks that log (name, "piece" | "end") in the order the worker emits them."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.results: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+
+    def sink(self, name: str) -> Any:
+        def on(event: Any) -> None:
+            with self._lock:
+                self.log.append((name, "piece" if isinstance(event, str) else "end"))
+                if not isinstance(event, str):
+                    self.results[name] = event
+                    self._done.notify_all()
+        return on
+
+    def wait(self, n: int, timeout: float = 300) -> None:
+        with self._lock:
+            assert self._done.wait_for(lambda: len(self.results) >= n, timeout)
+
+    def first(self, name: str) -> int:
+        return next(i for i, (who, _) in enumerate(self.log) if who == name)
+
+    def end(self, name: str) -> int:
+        return self.log.index((name, "end"))
+
+
+def test_a_cached_turn_preempts_a_running_cold_prefill(engines: Any, tmp_path: Path) -> None:
+    from middleware.replica.engine import SamplingParams
+
+    engine = engines(make_store(tmp_path))
+    warm_chat = long_chat(40, "What is 3 squared?")
+    engine.generate(warm_chat, max_tokens=1)  # its chunks are now stored
+    rec, params = _Recorder(), SamplingParams(max_tokens=4)
+    cold_chat = [{"role": "system", "content": "Be brief."}, *long_chat(90, "What is 9 squared?")[1:]]  # ~1500 tokens
+    engine.submit(engine.prepare(cold_chat, params), params, rec.sink("cold"))
+    deadline = time.time() + 60
+    while engine.stats(store=False)["running"] < 1 and time.time() < deadline:
+        time.sleep(0.005)
+    engine.submit(engine.prepare(warm_chat, params), params, rec.sink("warm"))
+    rec.wait(2)
+    warm, cold = rec.results["warm"], rec.results["cold"]
+    assert warm.cached_tokens > 0 and cold.cached_tokens == 0
+    # the cached turn ran between slices of the cold prefill: its answer starts (and here even
+    # ends) before the cold prompt's first token
+    assert rec.first("warm") < rec.first("cold") and rec.end("warm") < rec.first("cold")
+    assert warm.ttft_s < cold.ttft_s
+
+
+def test_interleaved_requests_decode_together_with_solo_answers(engines: Any) -> None:
+    from middleware.replica.engine import SamplingParams
+
+    engine = engines()
+    chats = {"dragon": [{"role": "user", "content": "Write a long story about a dragon."}],
+             "ship": [{"role": "user", "content": "Write a long story about a ship."}],
+             "gone": [{"role": "user", "content": "Write a long poem about rain."}]}
+    params = SamplingParams(max_tokens=24)
+    solo = {name: engine.generate(chat, params).token_ids for name, chat in chats.items() if name != "gone"}
+    rec = _Recorder()
+    tickets = {name: engine.submit(engine.prepare(chat, params), params, rec.sink(name)) for name, chat in chats.items()}
+    deadline = time.time() + 60
+    while ("gone", "piece") not in rec.log and time.time() < deadline:
+        time.sleep(0.001)
+    tickets["gone"].cancel()
+    rec.wait(3)
+    assert rec.results["gone"].finish_reason == "cancelled" and rec.results["gone"].completion_tokens < 24
+    for name in solo:  # each request has its own KV cache: interleaving changes nothing
+        assert rec.results[name].token_ids == solo[name] and rec.results[name].finish_reason == "length"
+    # the second request did not wait for the first one's answer to end
+    assert rec.first("ship") < rec.end("dragon") and rec.first("dragon") < rec.end("ship")
+    assert engine.stats()["running"] == 0 and engine.stats()["queue_len"] == 0
+
+
+def test_max_running_one_serves_requests_one_after_another(engines: Any) -> None:
+    from middleware.replica.engine import SamplingParams
+
+    engine = engines(max_running=1)
+    params, rec = SamplingParams(max_tokens=8), _Recorder()
+    for name in ("a", "b"):
+        engine.submit(engine.prepare(FRANCE, params), params, rec.sink(name))
+    rec.wait(2)
+    assert rec.end("a") < rec.first("b") and rec.results["b"].text == rec.results["a"].text == PARIS
+    with pytest.raises(ValueError, match="max_running"):
+        engines(max_running=0)
+
+
+def test_close_cancels_started_requests_and_fails_queued_ones(model_and_tokenizer: tuple[Any, Any]) -> None:
+    from middleware.replica.engine import SamplingParams
+
+    model, tok = model_and_tokenizer
+    engine = ReplicaEngine(model, tok, None, chunk_tokens=CT, max_running=1)
+    params, rec = SamplingParams(max_tokens=200), _Recorder()
+    for name in ("started", "queued"):
+        engine.submit(engine.prepare([{"role": "user", "content": "Write a long story."}], params), params, rec.sink(name))
+    deadline = time.time() + 60
+    while ("started", "piece") not in rec.log and time.time() < deadline:
+        time.sleep(0.005)
+    engine.close()
+    rec.wait(2, timeout=30)
+    assert rec.results["started"].finish_reason == "cancelled" and rec.results["started"].completion_tokens < 200
+    assert isinstance(rec.results["queued"], RuntimeError)
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit([1, 2, 3], params, rec.sink("late"))

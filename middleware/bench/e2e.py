@@ -7,7 +7,10 @@ only route has both response-cache tiers off (exact: false, semantic disabled), 
 reaches a replica. cache_aware runs in precise mode (the router follows the replicas' KV events);
 the other policies in approximate mode.
 
-K conversations run at once, one thread each, all starting together. Conversation i opens with a
+K conversations run at once, one thread each, all starting together (a burst of cold openings) or,
+with --arrival-s, arriving one after another (seeded exponential gaps of that mean, the same
+schedule under every policy: the steady state of a service where most requests are follow-ups).
+Conversation i opens with a
 long, distinct document (between --opening-min-tokens and --opening-max-tokens tokens of
 deterministic text, spread over the conversations) and a question, then asks T-1 short follow-ups,
 each turn appending the model's (greedy) answer. Before each follow-up the "user" thinks for a
@@ -67,7 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact-prefill", action="store_true", help="pass --exact-prefill to the replicas")
     p.add_argument("--think-s", type=float, default=0.5,
                    help="mean pause before a follow-up (seeded uniform in [0, 2x]; 0 = lock step, see above)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the think times")
+    p.add_argument("--arrival-s", type=float, default=0.0,
+                   help="mean gap between conversation starts (seeded exponential; 0 = all start together)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the think times and arrivals")
     p.add_argument("--dir", type=Path, default=None, help="where the work directory (logs, KV stores) goes")
     p.add_argument("--json", type=Path, default=None)
 
@@ -90,6 +95,8 @@ def validate(args: argparse.Namespace) -> list[str]:
         bad.append("--replica-threads must be >= 1")
     if args.think_s < 0:
         bad.append("--think-s must be >= 0")
+    if args.arrival_s < 0:
+        bad.append("--arrival-s must be >= 0")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if not policies or unknown:
@@ -169,12 +176,26 @@ def stream_turn(client: httpx.Client, url: str, messages: list[dict[str, str]], 
     rec.answer = "".join(parts)
 
 
+def arrivals(k: int, mean_gap_s: float, seed: int) -> list[float]:
+    """Start offsets of k conversations: 0 for the first, then seeded exponential gaps of mean
+    `mean_gap_s` (all 0 when it is 0). The same for every policy of a run."""
+    if mean_gap_s <= 0:
+        return [0.0] * k
+    rng, at, out = random.Random(f"{seed}:arrivals"), 0.0, []
+    for i in range(k):
+        out.append(at)
+        at += rng.expovariate(1 / mean_gap_s)
+    return out
+
+
 def converse(url: str, i: int, first: list[dict[str, str]], turns: int, max_tokens: int, think_s: float,
-             seed: int, start: threading.Barrier, out: list[Turn]) -> None:
+             seed: int, start: threading.Barrier, out: list[Turn], delay_s: float = 0.0) -> None:
     messages = list(first)
     rng = random.Random(f"{seed}:{i}")
     with httpx.Client(timeout=httpx.Timeout(600.0), headers={"authorization": "Bearer e2e"}) as client:
         start.wait()
+        if delay_s:
+            time.sleep(delay_s)
         for t in range(turns):
             pause = rng.uniform(0, 2 * think_s)
             if t and pause:
@@ -249,8 +270,10 @@ def run_policy(policy: str, args: argparse.Namespace, firsts: list[list[dict[str
         records: list[Turn] = []
         barrier = threading.Barrier(args.conversations)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        starts = arrivals(args.conversations, args.arrival_s, args.seed)
         workers = [threading.Thread(target=converse, args=(url, i, firsts[i], args.turns, args.max_tokens,
-                                                           args.think_s, args.seed, barrier, records), daemon=True)
+                                                           args.think_s, args.seed, barrier, records, starts[i]),
+                                    daemon=True)
                    for i in range(args.conversations)]
         t_run = time.perf_counter()
         for w in workers:
@@ -281,6 +304,7 @@ def run_policy(policy: str, args: argparse.Namespace, firsts: list[list[dict[str
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
         "ttft_p50_s": pct(ttfts, 0.5), "ttft_p99_s": pct(ttfts, 0.99),
         "ttft_by_turn_mean_s": [statistics.fmean(x) if x else None for x in by_turn],
+        "ttft_mean_follow_ups_s": statistics.fmean(later) if (later := [x for ts in by_turn[1:] for x in ts]) else None,
         "prompt_tokens": int(prompt), "cached_tokens": int(cached), "prefill_tokens_computed": int(prompt - cached),
         "hit_rate": cached / prompt if prompt else 0.0,
         "requests_per_replica": [int(x) for x in delta("requests")],
@@ -310,7 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_tokens": args.max_tokens, "opening_tokens": [n for _, n in first], "chunk_tokens": args.chunk_tokens,
         "kv_ram_mb": args.kv_ram_mb, "kv_disk_mb": args.kv_disk_mb, "kv_tail_mb": args.kv_tail_mb,
         "replica_threads": threads,
-        "exact_prefill": args.exact_prefill, "think_s": args.think_s, "seed": args.seed,
+        "exact_prefill": args.exact_prefill, "think_s": args.think_s, "arrival_s": args.arrival_s, "seed": args.seed,
         "machine": machine_info(work), "policies": {}, "requests_detail": {},
     }
     answers: dict[str, dict[tuple[int, int], str]] = {}
@@ -325,6 +349,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ca, rr = result["policies"].get("cache_aware"), result["policies"].get("round_robin")
     if ca and rr and rr["ttft_mean_s"] > 0:
         result["ttft_mean_ratio_cache_aware_over_round_robin"] = ca["ttft_mean_s"] / rr["ttft_mean_s"]
+        if ca["ttft_mean_follow_ups_s"] is not None and rr["ttft_mean_follow_ups_s"]:
+            result["ttft_mean_follow_ups_ratio_cache_aware_over_round_robin"] = (
+                ca["ttft_mean_follow_ups_s"] / rr["ttft_mean_follow_ups_s"])
         result["prefill_tokens_ratio_cache_aware_over_round_robin"] = (
             ca["prefill_tokens_computed"] / rr["prefill_tokens_computed"] if rr["prefill_tokens_computed"] else None)
     if len(answers) > 1:  # greedy: the same conversations should get the same answers under any routing
@@ -350,6 +377,9 @@ def main(args: argparse.Namespace) -> int:
               f"{s['prefill_tokens_computed']:10d} {s['cached_tokens']:8d} {s['prompt_tokens']:8d} {s['errors']:6d}")
     if "ttft_mean_ratio_cache_aware_over_round_robin" in result:
         print(f"ttft mean cache_aware / round_robin: {result['ttft_mean_ratio_cache_aware_over_round_robin']:.2f}")
+    if "ttft_mean_follow_ups_ratio_cache_aware_over_round_robin" in result:
+        print(f"ttft mean of follow-up turns (2..T) cache_aware / round_robin: "
+              f"{result['ttft_mean_follow_ups_ratio_cache_aware_over_round_robin']:.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -1,4 +1,4 @@
-"""ReplicaEngine: one CPU model behind a KV chunk store, one request at a time (no HTTP here).
+"""ReplicaEngine: one CPU model behind a KV chunk store, requests interleaved step by step (no HTTP here).
 
 Per request
     1. messages → the model's chat template → token ids, through index.tokenizer.HFChatTokenizer
@@ -8,10 +8,9 @@ Per request
        with block_size = chunk_tokens they equal the router's index.hashing block hashes).
     3. store.longest_prefix → store.get_many → a transformers DynamicCache holding the loaded
        chunks' keys/values concatenated along the token axis.
-    4. prefill ONLY the prompt tokens after the loaded ones (in slices of up to PREFILL_SLICE
-       tokens, or of exactly one chunk with exact_prefill: see _prefill), then decode token by
-       token with our own loop over the model (greedy by default; temperature / top_p sampling
-       with an optional seed; max_tokens; stop strings; EOS).
+    4. prefill ONLY the prompt tokens after the loaded ones, in slices (see Scheduling), then
+       decode token by token with our own loop over the model (greedy by default; temperature /
+       top_p sampling with an optional seed; max_tokens; stop strings; EOS).
     5. slice every full chunk of (prompt + answer) tokens out of the final cache that the store
        does not already have and put_many them; announce them through on_stored.
 
@@ -23,13 +22,27 @@ Invariants
   len(prompt) - 1 rounded down to whole chunks (the model needs a new token to produce logits).
 - Only tokens whose KV is in the cache are stored: the last sampled token (EOS, the
   max_tokens-th token, or one after a cancel) is never fed back, so it is not part of a chunk.
-- One request runs at a time on the engine's single worker thread, least uncached prompt first
-  with aging (scheduling.py: a cached next turn is not queued behind cold prompts, and a long
-  prompt is passed over for at most its prefill time); callers never touch the model. A cancelled request stops within one decode step or one
-  prefill slice (or is skipped if it has not started) and still stores the full chunks it
-  computed.
+- Callers never touch the model: one worker thread owns it and every request's KV cache. A
+  cancelled request stops within one step (or is skipped if it has not started) and still
+  stores the full chunks it computed.
 - With exact_prefill, a run that loads KV from the store computes bit for bit the logits of a
-  cold run (see _prefill); without it they agree up to float rounding.
+  cold run; without it they agree up to float rounding (~1e-5 in the logits), which in practice
+  leaves greedy output unchanged. exact_prefill feeds the prompt in slices of exactly one chunk
+  starting at a chunk boundary, so a cold run computes chunk i's KV, and every later slice, with
+  the same forward shapes over the same inputs as a run that loads chunks 0..i-1.
+
+Scheduling (the CPU analogue of chunked prefill with prefill priority)
+    Up to max_running requests are started at once, each with its own KV cache. The worker loops:
+    admit what was submitted; feed one prefill slice of the started-or-waiting request with the
+    least remaining uncached prefill, aged (scheduling.priority: a request is passed over for at
+    most its own prefill time); then advance every decoding request by one token. A slice is
+    PREEMPT_SLICE tokens while anything else is started or waiting, so a cached next turn (tens
+    of tokens to prefill) waits for at most one slice of someone's cold prompt or one round of
+    decode steps, never for a whole cold prefill or answer; alone, a request is fed PREFILL_SLICE
+    tokens per forward (bigger forwards are faster on the CPU: 2048 tokens in 128-token slices
+    cost ~20% more than in one forward, in 512-token ~10%). The price of prefill priority on a
+    CPU, which cannot batch the decode steps into the prefill forward as a GPU does: while a cold
+    prompt is being prefilled, the requests already decoding advance one token per slice.
 
 Events
     on_stored(hashes, token_ids, parent) follows vLLM's BlockStored with block_size =
@@ -61,14 +74,15 @@ from index.prompt import PromptHasher
 from index.tokenizer import HFChatTokenizer
 from middleware.errors import BadRequest
 from middleware.replica.model import model_namespace
-from middleware.replica.scheduling import JobQueue
+from middleware.replica.scheduling import MAX_RUNNING, JobQueue, priority
 from middleware.replica.tails import Tail, TailCache
 
 log = logging.getLogger("kvgate.replica")
 
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 4096  # per request; SmolLM2's context is 8192
-PREFILL_SLICE = 2048  # tokens per prefill forward (rounded down to whole chunks) unless exact_prefill
+PREFILL_SLICE = 512  # tokens per prefill forward when nothing else waits (whole chunks), unless exact_prefill
+PREEMPT_SLICE = 128  # ... while other requests wait (at most one chunk), unless exact_prefill
 ANNOUNCED_MEMORY = 1 << 16  # chunk hashes an engine remembers having announced
 
 StoredCallback = Callable[[list[BlockHash], list[int], BlockHash | None], None]
@@ -140,8 +154,31 @@ class _Job:
     params: SamplingParams
     max_tokens: int
     sink: Sink
+    estimate: int = 0  # prompt tokens not in the store when submitted (scheduling key)
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Run:
+    """A started request on the worker: its KV cache and how far it has got."""
+
+    job: _Job
+    started: float
+    cache: Any
+    loaded: int  # chunks loaded from the store
+    cached: int  # prompt tokens whose KV was loaded (chunks + tail)
+    pos: int  # next prompt token to feed
+    load_s: float
+    gen: torch.Generator | None
+    detok: "_Detokenizer"
+    stops: "_StopMatcher"
+    prefill_s: float = 0.0
+    decoding: bool = False  # the prompt is fed and the first token picked
+    answer: list[int] = field(default_factory=list)
+    finish: str = "length"
+    ttft_s: float = 0.0
+    t_decode: float = 0.0
 
 
 class Ticket:
@@ -284,9 +321,13 @@ class ReplicaEngine:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         exact_prefill: bool = False,
         tail_bytes: int = 256 << 20,
+        max_running: int = MAX_RUNNING,
     ) -> None:
         if chunk_tokens <= 0:
             raise ValueError("chunk_tokens must be positive")
+        if max_running < 1:
+            raise ValueError("max_running must be >= 1")
+        self.max_running = max_running
         self.model = model
         self.tokenizer = tokenizer
         self.namespace = namespace or model_namespace(model)
@@ -299,6 +340,7 @@ class ReplicaEngine:
         self.default_max_tokens = default_max_tokens
         self.exact_prefill = exact_prefill
         self.prefill_slice = chunk_tokens if exact_prefill else max(chunk_tokens, PREFILL_SLICE // chunk_tokens * chunk_tokens)
+        self.preempt_slice = chunk_tokens if exact_prefill else min(chunk_tokens, PREEMPT_SLICE)
         self.chat = HFChatTokenizer(tokenizer, self.namespace)
         self._hasher = PromptHasher(self.chat, chunk_tokens)  # for its segment-ids cache
         cfg = model.config
@@ -316,7 +358,7 @@ class ReplicaEngine:
         self._counters = _Counters()
         self._state = threading.Lock()  # guards _pending and requests (touched by callers)
         self._pending = 0
-        self._running = False
+        self._running = 0  # started requests (written by the worker only)
         self._jobs: JobQueue[_Job] = JobQueue()  # least prefill first, with aging (scheduling.py)
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="kvgate-replica-engine", daemon=True)
@@ -342,11 +384,12 @@ class ReplicaEngine:
         then exactly once with the Completion or an exception; it must not block for long."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        job = _Job(tokens=list(tokens), params=params, max_tokens=self._max_tokens(len(tokens), params), sink=sink)
+        job = _Job(tokens=list(tokens), params=params, max_tokens=self._max_tokens(len(tokens), params), sink=sink,
+                   estimate=self._prefill_estimate(list(tokens)))
         with self._state:
             self._pending += 1
             self._counters.requests += 1
-        self._jobs.put(job, self._prefill_estimate(job.tokens))
+        self._jobs.put(job, job.estimate)
         return Ticket(job)
 
     def stream(self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, **kwargs: Any) -> TokenStream:
@@ -372,7 +415,7 @@ class ReplicaEngine:
             "hit_rate": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
             "completion_tokens": c.completion_tokens, "stored_chunks": c.stored_chunks,
             "prefill_s": round(c.prefill_s, 6), "load_s": round(c.load_s, 6),
-            "queue_len": max(0, self._pending - self._running), "running": int(self._running),
+            "queue_len": max(0, self._pending - self._running), "running": self._running,
             "chunk_tokens": self.chunk_tokens, "namespace": self.namespace, "tails": self.tails.stats(),
         }
         if store and self.store is not None:
@@ -387,7 +430,8 @@ class ReplicaEngine:
             self._emit(self.on_removed, held)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the worker after the running request (queued ones are cancelled)."""
+        """Stop the worker: started requests end as cancelled (their computed chunks are stored),
+        queued ones get an error."""
         if self._closed:
             return
         self._closed = True
@@ -409,120 +453,227 @@ class ReplicaEngine:
         return params.max_tokens
 
     def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
+        """The scheduling loop (see the module docstring): admit, one prefill slice for the most
+        urgent prefilling request, one decode step per decoding request, repeat."""
+        runs: list[_Run] = []
+        waiting: list[tuple[_Job, int]] = []  # (job, estimated prefill tokens), not started yet
+        stopping = False
+        while not stopping:
+            try:
+                stopping = self._admit(waiting, block=not runs and not waiting)
+            except Exception:  # pragma: no cover - the queue itself does not fail
+                log.exception("replica queue failed")
+            if stopping:
                 break
-            if self._closed:
-                with self._state:
-                    self._pending -= 1
-                job.sink(RuntimeError("engine closed"))
-                continue
-            self._running = True
-            try:
-                result: Event = self._run(job)
-            except Exception as exc:  # report to the caller, keep serving
-                log.exception("replica request failed")
-                self._counters.failed += 1
-                result = exc
-            finally:
-                self._running = False
-                with self._state:
-                    self._pending -= 1
-            try:
-                job.sink(result)
-            except Exception:
-                log.exception("replica result sink failed")
-        while True:  # drain: whoever still waits gets an answer
+            waiting = [w for w in waiting if not self._drop_if_cancelled(w[0])]
+            decoding = [r for r in runs if r.decoding]
+            pick = self._pick_prefill(runs, waiting)
+            if isinstance(pick, _Job):
+                waiting = [w for w in waiting if w[0] is not pick]
+                pick = self._start(pick, runs)
+            if pick is not None:
+                contended = len(runs) > 1 or bool(waiting) or len(self._jobs) > 0
+                self._step(runs, pick, lambda r: self._prefill_step(r, contended))
+            for run in decoding:
+                self._step(runs, run, self._decode_step)
+        self._running = 0
+        for run in list(runs):  # close(): what has started ends as cancelled, its computed chunks kept
+            run.job.cancelled.set()
+            self._step(runs, run, self._decode_step)
+        leftovers = [job for job, _ in waiting]
+        while True:
             try:
                 job = self._jobs.get_nowait()
             except LookupError:
                 break
             if job is not None:
-                job.sink(RuntimeError("engine closed"))
+                leftovers.append(job)
+        for job in leftovers:  # whoever still waits gets an answer
+            with self._state:
+                self._pending -= 1
+            self._deliver(job, RuntimeError("engine closed"))
 
-    def _run(self, job: _Job) -> Completion:
+    def _admit(self, waiting: list[tuple[_Job, int]], block: bool) -> bool:
+        """Move submitted jobs into `waiting`; True when the stop sentinel came (close())."""
+        first = True
+        while True:
+            try:
+                job = self._jobs.get() if block and first else self._jobs.get_nowait()
+            except LookupError:
+                return False
+            first = False
+            if job is None:
+                return True
+            waiting.append((job, job.estimate))
+
+    def _drop_if_cancelled(self, job: _Job) -> bool:
+        """End a job cancelled before it started (nothing computed, nothing to store)."""
+        if not job.cancelled.is_set():
+            return False
+        n = len(job.tokens)
+        self._counters.cancelled += 1
+        with self._state:
+            self._pending -= 1
+        self._deliver(job, Completion("", "cancelled", n, 0, 0, 0, time.perf_counter() - job.arrived,
+                                      0.0, 0.0, 0.0, 0.0, 0.0))
+        return True
+
+    def _pick_prefill(self, runs: list["_Run"], waiting: list[tuple[_Job, int]]) -> "_Run | _Job | None":
+        """The prefilling run or waiting job with the least aged remaining prefill
+        (scheduling.priority, where waiting is time not spent on the request itself, so a
+        running prompt does not earn credit for being computed); a waiting job only while fewer
+        than max_running have started."""
+        now = time.perf_counter()
+        options: list[tuple[float, float, _Run | _Job]] = [
+            (priority(len(r.job.tokens) - r.pos, now - r.job.arrived - r.load_s - r.prefill_s, self._jobs.aging),
+             r.job.arrived, r)
+            for r in runs if not r.decoding]
+        if len(runs) < self.max_running:
+            options += [(priority(est, now - job.arrived, self._jobs.aging), job.arrived, job) for job, est in waiting]
+        if not options:
+            return None
+        return min(options, key=lambda o: (o[0], o[1]))[2]
+
+    def _start(self, job: _Job, runs: list["_Run"]) -> "_Run | None":
+        """Load the job's longest stored prefix and make it a run (None if loading failed)."""
+        try:
+            run = self._begin(job)
+        except Exception as exc:
+            self._fail(job, exc)
+            return None
+        runs.append(run)
+        self._running = len(runs)
+        return run
+
+    def _step(self, runs: list["_Run"], run: "_Run", step: Callable[["_Run"], bool]) -> None:
+        """Advance `run` by one step; when it is done, store its chunks and answer its caller."""
+        try:
+            done = step(run)
+            result: Event | None = self._finish(run) if done else None
+        except Exception as exc:  # report to the caller, keep serving the others
+            done, result = True, exc
+            log.exception("replica request failed")
+            self._counters.failed += 1
+        if not done:
+            return
+        runs.remove(run)
+        self._running = len(runs)
+        with self._state:
+            self._pending -= 1
+        assert result is not None
+        self._deliver(run.job, result)
+
+    def _fail(self, job: _Job, exc: Exception) -> None:
+        log.error("replica request failed: %s", exc, exc_info=exc)
+        self._counters.failed += 1
+        with self._state:
+            self._pending -= 1
+        self._deliver(job, exc)
+
+    @staticmethod
+    def _deliver(job: _Job, result: Event) -> None:
+        try:
+            job.sink(result)
+        except Exception:
+            log.exception("replica result sink failed")
+
+    def _begin(self, job: _Job) -> "_Run":
+        """Load the longest stored prefix (never the whole prompt: one token must be fed)."""
         started = time.perf_counter()
-        queue_s = started - job.arrived
         tokens, ct = job.tokens, self.chunk_tokens
         n = len(tokens)
         hashes = chunk_hashes(tokens, ct)
-        if job.cancelled.is_set():
-            self._counters.cancelled += 1
-            return Completion("", "cancelled", n, 0, 0, 0, queue_s, 0.0, 0.0, 0.0, 0.0, 0.0)
-
-        # 1. load the longest stored prefix (never the whole prompt: one token must be fed)
-        loadable = hashes[: (n - 1) // ct]
-        cache, loaded = self._load(loadable)
+        cache, loaded = self._load(hashes[: (n - 1) // ct])
         cached = loaded * ct
         tail = self.tails.best(hashes[loaded - 1] if loaded else None, tokens[cached:], n - 1 - cached)
         if tail is not None:
             cache = self._extend(cache, tail)
             cached += len(tail.tokens)
-        load_s = time.perf_counter() - started
+        gen = None
+        if job.params.temperature:
+            gen = torch.Generator()
+            gen.manual_seed(job.params.seed) if job.params.seed is not None else gen.seed()
+        return _Run(job=job, started=started, cache=cache, loaded=loaded, cached=cached, pos=cached,
+                    load_s=time.perf_counter() - started, gen=gen, detok=_Detokenizer(self.tokenizer),
+                    stops=_StopMatcher(job.params.stop))
 
-        # 2. prefill the rest (in slices, see _prefill)
-        params = job.params
-        answer: list[int] = []
-        finish, ttft_s, decode_s = "cancelled", 0.0, 0.0
+    def _prefill_step(self, run: "_Run", contended: bool) -> bool:
+        """Feed the next slice of the prompt; after the last one, pick the first token. Slices are
+        `preempt_slice` tokens while anything else is started or waiting, else `prefill_slice`.
+        True when the run is done (cancelled, or a one-token answer)."""
+        if run.job.cancelled.is_set():
+            run.finish = "cancelled"
+            return True
+        step = self.preempt_slice if contended else self.prefill_slice
+        tokens = run.job.tokens
         t0 = time.perf_counter()
-        logits = self._prefill(tokens, cached, cache, job.cancelled)
-        prefill_s = time.perf_counter() - t0
+        logits = self._forward(tokens[run.pos : run.pos + step], run.cache)
+        run.pos = min(len(tokens), run.pos + step)
+        run.prefill_s += time.perf_counter() - t0
+        if run.pos < len(tokens):
+            return False
+        run.decoding = True
+        run.t_decode = time.perf_counter()
+        return self._accept(run, self._pick(logits, run.job.params, run.gen))
 
-        # 3. decode
-        if logits is not None:
-            gen = None
-            if params.temperature:
-                gen = torch.Generator()
-                gen.manual_seed(params.seed) if params.seed is not None else gen.seed()
-            detok, stops = _Detokenizer(self.tokenizer), _StopMatcher(params.stop)
-            finish = "length"
-            t_decode = time.perf_counter()
-            while True:
-                token = self._pick(logits, params, gen)
-                if not answer:
-                    ttft_s = time.perf_counter() - job.arrived
-                if token in self._eos:
-                    finish = "stop"
-                    break
-                answer.append(token)
-                piece = stops.feed(detok.add(token))
-                if piece:
-                    job.sink(piece)
-                if stops.stopped:
-                    finish = "stop"
-                    break
-                if len(answer) >= job.max_tokens:
-                    break
-                if job.cancelled.is_set():
-                    finish = "cancelled"
-                    break
-                logits = self._forward([token], cache)
-            rest = stops.flush()
-            if rest and finish != "cancelled":
+    def _decode_step(self, run: "_Run") -> bool:
+        """Feed the last answer token and pick the next; True when the run is done."""
+        if run.job.cancelled.is_set():
+            run.finish = "cancelled"
+            return True
+        logits = self._forward([run.answer[-1]], run.cache)
+        return self._accept(run, self._pick(logits, run.job.params, run.gen))
+
+    def _accept(self, run: "_Run", token: int) -> bool:
+        """Take a sampled token: EOS, stop string, max_tokens or a cancel end the run (the token
+        that ends it is never fed back, so the cache holds KV for prompt + answer[:-1] at most)."""
+        job = run.job
+        if run.ttft_s == 0.0:
+            run.ttft_s = time.perf_counter() - job.arrived
+        if token in self._eos:
+            run.finish = "stop"
+            return True
+        run.answer.append(token)
+        piece = run.stops.feed(run.detok.add(token))
+        if piece:
+            job.sink(piece)
+        if run.stops.stopped:
+            run.finish = "stop"
+        elif len(run.answer) >= job.max_tokens:
+            run.finish = "length"
+        elif job.cancelled.is_set():
+            run.finish = "cancelled"
+        else:
+            return False
+        return True
+
+    def _finish(self, run: "_Run") -> Completion:
+        """Store the new full chunks of prompt + answer, keep the partial one after them, count."""
+        job, answer = run.job, run.answer
+        tokens = job.tokens
+        if run.decoding:
+            rest = run.stops.flush()
+            if rest and run.finish != "cancelled":
                 job.sink(rest)
-            decode_s = time.perf_counter() - t_decode
-        text = stops.text if logits is not None else ""
-
-        # 4. store the new full chunks of prompt + answer, and keep the partial one after them
+        decode_s = time.perf_counter() - run.t_decode if run.decoding else 0.0
         t0 = time.perf_counter()
-        stored = self._store(tokens + answer, cache, loaded)
-        self._keep_tail(tokens + answer, cache)
+        stored = self._store(tokens + answer, run.cache, run.loaded)
+        self._keep_tail(tokens + answer, run.cache)
         store_s = time.perf_counter() - t0
-
         c = self._counters
-        c.prompt_tokens += n
-        c.cached_tokens += cached
+        c.prompt_tokens += len(tokens)
+        c.cached_tokens += run.cached
         c.completion_tokens += len(answer)
-        c.prefill_s += prefill_s
-        c.load_s += load_s
-        if finish == "cancelled":
+        c.prefill_s += run.prefill_s
+        c.load_s += run.load_s
+        if run.finish == "cancelled":
             c.cancelled += 1
         else:
             c.completed += 1
-        return Completion(text=text, finish_reason=finish, prompt_tokens=n, cached_tokens=cached,
-                          completion_tokens=len(answer), stored_chunks=stored, queue_s=queue_s, load_s=load_s,
-                          prefill_s=prefill_s, ttft_s=ttft_s, decode_s=decode_s, store_s=store_s,
+        return Completion(text=run.stops.text if run.decoding else "", finish_reason=run.finish,
+                          prompt_tokens=len(tokens), cached_tokens=run.cached, completion_tokens=len(answer),
+                          stored_chunks=stored, queue_s=run.started - job.arrived, load_s=run.load_s,
+                          prefill_s=run.prefill_s, ttft_s=run.ttft_s, decode_s=decode_s, store_s=store_s,
                           token_ids=tuple(answer))
 
     def _prefill_estimate(self, tokens: list[int]) -> int:
@@ -582,25 +733,6 @@ class ReplicaEngine:
         return len(chunk) == self._n_layers and all(
             tuple(k.shape) == self._kv_shape and tuple(v.shape) == self._kv_shape and k.dtype == self.model.dtype
             for k, v in chunk)
-
-    def _prefill(self, tokens: list[int], start: int, cache: Any, cancelled: threading.Event) -> torch.Tensor | None:
-        """Feed tokens[start:] in slices of `prefill_slice` tokens; logits of the last token, or
-        None if cancelled between slices (so a cancel is noticed within one slice's prefill).
-
-        With exact_prefill the slices are exactly the store's chunks (start is a chunk boundary),
-        which makes prefix caching exact: a cold run computes chunk i's KV, and every later
-        slice, with the same forward shapes over the same inputs as a run that loads chunks
-        0..i-1 from the store, so the two agree bit for bit on the CPU. Without it, prompts of up
-        to PREFILL_SLICE tokens are fed in one forward (the fastest cold path: ~25% faster than
-        256-token slices for 2k tokens on 2 cores); loaded and cold runs then differ by float
-        rounding (~1e-5 in the logits), which in practice leaves greedy output unchanged.
-        """
-        step, logits = self.prefill_slice, None
-        for a in range(start, len(tokens), step):
-            if a > start and cancelled.is_set():
-                return None
-            logits = self._forward(tokens[a : a + step], cache)
-        return logits
 
     def _forward(self, ids: list[int], cache: Any) -> torch.Tensor:
         """Feed `ids` after what `cache` holds (extending it in place); logits of the last one."""

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
+MAX_RUNNING = 8  # requests a replica interleaves (each holds its KV cache: ~46 KB per token for SmolLM2-135M)
 AGING_TOKENS_PER_S = 400.0  # ~ what one CPU thread prefills per second for SmolLM2-135M
 
 

@@ -17,9 +17,9 @@ Endpoints
     counters), GET /metrics (Prometheus text, one registry per app).
 Every response carries `x-kvgate-replica: NAME`. Bad input gets a 400 in OpenAI's error format.
 
-The model runs on the engine's own worker thread, one request at a time in arrival order; the
-event loop only tokenizes (in a thread) and relays text pieces, so /health answers during a long
-prefill.
+The model runs on the engine's own worker thread, which interleaves up to --max-running requests
+step by step (prefill slices and decode steps; see middleware.replica.engine); the event loop only
+tokenizes (in a thread) and relays text pieces, so /health answers during a long prefill.
 
 KV events: with --events-endpoint the replica publishes BlockStored in vLLM's format (block_size =
 --chunk-tokens) through index.kv_events.ZmqEventPublisher; see middleware.replica.engine for what
@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from middleware.errors import BadRequest
+from middleware.replica.scheduling import MAX_RUNNING
 from middleware.replica.sim import ChatCall, ReplicaHeader, parse_chat, publisher_callbacks
 
 if TYPE_CHECKING:  # the engine pulls in torch: imported where used, so `kvgate --help` stays quick
@@ -287,6 +288,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact-prefill", action="store_true",
                         help="prefill in chunk-sized slices: KV loaded from the store then gives bit-identical logits "
                              "to a cold run (cold prefill ~25%% slower)")
+    parser.add_argument("--max-running", type=int, default=MAX_RUNNING,
+                        help="requests started at once, interleaved step by step (each holds its KV in RAM)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
@@ -319,6 +322,9 @@ def run(args: argparse.Namespace) -> int:
     if args.chunk_tokens <= 0:
         print("kvgate replica: error: --chunk-tokens must be positive", file=sys.stderr)
         return 2
+    if args.max_running < 1:
+        print("kvgate replica: error: --max-running must be >= 1", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     publisher = store = engine = None
@@ -338,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
             cb = publisher_callbacks(publisher, args.chunk_tokens)
             callbacks = {"on_stored": cb["on_stored"], "on_removed": cb["on_removed"]}
         engine = ReplicaEngine(model, tokenizer, store, chunk_tokens=args.chunk_tokens, tail_bytes=args.kv_tail_mb << 20,
-                               exact_prefill=args.exact_prefill, **callbacks)
+                               exact_prefill=args.exact_prefill, max_running=args.max_running, **callbacks)
         engine.generate([{"role": "user", "content": "hi"}], max_tokens=1)  # warm-up: first forward is slow
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvgate replica: error: {exc}", file=sys.stderr)

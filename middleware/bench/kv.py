@@ -258,6 +258,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log = lambda msg: print(f"[kv] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     if args.threads:
         torch.set_num_threads(args.threads)
+    from index.chunks.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as `kvgate replica` does at start
     t_start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="kvgate-bench-kv-", dir=args.dir))

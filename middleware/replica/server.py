@@ -316,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
+    from index.chunks.allocator import keep_freed_memory
     from middleware.replica.engine import ReplicaEngine
     from middleware.replica.model import load_model, model_namespace
 
@@ -327,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # chunk buffers reused, not faulted back in page by page (index.chunks.allocator)
     publisher = store = engine = None
     try:
         model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))

@@ -4,8 +4,10 @@ Two modes, one required:
 
 * `--pairs FILE.csv` (columns question1, question2, is_duplicate): every question1 goes into one
   scope of a SemanticIndex, every question2 is looked up (top-1). A hit (similarity >= threshold)
-  is correct only when it returns that pair's own entry and the pair is a duplicate;
-  precision = correct hits / hits, recall = correct hits / duplicate pairs. A threshold sweep comes
+  is correct when it returns that pair's own entry and the pair is a duplicate, or another pair's
+  entry whose question is the same text or linked to the new one by labelled duplicates (never
+  when the file labels the two non-duplicate; middleware.tuning.equivalence);
+  precision = correct hits / hits, recall = correct hits on duplicate pairs / duplicate pairs. A threshold sweep comes
   from the same top-1 results. Lookup latency (one embedding + one search, one query at a time)
   is measured on the first --latency-queries question2. GPTCache runs on the same pairs with the
   same embedder (middleware.bench.gptcache_anchor) and is scored by the same code.
@@ -247,19 +249,25 @@ def score(pairs: Sequence[Pair], top: Sequence[TopHit | None], threshold: float)
     `top[i]` is the answer to pair i's question2 (None: the index returned nothing); it is a hit when
     its similarity reaches the threshold. precision is None without hits, recall None without duplicates.
     """
-    duplicates = sum(p.duplicate for p in pairs)
-    hits = correct = 0
-    for i, (pair, found) in enumerate(zip(pairs, top)):
+    from middleware.tuning.equivalence import Equivalence, credited
+
+    q1, q2, dup = [p.question1 for p in pairs], [p.question2 for p in pairs], [p.duplicate for p in pairs]
+    eq = Equivalence(zip(q1, q2, dup))
+    duplicates = sum(dup)
+    hits = correct = answered = 0
+    for i, found in enumerate(top):
         if found is None or found.similarity < threshold:
             continue
         hits += 1
-        correct += found.pair == i and pair.duplicate
+        if credited(i, found.pair, q1, q2, dup, eq):
+            correct += 1
+            answered += dup[i]
     return {
         "threshold": threshold,
         "hits": hits,
         "correct_hits": correct,
         "precision": round(correct / hits, 4) if hits else None,
-        "recall": round(correct / duplicates, 4) if duplicates else None,
+        "recall": round(answered / duplicates, 4) if duplicates else None,
     }
 
 
@@ -350,7 +358,9 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
     p50, p99 = percentiles_ms(latencies)
     notes = [
         f"embedder {embedder.name}; all question1 in one scope of a SemanticIndex ({index_kind} FAISS inner product)",
-        "a hit is correct only when top-1 is the pair's own entry and the pair is a duplicate",
+        "a hit is correct when top-1 is the pair's own entry and the pair is a duplicate, or another pair's entry "
+        "whose question is the same text or linked by labelled duplicates (middleware.tuning.equivalence); "
+        "recall counts correct hits on duplicate pairs",
         "precision pass: question2 embedded in batches, then one index.search(k=1) each; "
         "latency pass: one embed + one search per query, one at a time, after a warm-up of "
         f"{len(warmup)} queries",

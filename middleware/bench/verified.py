@@ -18,6 +18,7 @@ from index.verifier import Verifier
 from middleware.bench.stats import percentiles_ms
 from middleware.tuning import calibrate
 from middleware.tuning.calibrate import Candidates
+from middleware.tuning.equivalence import Equivalence, credited
 from middleware.verification import SemanticSettings, choose, to_verify
 
 
@@ -59,7 +60,11 @@ def run_verified(
         scores[q][i] = float(p)
     served = [choose(s, floors[: len(s)], sc, settings) for s, sc in zip(sims, scores)]
     hits = sum(pos is not None for pos in served)
-    correct = sum(pos is not None and ids[q][pos] == q and duplicate[q] for q, pos in enumerate(served))
+    eq, dup = Equivalence(zip(questions, queries, duplicate)), [bool(d) for d in duplicate]
+    q1, q2 = list(questions), list(queries)
+    ok = [pos is not None and credited(q, ids[q][pos], q1, q2, dup, eq) for q, pos in enumerate(served)]
+    correct = sum(ok)
+    answered = sum(o and d for o, d in zip(ok, dup))
     rejected = sum(pos is None and bool(sc) for pos, sc in zip(served, scores))
     duplicates = sum(duplicate)
 
@@ -79,6 +84,8 @@ def run_verified(
         np.array([s + [np.nan] * (width - len(s)) for s in sims], dtype=np.float32).reshape(len(ids), width),
         np.array([[sc.get(i, np.nan) for i in range(width)] for sc in scores], dtype=np.float32).reshape(len(ids), width),
         np.asarray(duplicate, dtype=bool),
+        np.array([[i >= 0 and credited(q, i, q1, q2, dup, eq) for i in r + [-1] * (width - len(r))] for q, r in enumerate(ids)],
+                 dtype=bool).reshape(len(ids), width),
     )
     curve = calibrate.curve(calibrate.sweep(cand, [settings.threshold]))
     return {
@@ -88,7 +95,7 @@ def run_verified(
         "hits": hits,
         "correct_hits": correct,
         "precision": round(correct / hits, 4) if hits else None,
-        "recall": round(correct / duplicates, 4) if duplicates else None,
+        "recall": round(answered / duplicates, 4) if duplicates else None,
         "precision_95ci": calibrate.wilson_interval(correct, hits),
         "verifier_rejections": rejected,
         "verified_pairs": len(todo),

@@ -2,9 +2,10 @@
 
 The setting is the cache's own: each pair's question1 is a cached entry, each question2 a lookup
 that sees its top-k entries by cosine. A lookup's outcome at (c, v) is decided by `serve` (the
-same rule the pipeline applies, middleware.verification.choose); it is correct only when the
-served entry is the pair's own and the pair is a duplicate. Precision = correct / hits,
-recall = correct / duplicates.
+same rule the pipeline applies, middleware.verification.choose); whether it is correct is decided
+by middleware.tuning.equivalence.credited (the pair's own entry by its label; another pair's entry
+when its question is the same text or labelled duplicates link the two). Precision = correct /
+hits, recall = correct hits on duplicate pairs / duplicates.
 
 `sweep` scores every grid point in one vectorised pass; `pick` takes the point with the best
 recall whose precision meets the target on at least `min_hits` hits.
@@ -30,10 +31,14 @@ class Candidates:
     cosine: np.ndarray  # float32
     prob: np.ndarray  # float32 verifier probability (nan where not scored)
     duplicate: np.ndarray  # bool, (n,): the lookup's pair is a duplicate
+    credit: np.ndarray | None = None  # (n, k) bool: serving this candidate is correct (equivalence.credited)
 
     @property
     def correct(self) -> np.ndarray:
-        """(n, k) bool: this candidate is the lookup's own entry and the pair is a duplicate."""
+        """(n, k) bool: serving this candidate is correct (without `credit`: it is the lookup's
+        own entry and the pair is a duplicate)."""
+        if self.credit is not None:
+            return self.credit
         own = self.entry == np.arange(len(self.entry))[:, None]
         return own & self.duplicate[:, None]
 
@@ -62,9 +67,11 @@ def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, f
     return round(centre - half, 4), round(centre + half, 4)
 
 
-def _point(c: float, v: float | None, hits: int, correct: int, duplicates: int) -> Point:
+def _point(c: float, v: float | None, hits: int, correct: int, duplicates: int, answered: int | None = None) -> Point:
+    """`answered`: correct hits on duplicate pairs (the recall numerator; default `correct`)."""
+    answered = correct if answered is None else answered
     return Point(round(float(c), 4), None if v is None else round(float(v), 6), int(hits), int(correct),
-                 round(float(correct) / hits, 4) if hits else None, round(float(correct) / duplicates, 4) if duplicates else None)
+                 round(float(correct) / hits, 4) if hits else None, round(float(answered) / duplicates, 4) if duplicates else None)
 
 
 def verifier_grid(prob: np.ndarray, size: int = VERIFIER_GRID_SIZE) -> np.ndarray:
@@ -80,12 +87,13 @@ def sweep(c: Candidates, cosine_grid: Sequence[float] = COSINE_GRID, with_verifi
     """Every grid point's hits/precision/recall. Without verifier: top-1 by cosine only."""
     duplicates = int(c.duplicate.sum())
     correct = c.correct
+    dup = c.duplicate
     cos = np.nan_to_num(c.cosine, nan=-2.0)
     out: list[Point] = []
     if not with_verifier:
         for t in cosine_grid:
-            hit = cos[:, 0] >= t
-            out.append(_point(t, None, hit.sum(), (hit & correct[:, 0]).sum(), duplicates))
+            ok = (cos[:, 0] >= t) & correct[:, 0]
+            out.append(_point(t, None, (cos[:, 0] >= t).sum(), ok.sum(), duplicates, (ok & dup).sum()))
         return out
     prob = np.nan_to_num(c.prob, nan=-1.0)
     grid = verifier_grid(c.prob)  # from the scored candidates only (nan = not scored)
@@ -98,7 +106,8 @@ def sweep(c: Candidates, cosine_grid: Sequence[float] = COSINE_GRID, with_verifi
         best_correct = correct[rows, best]
         for v in grid:
             hit = best_prob >= v
-            out.append(_point(t, v, hit.sum(), (hit & best_correct).sum(), duplicates))
+            ok = hit & best_correct
+            out.append(_point(t, v, hit.sum(), ok.sum(), duplicates, (ok & dup).sum()))
     return out
 
 
@@ -123,7 +132,8 @@ def _at(c: Candidates, t: float, v: float) -> Point:
     ranked = np.where(cos >= t, prob, -1.0)
     best = ranked.argmax(axis=1)
     hit = ranked[rows, best] >= v
-    return _point(t, v, hit.sum(), (hit & c.correct[rows, best]).sum(), int(c.duplicate.sum()))
+    ok = hit & c.correct[rows, best]
+    return _point(t, v, hit.sum(), ok.sum(), int(c.duplicate.sum()), (ok & c.duplicate).sum())
 
 
 def curve(points: Sequence[Point], levels: Sequence[float] = (0.8, 0.85, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)) -> list[dict[str, Any]]:

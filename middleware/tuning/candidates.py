@@ -13,6 +13,7 @@ import numpy as np
 from index.embedder import Embedder
 from index.verifier import Verifier
 from middleware.tuning.calibrate import Candidates
+from middleware.tuning.equivalence import Equivalence, credited
 
 SEARCH_BLOCK = 1024
 
@@ -61,4 +62,7 @@ def build_candidates(
         scores = verifier.score([(q1[idx[r, c]], q2[r]) for r, c in todo]) if todo else np.zeros(0)
         for (r, c), s in zip(todo, scores):
             prob[r, c] = s
-    return Candidates(idx, sim, prob, np.asarray(duplicate, dtype=bool))
+    eq = Equivalence(zip(q1, q2, duplicate))
+    q1l, q2l, dupl = list(q1), list(q2), [bool(d) for d in duplicate]
+    credit = np.array([[credited(r, int(j), q1l, q2l, dupl, eq) for j in row] for r, row in enumerate(idx)], dtype=bool)
+    return Candidates(idx, sim, prob, np.asarray(duplicate, dtype=bool), credit.reshape(idx.shape))

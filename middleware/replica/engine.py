@@ -302,7 +302,7 @@ class _Counters:
 
 
 class ReplicaEngine:
-    """A causal LM + an optional ChunkStore, serving chat requests one at a time.
+    """A causal LM + an optional ChunkStore, serving chat requests interleaved step by step.
 
     `store` must use this engine's `namespace` (default model_namespace(model), e.g.
     "smollm2-135m:float32"): KV of another model or dtype must never be loaded.
@@ -457,13 +457,8 @@ class ReplicaEngine:
         urgent prefilling request, one decode step per decoding request, repeat."""
         runs: list[_Run] = []
         waiting: list[tuple[_Job, int]] = []  # (job, estimated prefill tokens), not started yet
-        stopping = False
-        while not stopping:
-            try:
-                stopping = self._admit(waiting, block=not runs and not waiting)
-            except Exception:  # pragma: no cover - the queue itself does not fail
-                log.exception("replica queue failed")
-            if stopping:
+        while True:
+            if self._admit(waiting, block=not runs and not waiting):
                 break
             waiting = [w for w in waiting if not self._drop_if_cancelled(w[0])]
             decoding = [r for r in runs if r.decoding]

@@ -1,6 +1,10 @@
-"""Which queued request the replica's single worker runs next: least prefill first, with aging.
+"""Which request the replica's worker advances next: least prefill first, with aging.
 
-One CPU replica runs one request at a time. In arrival order, a next turn whose history is cached
+`priority` is the rule; the engine applies it on every round to the requests it has started and
+those waiting (middleware.replica.engine, "Scheduling"). JobQueue hands submitted requests to the
+worker thread (the stop sentinel first) and orders them by the same rule when taken one by one.
+
+Why: in arrival order, a next turn whose history is cached
 (tens of tokens to prefill, ~0.1 s) waits behind every cold prompt queued before it (seconds each),
 so the time a cache saves is lost in the queue. Ordering by the work a request needs before its
 first token, minus credit for the time it has waited, lets short prefills through while bounding

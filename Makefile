@@ -85,6 +85,10 @@ bench-e2e:
 	$(BIN)/kvgate bench e2e --replicas 2 --conversations 6 --turns 6 --think-s 3 --json bench-out/e2e_k6t6.json
 	$(BIN)/kvgate bench e2e --replicas 2 --conversations 6 --turns 6 --think-s 3 \
 		--kv-ram-mb 160 --kv-disk-mb 0 --kv-tail-mb 48 --json bench-out/e2e_small_cache.json
+	@# long conversations, steady arrivals, each replica's KV store (256 MB disk, write-through) half
+	@# of what all conversations need (~510 MB): the regime cache-aware routing is for (~9 min)
+	$(BIN)/kvgate bench e2e --replicas 2 --conversations 8 --turns 24 --think-s 3 --arrival-s 4 \
+		--kv-ram-mb 160 --kv-disk-mb 256 --kv-tail-mb 48 --json bench-out/e2e_k8t24_pressure.json
 
 bench-faults:
 	@# issue 6 parts 1-2: replica kill/slow/hang under load, 20x SIGKILL of proxy + disk-tier writer, full disk

@@ -64,3 +64,16 @@ def test_arrivals_are_seeded_and_spread_when_asked():
     assert a == arrivals(200, 2.0, 7) != arrivals(200, 2.0, 8)
     assert a[0] == 0.0 and all(x < y for x, y in zip(a, a[1:]))
     assert 1.5 < a[-1] / 199 < 2.5  # mean gap near 2 s
+
+
+def test_kv_working_set_counts_full_chunks_of_each_conversations_end():
+    from middleware.bench.e2e import kv_bytes_per_token, kv_working_set, store_capacity_mb
+
+    smollm2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "num_hidden_layers": 30}
+    assert kv_bytes_per_token(smollm2) == 2 * 30 * 3 * 64 * 4 == 46080
+    assert kv_bytes_per_token({**smollm2, "num_key_value_heads": None}, dtype_bytes=2) == 2 * 30 * 9 * 64 * 2
+    records = [{"conversation": 0, "prompt_tokens": 600}, {"conversation": 0, "prompt_tokens": 700},
+               {"conversation": 1, "prompt_tokens": 250}, {"conversation": 2, "prompt_tokens": None}]
+    # conversation 0 ends at 700 + 16 = 716 tokens -> 2 full chunks of 256; conversation 1 at 266 -> 1
+    assert kv_working_set(records, 16, 256, 10) == (512 + 256) * 10
+    assert store_capacity_mb(160, 256) == 256 and store_capacity_mb(512, 0) == 512

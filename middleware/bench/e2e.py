@@ -321,6 +321,30 @@ def run_policy(policy: str, args: argparse.Namespace, firsts: list[list[dict[str
     return summary, sorted(records, key=lambda r: (r.conversation, r.turn))
 
 
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int:
+    """Bytes of K and V one token occupies across all layers (HF config.json fields)."""
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
+
+
+def kv_working_set(records: list[dict[str, Any]], max_tokens: int, chunk_tokens: int, per_token: int) -> int:
+    """Bytes of full chunks all conversations hold at their end: per conversation, its last
+    prompt plus one answer, rounded down to whole chunks (what a chunk store keeps)."""
+    final: dict[int, int] = {}
+    for r in records:
+        if r.get("prompt_tokens"):
+            final[r["conversation"]] = max(final.get(r["conversation"], 0), r["prompt_tokens"] + max_tokens)
+    return sum(n // chunk_tokens * chunk_tokens for n in final.values()) * per_token
+
+
+def store_capacity_mb(ram_mb: int, disk_mb: int) -> int:
+    """What one replica's chunk store can hold: the tiers are write-through (a chunk is written to
+    every tier), so the largest tier bounds it, not their sum."""
+    return max(ram_mb, disk_mb)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     threads = args.replica_threads or max(1, (os.cpu_count() or 2) // args.replicas)
@@ -354,6 +378,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ca["ttft_mean_follow_ups_s"] / rr["ttft_mean_follow_ups_s"])
         result["prefill_tokens_ratio_cache_aware_over_round_robin"] = (
             ca["prefill_tokens_computed"] / rr["prefill_tokens_computed"] if rr["prefill_tokens_computed"] else None)
+    detail = next(iter(result["requests_detail"].values()), [])
+    if detail:  # which regime this run was in: can each replica hold every conversation?
+        from middleware.replica.model import resolve_model_dir
+
+        config = json.loads((resolve_model_dir("smollm2") / "config.json").read_text())
+        ws = kv_working_set(detail, args.max_tokens, args.chunk_tokens, kv_bytes_per_token(config))
+        result["kv_working_set_mb"] = round(ws / 1e6, 1)
+        result["kv_store_mb_per_replica"] = store_capacity_mb(args.kv_ram_mb, args.kv_disk_mb)
     if len(answers) > 1:  # greedy: the same conversations should get the same answers under any routing
         keys = set.intersection(*(set(a) for a in answers.values()))
         result["same_answers_across_policies"] = all(len({a[k] for a in answers.values()}) == 1 for k in keys)
@@ -375,6 +407,9 @@ def main(args: argparse.Namespace) -> int:
     for name, s in result["policies"].items():
         print(f"{name:24s} {s['ttft_mean_s'] * 1000:8.0f}ms {s['ttft_p50_s'] * 1000:6.0f}ms {s['ttft_p99_s'] * 1000:6.0f}ms "
               f"{s['prefill_tokens_computed']:10d} {s['cached_tokens']:8d} {s['prompt_tokens']:8d} {s['errors']:6d}")
+    if "kv_working_set_mb" in result:
+        print(f"KV of all conversations at their end: {result['kv_working_set_mb']:.0f} MB; each replica's store "
+              f"holds {result['kv_store_mb_per_replica']} MB (tiers are write-through: the largest tier bounds it)")
     if "ttft_mean_ratio_cache_aware_over_round_robin" in result:
         print(f"ttft mean cache_aware / round_robin: {result['ttft_mean_ratio_cache_aware_over_round_robin']:.2f}")
     if "ttft_mean_follow_ups_ratio_cache_aware_over_round_robin" in result:

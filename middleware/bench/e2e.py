@@ -323,10 +323,12 @@ def run_policy(policy: str, args: argparse.Namespace, firsts: list[list[dict[str
 
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int:
     """Bytes of K and V one token occupies across all layers (HF config.json fields)."""
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
+    from types import SimpleNamespace
+
+    from middleware.replica.model import kv_geometry
+
+    layers, kv_heads, head_dim = kv_geometry(SimpleNamespace(**config))
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
 def kv_working_set(records: list[dict[str, Any]], max_tokens: int, chunk_tokens: int, per_token: int) -> int:

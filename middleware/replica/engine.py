@@ -73,7 +73,7 @@ from index.hashing import BlockHash
 from index.prompt import PromptHasher
 from index.tokenizer import HFChatTokenizer
 from middleware.errors import BadRequest
-from middleware.replica.model import model_namespace
+from middleware.replica.model import kv_geometry, model_namespace
 from middleware.replica.scheduling import MAX_RUNNING, JobQueue, priority
 from middleware.replica.tails import Tail, TailCache
 
@@ -345,9 +345,8 @@ class ReplicaEngine:
         self._hasher = PromptHasher(self.chat, chunk_tokens)  # for its segment-ids cache
         cfg = model.config
         self.context_tokens = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
-        self._n_layers = int(cfg.num_hidden_layers)
-        self._kv_shape = (int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads), chunk_tokens,
-                          int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads))
+        self._n_layers, kv_heads, head_dim = kv_geometry(cfg)
+        self._kv_shape = (kv_heads, chunk_tokens, head_dim)
         self._eos = self._eos_ids()
         # the partial chunk after the last full one, per conversation (RAM, spilled to the
         # store's slowest non-memory tier); off with exact_prefill, whose bit-exactness needs

@@ -113,6 +113,14 @@ def load_model(spec: str | Path = "smollm2", dtype: torch.dtype = torch.float32)
     return model, tokenizer
 
 
+def kv_geometry(config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a HF causal-LM config: what one token's K (and V) spans."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
+    return int(config.num_hidden_layers), kv_heads, head_dim
+
+
 def model_namespace(model: Any) -> str:
     """`<model dir name>:<dtype>`, e.g. "smollm2-135m:float32": KV computed by another model or
     dtype must never be served, so stores and chunk hashes are keyed by this."""

@@ -66,7 +66,7 @@ def _prepare(args: argparse.Namespace) -> int:
     tok = load_tokenizer("smollm2")
     ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
     print(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
-    from middleware.replica.model import convert_smollm2
+    from engines.replica.model import convert_smollm2
 
     print(f"smollm2 model ready at {convert_smollm2()} (safetensors, converted once from the packaged GGUF)")
     return 0
@@ -75,7 +75,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _demo_backend(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from middleware.bench.fake_backend import create_fake_app
+    from engines.demo import create_fake_app
 
     print(f"kvgate demo backend (echoes 'Answer <n>: <question>') on http://{args.host}:{args.port}/v1", flush=True)
     # keeps idle connections longer than the proxy's pool does (AIOHTTP_KEEPALIVE_TIMEOUT, 3 s)
@@ -83,24 +83,52 @@ def _demo_backend(args: argparse.Namespace) -> int:
     return 0
 
 
-# `kvgate bench NAME` → the module under middleware/bench that runs it (imported on use: each
-# pulls in heavy dependencies of its own)
-BENCH_MODULES = {
-    "semantic": "semantic", "routing": "arena", "kv": "kv", "e2e": "e2e", "storage-faults": "storage_faults",
-    "replica-faults": "replica_faults", "multiturn": "multiturn", "soak": "soak", "route-overhead": "route_overhead",
+# Subcommands whose arguments live with their code: (module, entry point, help, description). A module is
+# imported only when its subcommand is the one being run (each pulls in heavy dependencies of its
+# own: torch, the trace replayers, GPTCache), so `kvgate serve` and `kvgate --help` stay quick.
+TOOLS = {
+    "tune": ("tools.tuning.tune", "main", "train/load the verifier and calibrate a route's operating point for a precision target",
+             "Train (or load) the verifier, pick the cosine + verifier thresholds that meet the target "
+             "precision with the best recall on the calibration part of --pairs, and write them to "
+             "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. Progress on stderr."),
+    "sim-replica": ("engines.sim.server", "run", "a simulated engine replica (prefix cache + timing model)", None),
+    "replica": ("engines.replica.server", "run", "the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)", None),
+}
+# `kvgate bench NAME` → (module under tools/bench, help)
+BENCHES = {
+    "semantic": ("semantic", "semantic cache precision/recall and lookup latency, vs GPTCache"),
+    "route-overhead": ("route_overhead", "routing decision time (tokenize+hash+match+choose)"),
+    "soak": ("soak", "bounded load through kvgate serve: errors, RSS, fds, cache budget"),
+    "routing": ("arena", "the routing arena: policies vs sglang-router on a replayed trace"),
+    "kv": ("kv", "KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"),
+    "e2e": ("e2e", "multi-turn chats through kvgate serve over reference replicas, per policy"),
+    "multiturn": ("multiturn", "follow-ups vs other conversations' answers; feedback on wrong hits"),
+    "replica-faults": ("replica_faults", "kill / slow / hang one of N replicas under load through the proxy"),
+    "storage-faults": ("storage_faults", "SIGKILL proxy + disk-tier writer during writes; a full disk"),
 }
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _wire(parser: argparse.ArgumentParser, module: str, entry: str, wanted: bool) -> None:
+    """Give `parser` the arguments of `module` (its add_arguments) and run `module.<entry>` — only
+    when this subcommand is the one asked for; otherwise a stub that loads it if it is run."""
     import importlib
 
-    name = BENCH_MODULES.get(args.bench)
-    if name is None:
-        return 2
-    return int(importlib.import_module(f"middleware.bench.{name}").main(args))
+    if wanted:
+        mod = importlib.import_module(module)
+        mod.add_arguments(parser)
+        parser.set_defaults(func=getattr(mod, entry))
+    else:  # never parsed: build_parser was asked for another subcommand (or --help)
+        parser.set_defaults(func=lambda args: print("kvgate: run this subcommand through main()", file=sys.stderr) or 2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `kvgate` parser. With `argv`, only the subcommand it names gets its full arguments
+    (imported on demand); without it, every subcommand does (slower: imports every tool)."""
+    words = [w for w in (argv or []) if not w.startswith("-")]
+
+    def wanted(*path: str) -> bool:
+        return argv is None or tuple(words[:len(path)]) == path
+
     parser = argparse.ArgumentParser(prog="kvgate", description="LLM caching middleware: semantic response cache in front of LiteLLM.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,62 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
     prep.set_defaults(func=_prepare)
 
-    from middleware.tuning import tune
-
-    tune.add_arguments(sub.add_parser(
-        "tune", help="train/load the verifier and calibrate a route's operating point for a precision target",
-        description="Train (or load) the verifier, pick the cosine + verifier thresholds that meet the target "
-                    "precision with the best recall on the calibration part of --pairs, and write them to "
-                    "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. Progress on stderr."))
-    sub.choices["tune"].set_defaults(func=tune.main)
+    for name, (module, entry, help_text, description) in TOOLS.items():
+        _wire(sub.add_parser(name, help=help_text, description=description), module, entry, wanted(name))
 
     demo = sub.add_parser("demo-backend", help="a deterministic fake OpenAI-compatible backend for demos and tests")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=9001)
     demo.set_defaults(func=_demo_backend)
 
-    from middleware.replica import sim
-
-    sim.add_arguments(sub.add_parser("sim-replica", help="a simulated engine replica (prefix cache + timing model)"))
-    sub.choices["sim-replica"].set_defaults(func=sim.run)
-    from middleware.replica import server as replica
-
-    replica.add_arguments(sub.add_parser("replica", help="the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)"))
-    sub.choices["replica"].set_defaults(func=replica.run)
-
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bsub = bench.add_subparsers(dest="bench", required=True)
-    from middleware.bench.semantic import add_arguments
-
-    add_arguments(bsub.add_parser("semantic", help="semantic cache precision/recall and lookup latency, vs GPTCache"))
-    from middleware.bench import route_overhead
-
-    route_overhead.add_arguments(bsub.add_parser("route-overhead", help="routing decision time (tokenize+hash+match+choose)"))
-    from middleware.bench import soak
-
-    soak.add_arguments(bsub.add_parser("soak", help="bounded load through kvgate serve: errors, RSS, fds, cache budget"))
-    from middleware.bench import arena
-
-    arena.add_arguments(bsub.add_parser("routing", help="the routing arena: policies vs sglang-router on a replayed trace"))
-    from middleware.bench import e2e, kv
-
-    kv.add_arguments(bsub.add_parser("kv", help="KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"))
-    e2e.add_arguments(bsub.add_parser("e2e", help="multi-turn chats through kvgate serve over reference replicas, per policy"))
-    from middleware.bench import multiturn
-
-    multiturn.add_arguments(bsub.add_parser("multiturn", help="follow-ups vs other conversations' answers; feedback on wrong hits"))
-    from middleware.bench import replica_faults
-
-    replica_faults.add_arguments(bsub.add_parser("replica-faults", help="kill / slow / hang one of N replicas under load through the proxy"))
-    from middleware.bench import storage_faults
-
-    storage_faults.add_arguments(bsub.add_parser("storage-faults", help="SIGKILL proxy + disk-tier writer during writes; a full disk"))
-    bench.set_defaults(func=_bench)
+    for name, (module, help_text) in BENCHES.items():
+        _wire(bsub.add_parser(name, help=help_text), f"tools.bench.{module}", "main", wanted("bench", name))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):  # per-call INFO lines from libraries
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)

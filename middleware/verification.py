@@ -2,7 +2,7 @@
 
 `resolve` turns a route's config (a raw threshold, or a precision target plus the operating point
 `kvgate tune` wrote) into `SemanticSettings` at start-up; `choose` applies them to the search
-results of one lookup. middleware.tuning.calibrate scores operating points with the same rule.
+results of one lookup. tools.tuning.calibrate scores operating points with the same rule.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Sequence
 
 from middleware.config import RouteConfig
 from middleware.errors import ConfigError
-from middleware.tuning.operating_point import OperatingPoint, operating_point_path, read_operating_point
+from middleware.operating_point import OperatingPoint, operating_point_path, read_operating_point
 
 
 @dataclass(frozen=True)

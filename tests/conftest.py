@@ -13,7 +13,8 @@ import pytest
 
 import middleware  # noqa: F401
 from index.embedder import Embedder, make_embedder
-from middleware.bench.fake_backend import Calls, ServerThread, create_fake_app
+from engines.demo import Calls, create_fake_app
+from tools.bench.procs import ServerThread
 from middleware.config import Config, parse_config
 from middleware.pipeline import Pipeline
 from middleware.proxy import create_app

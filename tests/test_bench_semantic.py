@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from middleware.bench.gptcache_anchor import gptcache_threshold, require_gptcache
-from middleware.bench.proxy_latency import SEED_QUESTIONS
+from tools.bench.gptcache_anchor import gptcache_threshold, require_gptcache
+from tools.bench.proxy_latency import SEED_QUESTIONS
 from middleware.cli import main
 
 

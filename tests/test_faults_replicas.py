@@ -15,8 +15,9 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from middleware.bench.fake_backend import Calls, ServerThread, create_fake_app
-from middleware.bench.replica_faults import check_sse, parse_metrics, run_scenario
+from engines.demo import Calls, create_fake_app
+from tools.bench.procs import ServerThread
+from tools.bench.replica_faults import check_sse, parse_metrics, run_scenario
 from middleware.config import parse_config
 from middleware.pipeline import Pipeline
 from middleware.proxy import create_app

@@ -14,7 +14,7 @@ import yaml
 
 from conftest import route_config
 from middleware.auth import bind_warning
-from middleware.bench.procs import Proc, free_port, kvgate_argv
+from tools.bench.procs import Proc, free_port, kvgate_argv
 
 TENANTS = [f"tenant-key-{i:02d}" for i in range(50)]
 QUESTIONS = [

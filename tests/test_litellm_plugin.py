@@ -6,7 +6,8 @@ import asyncio
 import litellm
 import pytest
 
-from middleware.bench.fake_backend import Calls, ServerThread, create_fake_app
+from engines.demo import Calls, create_fake_app
+from tools.bench.procs import ServerThread
 from middleware.config import RoutingConfig
 from middleware.litellm_plugin import PrefixRoutingPlugin
 

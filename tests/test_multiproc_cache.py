@@ -12,8 +12,8 @@ import httpx
 import yaml
 
 from index.semantic import SemanticIndex
-from middleware.bench.procs import Proc, free_port, kvgate_argv
-from middleware.bench.soak import Workload, drive, vocabulary
+from tools.bench.procs import Proc, free_port, kvgate_argv
+from tools.bench.soak import Workload, drive, vocabulary
 
 KEY = "multi-tenant-key"
 

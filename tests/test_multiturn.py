@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from middleware.bench.multiturn import load_conversations, play, summarise
+from tools.bench.multiturn import load_conversations, play, summarise
 from middleware.cli import main
 
 DATA = Path(__file__).parent / "data" / "multiturn_conversations.json"

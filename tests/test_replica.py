@@ -30,11 +30,11 @@ from index.kv_events import BlockStored, EventApplier
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import load_tokenizer
-from middleware.bench.fake_backend import ServerThread
-from middleware.errors import BadRequest
-from middleware.replica.engine import ReplicaEngine, _StopMatcher
-from middleware.replica.model import load_model, model_namespace
-from middleware.replica.server import create_replica_app
+from tools.bench.procs import ServerThread
+from engines.api import InvalidRequest
+from engines.replica.engine import ReplicaEngine, _StopMatcher
+from engines.replica.model import load_model, model_namespace
+from engines.replica.server import create_replica_app
 
 CT = 256
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -191,9 +191,9 @@ def test_sampling_and_stop_strings(engines: Any) -> None:
     stopped = engine.generate(FRANCE, max_tokens=16, stop=[" Paris"])
     assert stopped.text == "The capital of France is" and stopped.finish_reason == "stop"
     assert "".join(engine.stream(FRANCE, max_tokens=16, stop=["France"])) == "The capital of "
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidRequest):
         engine.generate(FRANCE, max_tokens=5000)
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidRequest):
         engine.generate(FRANCE, max_tokens=8, top_p=0)
 
 
@@ -286,7 +286,7 @@ def test_disconnect_cancels_and_health_stays_responsive(replica: tuple[ServerThr
 
 
 def test_a_cached_turn_is_not_queued_behind_cold_prompts(engines: Any, tmp_path: Path) -> None:
-    from middleware.replica.engine import SamplingParams
+    from engines.replica.engine import SamplingParams
 
     engine = engines(make_store(tmp_path))
     warm_chat = long_chat(40, "What is 3 squared?")
@@ -341,7 +341,7 @@ class _Recorder:
 
 
 def test_a_cached_turn_preempts_a_running_cold_prefill(engines: Any, tmp_path: Path) -> None:
-    from middleware.replica.engine import SamplingParams
+    from engines.replica.engine import SamplingParams
 
     engine = engines(make_store(tmp_path))
     warm_chat = long_chat(40, "What is 3 squared?")
@@ -363,7 +363,7 @@ def test_a_cached_turn_preempts_a_running_cold_prefill(engines: Any, tmp_path: P
 
 
 def test_interleaved_requests_decode_together_with_solo_answers(engines: Any) -> None:
-    from middleware.replica.engine import SamplingParams
+    from engines.replica.engine import SamplingParams
 
     engine = engines()
     chats = {"dragon": [{"role": "user", "content": "Write a long story about a dragon."}],
@@ -387,7 +387,7 @@ def test_interleaved_requests_decode_together_with_solo_answers(engines: Any) ->
 
 
 def test_max_running_one_serves_requests_one_after_another(engines: Any) -> None:
-    from middleware.replica.engine import SamplingParams
+    from engines.replica.engine import SamplingParams
 
     engine = engines(max_running=1)
     params, rec = SamplingParams(max_tokens=8), _Recorder()
@@ -400,7 +400,7 @@ def test_max_running_one_serves_requests_one_after_another(engines: Any) -> None
 
 
 def test_close_cancels_started_requests_and_fails_queued_ones(model_and_tokenizer: tuple[Any, Any]) -> None:
-    from middleware.replica.engine import SamplingParams
+    from engines.replica.engine import SamplingParams
 
     model, tok = model_and_tokenizer
     engine = ReplicaEngine(model, tok, None, chunk_tokens=CT, max_running=1)

@@ -11,14 +11,14 @@ import pytest
 
 from index.chunks import ChunkStore, DiskTier, MemoryTier
 from index.kv_events import ZmqEventPublisher
-from middleware.bench.fake_backend import ServerThread
+from tools.bench.procs import ServerThread
 from middleware.config import parse_config
 from middleware.pipeline import Pipeline
 from middleware.proxy import create_app
-from middleware.replica.engine import ReplicaEngine
-from middleware.replica.model import load_model
-from middleware.replica.server import create_replica_app
-from middleware.replica.sim import publisher_callbacks
+from engines.replica.engine import ReplicaEngine
+from engines.replica.model import load_model
+from engines.replica.server import create_replica_app
+from engines.api import publisher_callbacks
 
 CHUNK = 256
 

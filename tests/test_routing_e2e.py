@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from middleware.bench.fake_backend import Calls, ServerThread, create_fake_app
+from engines.demo import Calls, create_fake_app
+from tools.bench.procs import ServerThread
 from middleware.config import parse_config
 from middleware.pipeline import Pipeline
 from middleware.proxy import create_app

@@ -24,10 +24,11 @@ from index.kv_events import EventApplier, ZmqEventPublisher, ZmqEventSubscriber
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import TextTokenizer
-from middleware.bench.fake_backend import ServerThread
-from middleware.replica import sim
-from middleware.replica.sim import answer_words, create_sim_app, publisher_callbacks
-from middleware.replica.sim_model import PrefixCache, SimEngine, render_transcript
+from tools.bench.procs import ServerThread
+from engines.sim import server as sim
+from engines.api import publisher_callbacks
+from engines.sim.server import answer_words, create_sim_app
+from engines.sim.engine import PrefixCache, SimEngine, render_transcript
 
 SYSTEM = {"role": "system", "content": "You are a meticulous assistant. " * 8}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from middleware.bench import soak
+from tools.bench import soak
 from middleware.cli import build_parser
 
 

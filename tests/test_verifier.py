@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from index.verifier import Verifier, default_verifier_dir, load_verifier
-from middleware.bench.proxy_latency import SEED_QUESTIONS
+from tools.bench.proxy_latency import SEED_QUESTIONS
 from middleware.cli import main
 from middleware.config import parse_config
 from middleware.errors import ConfigError
 from middleware.pipeline import Pipeline
-from middleware.tuning.operating_point import operating_point_path, read_operating_point
-from middleware.tuning.split import assign_parts, group_keys
-from middleware.tuning.synthetic import hard_negatives, edit_negation, edit_number, edit_roles, edit_unit
+from middleware.operating_point import operating_point_path, read_operating_point
+from tools.tuning.split import assign_parts, group_keys
+from tools.tuning.synthetic import hard_negatives, edit_negation, edit_number, edit_roles, edit_unit
 from middleware.verification import SemanticSettings, choose, to_verify
 
 from conftest import route_config
@@ -59,8 +59,8 @@ def verifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     made = default_verifier_dir()
     if (made / "model.onnx").is_file():
         return made
-    from middleware.tuning.train import TrainConfig
-    from middleware.tuning.tune import ensure_verifier
+    from tools.tuning.train import TrainConfig
+    from tools.tuning.tune import ensure_verifier
 
     target = tmp_path_factory.mktemp("verifier") / "small"
     ensure_verifier(target, _tiny_rows(), [], TrainConfig(epochs=3, max_examples=800), retrain=True)
@@ -108,7 +108,7 @@ def test_choose_serves_only_what_passes_both_thresholds() -> None:
 def test_calibration_picks_the_best_recall_that_meets_the_target() -> None:
     import numpy as np
 
-    from middleware.tuning.calibrate import Candidates, pick, sweep
+    from tools.tuning.calibrate import Candidates, pick, sweep
 
     # 4 lookups, top-2 each; lookups 0-2 are duplicates. Lookup 1's own entry is second by cosine but
     # first by verifier score; lookup 3 (not a duplicate) has a high cosine but a low verifier score.

@@ -1,0 +1,365 @@
+"""`kvgate replica`: an OpenAI-compatible server in front of one ReplicaEngine (a real CPU model
+whose KV cache prefix is loaded from / saved to an index.chunks.ChunkStore).
+
+Endpoints
+    POST /v1/chat/completions  non-stream and stream (SSE, ending with `data: [DONE]`), OpenAI's
+        format. Honoured: messages, max_tokens / max_completion_tokens (1..4096, default 256
+        clipped to the context left), temperature (absent or 0 = greedy), top_p, stop (a string or
+        up to 4), seed, stream, stream_options.include_usage; n must be 1. Any model name is
+        accepted. Usage carries prompt_tokens_details.cached_tokens = prompt tokens whose KV came
+        from the chunk store. Streaming: the first chunk (role + first text) is sent at TTFT;
+        with include_usage the usage follows in OpenAI's usage-only chunk (choices: []), without
+        it the usage rides on the finish chunk (as the sim replica does). A client that goes away
+        cancels its generation within one decode step (streaming) or within DISCONNECT_POLL_S
+        (non-streaming).
+        Non-stream responses carry x-kvgate-cached-tokens, x-kvgate-ttft-ms, x-kvgate-prefill-ms.
+    GET /v1/models, GET /health (cheap: never waits for the model), GET /stats (engine + store
+    counters), GET /metrics (Prometheus text, one registry per app).
+Every response carries `x-kvgate-replica: NAME`. Bad input gets a 400 in OpenAI's error format.
+
+The model runs on the engine's own worker thread, which interleaves up to --max-running requests
+step by step (prefill slices and decode steps; see engines.replica.engine); the event loop only
+tokenizes (in a thread) and relays text pieces, so /health answers during a long prefill.
+
+KV events: with --events-endpoint the replica publishes BlockStored in vLLM's format (block_size =
+--chunk-tokens) through index.kv_events.ZmqEventPublisher; see engines.replica.engine for what
+is announced and why evictions are not.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engines.replica.scheduling import MAX_RUNNING
+from engines.api import ChatCall, InvalidRequest, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
+
+if TYPE_CHECKING:  # the engine pulls in torch: imported where used, so `kvgate --help` stays quick
+    from engines.replica.engine import Completion, Event, ReplicaEngine, SamplingParams, Ticket
+
+DISCONNECT_POLL_S = 0.25
+SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
+
+
+class ReplicaMetrics:
+    """Prometheus collectors of one replica app (own registry, no global state)."""
+
+    def __init__(self, engine: ReplicaEngine) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("kvgate_replica_requests", "Chat requests by outcome", ["outcome"], registry=r)
+        self.prompt_tokens = Counter("kvgate_replica_prompt_tokens", "Prompt tokens received", registry=r)
+        self.cached_tokens = Counter("kvgate_replica_cached_tokens", "Prompt tokens whose KV was loaded from the chunk store", registry=r)
+        self.completion_tokens = Counter("kvgate_replica_completion_tokens", "Tokens generated", registry=r)
+        self.stored_chunks = Counter("kvgate_replica_stored_chunks", "KV chunks newly written to the store", registry=r)
+        self.prefill = Histogram("kvgate_replica_prefill_seconds", "Prefill time (uncached prompt tokens)", buckets=SECONDS_BUCKETS, registry=r)
+        self.load = Histogram("kvgate_replica_kv_load_seconds", "Time to load KV chunks from the store", buckets=SECONDS_BUCKETS, registry=r)
+        self.ttft = Histogram("kvgate_replica_ttft_seconds", "Time to first token, queue included", buckets=SECONDS_BUCKETS, registry=r)
+        queue_len = Gauge("kvgate_replica_queue_length", "Requests waiting for the model", registry=r)
+        queue_len.set_function(lambda: engine.stats(store=False)["queue_len"])
+
+    def observe(self, c: Completion) -> None:
+        self.requests.labels(outcome=c.finish_reason if c.finish_reason == "cancelled" else "completed").inc()
+        self.prompt_tokens.inc(c.prompt_tokens)
+        self.cached_tokens.inc(c.cached_tokens)
+        self.completion_tokens.inc(c.completion_tokens)
+        self.stored_chunks.inc(c.stored_chunks)
+        self.prefill.observe(c.prefill_s)
+        self.load.observe(c.load_s)
+        self.ttft.observe(c.ttft_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# -- request parsing ------------------------------------------------------------------------------
+
+def _number(body: dict[str, Any], name: str) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InvalidRequest(f"{name} must be a number", param=name)
+    return float(v)
+
+
+def parse_sampling(body: dict[str, Any], call: ChatCall) -> SamplingParams:
+    """SamplingParams from a chat body already checked by sim.parse_chat; raises InvalidRequest."""
+    from engines.replica.engine import SamplingParams
+
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
+        raise InvalidRequest("stop must be a string or a list of strings", param="stop")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidRequest("seed must be an integer", param="seed")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise InvalidRequest("only n=1 is supported", param="n")
+    top_p = _number(body, "top_p")
+    params = SamplingParams(max_tokens=call.max_tokens, temperature=_number(body, "temperature"),
+                            top_p=1.0 if top_p is None else top_p, stop=tuple(stop or ()), seed=seed)
+    params.validate()
+    return params
+
+
+# -- engine ↔ event loop ---------------------------------------------------------------------------
+
+def _submit(engine: ReplicaEngine, tokens: list[int], params: SamplingParams) -> tuple[Ticket, asyncio.Queue[Event]]:
+    """Queue a request; its events arrive on an asyncio queue of the running loop."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event] = asyncio.Queue()
+
+    def sink(ev: Event) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+        except RuntimeError:  # the loop is gone (server shutting down): nobody is listening
+            pass
+
+    return engine.submit(tokens, params, sink), events
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f}"
+
+
+def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str = "smollm2") -> FastAPI:
+    """The HTTP face of one ReplicaEngine; `model` is what /v1/models lists. The caller owns the
+    engine (closing it is not the app's job)."""
+    app = FastAPI(title=f"kvgate replica {name}")
+    app.add_middleware(ReplicaHeader, name=name, header=b"x-kvgate-replica")
+    metrics = ReplicaMetrics(engine)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    install_error_handler(app, lambda _: metrics.requests.labels(outcome="bad_request").inc())
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = read_json(await request.body())
+        call = parse_chat(body)
+        if not body.get("model"):
+            call = dataclasses.replace(call, model=model)
+        params = parse_sampling(body, call)
+        tokens = await asyncio.to_thread(engine.prepare, call.messages, params)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
+        ticket, events = _submit(engine, tokens, params)
+        if call.stream:
+            return StreamingResponse(_stream(ticket, events, metrics, call, rid, created), media_type="text/event-stream")
+        try:
+            result = await _finish_unless_gone(request, ticket, events)
+        except Exception as exc:
+            metrics.requests.labels(outcome="failed").inc()
+            return JSONResponse({"error": {"message": f"generation failed: {exc}", "type": "internal_error",
+                                           "param": None, "code": None}}, status_code=500)
+        finally:
+            ticket.cancel()  # no-op when done; stops the model if this handler is cancelled
+        metrics.observe(result)
+        payload = {
+            "id": rid, "object": "chat.completion", "created": created, "model": call.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                         "finish_reason": result.finish_reason}],
+            "usage": result.usage(),
+        }
+        headers = {"x-kvgate-cached-tokens": str(result.cached_tokens), "x-kvgate-ttft-ms": _ms(result.ttft_s),
+                   "x-kvgate-prefill-ms": _ms(result.prefill_s)}
+        return JSONResponse(payload, headers=headers)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model, "object": "model", "owned_by": f"kvgate-replica:{name}"}]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        s = engine.stats(store=False)
+        return {"status": "ok", "name": name, "queue_len": s["queue_len"], "running": s["running"],
+                "requests": s["requests"]}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return await asyncio.to_thread(engine.stats)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _finish_unless_gone(request: Request, ticket: Ticket, events: asyncio.Queue[Event]) -> Completion:
+    """_finish, cancelling the generation if the client disconnects meanwhile (checked every
+    DISCONNECT_POLL_S); a cancelled request still ends with its Completion."""
+    done = asyncio.ensure_future(_finish(events))
+    try:
+        while not done.done():
+            await asyncio.wait({done}, timeout=DISCONNECT_POLL_S)
+            if not done.done() and await request.is_disconnected():
+                ticket.cancel()
+        return done.result()
+    finally:
+        done.cancel()
+
+
+async def _finish(events: asyncio.Queue[Event]) -> Completion:
+    """Drain a request's events to its Completion (re-raising an engine error)."""
+    while True:
+        ev = await events.get()
+        if isinstance(ev, BaseException):
+            raise ev
+        if not isinstance(ev, str):  # the Completion
+            return ev
+
+
+async def _stream(ticket: Ticket, events: asyncio.Queue[Event], metrics: ReplicaMetrics, call: ChatCall,
+                  rid: str, created: int) -> AsyncIterator[bytes]:
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": call.model}
+    first = True
+    try:
+        while True:
+            ev = await events.get()
+            if isinstance(ev, BaseException):
+                metrics.requests.labels(outcome="failed").inc()
+                yield sse({"error": {"message": f"generation failed: {ev}", "type": "internal_error",
+                                      "param": None, "code": None}})
+                yield b"data: [DONE]\n\n"
+                return
+            if not isinstance(ev, str):  # the Completion
+                break
+            delta = {"role": "assistant", "content": ev} if first else {"content": ev}
+            first = False
+            yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+    finally:
+        ticket.cancel()  # no-op when finished; a client that left stops the model here
+    metrics.observe(ev)
+    if first:  # nothing was generated (immediate EOS): still announce the role
+        yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+    final: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": ev.finish_reason}]}
+    if not call.include_usage:
+        final["usage"] = ev.usage()
+    yield sse(final)
+    if call.include_usage:
+        yield sse({**base, "choices": [], "usage": ev.usage()})
+    yield b"data: [DONE]\n\n"
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `kvgate replica`."""
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--name", default=None, help="replica name in x-kvgate-replica and /health (default replica-PORT)")
+    parser.add_argument("--model", default="smollm2", help="smollm2 (the packaged SmolLM2-135M-Instruct) | a local HF model dir")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and KV dtype")
+    parser.add_argument("--kv-dir", type=Path, default=None,
+                        help="KV chunk store directory (may be shared by replicas of the same model); none = no store")
+    parser.add_argument("--kv-ram-mb", type=int, default=1024, help="RAM tier budget, MiB (0 = no RAM tier)")
+    parser.add_argument("--kv-tail-mb", type=int, default=256,
+                        help="RAM for each conversation's partial last chunk (not in the store), MiB (0 = off)")
+    parser.add_argument("--kv-disk-mb", type=int, default=8192, help="disk tier budget, MiB (0 = no disk tier)")
+    parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per stored KV chunk (= event block_size)")
+    parser.add_argument("--events-endpoint", default=None, metavar="tcp://127.0.0.1:PORT",
+                        help="publish KV events (vLLM format, ZMQ PUB bound here)")
+    parser.add_argument("--exact-prefill", action="store_true",
+                        help="prefill in chunk-sized slices: KV loaded from the store then gives bit-identical logits "
+                             "to a cold run (cold prefill ~25%% slower)")
+    parser.add_argument("--max-running", type=int, default=MAX_RUNNING,
+                        help="requests started at once, interleaved step by step (each holds its KV in RAM)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+
+def build_store(kv_dir: Path | None, ram_mb: int, disk_mb: int, namespace: str) -> Any:
+    """A ChunkStore with a RAM and/or a disk tier, or None when there is no --kv-dir or both
+    budgets are 0."""
+    from index.chunks import ChunkStore, DiskTier, MemoryTier
+
+    if ram_mb < 0 or disk_mb < 0:
+        raise ValueError("--kv-ram-mb and --kv-disk-mb must be >= 0")
+    if kv_dir is None:
+        return None
+    tiers: list[Any] = []
+    if ram_mb:
+        tiers.append(MemoryTier(ram_mb << 20))
+    if disk_mb:
+        tiers.append(DiskTier(kv_dir, disk_mb << 20))
+    return ChunkStore(tiers, namespace=namespace) if tiers else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, serve until interrupted; 2 on bad options."""
+    import torch
+    import uvicorn
+
+    from index.chunks.allocator import keep_freed_memory
+    from engines.replica.engine import ReplicaEngine
+    from engines.replica.model import load_model, model_namespace
+
+    if args.chunk_tokens <= 0:
+        print("kvgate replica: error: --chunk-tokens must be positive", file=sys.stderr)
+        return 2
+    if args.max_running < 1:
+        print("kvgate replica: error: --max-running must be >= 1", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    keep_freed_memory()  # chunk buffers reused, not faulted back in page by page (index.chunks.allocator)
+    publisher = store = engine = None
+    try:
+        model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
+        store = build_store(args.kv_dir, args.kv_ram_mb, args.kv_disk_mb, model_namespace(model))
+        callbacks: dict[str, Any] = {}
+        if args.events_endpoint:
+            import zmq
+
+            from index.kv_events import ZmqEventPublisher
+
+            try:
+                publisher = ZmqEventPublisher(args.events_endpoint)
+            except zmq.ZMQError as exc:
+                raise ValueError(f"--events-endpoint {args.events_endpoint}: {exc}") from None
+            cb = publisher_callbacks(publisher, args.chunk_tokens)
+            callbacks = {"on_stored": cb["on_stored"], "on_removed": cb["on_removed"]}
+        engine = ReplicaEngine(model, tokenizer, store, chunk_tokens=args.chunk_tokens, tail_bytes=args.kv_tail_mb << 20,
+                               exact_prefill=args.exact_prefill, max_running=args.max_running, **callbacks)
+        engine.generate([{"role": "user", "content": "hi"}], max_tokens=1)  # warm-up: first forward is slow
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"kvgate replica: error: {exc}", file=sys.stderr)
+        for closable in (engine, store, publisher):
+            if closable is not None:
+                closable.close()
+        return 2
+    name = args.name or f"replica-{args.port}"
+    kv = (f"KV store {args.kv_dir} (RAM {args.kv_ram_mb} MiB, disk {args.kv_disk_mb} MiB, "
+          f"chunks of {args.chunk_tokens} tokens)" if store is not None else "no KV store")
+    events = f", KV events on {publisher.endpoint}" if publisher is not None else ""
+    print(f"kvgate replica {name} on http://{args.host}:{args.port}/v1: {engine.namespace}, {kv}{events}", flush=True)
+    try:
+        uvicorn.run(create_replica_app(engine, name, args.model if args.model == "smollm2" else Path(args.model).name),
+                    host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.close()
+        if store is not None:
+            store.close()
+        if publisher is not None:
+            publisher.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvgate replica", description="a CPU model replica with a KV chunk store")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""A simulated LLM engine: a prefix (KV) cache over chained block hashes and a timing model.
+
+No HTTP here (see engines.sim.server for the server). One SimEngine is one replica.
+
+Prompt → tokens → blocks
+    Chat messages are rendered as a plain transcript, one segment per message and then the
+    generation prompt (index.tokenizer.render_transcript; joined here by `render_transcript`):
+
+        <|system|>\\nYou are terse.\\n<|user|>\\nHi\\n<|assistant|>\\n
+
+    With tokenizer "text" every character (Unicode code point) is one token
+    (index.hashing.text_tokens), so `block_size`, `capacity_tokens`, `prefill_tps`, `decode_tps`
+    and the reported prompt/cached token counts all count *characters* (≈ 4 per real token):
+    a benchmark that wants "10k real tokens/s" passes prefill_tps ≈ 40k. Blocks are hashed with
+    index.hashing.block_hashes(tokens, block_size). A router computes the same hashes with
+    index.prompt.PromptHasher(TextTokenizer(), block_size). Another tokenizer spec ("smollm2", a local HF directory) uses that model's chat
+    template and ids instead; everything then counts real tokens.
+
+Prefix cache (PrefixCache)
+    An LRU set of block hashes holding at most capacity_tokens // block_size blocks.
+    - lookup: the number of LEADING blocks of the prompt present, stopping at the first miss
+      (chained hashes make that the longest cached token prefix). As in vLLM, a fully cached
+      prompt still recomputes its last token, so at most (prompt_tokens - 1) // block_size blocks
+      can match; cached_tokens = matched_blocks * block_size.
+    - insert: the prompt's full blocks (at most capacity of them) are touched from the LAST to the
+      FIRST, so a chain's leading blocks are the most recently used and pressure evicts tails
+      first (vLLM frees a request's blocks in reverse order for the same reason); then LRU blocks
+      beyond capacity are evicted. Generated tokens are not cached (the simulated answer is
+      filler that a replayed trace's next turn does not contain). Blocks in use by running
+      requests may be evicted (a real engine pins them; the difference only matters when a
+      single batch nearly fills the cache).
+    - Lookup and insert happen together at the moment a request's prefill STARTS (leaves the
+      queue), so a queued request that shares a prefix with the one before it benefits from it.
+
+Timing model (one replica)
+    - Prefill is compute-bound and serialized: one FIFO prefill queue per replica. A request's
+      prefill takes  overhead_s + (prompt_tokens - cached_tokens) / prefill_tps  seconds
+      (overhead default 2 ms: scheduling, the first forward pass's fixed cost).
+    - TTFT = queue wait + prefill; the first token is emitted when prefill ends.
+    - completion_tokens = max_tokens (default 16); decode then takes
+      completion_tokens / decode_tps  seconds after the first token, and runs concurrently with
+      every other request's decode and with the next prefill (continuous batching
+      approximation: per-token decode latency does not grow with the batch).
+    - Rates are absolute: a benchmark that wants a faster or slower world scales them.
+    Times come from an injectable clock and sleep (defaults: time.monotonic, asyncio.sleep), so
+    tests can drive the engine on virtual time.
+
+Events
+    Optional callbacks, for a KV-event publisher (vLLM's BlockStored / BlockRemoved):
+    on_stored(hashes, token_ids, parent) once per contiguous run of newly stored blocks —
+    token_ids is the flat list of those blocks' tokens (len = len(hashes) * block_size) and parent
+    the hash of the block before the run (None at the chain's start); on_removed(hashes) for
+    evicted blocks; on reset(), on_cleared() (vLLM's AllBlocksCleared), or without it
+    on_removed(every held block). Removals are reported before the stores of the same
+    admission. Every block announced as stored is held until announced as removed or cleared,
+    so a stored run's parent was always announced before. A callback that raises is logged and
+    does not fail the request. Hashes are index.hashing's (seed "kvgate"), so a router's
+    index.kv_events.EventApplier maps them one to one.
+
+The engine is driven from one asyncio event loop at a time (the prefill lock is per loop).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
+from index.hashing import BlockHash
+from index.prompt import PromptHasher
+from index.tokenizer import ChatTokenizer, load_tokenizer
+from index.tokenizer import render_transcript as _transcript_segments
+
+log = logging.getLogger("kvgate.sim")
+
+DEFAULT_MAX_TOKENS = 16
+DEFAULT_OVERHEAD_S = 0.002
+
+StoredCallback = Callable[[list[BlockHash], list[int], BlockHash | None], None]
+RemovedCallback = Callable[[list[BlockHash]], None]
+ClearedCallback = Callable[[], None]
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[Any]]
+
+
+def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
+    """The text the "text" tokenizer sees: for each message `<|{role}|>\\n{content}\\n`, then
+    `<|assistant|>\\n` (list contents: their text parts joined by newlines). Routers hashing for
+    a sim replica must render the same way (this function, or index.tokenizer.TextTokenizer)."""
+    return "".join(_transcript_segments(messages))
+
+
+class PrefixCache:
+    """LRU set of block hashes with a fixed capacity in blocks.
+
+    Invariants: len(self) <= capacity_blocks; iteration order is least → most recently used.
+    """
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 0:
+            raise ValueError("capacity must be >= 0")
+        self.capacity_blocks = capacity_blocks
+        self._lru: OrderedDict[BlockHash, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._lru
+
+    def hashes(self) -> list[BlockHash]:
+        """Held blocks, least recently used first."""
+        return list(self._lru)
+
+    def match(self, hashes: Sequence[BlockHash]) -> int:
+        """Number of leading `hashes` held (stops at the first miss); changes nothing."""
+        n = 0
+        for h in hashes:
+            if h not in self._lru:
+                break
+            n += 1
+        return n
+
+    def insert(self, hashes: Sequence[BlockHash]) -> tuple[list[int], list[BlockHash]]:
+        """Touch/insert the first capacity_blocks of `hashes`, last to first (so hashes[0] ends
+        most recently used), then evict beyond capacity.
+
+        Returns (indices into `hashes` of newly stored blocks, ascending; evicted hashes, LRU
+        first). Evicted blocks are never among those just inserted or touched."""
+        keep = list(hashes[: self.capacity_blocks])
+        new: list[int] = []
+        for i in range(len(keep) - 1, -1, -1):
+            h = keep[i]
+            if h in self._lru:
+                self._lru.move_to_end(h)
+            else:
+                self._lru[h] = None
+                new.append(i)
+        evicted: list[BlockHash] = []
+        while len(self._lru) > self.capacity_blocks:
+            evicted.append(self._lru.popitem(last=False)[0])
+        new.reverse()
+        return new, evicted
+
+    def clear(self) -> list[BlockHash]:
+        """Drop every block; returns what was held."""
+        held = list(self._lru)
+        self._lru.clear()
+        return held
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """A prompt as the engine sees it: token ids, their full-block hashes, the answer length."""
+
+    tokens: list[int]
+    hashes: list[BlockHash]
+    completion_tokens: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class PrefillInfo:
+    """What happened to one request's prefill. queue_s and ttft_s are measured on the engine's
+    clock; prefill_s is the modelled duration."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    queue_s: float
+    prefill_s: float
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens [start, end) of the answer became available. The first step arrives at TTFT with
+    the first token (start == 0, end == 1); later steps spread the rest over the decode time."""
+
+    start: int
+    end: int
+    prefill: PrefillInfo
+
+    @property
+    def first(self) -> bool:
+        return self.start == 0
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    completed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    stored_blocks: int = 0
+    evicted_blocks: int = 0
+    prefill_busy_s: float = 0.0
+
+
+class SimEngine:
+    """One simulated replica: PrefixCache + FIFO prefill queue + concurrent decode.
+
+    Rates are in tokens per second of the configured tokenizer (characters for "text").
+    """
+
+    def __init__(
+        self,
+        capacity_tokens: int,
+        block_size: int = 16,
+        *,
+        prefill_tps: float,
+        decode_tps: float,
+        tokenizer: str | ChatTokenizer = "text",
+        overhead_s: float = DEFAULT_OVERHEAD_S,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        on_stored: StoredCallback | None = None,
+        on_removed: RemovedCallback | None = None,
+        on_cleared: ClearedCallback | None = None,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if prefill_tps <= 0 or decode_tps <= 0:
+            raise ValueError("prefill_tps and decode_tps must be positive")
+        if capacity_tokens < 0 or overhead_s < 0:
+            raise ValueError("capacity_tokens and overhead_s must be >= 0")
+        self.block_size = block_size
+        self.capacity_tokens = capacity_tokens
+        self.prefill_tps = float(prefill_tps)
+        self.decode_tps = float(decode_tps)
+        self.overhead_s = float(overhead_s)
+        self.default_max_tokens = default_max_tokens
+        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        self.on_stored = on_stored
+        self.on_removed = on_removed
+        self.on_cleared = on_cleared
+        self._hasher = PromptHasher(self.tokenizer, block_size)
+        self._cache = PrefixCache(capacity_tokens // block_size)
+        self._clock = clock
+        self._sleep = sleep
+        self._counters = _Counters()
+        self._queue_len = 0
+        self._in_flight = 0
+        self._prefilling = 0
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def request(self, messages: Sequence[dict[str, Any]], max_tokens: int | None = None) -> SimRequest:
+        """Tokenize and hash a chat prompt. completion_tokens = max_tokens (default 16), >= 1."""
+        tokens = self._hasher.tokens(messages)
+        hashes, _ = self._hasher.hashes(messages)
+        n = self.default_max_tokens if max_tokens is None else max_tokens
+        return SimRequest(tokens=tokens, hashes=hashes, completion_tokens=max(1, int(n)))
+
+    def lookup(self, req: SimRequest) -> int:
+        """Tokens that would be served from cache if req's prefill started now (no state change)."""
+        return self._cache.match(req.hashes[: self._matchable_blocks(req)]) * self.block_size
+
+    def prefill_seconds(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """The modelled prefill time: overhead + uncached tokens / prefill rate."""
+        return self.overhead_s + max(0, prompt_tokens - cached_tokens) / self.prefill_tps
+
+    def decode_seconds(self, completion_tokens: int) -> float:
+        """The modelled decode time after the first token: completion_tokens / decode rate."""
+        return completion_tokens / self.decode_tps
+
+    async def generate(self, req: SimRequest, pieces: int = 1) -> AsyncIterator[Step]:
+        """Queue, prefill, decode. Yields the first token at TTFT, then the remaining tokens in
+        up to `pieces` steps evenly spread over the decode time; returns when decode ends.
+        Cancelling while queued leaves the queue without touching the cache."""
+        arrived = self._clock()
+        self._counters.requests += 1
+        self._in_flight += 1
+        try:
+            info = await self._prefill(req, arrived)
+            n = req.completion_tokens
+            yield Step(0, 1, info)
+            decode_start, decode_s = self._clock(), self.decode_seconds(n)
+            rest = n - 1
+            parts = max(1, min(pieces, rest))
+            done = 1
+            for i in range(1, parts + 1):
+                await self._sleep(max(0.0, decode_start + decode_s * i / parts - self._clock()))
+                end = 1 + rest * i // parts
+                if end > done:
+                    yield Step(done, end, info)
+                    done = end
+            self._counters.completed += 1
+        finally:
+            self._in_flight -= 1
+
+    async def complete(self, req: SimRequest) -> PrefillInfo:
+        """Run a request to the end (non-streaming); returns its prefill info."""
+        info: PrefillInfo | None = None
+        steps = self.generate(req)
+        try:
+            async for step in steps:
+                info = step.prefill
+        finally:
+            await steps.aclose()
+        assert info is not None
+        return info
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Cumulative counters since start/reset, and the live queue and cache state."""
+        c = self._counters
+        return {
+            "requests": c.requests,
+            "completed": c.completed,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
+            "hit_rate": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            "stored_blocks": c.stored_blocks,
+            "evicted_blocks": c.evicted_blocks,
+            "blocks_held": len(self._cache),
+            "capacity_blocks": self._cache.capacity_blocks,
+            "block_size": self.block_size,
+            "queue_len": self._queue_len,
+            "prefilling": self._prefilling,
+            "in_flight": self._in_flight,
+            "prefill_busy_s": round(c.prefill_busy_s, 6),
+        }
+
+    def reset(self) -> None:
+        """Empty the cache (reported through on_cleared, else on_removed) and zero the cumulative
+        counters; live requests keep running and keep their queue/in-flight accounting."""
+        held = self._cache.clear()
+        if self.on_cleared is not None:
+            self._emit(self.on_cleared)
+        elif held:
+            self._emit(self.on_removed, held)
+        self._counters = _Counters()
+
+    def held_hashes(self) -> list[BlockHash]:
+        """Blocks in the cache, least recently used first."""
+        return self._cache.hashes()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _matchable_blocks(self, req: SimRequest) -> int:
+        # vLLM recomputes the last prompt token even on a full hit, so it cannot come from cache
+        return min(len(req.hashes), max(0, req.prompt_tokens - 1) // self.block_size)
+
+    def _prefill_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop  # asyncio.Lock wakes waiters FIFO
+        return self._lock
+
+    async def _prefill(self, req: SimRequest, arrived: float) -> PrefillInfo:
+        self._queue_len += 1
+        queued = True
+        try:
+            async with self._prefill_lock():
+                self._queue_len -= 1
+                queued = False
+                started = self._clock()
+                cached = self._admit(req)
+                prefill_s = self.prefill_seconds(req.prompt_tokens, cached)
+                self._prefilling += 1
+                try:
+                    await self._sleep(prefill_s)
+                finally:
+                    self._prefilling -= 1
+                    self._counters.prefill_busy_s += prefill_s
+        finally:
+            if queued:
+                self._queue_len -= 1
+        return PrefillInfo(prompt_tokens=req.prompt_tokens, cached_tokens=cached,
+                           queue_s=started - arrived, prefill_s=prefill_s, ttft_s=self._clock() - arrived)
+
+    def _admit(self, req: SimRequest) -> int:
+        """Cache lookup + insert at prefill start; returns cached tokens and emits events."""
+        cached = self._cache.match(req.hashes[: self._matchable_blocks(req)]) * self.block_size
+        new, evicted = self._cache.insert(req.hashes)
+        c = self._counters
+        c.prompt_tokens += req.prompt_tokens
+        c.cached_tokens += cached
+        c.stored_blocks += len(new)
+        c.evicted_blocks += len(evicted)
+        if evicted:
+            self._emit(self.on_removed, evicted)
+        if new and self.on_stored is not None:
+            bs = self.block_size
+            for first, last in _runs(new):
+                parent = req.hashes[first - 1] if first > 0 else None
+                self._emit(self.on_stored, req.hashes[first : last + 1], req.tokens[first * bs : (last + 1) * bs], parent)
+        return cached
+
+    @staticmethod
+    def _emit(callback: Callable[..., None] | None, *args: Any) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:  # a broken publisher must not fail the simulated request
+            log.exception("KV event callback failed")
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending indices → inclusive (first, last) runs of consecutive values."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs

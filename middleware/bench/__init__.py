@@ -1,1 +1,0 @@
-"""Benchmark harnesses behind `kvgate bench`, and the fake backend they (and the tests) use."""

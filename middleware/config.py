@@ -30,8 +30,10 @@ class SemanticConfig(_Strict):
 
     enabled: bool = True
     threshold: float = Field(0.9, ge=0.0, le=1.0, description="cosine similarity needed for a hit")
-    ttl: float | None = Field(86400, gt=0, description="seconds an answer stays; null = forever")
-    scope: Literal["tenant", "shared"] = "tenant"
+    # Deprecated spellings of the route-level `ttl` and `scope` (which govern the exact tier too);
+    # still accepted, kept equal to the route's values by RouteConfig._one_scope_and_ttl.
+    ttl: float | None = Field(86400, gt=0, description="deprecated: use the route's `ttl`")
+    scope: Literal["tenant", "shared"] = Field("tenant", description="deprecated: use the route's `scope`")
     context: Literal["exact", "last_user_only"] = "exact"
     # the verification stage (index/verifier.py, middleware/verification.py); see README "Verified hits"
     target_precision: float | None = Field(
@@ -85,8 +87,31 @@ class RouteConfig(_Strict):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     semantic: SemanticConfig = Field(default_factory=SemanticConfig)
     exact: bool = Field(True, description="serve byte-identical repeats from the exact tier")
+    # both tiers: who shares entries, and how long they live
+    scope: Literal["tenant", "shared"] | None = Field(
+        None, description="tenant = each caller's bearer token (hashed) has its own entries; shared = pooled. "
+                          "Default: semantic.scope (deprecated spelling), else tenant")
+    ttl: float | None = Field(
+        None, gt=0, description="seconds an answer stays in both tiers. Default: semantic.ttl (deprecated "
+                                "spelling), else 86400; to keep answers forever set semantic.ttl: null")
     replicas: list[ReplicaConfig] = Field(default_factory=list, description="servers to route misses across")
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+
+    @model_validator(mode="after")
+    def _one_scope_and_ttl(self) -> "RouteConfig":
+        """`scope`/`ttl` live on the route (they govern the exact tier as well as the semantic one);
+        `semantic.scope`/`semantic.ttl` are their older spellings. Either may be given, not two
+        different values; afterwards both spellings hold the same value."""
+        for name in ("scope", "ttl"):
+            here, old = getattr(self, name), getattr(self.semantic, name)
+            if here is not None and name in self.semantic.model_fields_set and here != old:
+                raise ValueError(f"{name} ({here!r}) and semantic.{name} ({old!r}) disagree; "
+                                 f"set only {name} (semantic.{name} is its deprecated spelling)")
+            if here is None:
+                setattr(self, name, old)
+            else:
+                setattr(self.semantic, name, here)
+        return self
 
     @model_validator(mode="after")
     def _precise_needs_events(self) -> "RouteConfig":

@@ -170,7 +170,7 @@ def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: 
     params = json.loads(canonical_json(params))
     forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
     stream = bool(kwargs.get("stream", False))
-    cache_tenant = tenant if route.semantic.scope == "tenant" else None
+    cache_tenant = tenant if route.scope == "tenant" else None
 
     exact_key = digest("exact", route.name, model, messages, params, cache_tenant)
     last = messages[-1]

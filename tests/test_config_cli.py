@@ -38,11 +38,25 @@ def test_example_config_is_valid():
     ({"routes": [{"name": "a", "model": "x", "backend": {"api_bsae": "http://x"}}]}, "routes.0.backend.api_bsae"),
     ({"routes": [{"name": "a", "model": "x"}, {"name": "a", "model": "y"}]}, "routes"),
     ({"routes": [{"name": "a", "model": "x"}], "server": {"port": 70000}}, "server.port"),
+    ({"routes": [{"name": "a", "model": "x", "scope": "global"}]}, "routes.0.scope"),
+    ({"routes": [{"name": "a", "model": "x", "ttl": 60, "semantic": {"ttl": 30}}]}, "routes.0"),
 ])
 def test_bad_config_names_the_field(data, field):
     with pytest.raises(ConfigError) as err:
         parse_config(data)
     assert f"{field}:" in err.value.message
+
+
+@pytest.mark.parametrize("route, scope, ttl", [
+    ({}, "tenant", 86400),
+    ({"scope": "shared", "ttl": 60}, "shared", 60),
+    ({"semantic": {"scope": "shared", "ttl": None}}, "shared", None),  # the older spelling still works
+    ({"scope": "shared", "semantic": {"scope": "shared"}}, "shared", 86400),
+])
+def test_scope_and_ttl_live_on_the_route(route, scope, ttl):
+    """Both tiers read one scope and ttl; `semantic.scope`/`semantic.ttl` are their old spellings."""
+    r = parse_config({"routes": [{"name": "a", "model": "x", **route}]}).routes[0]
+    assert (r.scope, r.ttl) == (scope, ttl) and (r.semantic.scope, r.semantic.ttl) == (scope, ttl)
 
 
 def test_cli_bad_config_exits_with_message(tmp_path):

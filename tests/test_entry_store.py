@@ -8,8 +8,8 @@ tests at the end forge damage through one backend's internals and are that backe
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pytest

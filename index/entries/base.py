@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class CacheEntry:
         return json.dumps(self.__dict__, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "CacheEntry":
+    def from_bytes(cls, raw: bytes) -> CacheEntry:
         """Inverse of to_bytes; raises ValueError or TypeError for anything else."""
         return cls(**json.loads(raw))
 
@@ -118,8 +119,9 @@ class EntryStore(ChangeLog, Protocol):
         seconds (None: never), by the backend's own expiry, so an expired entry is never read.
 
         Visible in order vector, entry, pointer (a MULTI/EXEC or an ordered pipeline on Redis);
-        the id is then announced in the log as added. Returns the bytes the entry holds, the
-        same figure `load` reports for it later."""
+        once it returns, `read_log` lists the id as added (XADD after the write on Redis; the
+        disk store lists every allocated id). Returns the bytes the entry holds, the same figure
+        `load` reports for it later."""
         ...
 
     def put_many(self, items: Sequence[tuple[CacheEntry, np.ndarray]]) -> list[int]:

@@ -22,8 +22,8 @@ import json
 import logging
 import sqlite3
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import diskcache
 import numpy as np

@@ -1,19 +1,19 @@
-"""What other processes sharing one cache directory added or removed since this one last looked.
+"""What other processes sharing one entry store added or removed since this one last looked.
 
-Every process keeps its own FAISS vectors and LRU in memory; the entries themselves live in one
-diskcache (SQLite + files), so the exact tier is shared at once. For the rest, ids come from one
-atomic counter (`next_id`) and deletions are appended to a log (`d:<seq>`, counter `del_seq`,
-kept for DELETE_LOG_TTL_S), so catching up is two counter reads when nothing changed, and one read
-per new id or deletion otherwise. No process coordinates with another: each applies what it reads.
+Every process keeps its own FAISS vectors and LRU in memory; the entries themselves live in the
+shared store (index.entries), so the exact tier is shared at once. For the rest, each process
+reads the store's change log (`EntryStore.read_log`: for the disk store two counter reads when
+nothing changed) at most every `interval_s`. No process coordinates with another: each applies
+what it reads. This module is the policy of following (throttling, skipping one's own ids,
+retrying ids not readable yet); the log itself is the store's.
 """
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-DELETE_LOG_TTL_S = 3600.0
+from index.entries.base import ChangeLog
 
 
 @dataclass
@@ -22,30 +22,25 @@ class Changes:
     removed: list[int] = field(default_factory=list)  # ids deleted by some process
 
 
-class DiskFollower:
-    """Polls the shared counters at most every `interval_s`; ids allocated but not yet readable
-    are retried for `pending_s` (a writer between `incr` and `set`), then given up (deleted, or
-    the writer died)."""
+class Follower:
+    """Polls a change log at most every `interval_s`; ids listed but not yet readable are retried
+    for `pending_s` (a writer between allocating an id and storing it), then given up (deleted,
+    or the writer died)."""
 
-    def __init__(self, disk: Any, interval_s: float = 1.0, pending_s: float = 10.0) -> None:
-        self.disk = disk
+    def __init__(self, log: ChangeLog, interval_s: float = 1.0, pending_s: float = 10.0) -> None:
+        self.log = log
         self.interval_s = interval_s
         self.pending_s = pending_s
         self._lock = threading.Lock()
-        self._seen_id = int(disk.get("next_id", 0) or 0)
-        self._seen_del = int(disk.get("del_seq", 0) or 0)
+        self._cursor = log.log_position()
         self._pending: dict[int, float] = {}  # id → when first found missing
-        self._mine: set[int] = set()  # ids this process allocated since the last poll
+        self._mine: set[int] = set()  # ids this process stored itself, until the log lists them
         self._last = time.monotonic()
 
     def mine(self, ids: list[int]) -> None:
         """Ids this process allocated itself: it already knows them."""
         with self._lock:
             self._mine.update(ids)
-
-    def log_delete(self, entry_id: int) -> None:
-        seq = int(self.disk.incr("del_seq"))
-        self.disk.set(f"d:{seq}", entry_id, expire=DELETE_LOG_TTL_S)
 
     def poll(self, force: bool = False) -> Changes | None:
         """New and deleted ids since the last poll; None when not due (or another thread polls)."""
@@ -56,22 +51,12 @@ class DiskFollower:
             return None
         try:
             self._last = now
-            changes = Changes()
-            last_id = int(self.disk.get("next_id", 0) or 0)
-            fresh = [i for i in range(self._seen_id + 1, last_id + 1) if i not in self._mine]
-            self._mine = {i for i in self._mine if i > last_id}
-            self._seen_id = max(self._seen_id, last_id)
-            expired = [i for i, since in self._pending.items() if now - since > self.pending_s]
-            for i in expired:
+            self._cursor, added, removed = self.log.read_log(self._cursor)
+            fresh = [i for i in added if i not in self._mine]
+            self._mine.difference_update(added)
+            for i in [i for i, since in self._pending.items() if now - since > self.pending_s]:
                 del self._pending[i]
-            changes.added = [*self._pending, *fresh]
-            last_del = int(self.disk.get("del_seq", 0) or 0)
-            for seq in range(self._seen_del + 1, last_del + 1):
-                gone = self.disk.get(f"d:{seq}")
-                if gone is not None:
-                    changes.removed.append(int(gone))
-            self._seen_del = max(self._seen_del, last_del)
-            return changes
+            return Changes([*self._pending, *fresh], removed)
         finally:
             self._lock.release()
 

@@ -86,3 +86,46 @@ class ScopeVectors:
         if len(ids):
             index.add_with_ids(vecs, ids)
         self._index, self._hnsw, self._dead = index, hnsw, set()
+
+
+class ScopedVectors:
+    """ScopeVectors per scope, and which scope holds each id, so an id can be removed alone.
+
+    Only entries with a vector are here (exact-only entries never reach FAISS, so removing one
+    never leaves a tombstone); an empty scope is dropped."""
+
+    def __init__(self, dim: int, hnsw_above: int = 20_000) -> None:
+        self.dim = dim
+        self.hnsw_above = hnsw_above
+        self._scopes: dict[str, ScopeVectors] = {}
+        self._scope_of: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        """Scopes holding at least one vector."""
+        return len(self._scopes)
+
+    def add(self, scope: str, ids: np.ndarray, vecs: np.ndarray) -> None:
+        vectors = self._scopes.get(scope)
+        if vectors is None:
+            vectors = self._scopes[scope] = ScopeVectors(self.dim, self.hnsw_above)
+        vectors.add(ids, vecs)
+        self._scope_of.update((int(i), scope) for i in ids)
+
+    def remove(self, entry_id: int) -> None:
+        scope = self._scope_of.pop(entry_id, None)
+        if scope is None:
+            return
+        vectors = self._scopes[scope]
+        vectors.remove([entry_id])
+        if len(vectors) == 0:
+            del self._scopes[scope]
+
+    def search(self, scope: str, vec: np.ndarray, k: int) -> list[tuple[int, float]]:
+        """Up to k (id, similarity) of `scope` nearest to `vec`, best first."""
+        vectors = self._scopes.get(scope)
+        return vectors.search(vec, k) if vectors is not None else []
+
+    def size(self, scope: str) -> int:
+        """Vectors held for `scope`."""
+        vectors = self._scopes.get(scope)
+        return len(vectors) if vectors is not None else 0

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.semantic import SemanticIndex
+from index.semantic import CacheEntry, SemanticIndex
 
 DIM = 8
 
@@ -20,7 +20,7 @@ def answer(i: int, size: int = 400) -> dict:
 
 
 def disk_entries(index: SemanticIndex) -> int:
-    return sum(1 for k in index._disk.iterkeys() if isinstance(k, str) and k.startswith("e:"))
+    return sum(1 for k in index.entries.cache.iterkeys() if isinstance(k, str) and k.startswith("e:"))
 
 
 def test_byte_budget_evicts_oldest_and_survives_reopen(tmp_path: Path) -> None:
@@ -76,14 +76,11 @@ def test_handles_on_one_directory_follow_each_other(tmp_path: Path) -> None:
 def test_follower_waits_for_an_id_still_being_written(tmp_path: Path) -> None:
     a = SemanticIndex(tmp_path, DIM, follow_interval_s=0)
     b = SemanticIndex(tmp_path, DIM, follow_interval_s=0)
-    reserved = int(a._disk.incr("next_id"))  # a writer between incr and set, seen from b
+    (reserved,) = a.entries.allocate(1)  # a writer between allocating an id and storing it, seen from b
     assert b.catch_up() == 0 and len(b) == 0
     a.add("s", answer(9), exact_key="k9", vector=unit(9))
     assert len(b) == 1
-    from index.semantic import CacheEntry
-
-    a._disk.set(f"e:{reserved}", CacheEntry(reserved, "s", answer(8), "k8").to_bytes())
-    a._disk.set("x:k8", reserved)
+    a.entries.put(CacheEntry(reserved, "s", answer(8), "k8"))
     assert len(b) == 2 and b.get_exact("k8") is not None
     a.close()
     b.close()

@@ -71,7 +71,7 @@ def test_same_exact_key_replaces_entry(tmp_path):
 def test_damaged_entry_is_a_miss(tmp_path):
     idx = SemanticIndex(tmp_path, 384)
     e = idx.add("s", resp("x"), exact_key="k", vector=unit(np.random.default_rng(2), 1)[0])
-    idx._disk.set(f"e:{e.id}", b"\x00garbage")
+    idx.entries.cache.set(f"e:{e.id}", b"\x00garbage")  # sealed, but not an entry
     assert idx.get_exact("k") is None and len(idx) == 0
 
 

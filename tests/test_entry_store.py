@@ -1,0 +1,215 @@
+"""The EntryStore contract (index.entries.base), checked against every implementation.
+
+A backend joins by adding one opener to STORES: `opener(tmp_path, dim)` returns a function that
+opens a new handle on one shared store, so two handles stand for two processes. A Redis store adds
+its opener (skipped when no server is reachable) and must pass every test here unchanged; the
+tests at the end forge damage through one backend's internals and are that backend's own.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index.entries import CacheEntry, DiskEntryStore, EntryStore, Stored
+from index.tighten import Mark
+
+DIM = 8
+Opener = Callable[[], EntryStore]
+
+
+def disk_store(tmp_path: Path, dim: int) -> Opener:
+    return lambda: DiskEntryStore(tmp_path / "entries", dim)
+
+
+STORES = [pytest.param(disk_store, id="disk")]
+
+
+@pytest.fixture(params=STORES)
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    handles: list[EntryStore] = []
+    opener = request.param(tmp_path, DIM)
+
+    def open_handle() -> EntryStore:
+        handles.append(opener())
+        return handles[-1]
+
+    yield open_handle
+    for handle in handles:
+        handle.close()
+
+
+def unit(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def new_entry(store: EntryStore, key: str | None = None, text: str = "q", ttl: float | None = None) -> CacheEntry:
+    (entry_id,) = store.allocate(1)
+    now = time.time()
+    return CacheEntry(entry_id, "scope", {"choices": [{"message": {"content": f"answer {entry_id}"}}]}, key, text,
+                      "route", "model", now, now + ttl if ttl else None)
+
+
+def test_protocol_shape(open_store: Opener) -> None:
+    store = open_store()
+    assert isinstance(store, EntryStore)
+    assert store.dim == DIM and isinstance(store.where, str) and store.damaged == 0
+    assert store.failures and all(issubclass(f, BaseException) for f in store.failures)
+    assert store.volume() >= 0
+
+
+def test_ids_are_unique_across_handles(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    ids = a.allocate(3) + b.allocate(2) + a.allocate(1)
+    assert len(set(ids)) == 6
+
+
+def test_put_then_read_from_another_handle(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    entry = new_entry(a, key="k1", text="what is x?")
+    size = a.put(entry, unit(1))
+    assert b.get(entry.id) == entry and b.get_exact("k1") == entry and b.exact_id("k1") == entry.id
+    stored = b.load(entry.id)
+    assert isinstance(stored, Stored) and stored.entry == entry and stored.size == size > 0
+    assert stored.vector is not None and np.allclose(stored.vector, unit(1))
+    copy = b.vector(entry.id)
+    assert copy is not None and np.allclose(copy, unit(1))
+    copy[:] = 0  # a copy: the store is unchanged
+    assert np.allclose(b.vector(entry.id), unit(1))  # type: ignore[arg-type]
+
+    exact_only = new_entry(a, key="k2")
+    small = a.put(exact_only)
+    assert b.vector(exact_only.id) is None and b.load(exact_only.id).vector is None  # type: ignore[union-attr]
+    assert 0 < small and b.load(exact_only.id).size == small  # type: ignore[union-attr]
+    assert b.get(max(entry.id, exact_only.id) + 100) is None and b.get_exact("never") is None
+
+
+def test_a_newer_entry_takes_the_pointer_and_keeps_it(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    old, new = new_entry(a, key="k"), new_entry(b, key="k")
+    a.put(old, unit(1))
+    b.put(new, unit(2))
+    assert a.get_exact("k") == new and a.exact_id("k") == new.id
+    assert a.get(old.id) == old  # the earlier entry stays until deleted
+    assert a.delete(old.id)  # must not take the newer entry's pointer with it
+    assert b.get_exact("k") == new
+    assert b.delete(new.id)
+    assert a.get_exact("k") is None and a.exact_id("k") is None
+
+
+def test_a_deleted_entry_is_a_miss_everywhere(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    entry = new_entry(a, key="k")
+    a.put(entry, unit(3))
+    assert b.delete(entry.id)
+    for store in (a, b):
+        assert store.get(entry.id) is None and store.load(entry.id) is None and store.vector(entry.id) is None
+        assert store.get_exact("k") is None and entry.id not in {s.entry.id for s in store.scan()}
+    assert not a.delete(entry.id)  # twice is harmless
+    assert not a.rewrite(entry)  # and never resurrected
+
+
+def test_expired_entries_vanish(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    short, lasting = new_entry(a, key="short", ttl=0.4), new_entry(a, key="lasting")
+    a.put(short, unit(4), ttl=0.4)
+    a.put(lasting, unit(5))
+    a.set_marks("scope", [Mark(unit(6), 0.9, 1.0)], ttl=0.4)
+    assert b.get_exact("short") == short and len(b.marks("scope")) == 1
+    time.sleep(0.6)
+    assert b.get(short.id) is None and b.get_exact("short") is None and b.vector(short.id) is None
+    assert b.load(short.id) is None and not b.rewrite(short)
+    assert {s.entry.id for s in b.scan()} == {lasting.id} and b.marks("scope") == []
+
+
+def test_rewrite_keeps_vector_pointer_and_expiry(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    entry = new_entry(a, key="k", ttl=0.5)
+    a.put(entry, unit(7), ttl=0.5)
+    entry.min_similarity = 0.93
+    assert a.rewrite(entry)
+    assert b.get_exact("k").min_similarity == 0.93  # type: ignore[union-attr]
+    assert np.allclose(b.vector(entry.id), unit(7))  # type: ignore[arg-type]
+    time.sleep(0.7)
+    assert b.get(entry.id) is None  # the rewrite did not extend its life
+
+
+def test_put_many_and_scan(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    single = new_entry(a, key="one")
+    a.put(single)
+    ids = a.allocate(5)
+    rows = [CacheEntry(i, "bulk", {"n": i}, None, f"t{i}") for i in ids]
+    sizes = a.put_many([(row, unit(i)) for row, i in zip(rows, ids)])
+    scanned = {s.entry.id: s for s in b.scan()}
+    assert set(scanned) == {single.id, *ids}
+    for row, size in zip(rows, sizes):
+        assert scanned[row.id].entry == row and scanned[row.id].size == size
+        assert np.allclose(scanned[row.id].vector, unit(row.id))  # type: ignore[arg-type]
+    assert scanned[single.id].vector is None
+
+
+def test_marks_are_shared_and_replaced(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    assert a.marks("s") == []
+    a.set_marks("s", [Mark(unit(1), 0.91, 1.0), Mark(unit(2), 0.92, 2.0)])
+    got = b.marks("s")
+    assert [m.similarity for m in got] == [0.91, 0.92] and np.allclose(got[1].center, unit(2))
+    b.set_marks("s", [Mark(unit(3), 0.95, 3.0)])  # last writer wins
+    assert [m.similarity for m in a.marks("s")] == [0.95] and a.marks("other") == []
+
+
+def test_change_log_lists_adds_and_deletes_of_every_handle(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    kept, gone = new_entry(a, key="kept"), new_entry(a, key="gone")
+    a.put(kept, unit(1))
+    a.put(gone, unit(2))
+    start = b.log_position()
+    (reserved,) = a.allocate(1)  # allocated, not stored yet: may be listed, and does not load
+    fresh = new_entry(a, key="fresh")
+    a.put(fresh, unit(3))
+    assert a.delete(gone.id) and not a.delete(10_000)  # a delete of nothing is not logged
+    cursor, added, removed = b.read_log(start)
+    assert fresh.id in added and kept.id not in added and gone.id not in added
+    assert removed == [gone.id]
+    assert b.load(reserved) is None
+    assert b.read_log(cursor)[1:] == ([], [])  # nothing new since
+    b.delete(kept.id)
+    assert a.read_log(cursor)[2] == [kept.id]
+
+
+def test_a_pointer_to_another_requests_entry_is_damage(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    entry = new_entry(a, key="k1")
+    a.put(entry, unit(1))
+    entry.exact_key = "k2"  # the record no longer answers k1 while k1 still points at it
+    assert a.rewrite(entry)
+    assert b.get_exact("k1") is None and b.damaged == 1  # never another request's answer
+    assert b.exact_id("k1") is None and b.get(entry.id) == entry  # the pointer is gone, not the entry
+
+
+# ---------------------------------------------------------------- disk store's own damage handling
+def test_disk_entry_under_the_wrong_id_is_damage(tmp_path: Path) -> None:
+    store = DiskEntryStore(tmp_path, DIM)
+    first, second = new_entry(store, key="a"), new_entry(store, key="b")
+    store.put(first)
+    store.put(second)
+    store.cache.set(f"e:{second.id}", first.to_bytes())  # a page copied over another
+    assert store.get(second.id) is None and store.get_exact("b") is None and store.damaged >= 1
+    assert {s.entry.id for s in store.scan()} == {first.id}
+    store.close()
+
+
+def test_disk_unreadable_entry_is_counted_deleted_and_logged(tmp_path: Path) -> None:
+    store = DiskEntryStore(tmp_path, DIM)
+    entry = new_entry(store, key="k")
+    store.put(entry, unit(1))
+    start = store.log_position()
+    store.cache.set(f"e:{entry.id}", b"\x00not json")  # sealed, so only the JSON check can catch it
+    assert store.get_exact("k") is None and store.damaged == 1
+    assert store.vector(entry.id) is None and store.read_log(start)[2] == [entry.id]
+    store.close()

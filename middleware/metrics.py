@@ -1,7 +1,14 @@
 """Prometheus collectors, one registry per Metrics object (no module-level state)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from middleware.collectors import RoutingCollector, SoftFailing, StorageCollector
+
+if TYPE_CHECKING:
+    from middleware.routing.router import Router
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -41,6 +48,12 @@ class Metrics:
                                  ["route", "when"], registry=r)
         self.replica_up = Gauge("kvgate_replica_up", "1 while a replica takes traffic, 0 while its circuit is open",
                                 ["route", "replica"], registry=r)
+
+    def watch(self, routers: Mapping[str, "Router"], stores: Mapping[str, SoftFailing]) -> None:
+        """Export these objects' own counters at scrape time (middleware.collectors): routers
+        (replica load, prefix index, KV-event feeds) and stores (soft storage failures)."""
+        self.registry.register(RoutingCollector(routers))
+        self.registry.register(StorageCollector(stores))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -117,6 +117,7 @@ class Pipeline:
         for name, router in self.routers.items():
             for replica in router.replicas:
                 self.metrics.replica_up.labels(name, replica.name).set_function(lambda r=replica: float(r.healthy))
+        self.metrics.watch(self.routers, {"responses": self.index, "request_log": self.requests})
 
     @property
     def routers(self) -> dict[str, Router]:

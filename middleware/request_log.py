@@ -86,5 +86,9 @@ class RequestLog:
     def __len__(self) -> int:
         return len(self._disk)
 
+    def stats(self) -> dict[str, int]:
+        """`storage_errors`: records and lookups that failed softly (the request went on)."""
+        return {"storage_errors": self._soft.total}
+
     def close(self) -> None:
         self._disk.close()

@@ -5,7 +5,10 @@ import logging
 import time
 from typing import Callable
 
+from typing import Any, Union
+
 import msgpack
+import msgspec
 import pytest
 import zmq
 
@@ -15,11 +18,13 @@ from index.kv_events import (
     BlockRemoved,
     BlockStored,
     EventApplier,
+    EventFeed,
     KVEventBatch,
     ZmqEventPublisher,
     ZmqEventSubscriber,
     decode_batch,
     encode_batch,
+    order_of,
 )
 from index.prefix import PrefixIndex
 
@@ -101,8 +106,10 @@ def test_decode_older_and_newer_layouts() -> None:
     # Later releases append lora_name, extra_keys, group_idx, kv_cache_spec_* positionally.
     new = msgpack.packb([1.0, [["BlockStored", [1], None, toks(1), 16, None, "GPU", None,
                                 [None], 0, "full_attention"]], 0])
+    # The classes mirror vLLM's field order, so those fields are kept too.
     assert decode_batch(new).events == [BlockStored([1], None, toks(1), 16, None, "GPU",
-                                                    None, 0)]
+                                                    extra_keys=[None], group_idx=0,
+                                                    kv_cache_spec_kind="full_attention")]
     # Some releases encode events as maps with a "type" tag.
     as_map = msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1],
                                    "parent_block_hash": None, "token_ids": toks(1),
@@ -111,9 +118,91 @@ def test_decode_older_and_newer_layouts() -> None:
                                   {"type": "BlockRemoved", "block_hashes": [1],
                                    "medium": "GPU"}], 0])
     assert decode_batch(as_map).events == [
-        BlockStored([1], None, toks(1), 16, None, "GPU", None, 0), BlockRemoved([1], "GPU")]
+        BlockStored([1], None, toks(1), 16, None, "GPU", extra_keys=[None], group_idx=0),
+        BlockRemoved([1], "GPU")]
     as_map_batch = msgpack.packb({"ts": 2.0, "events": [["AllBlocksCleared"]]})
     assert decode_batch(as_map_batch) == KVEventBatch(2.0, [AllBlocksCleared()], None)
+
+
+# vLLM's own classes as its releases define them: array_like up to ~0.11 (lora_id and medium
+# required), maps with a "type" tag later (lora_name required too).
+class VArrayEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class VArrayStored(VArrayEvent, tag="BlockStored"):
+    block_hashes: list[Union[int, bytes]]
+    parent_block_hash: Union[int, bytes, None]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Union[int, None]
+    medium: Union[str, None]
+
+
+class VArrayRemoved(VArrayEvent, tag="BlockRemoved"):
+    block_hashes: list[Union[int, bytes]]
+    medium: Union[str, None]
+
+
+class VArrayCleared(VArrayEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class VArrayBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Union[VArrayStored, VArrayRemoved, VArrayCleared]]
+    data_parallel_rank: Union[int, None] = None
+
+
+class VMapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class VMapStored(VMapEvent, tag="BlockStored"):
+    block_hashes: list[Union[int, bytes]]
+    parent_block_hash: Union[int, bytes, None]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Union[int, None]
+    medium: Union[str, None]
+    lora_name: Union[str, None]
+    extra_keys: Union[list[Any], None] = None
+    group_idx: Union[int, None] = None
+
+
+class VMapRemoved(VMapEvent, tag="BlockRemoved"):
+    block_hashes: list[Union[int, bytes]]
+    medium: Union[str, None]
+    group_idx: Union[int, None] = None
+
+
+class VMapBatch(msgspec.Struct, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Union[VMapStored, VMapRemoved]]
+    data_parallel_rank: Union[int, None] = None
+
+
+def test_vllm_array_decoder_reads_what_we_publish() -> None:
+    # medium None too: msgspec writes every field of an array_like Struct, so the fields old
+    # vLLM readers require are always there
+    ours = KVEventBatch(ts=3.5, events=[BlockStored([1, b"h"], None, toks(1), BS),
+                                        BlockRemoved([1], "GPU"), AllBlocksCleared()])
+    theirs = msgspec.msgpack.Decoder(VArrayBatch).decode(encode_batch(ours))
+    assert theirs == VArrayBatch(3.5, [VArrayStored([1, b"h"], None, toks(1), BS, None, None),
+                                       VArrayRemoved([1], "GPU"), VArrayCleared()])
+
+
+def test_we_read_what_vllm_publishes() -> None:
+    arr = VArrayBatch(1.0, [VArrayStored([2**64 - 1], None, toks(1), BS, None, "GPU"),
+                            VArrayRemoved([2**64 - 1], "GPU"), VArrayCleared()], 1)
+    assert decode_batch(msgspec.msgpack.encode(arr)) == KVEventBatch(
+        1.0, [BlockStored([2**64 - 1], None, toks(1), BS, None, "GPU"), BlockRemoved([2**64 - 1], "GPU"),
+              AllBlocksCleared()], 1)
+    as_map = VMapBatch(2.0, [VMapStored([5], 4, toks(1), BS, None, "GPU", "ad", [None], 1),
+                             VMapRemoved([5], "GPU")], 0)
+    assert decode_batch(msgspec.msgpack.encode(as_map)) == KVEventBatch(
+        2.0, [BlockStored([5], 4, toks(1), BS, None, "GPU", "ad", [None], 1),
+              BlockRemoved([5], "GPU")], 0)
 
 
 def test_bytes_hashes() -> None:
@@ -218,6 +307,40 @@ def test_applier_bytes_engine_hashes() -> None:
     assert idx.match(block_hashes(t, BS)) == {"r": 2}
     ap.apply(BlockRemoved([b"a" * 32]))
     assert idx.match(block_hashes(t, BS)) == {"r": 0}
+
+
+# -- EventFeed ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("last, seq, order", [
+    (None, None, "next"), (None, 7, "next"), (3, None, "next"), (3, 4, "next"),
+    (3, 3, "duplicate"), (3, 6, "gap"), (3, 0, "restart"),
+])
+def test_order_of(last: int | None, seq: int | None, order: str) -> None:
+    assert order_of(last, seq) == order
+
+
+def test_feed_counts_orders_and_measures_lag() -> None:
+    idx, ap = applier()
+    now = [100.0]
+    feed = EventFeed(ap, clock=lambda: now[0], lag_buckets=(0.1, 1.0))
+    t = toks(2)
+    now[0] = 100.05
+    feed.receive(0, encode_batch(KVEventBatch(100.0, [BlockStored([1], None, t[:BS], BS)])))
+    now[0] = 102.0
+    feed.receive(1, encode_batch(KVEventBatch(100.5, [BlockStored([2], 1, t[BS:], BS), BlockRemoved([9])])))
+    feed.receive(1, encode_batch(KVEventBatch(101.0, [AllBlocksCleared()])))  # resend: skipped
+    feed.receive(4, b"\xc1")  # 2 and 3 missed; this one undecodable
+    now[0] = 99.0  # publisher clock ahead of ours: lag recorded as 0
+    feed.receive(5, encode_batch(KVEventBatch(100.0, [])))
+    s = feed.stats()
+    assert (s.batches, s.events, s.duplicates, s.gaps, s.missed_batches, s.decode_errors) == (3, 3, 1, 1, 2, 1)
+    assert s.last_seq == 5 and s.last_lag_s == 0.0 and s.lag_sum_s == pytest.approx(0.05 + 1.5)
+    assert s.lag_buckets == ((0.1, 2), (1.0, 2), (float("inf"), 3))
+    assert (s.blocks_stored, s.mapped_blocks, s.clears) == (2, 2, 0) and idx.blocks("r") == 2
+    feed.receive(0, encode_batch(KVEventBatch(99.0, [])))  # numbering restarted: engine restarted
+    s = feed.stats()
+    assert s.restarts == 1 and s.clears == 1 and idx.blocks("r") == 0
 
 
 # -- ZMQ end to end ---------------------------------------------------------------------------

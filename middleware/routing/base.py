@@ -16,8 +16,9 @@ class ReplicaState:
     pending_prefill_tokens: int = 0  # uncached prompt tokens of requests not yet past their first token
     healthy: bool = True
     down_until: float = 0.0  # circuit open until then (monotonic clock)
-    failures: int = 0
-    requests: int = 0
+    failures: int = 0  # in a row; 0 again after a success
+    requests: int = 0  # attempts sent, ever
+    marked_down: int = 0  # times its circuit opened, ever
 
 
 @dataclass

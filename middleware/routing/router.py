@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from index.kv_events import EventApplier, ZmqEventSubscriber
+from index.kv_events import EventApplier, FeedStats, ZmqEventSubscriber
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import load_tokenizer
@@ -132,6 +132,7 @@ class Router:
         with self._lock:
             replica.healthy = False
             replica.failures += 1
+            replica.marked_down += 1
             replica.down_until = self._clock() + self.cfg.down_for_s
         log.warning("replica %s marked down for %.1fs: %s", replica.name, self.cfg.down_for_s, reason)
 
@@ -152,8 +153,9 @@ class Router:
             except httpx.HTTPError:
                 pass
 
-    def event_stats(self) -> list[dict[str, Any]]:
-        return [sub.stats() for sub in self._subscribers]
+    def event_stats(self) -> dict[str, FeedStats]:
+        """Per replica, its KV-event feed's counters (precise mode; empty otherwise)."""
+        return {sub.applier.replica: sub.feed.stats() for sub in self._subscribers}
 
     def stats(self) -> dict[str, Any]:
         return {

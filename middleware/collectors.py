@@ -1,0 +1,163 @@
+"""Scrape-time Prometheus collectors: live numbers read when /metrics is scraped.
+
+The routers, their KV-event feeds and the stores already count what they do; these collectors
+only translate those numbers into metric families, so nothing is counted twice and nothing
+drifts. Names follow the Prometheus / vLLM conventions: counters (``_total`` is added on
+exposition) for things that happened, gauges for current state, ``_seconds`` for durations.
+Labels are route and replica names and fixed words only.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from index.kv_events import FeedStats
+
+if TYPE_CHECKING:
+    from middleware.routing.base import ReplicaState
+    from middleware.routing.router import Router
+
+log = logging.getLogger("kvgate.metrics")
+ROUTE_REPLICA = ("route", "replica")
+
+# (family, help, value of one replica); counters first, then gauges.
+_REPLICA_COUNTERS: tuple[tuple[str, str, Callable[["ReplicaState"], float]], ...] = (
+    ("kvgate_replica_requests", "Attempts the router sent to a replica", lambda r: r.requests),
+    ("kvgate_replica_marked_down", "Times a replica's circuit opened after a failure", lambda r: r.marked_down),
+)
+_REPLICA_GAUGES: tuple[tuple[str, str, Callable[["ReplicaState"], float]], ...] = (
+    ("kvgate_replica_requests_in_flight", "Requests sent to a replica and not finished", lambda r: r.in_flight),
+    ("kvgate_replica_pending_prefill_tokens",
+     "Uncached prompt tokens of requests not yet past their first token: the queue the policy sees",
+     lambda r: r.pending_prefill_tokens),
+    ("kvgate_replica_consecutive_failures", "Failures in a row (0 after a success)", lambda r: r.failures),
+)
+_FEED_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("kvgate_kv_events_received", "KV cache events received in decoded batches", "events"),
+    ("kvgate_kv_events_batches", "KV event batches applied to the prefix index", "batches"),
+    ("kvgate_kv_events_decode_errors", "KV event messages dropped: not a decodable batch", "decode_errors"),
+    ("kvgate_kv_events_apply_errors", "KV event batches whose application failed", "apply_errors"),
+    ("kvgate_kv_events_sequence_gaps", "Times KV event sequence numbers jumped ahead (batches lost)", "gaps"),
+    ("kvgate_kv_events_missed_batches", "KV event batches lost in sequence gaps", "missed_batches"),
+    ("kvgate_kv_events_duplicate_batches", "KV event batches skipped as resends", "duplicates"),
+    ("kvgate_kv_events_publisher_restarts", "KV event publishers seen restarting (replica blocks cleared)",
+     "restarts"),
+    ("kvgate_kv_events_blocks_stored", "Blocks added to the prefix index by BlockStored events", "blocks_stored"),
+    ("kvgate_kv_events_blocks_removed", "Blocks dropped from the prefix index by BlockRemoved events",
+     "blocks_removed"),
+    ("kvgate_kv_events_clears", "Times a replica's blocks were all dropped (AllBlocksCleared, restart)", "clears"),
+)
+_FEED_IGNORED = ("wrong_block_size", "unknown_parent")  # FeedStats fields, as `reason` labels
+
+
+class RoutingCollector(Collector):
+    """Per route and replica: the router's load and health view, its prefix index, and (precise
+    mode) the KV-event feed that fills it."""
+
+    def __init__(self, routers: Mapping[str, "Router"]) -> None:
+        self._routers = dict(routers)
+
+    def describe(self) -> Iterable[Metric]:
+        return _routing_families().values()
+
+    def collect(self) -> Iterable[Metric]:
+        fam = _routing_families()
+        for route, router in self._routers.items():
+            index = router.index.stats()
+            for replica in router.replicas:
+                labels = [route, replica.name]
+                for name, _, value in (*_REPLICA_COUNTERS, *_REPLICA_GAUGES):
+                    fam[name].add_metric(labels, float(value(replica)))
+                fam["kvgate_replica_prefix_blocks"].add_metric(labels, index["blocks"].get(replica.name, 0))
+                fam["kvgate_replica_prefix_evictions"].add_metric(labels, index["evictions"].get(replica.name, 0))
+            for replica_name, feed in router.event_stats().items():
+                _add_feed(fam, [route, replica_name], feed)
+        return fam.values()
+
+
+def _add_feed(fam: dict[str, Metric], labels: list[str], feed: FeedStats) -> None:
+    for name, _, attr in _FEED_COUNTERS:
+        fam[name].add_metric(labels, getattr(feed, attr))
+    for reason in _FEED_IGNORED:
+        fam["kvgate_kv_events_ignored"].add_metric([*labels, reason], getattr(feed, reason))
+    fam["kvgate_kv_events_mapped_blocks"].add_metric(labels, feed.mapped_blocks)
+    if feed.last_lag_s is not None:  # no sample before the first batch
+        fam["kvgate_kv_events_last_lag_seconds"].add_metric(labels, feed.last_lag_s)
+    buckets = [(_le(bound), count) for bound, count in feed.lag_buckets]
+    fam["kvgate_kv_events_lag_seconds"].add_metric(labels, buckets, feed.lag_sum_s)
+
+
+def _routing_families() -> dict[str, Metric]:
+    """Fresh, empty families (a collector builds new ones per scrape)."""
+    fam: dict[str, Metric] = {}
+    for name, doc, _ in _REPLICA_COUNTERS:
+        fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
+    for name, doc, _ in _REPLICA_GAUGES:
+        fam[name] = GaugeMetricFamily(name, doc, labels=ROUTE_REPLICA)
+    fam["kvgate_replica_prefix_blocks"] = GaugeMetricFamily(
+        "kvgate_replica_prefix_blocks", "Blocks the router's prefix index believes a replica holds", labels=ROUTE_REPLICA)
+    fam["kvgate_replica_prefix_evictions"] = CounterMetricFamily(
+        "kvgate_replica_prefix_evictions", "Blocks the prefix index evicted at a replica's capacity (approximate mode)",
+        labels=ROUTE_REPLICA)
+    for name, doc, _ in _FEED_COUNTERS:
+        fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
+    fam["kvgate_kv_events_ignored"] = CounterMetricFamily(
+        "kvgate_kv_events_ignored", "KV cache events not applied, by reason", labels=[*ROUTE_REPLICA, "reason"])
+    fam["kvgate_kv_events_mapped_blocks"] = GaugeMetricFamily(
+        "kvgate_kv_events_mapped_blocks", "Engine block hashes currently mapped to the router's", labels=ROUTE_REPLICA)
+    fam["kvgate_kv_events_last_lag_seconds"] = GaugeMetricFamily(
+        "kvgate_kv_events_last_lag_seconds", "Latest KV event batch: applied-at minus its publish time",
+        labels=ROUTE_REPLICA)
+    fam["kvgate_kv_events_lag_seconds"] = HistogramMetricFamily(
+        "kvgate_kv_events_lag_seconds", "KV event batches: applied-at minus publish time (publisher's clock)",
+        labels=ROUTE_REPLICA)
+    return fam
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class SoftFailing(Protocol):
+    """A store whose `stats()` counts `storage_errors` (index.softfail) and maybe `damaged` items."""
+
+    def stats(self) -> Mapping[str, Any]:
+        ...
+
+
+class StorageCollector(Collector):
+    """Storage operations that failed without failing the request, per store (responses, request
+    log): the figure to alert on when a disk fills up or a database is damaged."""
+
+    def __init__(self, stores: Mapping[str, SoftFailing]) -> None:
+        self._stores = dict(stores)
+
+    def describe(self) -> Iterable[Metric]:
+        return _storage_families().values()
+
+    def collect(self) -> Iterable[Metric]:
+        fam = _storage_families()
+        for store, obj in self._stores.items():
+            try:
+                stats = obj.stats()
+            except Exception:  # a store that cannot answer must not fail the whole scrape
+                log.exception("metrics: stats of store %s failed", store)
+                continue
+            fam["kvgate_cache_storage_errors"].add_metric([store], stats.get("storage_errors", 0))
+            if "damaged" in stats:
+                fam["kvgate_cache_damaged_items"].add_metric([store], stats["damaged"])
+        return fam.values()
+
+
+def _storage_families() -> dict[str, Metric]:
+    return {
+        "kvgate_cache_storage_errors": CounterMetricFamily(
+            "kvgate_cache_storage_errors", "Storage operations that failed softly (served without the store)",
+            labels=["store"]),
+        "kvgate_cache_damaged_items": CounterMetricFamily(
+            "kvgate_cache_damaged_items", "Stored items found damaged (checksum) and read as absent", labels=["store"]),
+    }

@@ -14,7 +14,7 @@ from litellm.types.utils import ModelResponseStream
 
 from middleware.replay import replay_chunks
 
-log = logging.getLogger("kvgate.pipeline")
+log = logging.getLogger("kvgate.answers")
 # An answer cut short or withheld is not an answer worth serving again.
 UNCACHEABLE_FINISH = frozenset({"length", "content_filter"})
 

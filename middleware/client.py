@@ -5,6 +5,8 @@ every response and stream chunk as `response._hidden_params["kvgate"]` (a CacheI
 `cache_info(response)`), and on stream wrappers as `.kvgate`. `cache={...}` takes LiteLLM's
 per-call names: "no-cache", "no-store", "ttl", and "namespace" (the tenant for this call).
 `gateway.feedback(cache_info(response).request_id, correct=False)` reports a wrong answer.
+`completion` is the async flow run on the pipeline's own loop thread (middleware.sync_adapter),
+so sync and async calls take the same path, and sync calls from many threads run concurrently.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Pure helpers over LiteLLM's objects and plain dicts; no I/O, no pipeline state.
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import litellm
 from litellm import ModelResponse
@@ -80,19 +80,42 @@ def served_response(stored: dict[str, Any], info: Any) -> ModelResponse:
     return response
 
 
-def replayed(stored: dict[str, Any], info: Any, include_usage: bool) -> AsyncIterator[ModelResponseStream]:
+def replayed(stored: dict[str, Any], info: Any, include_usage: bool) -> "Replay":
     """A stored answer as the stream of tagged chunks a backend would have sent."""
     chunks = [ModelResponseStream(**c) for c in replay_chunks(_public(stored), include_usage)]
     for chunk in chunks:
         tag(chunk, info)
-    return _aiter(chunks)
+    return Replay(chunks)
+
+
+class Replay:
+    """A hit's chunks, already in memory: an async iterator that is also a sync one, so the sync
+    face serves it without a trip to its loop per chunk."""
+
+    def __init__(self, chunks: list[ModelResponseStream]) -> None:
+        self._chunks: Iterator[ModelResponseStream] = iter(chunks)
+
+    def __iter__(self) -> Iterator[ModelResponseStream]:
+        return self
+
+    def __next__(self) -> ModelResponseStream:
+        return next(self._chunks)
+
+    def __aiter__(self) -> AsyncIterator[ModelResponseStream]:
+        return self
+
+    async def __anext__(self) -> ModelResponseStream:
+        for chunk in self._chunks:
+            return chunk
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        self._chunks = iter(())
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 def _public(stored: dict[str, Any]) -> dict[str, Any]:
     """Without our own bookkeeping fields (`_kvgate_cost_usd`…)."""
     return {k: v for k, v in stored.items() if not k.startswith("_kvgate")}
-
-
-async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
-    for item in items:
-        yield item

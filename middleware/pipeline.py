@@ -28,7 +28,9 @@ from index.embedder import Embedder, make_embedder  # noqa: E402
 from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
 from index.tighten import threshold_for  # noqa: E402
 from index.verifier import Verifier, VerifierMissing, load_verifier  # noqa: E402
-from middleware.answers import answer_text, assemble, cacheable, cost, replayed, served_response, streamed_text, tag  # noqa: E402
+from middleware.answers import (  # noqa: E402
+    Replay, answer_text, assemble, cacheable, cost, replayed, served_response, streamed_text, tag,
+)
 from middleware.backend import Backend, Call  # noqa: E402
 from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError, ConfigError  # noqa: E402
@@ -75,7 +77,7 @@ class Lookup:
 class Result:
     info: CacheInfo
     response: ModelResponse | None = None
-    stream: Any = None  # AsyncIterator[ModelResponseStream] (acomplete) or a SyncIterator (complete)
+    stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
 
 
 class Pipeline:
@@ -259,7 +261,7 @@ class Pipeline:
         """`acomplete` for sync callers, run on this pipeline's own loop thread; a stream comes
         back as a sync iterator (closing or dropping it cancels the backend stream)."""
         result = self._sync.run(self.acomplete(kwargs, tenant, control))
-        if result.stream is not None:
+        if result.stream is not None and not isinstance(result.stream, Replay):  # a Replay iterates as is
             result.stream = self._sync.iterate(result.stream)
         return result
 

@@ -59,11 +59,11 @@ class SyncAdapter:
     def close(self) -> None:
         """Cancel what still runs, close open async generators, stop the loop and its thread."""
         with self._lock:
+            if threading.current_thread() is self._thread:
+                raise RuntimeError("SyncAdapter.close() called from its own loop")
             loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
         if loop is None or thread is None:
             return
-        if threading.current_thread() is thread:
-            raise RuntimeError("SyncAdapter.close() called from its own loop")
         asyncio.run_coroutine_threadsafe(_drain(loop), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()

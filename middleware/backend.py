@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator
 
 import litellm
 
@@ -151,65 +151,35 @@ class Backend:
                 if not self._failed(view, ticket, exc, tried):
                     raise self.error(exc) from exc
 
-    def call(self, view: RequestView) -> Call:
-        plan, tried, base = self._plan(view), set(), self.kwargs(view)
-        while True:
-            kwargs, ticket = self._attempt(view, plan, tried, base)
-            try:
-                response = litellm.completion(**kwargs)
-                if not view.stream:
-                    return Call(response=response, ticket=ticket)
-                rest: Iterator[Any] = iter(response)
-                return self._first(Call(first=next(rest, None), rest=rest, ticket=ticket, plan=plan, tried=tried, kwargs=base))
-            except Exception as exc:
-                if not self._failed(view, ticket, exc, tried):
-                    raise self.error(exc) from exc
-
     # -------------------------------------------------------------- streams
     async def astream(self, view: RequestView, call: Call) -> AsyncIterator[Any]:
         """The chunks of a streamed answer. A replica that fails mid-stream is replaced: the
         request is re-issued on another one and resumed after what the client already has
-        (greedy requests only); `call.ticket` follows the replica now streaming."""
+        (greedy requests only); `call.ticket` follows the replica now streaming. Closing this
+        generator closes the replica's stream, so a client that goes away stops its generation."""
         resume = StreamResume()
-        if call.first is not None:
-            yield resume.sent(call.first)
-        while True:
-            try:
-                async for chunk in call.rest:
-                    out = resume.trim(chunk)
-                    if out is not None:
-                        yield out
-                return
-            except Diverged:
-                raise
-            except Exception as exc:
-                self._resume_or_raise(view, call, resume, exc)
+        try:
+            if call.first is not None:
+                yield resume.sent(call.first)
+            while True:
                 try:
-                    response = await litellm.acompletion(**self._reissue(view, call))
-                    call.rest = response.__aiter__()
-                except Exception as again:  # the new replica failed at once: book it and go on
-                    call.rest = _araise(again)
-
-    def stream(self, view: RequestView, call: Call) -> Iterator[Any]:
-        """Sync twin of `astream`."""
-        resume = StreamResume()
-        if call.first is not None:
-            yield resume.sent(call.first)
-        while True:
-            try:
-                for chunk in call.rest:
-                    out = resume.trim(chunk)
-                    if out is not None:
-                        yield out
-                return
-            except Diverged:
-                raise
-            except Exception as exc:
-                self._resume_or_raise(view, call, resume, exc)
-                try:
-                    call.rest = iter(litellm.completion(**self._reissue(view, call)))
-                except Exception as again:
-                    call.rest = _raise(again)
+                    async for chunk in call.rest:
+                        out = resume.trim(chunk)
+                        if out is not None:
+                            yield out
+                    return
+                except Diverged:
+                    raise
+                except Exception as exc:
+                    self._resume_or_raise(view, call, resume, exc)
+                    await _aclose(call.rest)
+                    try:
+                        response = await litellm.acompletion(**self._reissue(view, call))
+                        call.rest = response.__aiter__()
+                    except Exception as again:  # the new replica failed at once: book it and go on
+                        call.rest = _araise(again)
+        finally:
+            await _aclose(call.rest)
 
     def _resume_or_raise(self, view: RequestView, call: Call, resume: StreamResume, exc: Exception) -> None:
         """Book a mid-stream failure; return when the stream can go on elsewhere, else re-raise."""
@@ -257,6 +227,12 @@ async def _araise(exc: Exception) -> AsyncIterator[Any]:
     yield  # pragma: no cover
 
 
-def _raise(exc: Exception) -> Iterator[Any]:
-    raise exc
-    yield  # pragma: no cover
+async def _aclose(stream: Any) -> None:
+    """Close a backend stream (LiteLLM's wrapper releases its HTTP connection); never raises."""
+    close = getattr(stream, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception as exc:  # a stream that cannot close cleanly is already gone
+        log.debug("closing a backend stream failed: %s", exc)

@@ -5,6 +5,8 @@ every response and stream chunk as `response._hidden_params["kvgate"]` (a CacheI
 `cache_info(response)`), and on stream wrappers as `.kvgate`. `cache={...}` takes LiteLLM's
 per-call names: "no-cache", "no-store", "ttl", and "namespace" (the tenant for this call).
 `gateway.feedback(cache_info(response).request_id, correct=False)` reports a wrong answer.
+`completion` is the async flow run on the pipeline's own loop thread (middleware.sync_adapter),
+so sync and async calls take the same path, and sync calls from many threads run concurrently.
 """
 from __future__ import annotations
 
@@ -27,32 +29,39 @@ def cache_info(response: Any) -> CacheInfo | None:
     return hidden.get("kvgate")
 
 
-class Stream:
-    """Sync stream of litellm chunks; `.kvgate` says how it was served."""
+class _Served:
+    """What a stream wrapper knows: how the call was served (`.kvgate`) and its chunks."""
 
     def __init__(self, result: Result) -> None:
         self.kvgate = result.info
-        self._chunks: Iterator[Any] = result.stream
+        self._chunks = result.stream
+
+
+class Stream(_Served):
+    """Sync stream of litellm chunks; `.kvgate` says how it was served. `close()` (or dropping
+    it) before the end cancels the backend stream, and the unfinished answer is not stored."""
 
     def __iter__(self) -> Iterator[Any]:
-        return self._chunks
+        return self
 
     def __next__(self) -> Any:
         return next(self._chunks)
 
+    def close(self) -> None:
+        self._chunks.close()
 
-class AsyncStream:
+
+class AsyncStream(_Served):
     """Async stream of litellm chunks; `.kvgate` says how it was served."""
 
-    def __init__(self, result: Result) -> None:
-        self.kvgate = result.info
-        self._chunks: AsyncIterator[Any] = result.stream
-
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._chunks
+        return self
 
     async def __anext__(self) -> Any:
         return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
 
 
 class Gateway:

@@ -1,16 +1,19 @@
 """The request pipeline: route → exact tier → semantic tier → backend (LiteLLM) → store.
 
 No HTTP here: the proxy and the SDK both call `acomplete` / `complete` with LiteLLM-style kwargs
-and get back litellm response objects (or chunk iterators) plus a CacheInfo.
+and get back litellm response objects (or chunk iterators) plus a CacheInfo. The flow is written
+once, async; `complete` is a thin sync adapter that runs it on the pipeline's own loop thread
+(middleware.sync_adapter). Blocking work (embedding, FAISS search, disk writes) runs in threads.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Literal
+from typing import Any, AsyncIterator, Literal
 
 import numpy as np
 
@@ -25,21 +28,22 @@ from index.embedder import Embedder, make_embedder  # noqa: E402
 from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
 from index.tighten import threshold_for  # noqa: E402
 from index.verifier import Verifier, VerifierMissing, load_verifier  # noqa: E402
+from middleware.answers import (  # noqa: E402
+    Replay, answer_text, assemble, cacheable, cost, replayed, served_response, streamed_text, tag,
+)
 from middleware.backend import Backend, Call  # noqa: E402
 from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError, ConfigError  # noqa: E402
 from middleware.feedback import FeedbackOutcome, give_feedback  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
 from middleware.request_log import RequestLog, RequestRecord, new_request_id  # noqa: E402
-from middleware.replay import replay_chunks  # noqa: E402
 from middleware.routing.router import Router  # noqa: E402
-from middleware.verification import SemanticSettings, choose, resolve, to_verify  # noqa: E402
 from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
+from middleware.sync_adapter import SyncAdapter  # noqa: E402
+from middleware.verification import SemanticSettings, choose, resolve, to_verify  # noqa: E402
 
 log = logging.getLogger("kvgate.pipeline")
 Tier = Literal["miss", "exact", "semantic"]
-# An answer cut short or withheld is not an answer worth serving again.
-UNCACHEABLE_FINISH = frozenset({"length", "content_filter"})
 MINILM_DIM = 384
 
 
@@ -73,13 +77,7 @@ class Lookup:
 class Result:
     info: CacheInfo
     response: ModelResponse | None = None
-    stream: Any = None  # AsyncIterator[ModelResponseStream] or Iterator[ModelResponseStream]
-
-
-def cacheable(response: dict[str, Any]) -> bool:
-    """True when every choice finished normally (not cut by length or withheld)."""
-    choices = response.get("choices") or []
-    return bool(choices) and all(c.get("finish_reason") not in UNCACHEABLE_FINISH for c in choices)
+    stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
 
 
 class Pipeline:
@@ -118,12 +116,14 @@ class Pipeline:
             for replica in router.replicas:
                 self.metrics.replica_up.labels(name, replica.name).set_function(lambda r=replica: float(r.healthy))
         self.metrics.watch(self.routers, {"responses": self.index, "request_log": self.requests})
+        self._sync = SyncAdapter()  # the sync face's own loop, started by the first `complete`
 
     @property
     def routers(self) -> dict[str, Router]:
         return {name: b.router for name, b in self.backends.items() if b.router is not None}
 
     def close(self) -> None:
+        self._sync.close()  # first: open sync streams end (unstored) while the index is still open
         for router in self.routers.values():
             router.close()
         self.index.close()
@@ -173,10 +173,6 @@ class Pipeline:
         assert self.embedder is not None, "semantic tier used without an embedder"
         return self.embedder.embed([text])[0]
 
-    def lookup(self, view: RequestView) -> Lookup:
-        hit = self.lookup_exact(view)
-        return Lookup(hit) if hit else self.lookup_semantic(view)
-
     def stores(self, view: RequestView) -> bool:
         """Whether this request's answer will be written anywhere."""
         return not view.control.no_store and (view.route.exact or (view.route.semantic.enabled and view.query_text is not None))
@@ -189,9 +185,9 @@ class Pipeline:
             return None
         sem = view.route.semantic
         semantic = sem.enabled and view.query_text is not None
-        cost = _cost(response, self.backends[route].model_for(view))
-        if cost:
-            response = {**response, "_kvgate_cost_usd": cost}
+        price = cost(response, self.backends[route].model_for(view))
+        if price:
+            response = {**response, "_kvgate_cost_usd": price}
         if semantic and vector is None:
             vector = self._embed(view.query_text)  # type: ignore[arg-type]
         entry = self.index.add(
@@ -222,12 +218,12 @@ class Pipeline:
         call = await self._counted(view, backend.acall(view))
         info = CacheInfo("miss", view.route.name, replica=call.replica)
         if view.stream:
-            return Result(info, stream=self._tee_async(view, info, call, found.vector, started))
+            return Result(info, stream=self._tee(view, info, call, found.vector, started))
         payload = call.response.model_dump()
-        backend.done(call, True, view, _answer_text(payload))
+        backend.done(call, True, view, answer_text(payload))
         entry = await asyncio.to_thread(self.store, view, payload, found.vector)
         self._finish(view, info, entry, started)
-        _tag(call.response, info)
+        tag(call.response, info)
         return Result(info, response=call.response)
 
     async def _counted(self, view: RequestView, pending: Any) -> Any:
@@ -239,21 +235,23 @@ class Pipeline:
         self.metrics.backend_calls.labels(view.route.name, "ok").inc()
         return call
 
-    async def _tee_async(
+    async def _tee(
         self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float
     ) -> AsyncIterator[ModelResponseStream]:
         backend, chunks, ok = self.backends[view.route.name], [], False
         try:
-            async for chunk in backend.astream(view, call):  # resumes on another replica mid-stream
-                chunks.append(chunk)
-                yield chunk
+            # resumes on another replica mid-stream; closed with us when the client goes away
+            async with contextlib.aclosing(backend.astream(view, call)) as stream:
+                async for chunk in stream:
+                    chunks.append(chunk)
+                    yield chunk
             ok = True
         except Exception as exc:
             raise backend.error(exc) from exc
         finally:
             # reached with ok=False when the stream broke or the client went away: never stored
-            backend.done(call, ok, view, _streamed_text(chunks) if ok else None)
-        payload = self._assemble(view, chunks) if self.stores(view) else None
+            backend.done(call, ok, view, streamed_text(chunks) if ok else None)
+        payload = assemble(chunks, view.messages) if self.stores(view) else None
         entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
         self._finish(view, info, entry, started)
 
@@ -261,47 +259,15 @@ class Pipeline:
     def complete(
         self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None
     ) -> Result:
-        view = self.view(kwargs, tenant, control)
-        started = time.perf_counter()
-        found = self.lookup(view)
-        if found.hit:
-            return self._served_hit(view, found.hit, started, sync=True)
-        backend = self.backends[view.route.name]
-        try:
-            call = backend.call(view)
-        except BackendError:
-            self.metrics.backend_calls.labels(view.route.name, "error").inc()
-            raise
-        self.metrics.backend_calls.labels(view.route.name, "ok").inc()
-        info = CacheInfo("miss", view.route.name, replica=call.replica)
-        if view.stream:
-            return Result(info, stream=self._tee_sync(view, info, call, found.vector, started))
-        payload = call.response.model_dump()
-        backend.done(call, True, view, _answer_text(payload))
-        entry = self.store(view, payload, found.vector)
-        self._finish(view, info, entry, started)
-        _tag(call.response, info)
-        return Result(info, response=call.response)
-
-    def _tee_sync(
-        self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float
-    ) -> Iterator[ModelResponseStream]:
-        backend, chunks, ok = self.backends[view.route.name], [], False
-        try:
-            for chunk in backend.stream(view, call):
-                chunks.append(chunk)
-                yield chunk
-            ok = True
-        except Exception as exc:
-            raise backend.error(exc) from exc
-        finally:
-            backend.done(call, ok, view, _streamed_text(chunks) if ok else None)
-        payload = self._assemble(view, chunks) if self.stores(view) else None
-        entry = self.store(view, payload, vector) if payload else None
-        self._finish(view, info, entry, started)
+        """`acomplete` for sync callers, run on this pipeline's own loop thread; a stream comes
+        back as a sync iterator (closing or dropping it cancels the backend stream)."""
+        result = self._sync.run(self.acomplete(kwargs, tenant, control))
+        if result.stream is not None and not isinstance(result.stream, Replay):  # a Replay iterates as is
+            result.stream = self._sync.iterate(result.stream)
+        return result
 
     # ------------------------------------------------------------------ helpers
-    def _served_hit(self, view: RequestView, hit: Hit, started: float, sync: bool = False) -> Result:
+    def _served_hit(self, view: RequestView, hit: Hit, started: float) -> Result:
         info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id)
         self._remember(view, info)
         stored = hit.entry.response
@@ -309,29 +275,14 @@ class Pipeline:
         self.metrics.requests.labels(route, hit.tier).inc()
         usage = stored.get("usage") or {}
         self.metrics.tokens_saved.labels(route).inc(int(usage.get("total_tokens") or 0))
-        cost = stored.get("_kvgate_cost_usd")
-        if cost:
-            self.metrics.cost_saved.labels(route).inc(float(cost))
+        saved = stored.get("_kvgate_cost_usd")
+        if saved:
+            self.metrics.cost_saved.labels(route).inc(float(saved))
         self.metrics.latency.labels(route, hit.tier).observe(time.perf_counter() - started)
-        public = {k: v for k, v in stored.items() if not k.startswith("_kvgate")}
         if not view.stream:
-            response = ModelResponse(**public)
-            _tag(response, info)
-            return Result(info, response=response)
+            return Result(info, response=served_response(stored, info))
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
-        chunks = [_tagged_chunk(c, info) for c in replay_chunks(public, include_usage)]
-        stream = iter(chunks) if sync else _aiter(chunks)
-        return Result(info, stream=stream)
-
-    def _assemble(self, view: RequestView, chunks: list[Any]) -> dict[str, Any] | None:
-        if not chunks:
-            return None
-        try:
-            built = litellm.stream_chunk_builder(chunks, messages=view.messages)
-        except Exception as exc:  # an answer we cannot rebuild is not stored
-            log.warning("could not assemble streamed answer for storage: %s", exc)
-            return None
-        return built.model_dump() if built is not None else None
+        return Result(info, stream=replayed(stored, info, include_usage))
 
     def _finish(self, view: RequestView, info: CacheInfo, entry: CacheEntry | None, started: float) -> None:
         route = view.route.name
@@ -372,48 +323,3 @@ def _load_verifier(config: Config, position: int) -> Verifier:
 
 def _router_for(route: RouteConfig) -> Router | None:
     return Router(route.replicas, route.routing) if route.replicas else None
-
-
-def _answer_text(payload: dict[str, Any]) -> str | None:
-    choices = payload.get("choices") or []
-    message = (choices[0].get("message") or {}) if choices else {}
-    content = message.get("content")
-    return content if isinstance(content, str) else None
-
-
-def _streamed_text(chunks: list[Any]) -> str:
-    """Content of choice 0 from stream chunks (what the replica generated)."""
-    parts = []
-    for chunk in chunks:
-        choices = getattr(chunk, "choices", None) or []
-        delta = getattr(choices[0], "delta", None) if choices else None
-        content = getattr(delta, "content", None) if delta is not None else None
-        if content:
-            parts.append(content)
-    return "".join(parts)
-
-
-def _cost(payload: dict[str, Any], model: str) -> float:
-    """USD price of an answer where LiteLLM's local price map knows the model, else 0."""
-    try:
-        return float(litellm.completion_cost(completion_response=ModelResponse(**payload), model=model) or 0.0)
-    except Exception:  # unknown model / price: no estimate
-        return 0.0
-
-
-def _tag(response: Any, info: CacheInfo) -> None:
-    hidden = getattr(response, "_hidden_params", None)
-    if isinstance(hidden, dict):
-        hidden["kvgate"] = info
-        hidden["cache_hit"] = info.cache != "miss"
-
-
-def _tagged_chunk(chunk: dict[str, Any], info: CacheInfo) -> ModelResponseStream:
-    obj = ModelResponseStream(**chunk)
-    _tag(obj, info)
-    return obj
-
-
-async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
-    for item in items:
-        yield item

@@ -1,0 +1,121 @@
+"""Answers as the cache sees them: their text, price and cacheability, a streamed one put back
+together for storage, a stored one replayed as chunks, and the CacheInfo tag on what we return.
+
+Pure helpers over LiteLLM's objects and plain dicts; no I/O, no pipeline state.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncIterator, Iterator
+
+import litellm
+from litellm import ModelResponse
+from litellm.types.utils import ModelResponseStream
+
+from middleware.replay import replay_chunks
+
+log = logging.getLogger("kvgate.answers")
+# An answer cut short or withheld is not an answer worth serving again.
+UNCACHEABLE_FINISH = frozenset({"length", "content_filter"})
+
+
+def cacheable(response: dict[str, Any]) -> bool:
+    """True when every choice finished normally (not cut by length or withheld)."""
+    choices = response.get("choices") or []
+    return bool(choices) and all(c.get("finish_reason") not in UNCACHEABLE_FINISH for c in choices)
+
+
+def answer_text(payload: dict[str, Any]) -> str | None:
+    """Content of choice 0 of a full answer (None for tool calls and the like)."""
+    choices = payload.get("choices") or []
+    message = (choices[0].get("message") or {}) if choices else {}
+    content = message.get("content")
+    return content if isinstance(content, str) else None
+
+
+def streamed_text(chunks: list[Any]) -> str:
+    """Content of choice 0 from stream chunks (what the replica generated)."""
+    parts = []
+    for chunk in chunks:
+        choices = getattr(chunk, "choices", None) or []
+        delta = getattr(choices[0], "delta", None) if choices else None
+        content = getattr(delta, "content", None) if delta is not None else None
+        if content:
+            parts.append(content)
+    return "".join(parts)
+
+
+def assemble(chunks: list[Any], messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The full answer a stream's chunks make up, as a dict; None when it cannot be rebuilt."""
+    if not chunks:
+        return None
+    try:
+        built = litellm.stream_chunk_builder(chunks, messages=messages)
+    except Exception as exc:  # an answer we cannot rebuild is not stored
+        log.warning("could not assemble streamed answer for storage: %s", exc)
+        return None
+    return built.model_dump() if built is not None else None
+
+
+def cost(payload: dict[str, Any], model: str) -> float:
+    """USD price of an answer where LiteLLM's local price map knows the model, else 0."""
+    try:
+        return float(litellm.completion_cost(completion_response=ModelResponse(**payload), model=model) or 0.0)
+    except Exception:  # unknown model / price: no estimate
+        return 0.0
+
+
+def tag(response: Any, info: Any) -> None:
+    """Put the CacheInfo where SDK users read it: `response._hidden_params["kvgate"]`."""
+    hidden = getattr(response, "_hidden_params", None)
+    if isinstance(hidden, dict):
+        hidden["kvgate"] = info
+        hidden["cache_hit"] = info.cache != "miss"
+
+
+def served_response(stored: dict[str, Any], info: Any) -> ModelResponse:
+    """A stored answer as we return it, tagged."""
+    response = ModelResponse(**_public(stored))
+    tag(response, info)
+    return response
+
+
+def replayed(stored: dict[str, Any], info: Any, include_usage: bool) -> "Replay":
+    """A stored answer as the stream of tagged chunks a backend would have sent."""
+    chunks = [ModelResponseStream(**c) for c in replay_chunks(_public(stored), include_usage)]
+    for chunk in chunks:
+        tag(chunk, info)
+    return Replay(chunks)
+
+
+class Replay:
+    """A hit's chunks, already in memory: an async iterator that is also a sync one, so the sync
+    face serves it without a trip to its loop per chunk."""
+
+    def __init__(self, chunks: list[ModelResponseStream]) -> None:
+        self._chunks: Iterator[ModelResponseStream] = iter(chunks)
+
+    def __iter__(self) -> Iterator[ModelResponseStream]:
+        return self
+
+    def __next__(self) -> ModelResponseStream:
+        return next(self._chunks)
+
+    def __aiter__(self) -> AsyncIterator[ModelResponseStream]:
+        return self
+
+    async def __anext__(self) -> ModelResponseStream:
+        for chunk in self._chunks:
+            return chunk
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        self._chunks = iter(())
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def _public(stored: dict[str, Any]) -> dict[str, Any]:
+    """Without our own bookkeeping fields (`_kvgate_cost_usd`…)."""
+    return {k: v for k, v in stored.items() if not k.startswith("_kvgate")}

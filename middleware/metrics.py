@@ -28,6 +28,12 @@ class Metrics:
             "kvgate_request_seconds", "Request latency in the pipeline", ["route", "cache"],
             buckets=LATENCY_BUCKETS, registry=r,
         )
+        # vLLM's convention: TTFT as a histogram; here from the request's arrival to the first chunk
+        # a streamed answer sends (a replayed hit's first chunk, or the backend's)
+        self.ttft = Histogram(
+            "kvgate_time_to_first_token_seconds", "Streamed requests: arrival to first chunk", ["route", "cache"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.lookup_latency = Histogram(
             "kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], buckets=LATENCY_BUCKETS, registry=r
         )

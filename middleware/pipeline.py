@@ -243,6 +243,8 @@ class Pipeline:
             # resumes on another replica mid-stream; closed with us when the client goes away
             async with contextlib.aclosing(backend.astream(view, call)) as stream:
                 async for chunk in stream:
+                    if not chunks:
+                        self.metrics.ttft.labels(view.route.name, "miss").observe(time.perf_counter() - started)
                     chunks.append(chunk)
                     yield chunk
             ok = True
@@ -282,6 +284,8 @@ class Pipeline:
         if not view.stream:
             return Result(info, response=served_response(stored, info))
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
+        # the replay is in memory: its first chunk goes out as soon as the lookup is done
+        self.metrics.ttft.labels(route, hit.tier).observe(time.perf_counter() - started)
         return Result(info, stream=replayed(stored, info, include_usage))
 
     def _finish(self, view: RequestView, info: CacheInfo, entry: CacheEntry | None, started: float) -> None:

@@ -257,4 +257,10 @@ def test_models_health_metrics(make_proxy):
     assert 'kvgate_backend_calls_total{outcome="ok",route="chat"} 1.0' in metrics
     assert "kvgate_request_seconds_bucket" in metrics
     assert "kvgate_tokens_saved_total" in metrics
+    assert "kvgate_time_to_first_token_seconds_count" not in metrics  # no streamed request yet
+    proxy.chat("A streamed question about rivers", stream=True)
+    proxy.chat("A streamed question about rivers", stream=True)
+    metrics = proxy.http.get("/metrics").text
+    assert 'kvgate_time_to_first_token_seconds_count{cache="miss",route="chat"} 1.0' in metrics
+    assert 'kvgate_time_to_first_token_seconds_count{cache="exact",route="chat"} 1.0' in metrics
     assert "key-a" not in metrics and "capital" not in metrics

@@ -32,9 +32,11 @@ from index.prompt import PromptHasher
 from index.tokenizer import load_tokenizer
 from tools.bench.procs import ServerThread
 from engines.api import InvalidRequest
-from engines.replica.engine import ReplicaEngine, _StopMatcher
+from engines.replica import runner
+from engines.replica.engine import ReplicaEngine
 from engines.replica.model import load_model, model_namespace
 from engines.replica.server import create_replica_app
+from engines.replica.text import StopMatcher
 
 CT = 256
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -122,11 +124,12 @@ def test_kv_from_ram_disk_and_restart_matches_cold(engines: Any, tmp_path: Path)
     assert damaged.tails.stats()["spill_corrupt"] == 1
 
 
-def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path) -> None:
+def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     engine = engines(make_store(tmp_path), exact_prefill=True)
     first_logits: list[torch.Tensor] = []
-    pick = engine._pick
-    engine._pick = lambda logits, *a: (first_logits.append(logits.clone()), pick(logits, *a))[1]  # type: ignore[method-assign]
+    sample = runner.sample
+    monkeypatch.setattr(runner, "sample", lambda logits, *a: (first_logits.append(logits.clone()), sample(logits, *a))[1])
     chat = long_chat(36)
     cold = engine.generate(chat, max_tokens=1)  # cold: stores the prompt's chunks
     warm = engine.generate(chat, max_tokens=1)
@@ -198,10 +201,10 @@ def test_sampling_and_stop_strings(engines: Any) -> None:
 
 
 def test_stop_matcher_holds_back_partial_stops() -> None:
-    m = _StopMatcher(["END"])
+    m = StopMatcher(["END"])
     assert m.feed("abc E") == "abc " and m.feed("N") == "" and m.feed("x") == "ENx"
     assert m.feed("yEND tail") == "y" and m.stopped and m.text == "abc ENxy"
-    assert _StopMatcher([]).feed("anything") == "anything"
+    assert StopMatcher([]).feed("anything") == "anything"
 
 
 # -- HTTP -------------------------------------------------------------------------------------------

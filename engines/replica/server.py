@@ -18,11 +18,11 @@ Endpoints
 Every response carries `x-kvgate-replica: NAME`. Bad input gets a 400 in OpenAI's error format.
 
 The model runs on the engine's own worker thread, which interleaves up to --max-running requests
-step by step (prefill slices and decode steps; see engines.replica.engine); the event loop only
+step by step (prefill slices and decode steps; see engines.replica.worker); the event loop only
 tokenizes (in a thread) and relays text pieces, so /health answers during a long prefill.
 
 KV events: with --events-endpoint the replica publishes BlockStored in vLLM's format (block_size =
---chunk-tokens) through index.kv_events.ZmqEventPublisher; see engines.replica.engine for what
+--chunk-tokens) through index.kv_events.ZmqEventPublisher; see engines.replica.announce for what
 is announced and why evictions are not.
 """
 from __future__ import annotations
@@ -41,10 +41,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engines.replica.scheduling import MAX_RUNNING
+from engines.replica.types import Completion, Event, SamplingParams, Submission
 from engines.api import ChatCall, InvalidRequest, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
 
 if TYPE_CHECKING:  # the engine pulls in torch: imported where used, so `kvgate --help` stays quick
-    from engines.replica.engine import Completion, Event, ReplicaEngine, SamplingParams, Ticket
+    from engines.replica.engine import ReplicaEngine
 
 DISCONNECT_POLL_S = 0.25
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
@@ -92,9 +93,7 @@ def _number(body: dict[str, Any], name: str) -> float | None:
 
 
 def parse_sampling(body: dict[str, Any], call: ChatCall) -> SamplingParams:
-    """SamplingParams from a chat body already checked by sim.parse_chat; raises InvalidRequest."""
-    from engines.replica.engine import SamplingParams
-
+    """SamplingParams from a chat body already checked by engines.api.parse_chat; raises InvalidRequest."""
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -115,7 +114,7 @@ def parse_sampling(body: dict[str, Any], call: ChatCall) -> SamplingParams:
 
 # -- engine ↔ event loop ---------------------------------------------------------------------------
 
-def _submit(engine: ReplicaEngine, tokens: list[int], params: SamplingParams) -> tuple[Ticket, asyncio.Queue[Event]]:
+def _submit(engine: ReplicaEngine, tokens: list[int], params: SamplingParams) -> tuple[Submission, asyncio.Queue[Event]]:
     """Queue a request; its events arrive on an asyncio queue of the running loop."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
@@ -152,17 +151,17 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
         params = parse_sampling(body, call)
         tokens = await asyncio.to_thread(engine.prepare, call.messages, params)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
-        ticket, events = _submit(engine, tokens, params)
+        submission, events = _submit(engine, tokens, params)
         if call.stream:
-            return StreamingResponse(_stream(ticket, events, metrics, call, rid, created), media_type="text/event-stream")
+            return StreamingResponse(_stream(submission, events, metrics, call, rid, created), media_type="text/event-stream")
         try:
-            result = await _finish_unless_gone(request, ticket, events)
+            result = await _finish_unless_gone(request, submission, events)
         except Exception as exc:
             metrics.requests.labels(outcome="failed").inc()
             return JSONResponse({"error": {"message": f"generation failed: {exc}", "type": "internal_error",
                                            "param": None, "code": None}}, status_code=500)
         finally:
-            ticket.cancel()  # no-op when done; stops the model if this handler is cancelled
+            submission.cancel()  # no-op when done; stops the model if this handler is cancelled
         metrics.observe(result)
         payload = {
             "id": rid, "object": "chat.completion", "created": created, "model": call.model,
@@ -195,7 +194,7 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
     return app
 
 
-async def _finish_unless_gone(request: Request, ticket: Ticket, events: asyncio.Queue[Event]) -> Completion:
+async def _finish_unless_gone(request: Request, submission: Submission, events: asyncio.Queue[Event]) -> Completion:
     """_finish, cancelling the generation if the client disconnects meanwhile (checked every
     DISCONNECT_POLL_S); a cancelled request still ends with its Completion."""
     done = asyncio.ensure_future(_finish(events))
@@ -203,7 +202,7 @@ async def _finish_unless_gone(request: Request, ticket: Ticket, events: asyncio.
         while not done.done():
             await asyncio.wait({done}, timeout=DISCONNECT_POLL_S)
             if not done.done() and await request.is_disconnected():
-                ticket.cancel()
+                submission.cancel()
         return done.result()
     finally:
         done.cancel()
@@ -219,7 +218,7 @@ async def _finish(events: asyncio.Queue[Event]) -> Completion:
             return ev
 
 
-async def _stream(ticket: Ticket, events: asyncio.Queue[Event], metrics: ReplicaMetrics, call: ChatCall,
+async def _stream(submission: Submission, events: asyncio.Queue[Event], metrics: ReplicaMetrics, call: ChatCall,
                   rid: str, created: int) -> AsyncIterator[bytes]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": call.model}
     first = True
@@ -238,7 +237,7 @@ async def _stream(ticket: Ticket, events: asyncio.Queue[Event], metrics: Replica
             first = False
             yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
     finally:
-        ticket.cancel()  # no-op when finished; a client that left stops the model here
+        submission.cancel()  # no-op when finished; a client that left stops the model here
     metrics.observe(ev)
     if first:  # nothing was generated (immediate EOS): still announce the role
         yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})

@@ -255,6 +255,68 @@ def test_http_openai_litellm_and_errors(replica: tuple[ServerThread, ReplicaEngi
     http.close()
 
 
+def _scrape(http: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """/metrics as {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(http.get("/metrics").text) for s in family.samples}
+
+
+def test_metrics_export_kv_store_counters_per_tier(replica: tuple[ServerThread, ReplicaEngine]) -> None:
+    server, engine = replica
+    http = httpx.Client(base_url=server.url, timeout=60)
+    chat = {"model": "x", "messages": long_chat(), "max_tokens": 4}
+    first = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    second = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    loadable = (first["prompt_tokens"] - 1) // CT  # chunks the second request reads from RAM
+    stored = (first["prompt_tokens"] + first["completion_tokens"] - 1) // CT
+    assert loadable >= 2 and second["completion_tokens"] == first["completion_tokens"]
+
+    m = _scrape(http)
+
+    def value(name: str, **labels: str) -> float:
+        return m[(name, frozenset(labels.items()))]
+
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="memory") == loadable
+    assert value("kvgate_replica_kv_chunk_hits_total", tier="memory") == loadable
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="disk") == 0  # RAM answered every read
+    assert value("kvgate_replica_kv_chunk_hits_total", tier="disk") == 0
+    assert value("kvgate_replica_kv_chunk_misses_total") == 0
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="memory") == stored
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="disk") == stored
+    assert value("kvgate_replica_stored_chunks_total") == stored
+    assert value("kvgate_replica_kv_chunks_damaged_total", tier="disk") == 0
+    assert value("kvgate_replica_kv_storage_failures_total", tier="disk", kind="write") == 0
+    assert value("kvgate_replica_kv_objects", tier="memory") == stored
+    assert value("kvgate_replica_kv_bytes", tier="memory") > 0
+    assert value("kvgate_replica_kv_evictions_total", tier="memory") == 0
+    assert value("kvgate_replica_kv_tail_hits_total", tier="memory") == 1  # the second request's partial chunk
+
+    # chunk 0 damaged on disk, RAM emptied: the next read goes to disk, fails verification, is a miss
+    store, disk = engine.store, engine.store.tiers[1]
+    key = store.key(chunk_hashes(engine.tokens(chat["messages"]), CT)[0])
+    raw = bytearray(disk.get(key))
+    raw[len(raw) // 2] ^= 0xFF
+    disk.delete(key)
+    assert disk.put(key, bytes(raw))
+    store.clear("memory")
+    engine.tails.clear()
+    third = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    assert third["prompt_tokens_details"]["cached_tokens"] == 0
+    m = _scrape(http)
+    assert value("kvgate_replica_kv_chunks_damaged_total", tier="disk") == 1
+    assert value("kvgate_replica_kv_chunks_damaged_total", tier="memory") == 0
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="memory") == loadable + 1
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="disk") == 1
+    assert value("kvgate_replica_kv_chunk_misses_total") == 1
+    # recomputed: chunk 0 rewritten everywhere, the others only into the emptied RAM tier
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="memory") == 2 * stored
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="disk") == stored + 1
+    assert value("kvgate_replica_stored_chunks_total") == stored + 1
+    http.close()
+
+
 def test_disconnect_cancels_and_health_stays_responsive(replica: tuple[ServerThread, ReplicaEngine]) -> None:
     server, engine = replica
     http = httpx.Client(base_url=server.url, timeout=30)

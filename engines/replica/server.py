@@ -14,7 +14,8 @@ Endpoints
         (non-streaming).
         Non-stream responses carry x-kvgate-cached-tokens, x-kvgate-ttft-ms, x-kvgate-prefill-ms.
     GET /v1/models, GET /health (cheap: never waits for the model), GET /stats (engine + store
-    counters), GET /metrics (Prometheus text, one registry per app).
+    counters), GET /metrics (Prometheus text, one registry per app: per-request counters and
+    histograms, and the KV store's per-tier counters read at scrape time; engines.replica.metrics).
 Every response carries `x-kvgate-replica: NAME`. Bad input gets a 400 in OpenAI's error format.
 
 The model runs on the engine's own worker thread, which interleaves up to --max-running requests
@@ -38,8 +39,9 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
+from engines.replica.metrics import ReplicaMetrics
 from engines.replica.scheduling import MAX_RUNNING
 from engines.replica.types import Completion, Event, SamplingParams, Submission
 from engines.api import ChatCall, InvalidRequest, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
@@ -48,37 +50,6 @@ if TYPE_CHECKING:  # the engine pulls in torch: imported where used, so `kvgate 
     from engines.replica.engine import ReplicaEngine
 
 DISCONNECT_POLL_S = 0.25
-SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
-
-
-class ReplicaMetrics:
-    """Prometheus collectors of one replica app (own registry, no global state)."""
-
-    def __init__(self, engine: ReplicaEngine) -> None:
-        self.registry = r = CollectorRegistry()
-        self.requests = Counter("kvgate_replica_requests", "Chat requests by outcome", ["outcome"], registry=r)
-        self.prompt_tokens = Counter("kvgate_replica_prompt_tokens", "Prompt tokens received", registry=r)
-        self.cached_tokens = Counter("kvgate_replica_cached_tokens", "Prompt tokens whose KV was loaded from the chunk store", registry=r)
-        self.completion_tokens = Counter("kvgate_replica_completion_tokens", "Tokens generated", registry=r)
-        self.stored_chunks = Counter("kvgate_replica_stored_chunks", "KV chunks newly written to the store", registry=r)
-        self.prefill = Histogram("kvgate_replica_prefill_seconds", "Prefill time (uncached prompt tokens)", buckets=SECONDS_BUCKETS, registry=r)
-        self.load = Histogram("kvgate_replica_kv_load_seconds", "Time to load KV chunks from the store", buckets=SECONDS_BUCKETS, registry=r)
-        self.ttft = Histogram("kvgate_replica_ttft_seconds", "Time to first token, queue included", buckets=SECONDS_BUCKETS, registry=r)
-        queue_len = Gauge("kvgate_replica_queue_length", "Requests waiting for the model", registry=r)
-        queue_len.set_function(lambda: engine.stats(store=False)["queue_len"])
-
-    def observe(self, c: Completion) -> None:
-        self.requests.labels(outcome=c.finish_reason if c.finish_reason == "cancelled" else "completed").inc()
-        self.prompt_tokens.inc(c.prompt_tokens)
-        self.cached_tokens.inc(c.cached_tokens)
-        self.completion_tokens.inc(c.completion_tokens)
-        self.stored_chunks.inc(c.stored_chunks)
-        self.prefill.observe(c.prefill_s)
-        self.load.observe(c.load_s)
-        self.ttft.observe(c.ttft_s)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 # -- request parsing ------------------------------------------------------------------------------
@@ -189,7 +160,7 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

@@ -72,7 +72,7 @@ class Completion:
         return {k: round(getattr(self, k), 6) for k in ("queue_s", "load_s", "prefill_s", "ttft_s", "decode_s", "store_s")}
 
     @staticmethod
-    def cancelled_before_start(prompt_tokens: int, queue_s: float) -> "Completion":
+    def cancelled_before_start(prompt_tokens: int, queue_s: float) -> Completion:
         """A request cancelled while it waited: nothing computed, nothing stored."""
         return Completion("", "cancelled", prompt_tokens, 0, 0, 0, queue_s, 0.0, 0.0, 0.0, 0.0, 0.0)
 
@@ -154,7 +154,7 @@ class TokenStream:
         if self.completion is None:
             self._submission.cancel()
 
-    def __enter__(self) -> "TokenStream":
+    def __enter__(self) -> TokenStream:
         return self
 
     def __exit__(self, *exc: object) -> None:

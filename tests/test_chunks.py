@@ -228,6 +228,8 @@ def test_store_across_tiers_promotion_and_gap(tmp_path: Path) -> None:
     assert len(got) == 5 and all(same_chunk(a, b) for a, b in zip(got, chunks))
     s = store.stats()
     assert s["hits"] == {"memory": 2, "disk": 5} and s["promotions"] == 5
+    # per tier: a tier is asked only after the faster ones missed; promotions count as writes
+    assert s["queries"] == {"memory": 9, "disk": 7} and s["writes"] == {"memory": 10, "disk": 5}
     assert s["tiers"]["memory"]["items"] == 5
     store.get_many(hs)
     assert store.stats()["hits"]["memory"] == 7
@@ -292,7 +294,7 @@ def test_disk_corruption_is_detected_deleted_and_repaired(tmp_path: Path, damage
     assert len(got) == 2 and all(same_chunk(a, b) for a, b in zip(got, chunks))
     assert "corrupt KV chunk" in caplog.text
     s = store.stats()
-    assert s["corrupt"] == 1 and s["hits"]["disk"] == 2
+    assert s["corrupt"] == 1 and s["hits"]["disk"] == 2 and s["corrupt_by_tier"] == {"memory": 0, "disk": 1}
     key = store.key(hs[2])
     assert not any(t.contains(key) for t in store.tiers)  # deleted everywhere
     assert store.longest_prefix(hs) == 2

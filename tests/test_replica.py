@@ -32,9 +32,11 @@ from index.prompt import PromptHasher
 from index.tokenizer import load_tokenizer
 from tools.bench.procs import ServerThread
 from engines.api import InvalidRequest
-from engines.replica.engine import ReplicaEngine, _StopMatcher
+from engines.replica import runner
+from engines.replica.engine import ReplicaEngine
 from engines.replica.model import load_model, model_namespace
 from engines.replica.server import create_replica_app
+from engines.replica.text import StopMatcher
 
 CT = 256
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -122,11 +124,12 @@ def test_kv_from_ram_disk_and_restart_matches_cold(engines: Any, tmp_path: Path)
     assert damaged.tails.stats()["spill_corrupt"] == 1
 
 
-def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path) -> None:
+def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     engine = engines(make_store(tmp_path), exact_prefill=True)
     first_logits: list[torch.Tensor] = []
-    pick = engine._pick
-    engine._pick = lambda logits, *a: (first_logits.append(logits.clone()), pick(logits, *a))[1]  # type: ignore[method-assign]
+    sample = runner.sample
+    monkeypatch.setattr(runner, "sample", lambda logits, *a: (first_logits.append(logits.clone()), sample(logits, *a))[1])
     chat = long_chat(36)
     cold = engine.generate(chat, max_tokens=1)  # cold: stores the prompt's chunks
     warm = engine.generate(chat, max_tokens=1)
@@ -198,10 +201,10 @@ def test_sampling_and_stop_strings(engines: Any) -> None:
 
 
 def test_stop_matcher_holds_back_partial_stops() -> None:
-    m = _StopMatcher(["END"])
+    m = StopMatcher(["END"])
     assert m.feed("abc E") == "abc " and m.feed("N") == "" and m.feed("x") == "ENx"
     assert m.feed("yEND tail") == "y" and m.stopped and m.text == "abc ENxy"
-    assert _StopMatcher([]).feed("anything") == "anything"
+    assert StopMatcher([]).feed("anything") == "anything"
 
 
 # -- HTTP -------------------------------------------------------------------------------------------
@@ -249,6 +252,68 @@ def test_http_openai_litellm_and_errors(replica: tuple[ServerThread, ReplicaEngi
     metrics = http.get("/metrics").text
     assert "kvgate_replica_cached_tokens_total" in metrics and "kvgate_replica_prefill_seconds" in metrics
     assert http.get("/health").headers["x-kvgate-replica"] == "r1"
+    http.close()
+
+
+def _scrape(http: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """/metrics as {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(http.get("/metrics").text) for s in family.samples}
+
+
+def test_metrics_export_kv_store_counters_per_tier(replica: tuple[ServerThread, ReplicaEngine]) -> None:
+    server, engine = replica
+    http = httpx.Client(base_url=server.url, timeout=60)
+    chat = {"model": "x", "messages": long_chat(), "max_tokens": 4}
+    first = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    second = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    loadable = (first["prompt_tokens"] - 1) // CT  # chunks the second request reads from RAM
+    stored = (first["prompt_tokens"] + first["completion_tokens"] - 1) // CT
+    assert loadable >= 2 and second["completion_tokens"] == first["completion_tokens"]
+
+    m = _scrape(http)
+
+    def value(name: str, **labels: str) -> float:
+        return m[(name, frozenset(labels.items()))]
+
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="memory") == loadable
+    assert value("kvgate_replica_kv_chunk_hits_total", tier="memory") == loadable
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="disk") == 0  # RAM answered every read
+    assert value("kvgate_replica_kv_chunk_hits_total", tier="disk") == 0
+    assert value("kvgate_replica_kv_chunk_misses_total") == 0
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="memory") == stored
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="disk") == stored
+    assert value("kvgate_replica_stored_chunks_total") == stored
+    assert value("kvgate_replica_kv_chunks_damaged_total", tier="disk") == 0
+    assert value("kvgate_replica_kv_storage_failures_total", tier="disk", kind="write") == 0
+    assert value("kvgate_replica_kv_objects", tier="memory") == stored
+    assert value("kvgate_replica_kv_bytes", tier="memory") > 0
+    assert value("kvgate_replica_kv_evictions_total", tier="memory") == 0
+    assert value("kvgate_replica_kv_tail_hits_total", tier="memory") == 1  # the second request's partial chunk
+
+    # chunk 0 damaged on disk, RAM emptied: the next read goes to disk, fails verification, is a miss
+    store, disk = engine.store, engine.store.tiers[1]
+    key = store.key(chunk_hashes(engine.tokens(chat["messages"]), CT)[0])
+    raw = bytearray(disk.get(key))
+    raw[len(raw) // 2] ^= 0xFF
+    disk.delete(key)
+    assert disk.put(key, bytes(raw))
+    store.clear("memory")
+    engine.tails.clear()
+    third = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    assert third["prompt_tokens_details"]["cached_tokens"] == 0
+    m = _scrape(http)
+    assert value("kvgate_replica_kv_chunks_damaged_total", tier="disk") == 1
+    assert value("kvgate_replica_kv_chunks_damaged_total", tier="memory") == 0
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="memory") == loadable + 1
+    assert value("kvgate_replica_kv_chunk_queries_total", tier="disk") == 1
+    assert value("kvgate_replica_kv_chunk_misses_total") == 1
+    # recomputed: chunk 0 rewritten everywhere, the others only into the emptied RAM tier
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="memory") == 2 * stored
+    assert value("kvgate_replica_kv_chunk_writes_total", tier="disk") == stored + 1
+    assert value("kvgate_replica_stored_chunks_total") == stored + 1
     http.close()
 
 

@@ -14,15 +14,16 @@ Endpoints
         (non-streaming).
         Non-stream responses carry x-kvgate-cached-tokens, x-kvgate-ttft-ms, x-kvgate-prefill-ms.
     GET /v1/models, GET /health (cheap: never waits for the model), GET /stats (engine + store
-    counters), GET /metrics (Prometheus text, one registry per app).
+    counters), GET /metrics (Prometheus text, one registry per app: per-request counters and
+    histograms, and the KV store's per-tier counters read at scrape time; engines.replica.metrics).
 Every response carries `x-kvgate-replica: NAME`. Bad input gets a 400 in OpenAI's error format.
 
 The model runs on the engine's own worker thread, which interleaves up to --max-running requests
-step by step (prefill slices and decode steps; see engines.replica.engine); the event loop only
+step by step (prefill slices and decode steps; see engines.replica.worker); the event loop only
 tokenizes (in a thread) and relays text pieces, so /health answers during a long prefill.
 
 KV events: with --events-endpoint the replica publishes BlockStored in vLLM's format (block_size =
---chunk-tokens) through index.kv_events.ZmqEventPublisher; see engines.replica.engine for what
+--chunk-tokens) through index.kv_events.ZmqEventPublisher; see engines.replica.announce for what
 is announced and why evictions are not.
 """
 from __future__ import annotations
@@ -38,46 +39,17 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
+from engines.replica.metrics import ReplicaMetrics
 from engines.replica.scheduling import MAX_RUNNING
+from engines.replica.types import Completion, Event, SamplingParams, Submission
 from engines.api import ChatCall, InvalidRequest, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
 
 if TYPE_CHECKING:  # the engine pulls in torch: imported where used, so `kvgate --help` stays quick
-    from engines.replica.engine import Completion, Event, ReplicaEngine, SamplingParams, Ticket
+    from engines.replica.engine import ReplicaEngine
 
 DISCONNECT_POLL_S = 0.25
-SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
-
-
-class ReplicaMetrics:
-    """Prometheus collectors of one replica app (own registry, no global state)."""
-
-    def __init__(self, engine: ReplicaEngine) -> None:
-        self.registry = r = CollectorRegistry()
-        self.requests = Counter("kvgate_replica_requests", "Chat requests by outcome", ["outcome"], registry=r)
-        self.prompt_tokens = Counter("kvgate_replica_prompt_tokens", "Prompt tokens received", registry=r)
-        self.cached_tokens = Counter("kvgate_replica_cached_tokens", "Prompt tokens whose KV was loaded from the chunk store", registry=r)
-        self.completion_tokens = Counter("kvgate_replica_completion_tokens", "Tokens generated", registry=r)
-        self.stored_chunks = Counter("kvgate_replica_stored_chunks", "KV chunks newly written to the store", registry=r)
-        self.prefill = Histogram("kvgate_replica_prefill_seconds", "Prefill time (uncached prompt tokens)", buckets=SECONDS_BUCKETS, registry=r)
-        self.load = Histogram("kvgate_replica_kv_load_seconds", "Time to load KV chunks from the store", buckets=SECONDS_BUCKETS, registry=r)
-        self.ttft = Histogram("kvgate_replica_ttft_seconds", "Time to first token, queue included", buckets=SECONDS_BUCKETS, registry=r)
-        queue_len = Gauge("kvgate_replica_queue_length", "Requests waiting for the model", registry=r)
-        queue_len.set_function(lambda: engine.stats(store=False)["queue_len"])
-
-    def observe(self, c: Completion) -> None:
-        self.requests.labels(outcome=c.finish_reason if c.finish_reason == "cancelled" else "completed").inc()
-        self.prompt_tokens.inc(c.prompt_tokens)
-        self.cached_tokens.inc(c.cached_tokens)
-        self.completion_tokens.inc(c.completion_tokens)
-        self.stored_chunks.inc(c.stored_chunks)
-        self.prefill.observe(c.prefill_s)
-        self.load.observe(c.load_s)
-        self.ttft.observe(c.ttft_s)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 # -- request parsing ------------------------------------------------------------------------------
@@ -92,9 +64,7 @@ def _number(body: dict[str, Any], name: str) -> float | None:
 
 
 def parse_sampling(body: dict[str, Any], call: ChatCall) -> SamplingParams:
-    """SamplingParams from a chat body already checked by sim.parse_chat; raises InvalidRequest."""
-    from engines.replica.engine import SamplingParams
-
+    """SamplingParams from a chat body already checked by engines.api.parse_chat; raises InvalidRequest."""
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -115,7 +85,7 @@ def parse_sampling(body: dict[str, Any], call: ChatCall) -> SamplingParams:
 
 # -- engine ↔ event loop ---------------------------------------------------------------------------
 
-def _submit(engine: ReplicaEngine, tokens: list[int], params: SamplingParams) -> tuple[Ticket, asyncio.Queue[Event]]:
+def _submit(engine: ReplicaEngine, tokens: list[int], params: SamplingParams) -> tuple[Submission, asyncio.Queue[Event]]:
     """Queue a request; its events arrive on an asyncio queue of the running loop."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
@@ -152,17 +122,17 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
         params = parse_sampling(body, call)
         tokens = await asyncio.to_thread(engine.prepare, call.messages, params)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
-        ticket, events = _submit(engine, tokens, params)
+        submission, events = _submit(engine, tokens, params)
         if call.stream:
-            return StreamingResponse(_stream(ticket, events, metrics, call, rid, created), media_type="text/event-stream")
+            return StreamingResponse(_stream(submission, events, metrics, call, rid, created), media_type="text/event-stream")
         try:
-            result = await _finish_unless_gone(request, ticket, events)
+            result = await _finish_unless_gone(request, submission, events)
         except Exception as exc:
             metrics.requests.labels(outcome="failed").inc()
             return JSONResponse({"error": {"message": f"generation failed: {exc}", "type": "internal_error",
                                            "param": None, "code": None}}, status_code=500)
         finally:
-            ticket.cancel()  # no-op when done; stops the model if this handler is cancelled
+            submission.cancel()  # no-op when done; stops the model if this handler is cancelled
         metrics.observe(result)
         payload = {
             "id": rid, "object": "chat.completion", "created": created, "model": call.model,
@@ -190,12 +160,12 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
-async def _finish_unless_gone(request: Request, ticket: Ticket, events: asyncio.Queue[Event]) -> Completion:
+async def _finish_unless_gone(request: Request, submission: Submission, events: asyncio.Queue[Event]) -> Completion:
     """_finish, cancelling the generation if the client disconnects meanwhile (checked every
     DISCONNECT_POLL_S); a cancelled request still ends with its Completion."""
     done = asyncio.ensure_future(_finish(events))
@@ -203,7 +173,7 @@ async def _finish_unless_gone(request: Request, ticket: Ticket, events: asyncio.
         while not done.done():
             await asyncio.wait({done}, timeout=DISCONNECT_POLL_S)
             if not done.done() and await request.is_disconnected():
-                ticket.cancel()
+                submission.cancel()
         return done.result()
     finally:
         done.cancel()
@@ -219,7 +189,7 @@ async def _finish(events: asyncio.Queue[Event]) -> Completion:
             return ev
 
 
-async def _stream(ticket: Ticket, events: asyncio.Queue[Event], metrics: ReplicaMetrics, call: ChatCall,
+async def _stream(submission: Submission, events: asyncio.Queue[Event], metrics: ReplicaMetrics, call: ChatCall,
                   rid: str, created: int) -> AsyncIterator[bytes]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": call.model}
     first = True
@@ -238,7 +208,7 @@ async def _stream(ticket: Ticket, events: asyncio.Queue[Event], metrics: Replica
             first = False
             yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
     finally:
-        ticket.cancel()  # no-op when finished; a client that left stops the model here
+        submission.cancel()  # no-op when finished; a client that left stops the model here
     metrics.observe(ev)
     if first:  # nothing was generated (immediate EOS): still announce the role
         yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import xxhash
@@ -163,7 +163,11 @@ class TailCache:
             self._tails.clear()  # RAM only: the spill tier is the store's to clear
             self._bytes = 0
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
+        """RAM contents and counters: "hits" served from RAM, "spill_hits" read back from the
+        spill tier (named "spill_tier", None without one), "spill_corrupt" spilled tails that
+        failed verification (dropped)."""
         with self._lock:
             return {"tails": len(self._tails), "bytes": self._bytes, "budget_bytes": self.budget_bytes, "hits": self.hits,
-                    "spill_hits": self.spill_hits, "spill_corrupt": self.spill_corrupt}
+                    "spill_hits": self.spill_hits, "spill_corrupt": self.spill_corrupt,
+                    "spill_tier": None if self.spill is None else self.spill.name}

@@ -16,21 +16,14 @@ Prompt → tokens → blocks
     index.prompt.PromptHasher(TextTokenizer(), block_size). Another tokenizer spec ("smollm2", a local HF directory) uses that model's chat
     template and ids instead; everything then counts real tokens.
 
-Prefix cache (PrefixCache)
-    An LRU set of block hashes holding at most capacity_tokens // block_size blocks.
-    - lookup: the number of LEADING blocks of the prompt present, stopping at the first miss
-      (chained hashes make that the longest cached token prefix). As in vLLM, a fully cached
-      prompt still recomputes its last token, so at most (prompt_tokens - 1) // block_size blocks
-      can match; cached_tokens = matched_blocks * block_size.
-    - insert: the prompt's full blocks (at most capacity of them) are touched from the LAST to the
-      FIRST, so a chain's leading blocks are the most recently used and pressure evicts tails
-      first (vLLM frees a request's blocks in reverse order for the same reason); then LRU blocks
-      beyond capacity are evicted. Generated tokens are not cached (the simulated answer is
-      filler that a replayed trace's next turn does not contain). Blocks in use by running
-      requests may be evicted (a real engine pins them; the difference only matters when a
-      single batch nearly fills the cache).
-    - Lookup and insert happen together at the moment a request's prefill STARTS (leaves the
-      queue), so a queued request that shares a prefix with the one before it benefits from it.
+Prefix cache (engines.sim.prefix_cache.PrefixCache)
+    An LRU set of block hashes holding at most capacity_tokens // block_size blocks. As in vLLM,
+    a fully cached prompt still recomputes its last token, so at most
+    (prompt_tokens - 1) // block_size blocks can match; cached_tokens = matched_blocks *
+    block_size. Generated tokens are not cached (the simulated answer is filler that a replayed
+    trace's next turn does not contain). Lookup and insert happen together at the moment a
+    request's prefill STARTS (leaves the queue), so a queued request that shares a prefix with the
+    one before it benefits from it.
 
 Timing model (one replica)
     - Prefill is compute-bound and serialized: one FIFO prefill queue per replica. A request's
@@ -64,7 +57,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
@@ -72,6 +64,10 @@ from index.hashing import BlockHash
 from index.prompt import PromptHasher
 from index.tokenizer import ChatTokenizer, load_tokenizer
 from index.tokenizer import render_transcript as _transcript_segments
+from engines.sim.prefix_cache import PrefixCache, consecutive_runs
+
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_OVERHEAD_S", "PrefillInfo", "PrefixCache", "SimEngine", "SimRequest", "Step",
+           "render_transcript"]
 
 log = logging.getLogger("kvgate.sim")
 
@@ -90,65 +86,6 @@ def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
     `<|assistant|>\\n` (list contents: their text parts joined by newlines). Routers hashing for
     a sim replica must render the same way (this function, or index.tokenizer.TextTokenizer)."""
     return "".join(_transcript_segments(messages))
-
-
-class PrefixCache:
-    """LRU set of block hashes with a fixed capacity in blocks.
-
-    Invariants: len(self) <= capacity_blocks; iteration order is least → most recently used.
-    """
-
-    def __init__(self, capacity_blocks: int) -> None:
-        if capacity_blocks < 0:
-            raise ValueError("capacity must be >= 0")
-        self.capacity_blocks = capacity_blocks
-        self._lru: OrderedDict[BlockHash, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, block: object) -> bool:
-        return block in self._lru
-
-    def hashes(self) -> list[BlockHash]:
-        """Held blocks, least recently used first."""
-        return list(self._lru)
-
-    def match(self, hashes: Sequence[BlockHash]) -> int:
-        """Number of leading `hashes` held (stops at the first miss); changes nothing."""
-        n = 0
-        for h in hashes:
-            if h not in self._lru:
-                break
-            n += 1
-        return n
-
-    def insert(self, hashes: Sequence[BlockHash]) -> tuple[list[int], list[BlockHash]]:
-        """Touch/insert the first capacity_blocks of `hashes`, last to first (so hashes[0] ends
-        most recently used), then evict beyond capacity.
-
-        Returns (indices into `hashes` of newly stored blocks, ascending; evicted hashes, LRU
-        first). Evicted blocks are never among those just inserted or touched."""
-        keep = list(hashes[: self.capacity_blocks])
-        new: list[int] = []
-        for i in range(len(keep) - 1, -1, -1):
-            h = keep[i]
-            if h in self._lru:
-                self._lru.move_to_end(h)
-            else:
-                self._lru[h] = None
-                new.append(i)
-        evicted: list[BlockHash] = []
-        while len(self._lru) > self.capacity_blocks:
-            evicted.append(self._lru.popitem(last=False)[0])
-        new.reverse()
-        return new, evicted
-
-    def clear(self) -> list[BlockHash]:
-        """Drop every block; returns what was held."""
-        held = list(self._lru)
-        self._lru.clear()
-        return held
 
 
 @dataclass(frozen=True)
@@ -391,7 +328,7 @@ class SimEngine:
             self._emit(self.on_removed, evicted)
         if new and self.on_stored is not None:
             bs = self.block_size
-            for first, last in _runs(new):
+            for first, last in consecutive_runs(new):
                 parent = req.hashes[first - 1] if first > 0 else None
                 self._emit(self.on_stored, req.hashes[first : last + 1], req.tokens[first * bs : (last + 1) * bs], parent)
         return cached
@@ -405,13 +342,3 @@ class SimEngine:
         except Exception:  # a broken publisher must not fail the simulated request
             log.exception("KV event callback failed")
 
-
-def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
-    """Ascending indices → inclusive (first, last) runs of consecutive values."""
-    runs: list[tuple[int, int]] = []
-    for i in indices:
-        if runs and runs[-1][1] == i - 1:
-            runs[-1] = (runs[-1][0], i)
-        else:
-            runs.append((i, i))
-    return runs

@@ -52,7 +52,10 @@ class ChunkStore:
         self.namespace = namespace
         self._prefix = f"kv:{namespace}:"
         self._lock = threading.Lock()  # guards the counters below
-        self._hits = {name: 0 for name in names}
+        self._queries = {name: 0 for name in names}  # reads asked of the tier (after the faster ones missed)
+        self._hits = {name: 0 for name in names}  # reads the tier served, verified
+        self._writes = {name: 0 for name in names}  # chunks written to the tier (put_many and promotions)
+        self._corrupt_by_tier = {name: 0 for name in names}  # reads that failed verification, by tier
         self._misses = 0
         self._corrupt = 0
         self._promotions = 0
@@ -89,6 +92,8 @@ class ChunkStore:
 
     def _load(self, key: str) -> KVChunk | None:
         for i, tier in enumerate(self.tiers):
+            with self._lock:
+                self._queries[tier.name] += 1
             try:
                 data = tier.get(key)
                 if data is None:
@@ -97,13 +102,13 @@ class ChunkStore:
             except CorruptChunk as e:
                 self._drop_corrupt(key, tier.name, e)
                 return None
-            promoted = False
-            for faster in self.tiers[:i]:
-                promoted |= faster.put(key, data)
+            promoted = [faster.name for faster in self.tiers[:i] if faster.put(key, data)]
             with self._lock:
                 self._hits[tier.name] += 1
                 self._bytes_read += len(data)
-                self._promotions += promoted
+                self._promotions += bool(promoted)
+                for name in promoted:
+                    self._writes[name] += 1
             return chunk
         with self._lock:
             self._misses += 1
@@ -117,6 +122,7 @@ class ChunkStore:
             t.delete(key)
         with self._lock:
             self._corrupt += 1
+            self._corrupt_by_tier[tier] += 1
             self._misses += 1
 
     def put_many(self, hashes: Sequence[BlockHash], chunks: Sequence[KVChunk]) -> int:
@@ -126,6 +132,7 @@ class ChunkStore:
         if len(hashes) != len(chunks):
             raise ValueError(f"{len(hashes)} hashes for {len(chunks)} chunks")
         new = puts = failures = written = 0
+        writes = {t.name: 0 for t in self.tiers}
         for h, chunk in zip(hashes, chunks):
             key = self.key(h)
             missing = [t for t in self.tiers if not t.contains(key)]
@@ -137,6 +144,7 @@ class ChunkStore:
                 if t.put(key, data):
                     stored += 1
                     written += len(data)
+                    writes[t.name] += 1
                 else:
                     failures += 1
             puts += stored
@@ -147,6 +155,8 @@ class ChunkStore:
             self._puts += puts
             self._put_failures += failures
             self._bytes_written += written
+            for name, n in writes.items():
+                self._writes[name] += n
         return new
 
     def stored_hashes(self) -> list[BlockHash]:
@@ -163,12 +173,19 @@ class ChunkStore:
         return sorted(found)
 
     def stats(self) -> dict[str, Any]:
-        """Counters since construction plus each tier's own stats under "tiers"."""
+        """Counters since construction plus each tier's own stats under "tiers". Per tier (dicts
+        by tier name): "queries" (chunk reads asked of it: a tier is asked only after every
+        faster one missed), "hits" (reads it served, verified), "writes" (chunks written to it,
+        promotions included), "corrupt_by_tier" (reads that failed verification there).
+        Store-wide: "misses" (reads no tier served, damaged ones included), "corrupt"."""
         with self._lock:
             out: dict[str, Any] = {
+                "queries": dict(self._queries),
                 "hits": dict(self._hits),
+                "writes": dict(self._writes),
                 "misses": self._misses,
                 "corrupt": self._corrupt,
+                "corrupt_by_tier": dict(self._corrupt_by_tier),
                 "promotions": self._promotions,
                 "puts": self._puts,
                 "new_chunks": self._new,

@@ -2,10 +2,13 @@
 loads, module sizes, and README's layout against the tree."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("index", "middleware", "engines", "tools")
@@ -90,3 +93,52 @@ def test_cli_loads_only_the_subcommand_it_runs() -> None:
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["[]", "[]"]
+def _modules() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_no_long_module_without_a_reason() -> None:
+    """One job per module: past MAX_LINES lines a module says why at its top."""
+    long = []
+    for path in _modules():
+        text = path.read_text()
+        if text.count("\n") > MAX_LINES and LONG_REASON not in text[:3000]:
+            long.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not long, f"modules over {MAX_LINES} lines with no '{LONG_REASON}' note at the top: {long}"
+
+
+def _layout_block() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Layout", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_readme_layout_matches_the_tree() -> None:
+    """Every module of the four packages is named in README's layout block, and every name there
+    exists: `folder/` headings, then `name.py` (or `sub/name.py`) entries; an indented `sub/ `
+    opens a sub-folder for the entries after it."""
+    block = _layout_block()
+    named: set[str] = set()
+    folder, sub = None, ""
+    for line in block.splitlines():
+        head = re.match(r"^([a-z_]+/)", line)
+        if head:
+            folder, sub = head.group(1), ""
+        inner = re.match(r"^\s+([a-z_]+/)\s", line)  # an indented `bench/ (...)`: names below are inside it
+        if inner:
+            sub = inner.group(1)
+        if folder and folder.rstrip("/") in PACKAGES:
+            for name in re.findall(r"\b((?:[a-z_]+/)*[a-z_0-9]+\.py)\b", line):
+                named.add(folder + sub + name)
+    actual = {str(p.relative_to(ROOT)) for p in _modules() if p.name != "__init__.py"}
+    assert sorted(actual - named) == [], "modules missing from README's layout"
+    assert sorted(named - actual) == [], "README's layout names modules that do not exist"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/ARCHITECTURE.md"])
+def test_docs_name_only_existing_paths(doc: str) -> None:
+    """Paths like `index/semantic.py` or `engines/replica/` in the docs exist."""
+    text = (ROOT / doc).read_text()
+    paths = set(re.findall(r"`((?:index|middleware|engines|tools|examples|docs|tests)/[A-Za-z0-9_./]*)`", text))
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"{doc} names paths that do not exist: {missing}"

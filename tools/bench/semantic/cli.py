@@ -42,12 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--holdout", action="store_true",
                         help="--pairs: evaluate only the held-out part of the deterministic split `kvgate tune` uses")
     parser.add_argument("--no-verifier", action="store_true", help="--pairs: skip the run with the verifier")
+    parser.add_argument("--stages", action="store_true",
+                        help="--pairs: instead of precision/recall, time the stages of the first --latency-queries "
+                             "lookups in kvgate and GPTCache, interleaved (tools/bench/semantic/stages.py)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the chosen mode; 0 on success, 2 on bad input (message on stderr)."""
     try:
-        if args.pairs is not None:
+        if args.pairs is not None and args.stages:
+            from tools.bench.semantic.stages import print_stages, run_stages
+
+            result = run_stages(**_stages_options(args))
+            print_stages(result)
+        elif args.pairs is not None:
             from tools.bench.semantic.pairs_run import run_pairs
 
             result = run_pairs(**_pairs_options(args))
@@ -91,6 +99,13 @@ def _pairs_options(args: argparse.Namespace) -> dict[str, Any]:
             "settings": settings, "holdout": args.holdout, "verifier": not args.no_verifier, "verifier_path": verifier_path}
 
 
+def _stages_options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.route is not None or args.config is not None or args.holdout:
+        raise BenchInputError("--stages times lookups at --threshold on the first pairs: no --route, --config, --holdout")
+    options = _pairs_options(args)
+    return {k: options[k] for k in ("path", "threshold", "limit")} | {"queries": options["latency_queries"]}
+
+
 def _route_settings(args: argparse.Namespace) -> tuple[Any, str | None]:
     """(SemanticSettings of --route or None, the configured verifier dir or None)."""
     from middleware.config import Config, RouteConfig, load_config
@@ -118,8 +133,8 @@ def _route_settings(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 def _proxy_options(args: argparse.Namespace) -> dict[str, Any]:
     _reject_other_mode(args, ["limit", "latency_queries", "route", "config"], "--entries")
-    if args.holdout or args.no_verifier:
-        raise BenchInputError("--holdout and --no-verifier only apply to --pairs")
+    if args.holdout or args.no_verifier or args.stages:
+        raise BenchInputError("--holdout, --no-verifier and --stages only apply to --pairs")
     if args.entries < 0:
         raise BenchInputError(f"--entries must be 0 or more, got {args.entries}")
     queries = DEFAULT_PROXY_QUERIES if args.queries is None else args.queries

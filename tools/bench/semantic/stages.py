@@ -8,7 +8,9 @@ a shared machine falls on both alike; a warm-up of WARMUP_QUERIES lookups each c
 kvgate, per query: `embed` (the embedder), then `search` (SemanticIndex.search, k=1). The two parts
 of that search are timed again on their own with the same vector: `faiss_search` on a ScopeVectors
 holding the same vectors, `entry_read` = SemanticIndex.get of the entry found (diskcache get + JSON
-decode); `search_rest` = search - both (lock, follower poll, expiry check, LRU touch).
+decode); `search_rest` = search - both (lock, follower poll, expiry check, LRU touch). After the
+lookup, outside it: `request_id_write`, the RequestLog.record a proxy request adds for feedback
+(middleware/request_log.py, a diskcache set beside the responses, the config's default bounds).
 
 GPTCache, per query: `get` (gptcache.adapter.api). Its stages come from GPTCache's own Report
 counters, which `adapt` feeds whether or not the report is disabled: `pre_process` (get_prompt),
@@ -16,7 +18,8 @@ counters, which `adapt` feeds whether or not the report is disabled: `pre_proces
 `get_data_by_id`), `evaluation`, `post_process`; `other` = get - their sum (adapt itself, the
 eviction memory cache's hit callback). The scalar fetch is timed again with plain sqlite3 on the
 same file and the same row: `sqlite_selects` (the four SELECTs get_data_by_id issues) and
-`sqlite_update_commit` (its UPDATE of last_access and the COMMIT it makes on every fetch).
+`sqlite_update_commit` (its UPDATE of last_access and the COMMIT it makes on every fetch). The JSON
+gives both stores' sqlite journal modes (kvgate's diskcache: WAL, synchronous NORMAL).
 
 All figures are in ms per lookup (mean and p50 over the queries); none is pass/fail.
 """
@@ -56,7 +59,15 @@ def stage_summary(samples: dict[str, list[float]]) -> dict[str, dict[str, float]
             for name, xs in samples.items() if xs}
 
 
-def _kvgate_lookup(index: Any, copy: Any, embedder: Any, text: str) -> dict[str, float]:
+def _journal_mode(path: Path) -> str:
+    """The journal mode of a sqlite file (or of diskcache's cache.db in a directory)."""
+    with sqlite3.connect(path / "cache.db" if path.is_dir() else path) as db:
+        return str(db.execute("PRAGMA journal_mode").fetchone()[0])
+
+
+def _kvgate_lookup(index: Any, copy: Any, embedder: Any, requests: Any, text: str) -> dict[str, float]:
+    from middleware.request_log import RequestRecord, new_request_id
+
     t0 = time.perf_counter()
     vec = embedder.embed([text])[0]
     t1 = time.perf_counter()
@@ -67,8 +78,11 @@ def _kvgate_lookup(index: Any, copy: Any, embedder: Any, text: str) -> dict[str,
     if found:
         index.get(found[0][0].id)
     t4 = time.perf_counter()
+    entry, similarity = (found[0][0].id, float(found[0][1])) if found else (None, None)
+    requests.record(new_request_id(), RequestRecord("bench", "bench", "semantic", SCOPE, entry, similarity))
+    t5 = time.perf_counter()
     return {"lookup": t2 - t0, "embed": t1 - t0, "search": t2 - t1, "faiss_search": t3 - t2, "entry_read": t4 - t3,
-            "search_rest": (t2 - t1) - (t3 - t2) - (t4 - t3)}
+            "search_rest": (t2 - t1) - (t3 - t2) - (t4 - t3), "request_id_write": t5 - t4}
 
 
 def _gptcache_lookup(cache: Any, get: Callable[..., Any], db: sqlite3.Connection, text: str,
@@ -101,6 +115,8 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     from index.embedder import make_embedder
     from index.semantic import SemanticIndex
     from index.vectors import ScopeVectors
+    from middleware.config import FeedbackConfig
+    from middleware.request_log import RequestLog
     from tools.bench.gptcache_anchor import GptcacheEmbedding, open_gptcache, require_gptcache
     from tools.tuning.pairs import BenchInputError
 
@@ -113,11 +129,13 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     q1, q2 = [p.question1 for p in pairs], [p.question2 for p in pairs]
     v1, v2 = embed_batched(embedder, q1, "question1"), embed_batched(embedder, q2[:queries], "question2")
     texts, warmup = q2[:queries], q1[-WARMUP_QUERIES:]
-    ours: dict[str, list[float]] = {k: [] for k in ("lookup", "embed", "search", *KVGATE_STAGES)}
+    ours: dict[str, list[float]] = {k: [] for k in ("lookup", "embed", "search", *KVGATE_STAGES, "request_id_write")}
     theirs: dict[str, list[float]] = {k: [] for k in ("lookup", *GPTCACHE_STAGES, "sqlite_selects", "sqlite_update_commit")}
     hits = {"kvgate": 0, "gptcache": 0}
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-stages-") as tmp:
         index = SemanticIndex(Path(tmp) / "index", embedder.dim, max_entries=len(pairs) + 1)
+        defaults = FeedbackConfig()
+        requests = RequestLog(Path(tmp) / "requests", defaults.record_ttl, int(defaults.record_max_mb * 2**20))
         embedding = GptcacheEmbedding(embedder)
         embedding.remember(q1, v1)
         try:
@@ -127,15 +145,16 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
             with open_gptcache(embedding, q1, threshold, progress) as (cache, db_path):
                 embedding.forget()  # from here every GPTCache lookup embeds for real, as kvgate's do
                 db = sqlite3.connect(db_path)
+                journal = {"gptcache_sqlite": _journal_mode(db_path), "kvgate_diskcache": _journal_mode(index.directory)}
                 try:
                     for text in warmup:
-                        _kvgate_lookup(index, copy, embedder, text)
+                        _kvgate_lookup(index, copy, embedder, requests, text)
                         _gptcache_lookup(cache, get, db, text, v1[0])
                     progress(f"timing {len(texts)} lookups by stage in kvgate and GPTCache, interleaved")
                     for i, text in enumerate(texts):
                         for side in ((0, 1) if i % 2 == 0 else (1, 0)):
                             if side == 0:
-                                for name, value in _kvgate_lookup(index, copy, embedder, text).items():
+                                for name, value in _kvgate_lookup(index, copy, embedder, requests, text).items():
                                     ours[name].append(value)
                             else:
                                 timing, hit = _gptcache_lookup(cache, get, db, text, v2[i])
@@ -147,6 +166,7 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
             hits["kvgate"] = sum(bool(f) and f[0][1] >= threshold for f in (index.search(SCOPE, v, k=1) for v in v2))
         finally:
             index.close()
+            requests.close()
     return {
         "mode": "stages",
         "pairs_file": str(path),
@@ -155,6 +175,7 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
         "latency_queries": len(texts),
         "hits": hits,
         "index_kind": copy.kind,
+        "journal_mode": journal,
         "embedder": embedder.name,
         "kvgate": stage_summary(ours),
         "gptcache": stage_summary(theirs),
@@ -174,7 +195,7 @@ def print_stages(result: dict[str, Any]) -> None:
     print(f"one lookup by stage, {result['latency_queries']} queries over {result['pairs']} entries "
           f"({result['index_kind']}), interleaved; hits at cosine {result['threshold']}: {result['hits']}")
     print(f"{'cache':<10}{'stage':<22}{'mean ms':>9}{'p50 ms':>9}")
-    for cache, stages in (("kvgate", ("lookup", "embed", "search", *KVGATE_STAGES[1:])),
+    for cache, stages in (("kvgate", ("lookup", "embed", "search", *KVGATE_STAGES[1:], "request_id_write")),
                           ("gptcache", ("lookup", *GPTCACHE_STAGES, "sqlite_selects", "sqlite_update_commit"))):
         for name in stages:
             s = result[cache].get(name)

@@ -119,3 +119,42 @@ def test_gptcache_threshold_matches_cosine() -> None:
     assert gptcache_threshold(0.9) == pytest.approx(0.95)
     with pytest.raises(ValueError):
         gptcache_threshold(1.5)
+
+
+def test_stages_mode_times_both_caches_stage_by_stage(tmp_path: Path) -> None:
+    if require_gptcache() is not None:
+        pytest.skip("--stages needs GPTCache")
+    pairs_file = tmp_path / "pairs.csv"
+    n, _ = _write_pairs(pairs_file)
+    out = tmp_path / "stages.json"
+    assert main(["bench", "semantic", "--pairs", str(pairs_file), "--stages", "--threshold", "0.8",
+                 "--latency-queries", "6", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["mode"] == "stages" and data["pairs"] == n and data["latency_queries"] == 6
+    ours, theirs = data["kvgate"], data["gptcache"]
+    for name in ("embed", "faiss_search", "entry_read", "request_id_write"):
+        assert ours[name]["mean_ms"] > 0, name
+    for name in ("embedding", "search", "get_data", "sqlite_selects", "sqlite_update_commit"):
+        assert theirs[name]["mean_ms"] > 0, name
+    # means add up: a lookup is its stages (the differences are defined that way)
+    assert ours["lookup"]["mean_ms"] == pytest.approx(ours["embed"]["mean_ms"] + ours["search"]["mean_ms"], abs=1e-3)
+    stages = ("pre_process", "embedding", "search", "get_data", "evaluation", "post_process", "other")
+    assert theirs["lookup"]["mean_ms"] == pytest.approx(sum(theirs[s]["mean_ms"] for s in stages), abs=1e-3)
+    assert data["hits"]["kvgate"] == data["hits"]["gptcache"]  # same vectors, equivalent thresholds
+    assert data["journal_mode"]["kvgate_diskcache"] == "wal"
+
+
+def test_stages_option_belongs_to_pairs_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "semantic", "--entries", "10", "--stages"]) == 2
+    assert "--stages only apply to --pairs" in capsys.readouterr().err
+    pairs_file = tmp_path / "pairs.csv"
+    _write_pairs(pairs_file)
+    assert main(["bench", "semantic", "--pairs", str(pairs_file), "--stages", "--holdout"]) == 2
+    assert "--stages times lookups" in capsys.readouterr().err
+
+
+def test_stage_summary_means_are_additive() -> None:
+    from tools.bench.semantic.stages import stage_summary
+
+    got = stage_summary({"a": [0.001, 0.003], "b": [0.002, 0.002], "empty": []})
+    assert got == {"a": {"mean_ms": 2.0, "p50_ms": 2.0}, "b": {"mean_ms": 2.0, "p50_ms": 2.0}}

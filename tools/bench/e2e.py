@@ -22,38 +22,36 @@ sending to the first non-empty content chunk as the client sees it (proxy, queue
 prefill included). Token counts come from the replicas' /stats (after minus before the run):
 prefill_tokens_computed = prompt_tokens - cached_tokens, i.e. the prompt tokens some replica had
 to prefill because it did not hold their KV. Timings are reported, never judged.
+
+Here: the options, the run over the policies and the summary; the conversations are
+tools.bench.e2e_turns, one policy's processes and summary tools.bench.e2e_policy, the KV sizes
+tools.bench.e2e_capacity.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import random
-import shutil
-import statistics
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import httpx
-import yaml
+from tools.bench.e2e_capacity import kv_bytes_per_token, kv_working_set, store_capacity_mb
+from tools.bench.e2e_policy import run_policy
+from tools.bench.e2e_turns import arrivals, openings
+from tools.bench.machine import hardware_info
 
-from tools.bench.kv import fit, machine_info, sentences
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.stats import pct
+__all__ = ["POLICIES", "add_arguments", "arrivals", "kv_bytes_per_token", "kv_working_set", "main", "run",
+           "store_capacity_mb", "validate"]
 
 POLICIES = ("cache_aware", "round_robin", "least_loaded", "affinity", "cache_aware_approximate")
-SYSTEM = "You are a careful clerk. Answer briefly from the records."
-FOLLOW_UPS = ("Which place is mentioned most often?", "Summarise the records in one sentence.",
-              "What was weighed?", "Which record mentions a lighthouse?", "What happened on the latest day?",
-              "List two places.", "Was anything lost?", "Give the records a title.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `kvgate bench e2e`."""
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--conversations", type=int, default=4, help="K conversations, run concurrently")
     p.add_argument("--turns", type=int, default=4, help="T turns per conversation")
@@ -106,248 +104,8 @@ def validate(args: argparse.Namespace) -> list[str]:
     return bad
 
 
-def openings(k: int, lo: int, hi: int) -> list[tuple[list[dict[str, str]], int]]:
-    """Per conversation, its first messages and their prompt tokens (SmolLM2's chat template)."""
-    from index.tokenizer import load_tokenizer
-
-    tok = load_tokenizer("smollm2")
-    out = []
-    for i in range(k):
-        target = lo + (hi - lo) * i // max(1, k - 1)
-        seed = 100 + i
-
-        def build(n: int, seed: int = seed) -> list[dict[str, str]]:
-            facts = "\n".join(sentences(seed, n))
-            return [{"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"Here are the records of ledger {seed}:\n{facts}\nWhat does record {seed}.0 say?"}]
-
-        out.append(fit(build, lambda m: len(tok.encode_messages(m)), target, hi=max(4, target // 4)))
-    return out
-
-
-@dataclass
-class Turn:
-    conversation: int
-    turn: int
-    ttft_s: float | None = None
-    total_s: float | None = None
-    replica: str | None = None
-    prompt_tokens: int | None = None  # from the usage the proxy relays, when it does
-    cached_tokens: int | None = None
-    answer: str = ""
-    error: str | None = None
-
-
-def stream_turn(client: httpx.Client, url: str, messages: list[dict[str, str]], max_tokens: int, rec: Turn) -> None:
-    """One streamed request; fills `rec` (errors recorded, never raised)."""
-    body = {"model": "smollm2", "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-            "stream_options": {"include_usage": True}}
-    parts: list[str] = []
-    sent = time.perf_counter()
-    try:
-        with client.stream("POST", url, json=body) as resp:
-            rec.replica = resp.headers.get("x-kvgate-replica")
-            if resp.status_code != 200:
-                rec.error = f"HTTP {resp.status_code}: {resp.read()[:200]!r}"
-                return
-            for line in resp.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    rec.error = str(chunk["error"])[:200]
-                    return
-                for choice in chunk.get("choices") or []:
-                    content = (choice.get("delta") or {}).get("content")
-                    if content:
-                        if rec.ttft_s is None:
-                            rec.ttft_s = time.perf_counter() - sent
-                        parts.append(content)
-                usage = chunk.get("usage")
-                if usage:
-                    rec.prompt_tokens = usage.get("prompt_tokens")
-                    rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    except (httpx.HTTPError, ValueError) as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"[:200]
-        return
-    rec.total_s = time.perf_counter() - sent
-    if rec.ttft_s is None:  # the first token was EOS: the answer is empty, the first token still came
-        rec.ttft_s = rec.total_s
-    rec.answer = "".join(parts)
-
-
-def arrivals(k: int, mean_gap_s: float, seed: int) -> list[float]:
-    """Start offsets of k conversations: 0 for the first, then seeded exponential gaps of mean
-    `mean_gap_s` (all 0 when it is 0). The same for every policy of a run."""
-    if mean_gap_s <= 0:
-        return [0.0] * k
-    rng, at, out = random.Random(f"{seed}:arrivals"), 0.0, []
-    for i in range(k):
-        out.append(at)
-        at += rng.expovariate(1 / mean_gap_s)
-    return out
-
-
-def converse(url: str, i: int, first: list[dict[str, str]], turns: int, max_tokens: int, think_s: float,
-             seed: int, start: threading.Barrier, out: list[Turn], delay_s: float = 0.0) -> None:
-    messages = list(first)
-    rng = random.Random(f"{seed}:{i}")
-    with httpx.Client(timeout=httpx.Timeout(600.0), headers={"authorization": "Bearer e2e"}) as client:
-        start.wait()
-        if delay_s:
-            time.sleep(delay_s)
-        for t in range(turns):
-            pause = rng.uniform(0, 2 * think_s)
-            if t and pause:
-                time.sleep(pause)
-            rec = Turn(i, t)
-            stream_turn(client, url, messages, max_tokens, rec)
-            out.append(rec)
-            if rec.error is not None:
-                return  # the conversation cannot go on without its answer
-            messages += [{"role": "assistant", "content": rec.answer},
-                         {"role": "user", "content": FOLLOW_UPS[(i + t) % len(FOLLOW_UPS)]}]
-
-
-def proxy_config(policy: str, replicas: list[str], events: list[str], chunk_tokens: int, cache_dir: Path) -> dict[str, Any]:
-    precise = policy == "cache_aware"
-    routing = {"policy": policy.removesuffix("_approximate"), "block_size": chunk_tokens, "tokenizer": "smollm2",
-               "mode": "precise" if precise else "approximate", "max_attempts": 2}
-    reps: list[dict[str, Any]] = [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)]
-    if precise:
-        for r, e in zip(reps, events):
-            r["events"] = e
-    return {
-        "cache_dir": str(cache_dir),
-        "routes": [{
-            "name": "e2e", "model": "*",
-            "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 600},
-            "exact": False, "semantic": {"enabled": False},  # every turn must reach a replica
-            "replicas": reps,
-            "routing": routing,
-        }],
-    }
-
-
-
-
-def _stats(urls: list[str]) -> list[dict[str, Any]]:
-    return [httpx.get(f"{u}/stats", timeout=30).json() for u in urls]
-
-
-def run_policy(policy: str, args: argparse.Namespace, firsts: list[list[dict[str, str]]], work: Path,
-               threads: int, log: Any) -> tuple[dict[str, Any], list[Turn]]:
-    """Fresh replicas and proxy for `policy`, the conversations, a summary; processes stopped after."""
-    pdir = work / policy
-    pdir.mkdir(parents=True)
-    procs: list[Proc] = []
-    urls, events = [], []
-    try:
-        t0 = time.perf_counter()
-        for i in range(args.replicas):
-            port = free_port()
-            events.append(f"tcp://127.0.0.1:{free_port()}")
-            argv = kvgate_argv("replica", "--port", str(port), "--name", f"r{i}", "--kv-dir", str(pdir / f"kv-r{i}"),
-                               "--kv-ram-mb", str(args.kv_ram_mb), "--kv-disk-mb", str(args.kv_disk_mb),
-                               "--kv-tail-mb", str(args.kv_tail_mb),
-                               "--chunk-tokens", str(args.chunk_tokens), "--events-endpoint", events[-1],
-                               "--threads", str(threads), "--log-level", "warning",
-                               *(["--exact-prefill"] if args.exact_prefill else []))
-            procs.append(Proc(f"{policy}-replica-r{i}", argv, pdir, env={"TOKENIZERS_PARALLELISM": "false"}))
-            urls.append(f"http://127.0.0.1:{port}")
-        cfg = pdir / "kvgate.yaml"
-        cfg.write_text(yaml.safe_dump(proxy_config(policy, urls, events, args.chunk_tokens, pdir / "cache")))
-        port = free_port()
-        proxy = Proc(f"{policy}-proxy", kvgate_argv("serve", "--config", str(cfg), "--port", str(port),
-                                                    "--log-level", "warning"), pdir, env={"TOKENIZERS_PARALLELISM": "false"})
-        procs.append(proxy)
-        for proc, url in zip(procs, [*urls, f"http://127.0.0.1:{port}"]):
-            proc.wait_http(f"{url}/health", timeout=300)
-        startup = time.perf_counter() - t0
-        log(f"{policy}: {args.replicas} replicas + proxy up in {startup:.1f}s; {args.conversations} conversations × "
-            f"{args.turns} turns")
-        before = _stats(urls)
-        records: list[Turn] = []
-        barrier = threading.Barrier(args.conversations)
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        starts = arrivals(args.conversations, args.arrival_s, args.seed)
-        workers = [threading.Thread(target=converse, args=(url, i, firsts[i], args.turns, args.max_tokens,
-                                                           args.think_s, args.seed, barrier, records, starts[i]),
-                                    daemon=True)
-                   for i in range(args.conversations)]
-        t_run = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        wall = time.perf_counter() - t_run
-        after = _stats(urls)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        for kv in pdir.glob("kv-r*"):
-            shutil.rmtree(kv, ignore_errors=True)
-
-    def delta(key: str) -> list[float]:
-        return [a[key] - b[key] for a, b in zip(after, before)]
-
-    prompt, cached = sum(delta("prompt_tokens")), sum(delta("cached_tokens"))
-    ok = [r for r in records if r.error is None]
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    by_turn = [[r.ttft_s for r in ok if r.turn == t and r.ttft_s is not None] for t in range(args.turns)]
-    summary = {
-        "router": f"kvgate {policy.removesuffix('_approximate')} "
-                  f"({'precise: KV events' if policy == 'cache_aware' else 'approximate'})",
-        "requests": len(records), "completed": len(ok), "errors": len(records) - len(ok),
-        "not_sent": args.conversations * args.turns - len(records),
-        "error_samples": [r.error for r in records if r.error][:3],
-        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
-        "ttft_p50_s": pct(ttfts, 0.5), "ttft_p99_s": pct(ttfts, 0.99),
-        "ttft_by_turn_mean_s": [statistics.fmean(x) if x else None for x in by_turn],
-        "ttft_mean_follow_ups_s": statistics.fmean(later) if (later := [x for ts in by_turn[1:] for x in ts]) else None,
-        "prompt_tokens": int(prompt), "cached_tokens": int(cached), "prefill_tokens_computed": int(prompt - cached),
-        "hit_rate": cached / prompt if prompt else 0.0,
-        "requests_per_replica": [int(x) for x in delta("requests")],
-        "replica_prefill_s": [round(x, 3) for x in delta("prefill_s")],
-        "replica_load_s": [round(x, 3) for x in delta("load_s")],
-        "empty_answers": sum(1 for r in ok if not r.answer),
-        "startup_s": startup, "wall_s": wall,
-    }
-    served = {(r.conversation, r.turn): r.replica for r in ok}
-    follow = [served[(c, t)] == served[(c, t - 1)] for (c, t) in served if t and (c, t - 1) in served]
-    summary["follow_ups_on_previous_replica"] = sum(follow) / len(follow) if follow else None
-    relayed = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    summary["usage_relayed"] = f"{len(relayed)}/{len(ok)}"  # whether the proxy passed cached_tokens through
-    return summary, sorted(records, key=lambda r: (r.conversation, r.turn))
-
-
-def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int:
-    """Bytes of K and V one token occupies across all layers (HF config.json fields)."""
-    from types import SimpleNamespace
-
-    from engines.replica.model import kv_geometry
-
-    layers, kv_heads, head_dim = kv_geometry(SimpleNamespace(**config))
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
-def kv_working_set(records: list[dict[str, Any]], max_tokens: int, chunk_tokens: int, per_token: int) -> int:
-    """Bytes of full chunks all conversations hold at their end: per conversation, its last
-    prompt plus one answer, rounded down to whole chunks (what a chunk store keeps)."""
-    final: dict[int, int] = {}
-    for r in records:
-        if r.get("prompt_tokens"):
-            final[r["conversation"]] = max(final.get(r["conversation"], 0), r["prompt_tokens"] + max_tokens)
-    return sum(n // chunk_tokens * chunk_tokens for n in final.values()) * per_token
-
-
-def store_capacity_mb(ram_mb: int, disk_mb: int) -> int:
-    """What one replica's chunk store can hold: the tiers are write-through (a chunk is written to
-    every tier), so the largest tier bounds it, not their sum."""
-    return max(ram_mb, disk_mb)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every policy of --policies in turn, fresh processes each; returns the JSON-ready result."""
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     threads = args.replica_threads or max(1, (os.cpu_count() or 2) // args.replicas)
     log = lambda msg: print(f"[e2e] {msg}", file=sys.stderr, flush=True)  # noqa: E731
@@ -361,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kv_ram_mb": args.kv_ram_mb, "kv_disk_mb": args.kv_disk_mb, "kv_tail_mb": args.kv_tail_mb,
         "replica_threads": threads,
         "exact_prefill": args.exact_prefill, "think_s": args.think_s, "arrival_s": args.arrival_s, "seed": args.seed,
-        "machine": machine_info(work), "policies": {}, "requests_detail": {},
+        "machine": hardware_info(work), "policies": {}, "requests_detail": {},
     }
     answers: dict[str, dict[tuple[int, int], str]] = {}
     for policy in policies:

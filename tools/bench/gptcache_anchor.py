@@ -31,9 +31,10 @@ import importlib.util
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from index.embedder import Embedder
 
 GPTCACHE_MAX_DISTANCE = 4.0  # SearchDistanceEvaluation's default
 ANSWER_PREFIX = "kvgate-bench-pair:"
+SQLITE_FILE = "sqlite.db"
 
 
 def gptcache_threshold(cosine_threshold: float, max_distance: float = GPTCACHE_MAX_DISTANCE) -> float:
@@ -134,6 +136,41 @@ def require_gptcache() -> str | None:
     return None
 
 
+@contextmanager
+def open_gptcache(embedding: GptcacheEmbedding, questions: Sequence[str], cosine_threshold: float,
+                  progress: Callable[[str], None] = lambda _msg: None) -> Iterator[tuple[Any, Path]]:
+    """(a `gptcache.Cache` set up as the module docstring says, the path of its sqlite scalar store),
+    in a temporary directory, holding `questions` (answer i for question i: `answer_for`); closed
+    and removed on exit."""
+    from gptcache import Cache, Config
+    from gptcache.manager import CacheBase, VectorBase, get_data_manager
+    from gptcache.processor.pre import get_prompt
+    from gptcache.similarity_evaluation import SearchDistanceEvaluation
+
+    with tempfile.TemporaryDirectory(prefix="kvgate-bench-gptcache-") as tmp:
+        data_manager = get_data_manager(
+            CacheBase("sqlite", sql_url=f"sqlite:///{Path(tmp) / SQLITE_FILE}"),
+            VectorBase("faiss", dimension=embedding.dimension, top_k=1, index_path=str(Path(tmp) / "faiss.index")),
+            max_size=len(questions) + 1,
+        )
+        cache = Cache()
+        cache.init(
+            pre_embedding_func=get_prompt,
+            embedding_func=embedding,
+            data_manager=data_manager,
+            similarity_evaluation=SearchDistanceEvaluation(max_distance=GPTCACHE_MAX_DISTANCE),
+            config=Config(similarity_threshold=gptcache_threshold(cosine_threshold), disable_report=True),
+        )
+        try:
+            started = time.perf_counter()
+            cache.import_data(list(questions), [answer_for(i) for i in range(len(questions))])
+            progress(f"gptcache: imported {len(questions)} entries in {time.perf_counter() - started:.1f}s")
+            yield cache, Path(tmp) / SQLITE_FILE
+        finally:
+            data_manager.close()
+            cache.data_manager = _ClosedDataManager()  # type: ignore[assignment]
+
+
 def run_gptcache(
     embedder: Embedder,
     questions: Sequence[str],
@@ -150,57 +187,32 @@ def run_gptcache(
     The precision pass (all `queries`) and the import use the precomputed vectors through the memo;
     the latency pass runs the first `latency_queries` queries one at a time with a real embedding.
     """
-    from gptcache import Cache, Config
     from gptcache.adapter.api import get
-    from gptcache.manager import CacheBase, VectorBase, get_data_manager
-    from gptcache.processor.pre import get_prompt
-    from gptcache.similarity_evaluation import SearchDistanceEvaluation
 
     threshold = gptcache_threshold(cosine_threshold)
     embedding = GptcacheEmbedding(embedder)
     embedding.remember(questions, question_vectors)
     embedding.remember(queries, query_vectors)
-    with tempfile.TemporaryDirectory(prefix="kvgate-bench-gptcache-") as tmp:
-        data_manager = get_data_manager(
-            CacheBase("sqlite", sql_url=f"sqlite:///{Path(tmp) / 'sqlite.db'}"),
-            VectorBase("faiss", dimension=embedding.dimension, top_k=1, index_path=str(Path(tmp) / "faiss.index")),
-            max_size=len(questions) + 1,
-        )
-        cache = Cache()
-        cache.init(
-            pre_embedding_func=get_prompt,
-            embedding_func=embedding,
-            data_manager=data_manager,
-            similarity_evaluation=SearchDistanceEvaluation(max_distance=GPTCACHE_MAX_DISTANCE),
-            config=Config(similarity_threshold=threshold, disable_report=True),
-        )
-        try:
-            started = time.perf_counter()
-            cache.import_data(list(questions), [answer_for(i) for i in range(len(questions))])
-            progress(f"gptcache: imported {len(questions)} entries in {time.perf_counter() - started:.1f}s")
+    with open_gptcache(embedding, questions, cosine_threshold, progress) as (cache, _):
+        returned: list[int | None] = []
+        started = time.perf_counter()
+        for i, text in enumerate(queries):
+            returned.append(pair_of(get(text, cache_obj=cache)))
+            if (i + 1) % 2000 == 0:
+                progress(f"gptcache: looked up {i + 1}/{len(queries)}")
+        progress(f"gptcache: precision pass over {len(queries)} queries in {time.perf_counter() - started:.1f}s")
+        memo_calls = embedding.memo_hits
 
-            returned: list[int | None] = []
-            started = time.perf_counter()
-            for i, text in enumerate(queries):
-                returned.append(pair_of(get(text, cache_obj=cache)))
-                if (i + 1) % 2000 == 0:
-                    progress(f"gptcache: looked up {i + 1}/{len(queries)}")
-            progress(f"gptcache: precision pass over {len(queries)} queries in {time.perf_counter() - started:.1f}s")
-            memo_calls = embedding.memo_hits
-
-            embedding.forget()
-            for text in warmup:
-                get(text, cache_obj=cache)
-            latencies: list[float] = []
-            for text in queries[:latency_queries]:
-                t0 = time.perf_counter()
-                get(text, cache_obj=cache)
-                latencies.append(time.perf_counter() - t0)
-            if embedding.memo_hits != memo_calls:  # the memo was cleared: this cannot happen
-                print("gptcache anchor: latency pass used memoised vectors", file=sys.stderr)
-        finally:
-            data_manager.close()
-            cache.data_manager = _ClosedDataManager()  # type: ignore[assignment]
+        embedding.forget()
+        for text in warmup:
+            get(text, cache_obj=cache)
+        latencies: list[float] = []
+        for text in queries[:latency_queries]:
+            t0 = time.perf_counter()
+            get(text, cache_obj=cache)
+            latencies.append(time.perf_counter() - t0)
+        if embedding.memo_hits != memo_calls:  # the memo was cleared: this cannot happen
+            print("gptcache anchor: latency pass used memoised vectors", file=sys.stderr)
     settings = {
         "scalar_store": "sqlite",
         "vector_store": "faiss IDMap,Flat METRIC_L2 (squared distance)",

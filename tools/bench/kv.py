@@ -27,200 +27,35 @@ size in the same directory. Before every disk read the page cache is dropped "wh
 still resident afterwards (mincore). `disk_read_gbps` / `decode_gbps` split disk_load_gbps into
 DiskTier.get alone (encoded bytes/s) and decode_chunk alone (checksum + views). No figure is
 pass/fail.
+
+Here: the options, the four stored states and the summary. The deterministic prompt text is
+tools.bench.records, the page-cache drop tools.bench.pagecache, the load timings tools.bench.kv_loads.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
-import mmap
-import os
-import platform
-import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from tools.bench.kv_loads import READ_BLOCK, time_chunk_loads, time_raw_reads
+from tools.bench.machine import hardware_info
+from tools.bench.pagecache import PageCache, files_under
+from tools.bench.records import fit, history, sentences
+
+__all__ = ["MODES", "add_arguments", "fit", "history", "main", "mode_summary", "print_summary", "run", "sentences"]
 
 GB = 1e9
-READ_BLOCK = 8 << 20
 MODES = ("cold", "warm_ram", "warm_disk", "warm_disk_pagecache")
 
-# -- deterministic text (also used by `kvgate bench e2e`) ----------------------------------------
-
-_ADJ = ("red", "silent", "northern", "old", "narrow", "copper", "hollow", "bright", "salted", "broken",
-        "quiet", "eastern", "tall", "frozen", "painted", "distant")
-_NOUN = ("lighthouse", "granary", "ferry", "observatory", "mill", "archive", "bridge", "orchard", "foundry",
-         "harbour", "library", "tannery", "quarry", "chapel", "market", "signal tower")
-_PLACE = ("Ashford", "Bellmere", "Corrin Bay", "Dunhallow", "Eskdale", "Farrow Point", "Glenmoor", "Harlow",
-          "Ivybridge", "Kestrel Cove", "Larchmont", "Marrow Fen")
-_VERB = ("stored", "shipped", "lost", "counted", "repaired", "sold", "weighed", "recorded", "moved", "received")
-_UNIT = ("barrels", "crates", "tonnes", "sacks", "lanterns", "ledgers", "bales", "casks")
-
-
-def sentences(seed: int, n: int) -> list[str]:
-    """n deterministic, distinct sentences (~20 tokens each) for conversation `seed`."""
-    rng = random.Random(seed)
-    return [f"Record {seed}.{i}: the {rng.choice(_ADJ)} {rng.choice(_NOUN)} at {rng.choice(_PLACE)} "
-            f"{rng.choice(_VERB)} {rng.randint(2, 999)} {rng.choice(_UNIT)} on day {rng.randint(1, 365)}."
-            for i in range(n)]
-
-
-def fit(build: Callable[[int], Any], count: Callable[[Any], int], target: int, hi: int) -> tuple[Any, int]:
-    """(build(k), its token count) for the largest k in 1..hi whose count is <= target (k = 1 if
-    none is); `count` must grow with k."""
-    lo, best = 1, 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if count(build(mid)) <= target:
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    built = build(best)
-    return built, count(built)
-
-
-def history(n_sentences: int, seed: int = 1, turns: int = 4) -> list[dict[str, str]]:
-    """A multi-turn chat: `turns` user messages sharing n_sentences of records, each answered
-    briefly, then a question."""
-    facts = sentences(seed, n_sentences)
-    per = max(1, -(-len(facts) // turns))
-    msgs = [{"role": "system", "content": "You are a careful clerk. Answer briefly from the records."}]
-    for t in range(0, len(facts), per):
-        msgs.append({"role": "user", "content": "More records:\n" + "\n".join(facts[t : t + per])})
-        msgs.append({"role": "assistant", "content": "Noted."})
-    msgs.append({"role": "user", "content": f"What did the {_NOUN[seed % len(_NOUN)]} do in record {seed}.1?"})
-    return msgs
-
-
-# -- page cache --------------------------------------------------------------------------------------
-
-def files_under(directory: Path) -> list[Path]:
-    return [Path(root) / f for root, _, names in os.walk(directory) for f in names]
-
-
-def resident_bytes(paths: Sequence[Path]) -> int | None:
-    """Bytes of `paths` in the page cache (mincore), or None where that cannot be asked."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name or not hasattr(mmap, "PROT_READ"):
-        return None
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
-    for path in paths:
-        try:
-            size = path.stat().st_size
-            if size == 0:
-                continue
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
-                return None
-            pages = (size + page - 1) // page
-            vec = (ctypes.c_ubyte * pages)()
-            rc = libc.mincore(addr, size, vec)
-            libc.munmap(addr, size)
-            if rc != 0:
-                return None
-            total += sum(b & 1 for b in vec) * page
-        finally:
-            os.close(fd)
-    return total
-
-
-class PageCache:
-    """Drops the page cache of given files as well as this process may (see module docstring)."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode  # auto | fadvise | global | none
-        self.methods: set[str] = set()
-        self.resident_after: list[int] = []
-        self.global_failed = False
-
-    def drop(self, paths: Sequence[Path]) -> None:
-        if self.mode == "none":
-            return
-        os.sync()
-        if self.mode in ("auto", "fadvise") and hasattr(os, "posix_fadvise"):
-            for path in paths:
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    continue
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    self.methods.add("posix_fadvise")
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
-        data = [p for p in paths if not p.name.startswith("cache.db")]  # SQLite maps its db: not droppable
-        left = resident_bytes(data)
-        if self.mode in ("auto", "global") and not self.global_failed:
-            try:
-                with open("/proc/sys/vm/drop_caches", "w") as f:
-                    f.write("1\n")
-                self.methods.add("drop_caches")
-                left = resident_bytes(data)
-            except OSError:
-                self.global_failed = True
-        if left is not None:
-            self.resident_after.append(left)
-
-    def report(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "applied": bool(self.methods),
-            "methods": sorted(self.methods),
-            "drop_caches_refused": self.global_failed,
-            "max_resident_bytes_after_drop": max(self.resident_after) if self.resident_after else None,
-        }
-
-
-# -- machine ----------------------------------------------------------------------------------------
-
-def filesystem_of(path: Path) -> dict[str, str] | None:
-    """Device and type of the mount holding `path` (from /proc/mounts)."""
-    try:
-        mounts = [line.split()[:3] for line in Path("/proc/mounts").read_text().splitlines()]
-    except OSError:
-        return None
-    real = str(path.resolve())
-    best = max((m for m in mounts if len(m) == 3 and (real == m[1] or real.startswith(m[1].rstrip("/") + "/"))),
-               key=lambda m: len(m[1]), default=None)
-    return {"device": best[0], "mount": best[1], "type": best[2]} if best else None
-
-
-def machine_info(path: Path | None = None) -> dict[str, Any]:
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
-    try:
-        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                                 if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        info["mem_total_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB, 1)
-    except (ValueError, OSError):
-        pass
-    if path is not None:
-        info["filesystem"] = filesystem_of(path)
-    return info
-
-
-# -- the benchmark ------------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `kvgate bench kv`."""
     p.add_argument("--history-tokens", type=int, default=2000, help="target prompt length (tokens)")
     p.add_argument("--repeats", type=int, default=3, help="runs per stored state (median reported)")
     p.add_argument("--io-repeats", type=int, default=5, help="timed chunk loads / raw reads (median reported)")
@@ -244,14 +79,26 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / GB if seconds > 0 else float("nan")
 
 
+def mode_summary(cs: list[Any]) -> dict[str, Any]:
+    """Medians and per-run figures of one stored state's runs (engine Completions)."""
+    return {
+        "ttft_s": _median([c.ttft_s for c in cs]), "load_s": _median([c.load_s for c in cs]),
+        "prefill_s": _median([c.prefill_s for c in cs]),
+        "ttft_runs_s": [c.ttft_s for c in cs], "load_runs_s": [c.load_s for c in cs],
+        "prefill_runs_s": [c.prefill_s for c in cs],
+        "cached_tokens": cs[0].cached_tokens, "prefilled_tokens": cs[0].prompt_tokens - cs[0].cached_tokens,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole benchmark; returns the JSON-ready result (ValueError for bad options)."""
     if args.history_tokens < 2 * args.chunk_tokens:
         raise ValueError(f"--history-tokens must be at least 2 chunks ({2 * args.chunk_tokens})")
     if args.repeats < 1 or args.io_repeats < 1:
         raise ValueError("--repeats and --io-repeats must be >= 1")
     import torch
 
-    from index.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes, decode_chunk
+    from index.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
     from engines.replica.engine import ReplicaEngine
     from engines.replica.model import load_model, model_namespace
 
@@ -318,77 +165,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # chunk load bandwidth: disk tier (page cache dropped), memory tier; then a raw file read
         rebuild(memory_too=False)
-        disk_s: list[float] = []
-        ram_s: list[float] = []
-        get_s: list[float] = []
-        decode_s: list[float] = []
-        decoded = 0
-        for _ in range(args.io_repeats):
-            store.clear("memory")
-            cache.drop(files_under(disk_dir))
-            t0 = time.perf_counter()
-            chunks = store.get_many(hashes)
-            disk_s.append(time.perf_counter() - t0)
-            if len(chunks) != len(hashes):
-                raise RuntimeError(f"disk tier returned {len(chunks)} of {len(hashes)} chunks")
-            decoded = sum(k.nbytes + v.nbytes for ch in chunks for k, v in ch)
-            del chunks
-            if not all(memory.contains(store.key(h)) for h in hashes):
-                raise RuntimeError("chunks read from disk were not promoted into the memory tier")
-            t0 = time.perf_counter()
-            chunks = store.get_many(hashes)
-            ram_s.append(time.perf_counter() - t0)
-            if len(chunks) != len(hashes):
-                raise RuntimeError("memory tier did not serve the chunks")
-            del chunks
-            cache.drop(files_under(disk_dir))  # the same read, split: tier reads, then decodes
-            t0 = time.perf_counter()
-            blobs = [(key, disk.get(key)) for key, _ in snapshot]
-            get_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for key, data in blobs:
-                decode_chunk(data, key)
-            decode_s.append(time.perf_counter() - t0)
-            del blobs
-
-        raw_path = work / "raw.bin"
-        with open(raw_path, "wb") as f:
-            for _, data in snapshot:
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        raw_s: list[float] = []
-        buf = bytearray(READ_BLOCK)
-        for _ in range(args.io_repeats):
-            cache.drop([raw_path])
-            read = 0
-            t0 = time.perf_counter()
-            with open(raw_path, "rb", buffering=0) as f:
-                while n := f.readinto(buf):
-                    read += n
-            raw_s.append(time.perf_counter() - t0)
-            if read != stored_bytes:
-                raise RuntimeError(f"raw read {read} bytes of {stored_bytes}")
+        loads = time_chunk_loads(store, memory, disk, hashes, snapshot, disk_dir, cache, args.io_repeats)
+        raw_s = time_raw_reads(work / "raw.bin", snapshot, cache, args.io_repeats)
     finally:
         if engine is not None:
             engine.close()
         store.close()
         shutil.rmtree(work, ignore_errors=True)
 
-    def mode_summary(cs: list[Any]) -> dict[str, Any]:
-        return {
-            "ttft_s": _median([c.ttft_s for c in cs]), "load_s": _median([c.load_s for c in cs]),
-            "prefill_s": _median([c.prefill_s for c in cs]),
-            "ttft_runs_s": [c.ttft_s for c in cs], "load_runs_s": [c.load_s for c in cs],
-            "prefill_runs_s": [c.prefill_s for c in cs],
-            "cached_tokens": cs[0].cached_tokens, "prefilled_tokens": cs[0].prompt_tokens - cs[0].cached_tokens,
-        }
-
     modes = {m: mode_summary(runs[m]) for m in MODES}
     answers = [c for m in MODES for c in runs[m]]
     reference = answers[0]
     identical = all(c.token_ids == reference.token_ids and c.text == reference.text for c in answers)
-    disk_gbps = _gbps(decoded, _median(disk_s))
+    disk_gbps = _gbps(loads.decoded, _median(loads.disk_s))
     raw_gbps = _gbps(stored_bytes, _median(raw_s))
     cold, ram, dsk = (modes[m]["ttft_s"] for m in ("cold", "warm_ram", "warm_disk"))
     return {
@@ -412,31 +201,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "answer_text": reference.text,
         "answer_token_ids": list(reference.token_ids),
         "stored_bytes": stored_bytes,
-        "decoded_bytes": decoded,
+        "decoded_bytes": loads.decoded,
         "disk_load_gbps": disk_gbps,
-        "disk_load_runs_s": disk_s,
-        "ram_load_gbps": _gbps(decoded, _median(ram_s)),
-        "ram_load_runs_s": ram_s,
-        "disk_read_gbps": _gbps(stored_bytes, _median(get_s)),
-        "disk_read_runs_s": get_s,
-        "decode_gbps": _gbps(decoded, _median(decode_s)),
-        "decode_runs_s": decode_s,
+        "disk_load_runs_s": loads.disk_s,
+        "ram_load_gbps": _gbps(loads.decoded, _median(loads.ram_s)),
+        "ram_load_runs_s": loads.ram_s,
+        "disk_read_gbps": _gbps(stored_bytes, _median(loads.get_s)),
+        "disk_read_runs_s": loads.get_s,
+        "decode_gbps": _gbps(loads.decoded, _median(loads.decode_s)),
+        "decode_runs_s": loads.decode_s,
         "raw_disk_read_gbps": raw_gbps,
         "raw_disk_read_runs_s": raw_s,
         "raw_read_block_bytes": READ_BLOCK,
         "disk_vs_raw": disk_gbps / raw_gbps,
         "page_cache": cache.report(),
-        "machine": machine_info(work.parent),
+        "machine": hardware_info(work.parent),
         "wall_s": time.perf_counter() - t_start,
     }
 
 
 def main(args: argparse.Namespace) -> int:
+    """Run, print the summary, write --json; 0 on success, 2 on bad options."""
     try:
         result = run(args)
     except ValueError as exc:
         print(f"kvgate bench kv: error: {exc}", file=sys.stderr)
         return 2
+    print_summary(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """TTFT per stored state, load bandwidths, whether the page cache was dropped."""
     m = result["modes"]
     print(f"prompt {result['history_tokens']} tokens, {result['loaded_chunks']} chunks of {result['chunk_tokens']} "
           f"loadable ({result['stored_bytes'] / 1e6:.0f} MB), median of {result['repeats']}")
@@ -451,7 +250,3 @@ def main(args: argparse.Namespace) -> int:
           f"{result['disk_vs_raw']:.2f})  memory tier {result['ram_load_gbps']:.2f}")
     print(f"page cache dropped: {', '.join(pc['methods']) or 'no'} (resident after drop: {pc['max_resident_bytes_after_drop']} B)"
           f"; identical output: {result['identical_output']}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0

@@ -209,7 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run and print a summary table; 0 on success, 2 on bad input."""
-    from tools.bench.semantic import machine_info
+    from tools.bench.machine import machine_info
 
     contexts = [c.strip() for c in args.contexts.split(",") if c.strip()]
     bad = [c for c in contexts if c not in CONTEXTS]

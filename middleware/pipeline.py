@@ -46,6 +46,7 @@ from middleware.verification import SemanticSettings, choose, resolve, to_verify
 log = logging.getLogger("kvgate.pipeline")
 Tier = Literal["miss", "exact", "semantic"]
 MINILM_DIM = 384
+UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
 
 
 @dataclass
@@ -115,6 +116,7 @@ class Pipeline:
         self.metrics.cache_bytes.set_function(lambda: self.index.bytes)
         self.backends = {route.name: Backend(route, _router_for(route), self.metrics) for route in config.routes}
         self.relay = Relay()  # the proxy's pass-through to OpenAI-compatible replicas (middleware.relay)
+        self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
         for name, router in self.routers.items():
             for replica in router.replicas:
                 self.metrics.replica_up.labels(name, replica.name).set_function(lambda r=replica: float(r.healthy))
@@ -192,7 +194,11 @@ class Pipeline:
             return None
         sem = view.route.semantic
         semantic = sem.enabled and view.query_text is not None
-        price = cost(response, self.backends[route].model_for(view))
+        model = self.backends[route].model_for(view)
+        # LiteLLM's price lookup costs more than the rest of a store; a model it cannot price is asked once
+        price = None if model in self._unpriced else cost(response, model)
+        if price is None and len(self._unpriced) < UNPRICED_MODELS:
+            self._unpriced.add(model)
         if price:
             response = {**response, "_kvgate_cost_usd": price}
         if semantic and vector is None:

@@ -232,3 +232,15 @@ def test_wire_model_and_config() -> None:
     assert wire_model("anthropic/claude") is None and wire_model("gpt-4o") is None
     with pytest.raises(ConfigError, match="forward"):
         parse_config({"routes": [{"name": "x", "model": "*", "routing": {"forward": "bytes"}}]})
+
+
+def test_price_lookup() -> None:
+    """A stored answer's price comes from LiteLLM's local map; a model it cannot price says so
+    (None) so the pipeline asks only once."""
+    from middleware.answers import cost
+
+    answer = {"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}}
+    assert (cost(answer, "gpt-4o-mini") or 0) > 0
+    assert cost(answer, "openai/fake") is None

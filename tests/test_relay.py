@@ -243,4 +243,4 @@ def test_price_lookup() -> None:
               "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
               "usage": {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}}
     assert (cost(answer, "gpt-4o-mini") or 0) > 0
-    assert cost(answer, "openai/fake") is None
+    assert cost({**answer, "model": "fake"}, "openai/fake") is None

@@ -37,6 +37,9 @@ OPENAI_COMPATIBLE = frozenset({"openai", "hosted_vllm", "custom_openai", "openai
 # Idle pooled connections are dropped before uvicorn-based replicas (vLLM, ours) drop them (5 s).
 KEEPALIVE_S = 3.0
 DONE = b"data: [DONE]\n\n"
+# headers the relay writes itself (the body's framing, the replica's key): a caller's are dropped
+OWN_HEADERS = frozenset({"content-type", "content-length", "transfer-encoding", "host", "connection",
+                         "accept-encoding", "authorization"})
 
 
 def wire_model(model: str) -> str | None:
@@ -258,11 +261,13 @@ def _body(view: RequestView, model: str, options: dict[str, Any]) -> dict[str, A
 
 
 def _headers(view: RequestView) -> dict[str, str]:
-    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    """The caller's extra headers (as LiteLLM passes them on), then ours; never framing headers."""
+    headers = {}
     for key in ("extra_headers", "headers"):
         extra = view.forwarded.get(key)
         if isinstance(extra, dict):
-            headers.update({str(k): str(v) for k, v in extra.items()})
+            headers.update({str(k): str(v) for k, v in extra.items() if str(k).lower() not in OWN_HEADERS})
+    headers.update({"content-type": "application/json", "accept-encoding": "identity"})
     return headers
 
 

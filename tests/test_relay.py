@@ -244,3 +244,70 @@ def test_price_lookup() -> None:
               "usage": {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}}
     assert (cost(answer, "gpt-4o-mini") or 0) > 0
     assert cost({**answer, "model": "fake"}, "openai/fake") is None
+
+
+def _streaming_app(events: list[dict[str, Any]], pause_s: float = 0.0, seen: list[str] | None = None) -> FastAPI:
+    """A replica that streams `events` (then [DONE]), `pause_s` apart; `seen` notes a cancelled stream."""
+    import asyncio
+
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> StreamingResponse:
+        async def body() -> Any:
+            try:
+                for event in events:
+                    yield f"data: {json.dumps(event)}\n\n"
+                    await asyncio.sleep(pause_s)
+                yield "data: [DONE]\n\n"
+            except asyncio.CancelledError:
+                if seen is not None:
+                    seen.append("cancelled")
+                raise
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return app
+
+
+def test_tool_call_stream_is_stored_and_replayed(servers, tmp_path: Path) -> None:
+    """A stream that is not plain text (tool calls) is put back together by LiteLLM's builder."""
+    start, proxy = servers
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather", "arguments": ""}}
+    events = [_chunk(role="assistant"),
+              {**_chunk(), "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
+              {**_chunk(), "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]},
+                                        "finish_reason": None}]},
+              _chunk(finish="tool_calls")]
+    replica = start(_streaming_app(events))
+    p = proxy(tmp_path, [replica.url], "relay")
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}]
+    miss = p.chat("weather in Oslo?", stream=True, tools=tools)
+    hit = p.chat("weather in Oslo?", stream=True, tools=tools)
+    assert miss.headers["x-kvgate-cache"] == "miss" and hit.headers["x-kvgate-cache"] == "exact", hit.text
+    calls = [c for e in _events(hit) if e != "[DONE]" for ch in e["choices"] for c in (ch.get("delta") or {}).get("tool_calls") or []]
+    assert calls and calls[0]["function"]["name"] == "weather" and calls[0]["function"]["arguments"] == '{"city": "Oslo"}'
+
+
+def test_client_leaving_mid_stream_frees_the_replica(servers, tmp_path: Path) -> None:
+    """The client closes after the first events: the replica's stream is dropped, nothing is
+    stored, and the router no longer counts the request in flight."""
+    import time
+
+    start, proxy = servers
+    seen: list[str] = []
+    replica = start(_streaming_app([_chunk("", role="assistant")] + [_chunk(f"w{i} ") for i in range(100)]
+                                   + [_chunk(finish="stop")], pause_s=0.05, seen=seen))
+    p = proxy(tmp_path, [replica.url], "relay")
+    body = {"model": "fake-1", "messages": [{"role": "user", "content": "long one"}], "stream": True}
+    with p.http.stream("POST", "/v1/chat/completions", json=body) as resp:
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data: ")
+    router = p.pipeline.routers["local"]
+    deadline = time.time() + 10
+    while (router.stats()["r0"]["in_flight"] or not seen) and time.time() < deadline:
+        time.sleep(0.05)
+    assert router.stats()["r0"]["in_flight"] == 0 and seen == ["cancelled"]
+    assert len(p.pipeline.index) == 0

@@ -56,6 +56,10 @@ def create_fake_app(calls: Calls | None = None, break_streams_after: int | None 
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "test"}]}
 
+    @app.get("/health")
+    async def health() -> dict[str, Any]:  # what routers (sglang-router) probe before sending traffic
+        return {"status": "ok"}
+
     @app.get("/calls")
     async def count() -> dict[str, Any]:
         return {"count": calls.count}

@@ -57,12 +57,13 @@ def assemble(chunks: list[Any], messages: list[dict[str, Any]]) -> dict[str, Any
     return built.model_dump() if built is not None else None
 
 
-def cost(payload: dict[str, Any], model: str) -> float:
-    """USD price of an answer where LiteLLM's local price map knows the model, else 0."""
+def cost(payload: dict[str, Any], model: str) -> float | None:
+    """USD price of an answer where LiteLLM's local price map knows the model; None where it has
+    no price for it (the caller may remember that: the lookup is not cheap)."""
     try:
         return float(litellm.completion_cost(completion_response=ModelResponse(**payload), model=model) or 0.0)
     except Exception:  # unknown model / price: no estimate
-        return 0.0
+        return None
 
 
 def tag(response: Any, info: Any) -> None:

@@ -105,6 +105,7 @@ BENCHES = {
     "multiturn": ("multiturn", "follow-ups vs other conversations' answers; feedback on wrong hits"),
     "replica-faults": ("replica_faults", "kill / slow / hang one of N replicas under load through the proxy"),
     "storage-faults": ("storage_faults", "SIGKILL proxy + disk-tier writer during writes; a full disk"),
+    "throughput": ("throughput", "req/s and p50/p99 of one proxy process vs LiteLLM's proxy and sglang-router"),
 }
 
 

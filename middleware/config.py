@@ -79,6 +79,9 @@ class RoutingConfig(_Strict):
     max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")
     down_for_s: float = Field(5.0, gt=0, description="a failed replica gets no traffic this long (then half-open)")
     probe_interval_s: float = Field(2.0, gt=0, description="health probe of down replicas (proxy)")
+    forward: Literal["relay", "litellm"] = Field(
+        "relay", description="proxy misses: relay = pass the replica's own bytes through (httpx, OpenAI-compatible "
+                             "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")
 
 
 class RouteConfig(_Strict):

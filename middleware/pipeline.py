@@ -36,6 +36,7 @@ from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError, ConfigError  # noqa: E402
 from middleware.feedback import FeedbackOutcome, give_feedback  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
+from middleware.relay import DONE, Relay, Relayed  # noqa: E402
 from middleware.request_log import RequestLog, RequestRecord, new_request_id  # noqa: E402
 from middleware.routing.router import Router  # noqa: E402
 from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
@@ -45,6 +46,7 @@ from middleware.verification import SemanticSettings, choose, resolve, to_verify
 log = logging.getLogger("kvgate.pipeline")
 Tier = Literal["miss", "exact", "semantic"]
 MINILM_DIM = 384
+UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Result:
     info: CacheInfo
     response: ModelResponse | None = None
     stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
+    raw: Any = None  # a relayed miss (`acomplete(raw=True)`): the replica's JSON bytes, or an async iterator of SSE bytes
 
 
 class Pipeline:
@@ -112,6 +115,8 @@ class Pipeline:
         self.metrics.entries.set_function(lambda: len(self.index))
         self.metrics.cache_bytes.set_function(lambda: self.index.bytes)
         self.backends = {route.name: Backend(route, _router_for(route), self.metrics) for route in config.routes}
+        self.relay = Relay()  # the proxy's pass-through to OpenAI-compatible replicas (middleware.relay)
+        self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
         for name, router in self.routers.items():
             for replica in router.replicas:
                 self.metrics.replica_up.labels(name, replica.name).set_function(lambda r=replica: float(r.healthy))
@@ -128,6 +133,10 @@ class Pipeline:
             router.close()
         self.index.close()
         self.requests.close()
+
+    async def aclose(self) -> None:
+        """Release what lives on the serving loop (the relay's connection pool); before `close`."""
+        await self.relay.aclose()
 
     # ------------------------------------------------------------------ steps
     def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None) -> RequestView:
@@ -185,7 +194,11 @@ class Pipeline:
             return None
         sem = view.route.semantic
         semantic = sem.enabled and view.query_text is not None
-        price = cost(response, self.backends[route].model_for(view))
+        model = self.backends[route].model_for(view)
+        # LiteLLM's price lookup costs more than the rest of a store; a model it cannot price is asked once
+        price = None if model in self._unpriced else cost(response, model)
+        if price is None and len(self._unpriced) < UNPRICED_MODELS:
+            self._unpriced.add(model)
         if price:
             response = {**response, "_kvgate_cost_usd": price}
         if semantic and vector is None:
@@ -206,8 +219,10 @@ class Pipeline:
 
     # ------------------------------------------------------------------ async face
     async def acomplete(
-        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None
+        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
+        *, raw: bool = False,
     ) -> Result:
+        """With `raw` (the proxy), a miss on a relayed route comes back as the replica's bytes."""
         view = self.view(kwargs, tenant, control)
         started = time.perf_counter()
         hit = self.lookup_exact(view)
@@ -215,6 +230,9 @@ class Pipeline:
         if found.hit:
             return self._served_hit(view, found.hit, started)
         backend = self.backends[view.route.name]
+        wire = self.relay.model_for(backend, view) if raw else None
+        if wire is not None:
+            return await self._relayed(view, wire, found.vector, started)
         call = await self._counted(view, backend.acall(view))
         info = CacheInfo("miss", view.route.name, replica=call.replica)
         if view.stream:
@@ -256,6 +274,36 @@ class Pipeline:
         payload = assemble(chunks, view.messages) if self.stores(view) else None
         entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
         self._finish(view, info, entry, started)
+
+    async def _relayed(self, view: RequestView, wire: str, vector: np.ndarray | None, started: float) -> Result:
+        backend = self.backends[view.route.name]
+        relayed = await self._counted(view, self.relay.open(backend, view, wire))
+        info = CacheInfo("miss", view.route.name, replica=relayed.call.replica)
+        if view.stream:  # its first event is in: the client's first bytes go out now
+            self.metrics.ttft.labels(view.route.name, "miss").observe(time.perf_counter() - started)
+            return Result(info, raw=self._relay_tee(view, info, relayed, vector, started))
+        assert relayed.payload is not None
+        backend.done(relayed.call, True, view, answer_text(relayed.payload))
+        entry = await asyncio.to_thread(self.store, view, relayed.payload, vector)
+        self._finish(view, info, entry, started)
+        return Result(info, raw=relayed.body)
+
+    async def _relay_tee(
+        self, view: RequestView, info: CacheInfo, relayed: Relayed, vector: np.ndarray | None, started: float
+    ) -> AsyncIterator[bytes]:
+        """A relayed stream's bytes; the answer is stored before [DONE] reaches the client."""
+        backend = self.backends[view.route.name]
+        try:
+            async with contextlib.aclosing(self.relay.stream(backend, view, relayed)) as stream:
+                async for blob in stream:
+                    yield blob
+        finally:
+            backend.done(relayed.call, relayed.ok, view, relayed.text if relayed.ok else None)
+        if relayed.ok:
+            payload = relayed.answer(view.messages) if self.stores(view) else None
+            entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
+            self._finish(view, info, entry, started)
+        yield DONE
 
     # ------------------------------------------------------------------ sync face
     def complete(

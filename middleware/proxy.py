@@ -96,6 +96,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         yield
         for task in probes:
             task.cancel()
+        await app.state.pipeline.aclose()
         if owned:
             app.state.pipeline.close()
 
@@ -135,11 +136,14 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         body = await _read_json(request, config.server.max_body_bytes)
         check_token_caps(body, config.server)
         control = CacheControl.from_header(request.headers.get(CONTROL_HEADER))
-        result = await request.app.state.pipeline.acomplete(body, tenant, control)
+        result = await request.app.state.pipeline.acomplete(body, tenant, control, raw=True)
         headers = cache_headers(result.info)
-        if result.stream is not None:
+        if isinstance(result.raw, bytes):  # relayed from a replica as it answered (middleware/relay.py)
+            return Response(result.raw, media_type="application/json", headers=headers)
+        if result.raw is not None or result.stream is not None:
             headers["cache-control"] = "no-cache"
-            return StreamingResponse(_sse(result), media_type="text/event-stream", headers=headers)
+            events = result.raw if result.raw is not None else _sse(result)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         return JSONResponse(openai_json(result.response.model_dump()), headers=headers)
 
     @app.post("/v1/cache/feedback", openapi_extra={"requestBody": {"required": True, "content": {

@@ -207,7 +207,9 @@ def run_arena(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 router = Proc("router-sglang", [binary, "launch", "--host", "127.0.0.1", "--port", str(port),
                                                 "--worker-urls", *urls, "--policy", "cache_aware",
-                                                "--request-timeout-secs", "600", "--log-level", "warn"], work)
+                                                "--request-timeout-secs", "600", "--log-level", "warn",
+                                                # its metrics listener defaults to :29000, taken by any other router
+                                                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())], work)
                 ready = f"http://127.0.0.1:{port}/health"
             else:
                 cfg_path = work / f"kvgate-{policy}.yaml"

@@ -1,0 +1,42 @@
+"""`kvgate bench throughput` end to end with tiny counts: every target starts, answers without
+errors, and the JSON has the fields docs/BENCHMARKS.md reads (LiteLLM's proxy and sglang-router
+are skipped, and say so, where they are not installed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from middleware.cli import build_parser
+from tools.bench import throughput
+
+ROW_FIELDS = {"mix", "concurrency", "target", "requests", "errors", "elapsed_s", "rps", "p50_ms", "p99_ms", "hit_ratio"}
+
+
+@pytest.mark.slow
+def test_throughput_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "throughput.json"
+    argv = ["bench", "throughput", "--requests", "24", "--duration-s", "5", "--warmup", "8", "--concurrency", "4",
+            "--system-words", "40", "--question-words", "6", "--tokenizer", "text",
+            "--workdir", str(tmp_path / "work"), "--json", str(out)]
+    args = build_parser(argv).parse_args(argv)
+    assert throughput.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["bench"] == "throughput" and result["schema"] == throughput.SCHEMA
+    assert set(result["targets"]) == set(throughput.TARGETS)
+    ran = {t for t, state in result["targets"].items() if state == "ran"}
+    assert {"kvgate_relay", "kvgate_litellm", "direct"} <= ran
+    for target, state in result["targets"].items():
+        assert state == "ran" or state.startswith("skipped: "), state
+    rows = result["rows"]
+    assert all(ROW_FIELDS <= set(r) and r["errors"] == 0 and r["requests"] > 0 for r in rows)
+    cells = {(r["mix"], r["target"]) for r in rows}
+    for target in ran:
+        assert ("all_miss", target) in cells
+        assert (("hit_heavy", target) in cells) == (target not in throughput.MISS_ONLY)
+    by = {(r["mix"], r["target"]): r for r in rows}
+    assert by[("hit_heavy", "kvgate_relay")]["hit_ratio"] > 0.3  # repeats are served from the cache
+    assert by[("all_miss", "kvgate_relay")]["hit_ratio"] == 0.0
+    assert "kvgate_relay/direct" in result["ratios"]["all_miss"]["4"]
+    assert set(result["goals"]) == {"relay_at_least_2x_litellm_proxy", "relay_all_miss_at_least_half_sglang_router"}

@@ -1,0 +1,345 @@
+"""`kvgate bench throughput`: requests/s and latency of one proxy process under concurrent load.
+
+Issue 13 asks whether the proxy, not the replicas, is the bottleneck. Every target sits in front
+of the same instant backend (`kvgate demo-backend`, its own process) and gets the same load in the
+same run, one target at a time:
+
+- `kvgate_relay` / `kvgate_litellm`: one `kvgate serve` process, the backend as the route's only
+  replica (cache_aware routing, exact tier on, semantic tier off), misses forwarded by the relay
+  (`routing.forward: relay`) or by litellm.acompletion (`routing.forward: litellm`);
+- `litellm_proxy`: LiteLLM's own proxy (`litellm --config`, one worker, its in-memory cache on);
+- `sglang_router`: `sglang-router launch` (cache_aware), all-miss mix only: it has no cache;
+- `direct`: the backend itself, all-miss mix only: the ceiling of the machine.
+
+Mixes: `hit_heavy` (after a warm-up that stores a pool of answers, --repeat-share of the requests
+repeat a stored one: exact hits where the target caches) and `all_miss` (every request new).
+Requests carry one of 8 long system prompts (--system-words) and a fresh question
+(--question-words; the backend echoes it, so streamed answers are that many chunks); --stream-share
+of them stream. Each cell sends at most --requests requests or runs --duration-s seconds, C at a
+time, from one aiohttp client in this process. Loopback only. The result (`--json`) has one row per
+(mix, concurrency, target) and the ratios the issue's goals are stated in.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tools.bench.machine import machine_info
+from tools.bench.procs import Proc, free_port, kvgate_argv, sglang_router_bin
+from tools.bench.stats import percentiles_ms, write_json
+
+SCHEMA = 1
+MODEL = "bench-1"
+MASTER_KEY = "sk-kvgate-bench-0123456789abcdef0123456789abcdef"  # LiteLLM's proxy refuses to start without one
+TARGETS = ("kvgate_relay", "kvgate_litellm", "litellm_proxy", "sglang_router", "direct")
+MISS_ONLY = frozenset({"sglang_router", "direct"})  # no cache: a hit-heavy mix is an all-miss mix to them
+MIXES = ("hit_heavy", "all_miss")
+SYSTEM_PROMPTS = 8
+WORDS = ("amber", "basalt", "cinder", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kelp",
+         "lagoon", "meadow", "nectar", "onyx", "prairie", "quartz", "russet", "sierra", "tundra", "umber", "valley",
+         "willow", "xylem", "yarrow", "zephyr", "acorn", "bramble", "cobalt", "dune", "estuary", "flint")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=3000, help="most requests per cell (mix × concurrency × target)")
+    p.add_argument("--duration-s", type=float, default=20.0, help="most seconds per cell")
+    p.add_argument("--warmup", type=int, default=200, help="requests before timing (connections; the hit mix's pool)")
+    p.add_argument("--concurrency", default="32,128", help="comma list of concurrent clients")
+    p.add_argument("--mixes", default=",".join(MIXES))
+    p.add_argument("--targets", default=",".join(TARGETS), help=f"comma list of {','.join(TARGETS)}")
+    p.add_argument("--repeat-share", type=float, default=0.9, help="hit_heavy: share of requests repeating a stored one")
+    p.add_argument("--stream-share", type=float, default=0.5)
+    p.add_argument("--system-words", type=int, default=400, help="words of each long system prompt")
+    p.add_argument("--question-words", type=int, default=16, help="words of each question (= streamed chunks)")
+    p.add_argument("--tokenizer", default="smollm2", help="kvgate's routing tokenizer (smollm2 | text)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", type=Path, default=None, help="configs, logs and caches (default: a temp dir)")
+    p.add_argument("--json", type=Path, default=None)
+
+
+class Workload:
+    """The requests of one cell: a long system prompt and a question unique to this cell."""
+
+    def __init__(self, tag: str, args: argparse.Namespace, seed: int) -> None:
+        self.tag, self.rng = tag, random.Random(seed)
+        self.question_words, self.stream_share = args.question_words, args.stream_share
+        base = random.Random(args.seed)
+        self.systems = [f"You are assistant {i}. " + " ".join(base.choices(WORDS, k=args.system_words))
+                        for i in range(SYSTEM_PROMPTS)]
+        self.pool: list[tuple[int, str, bool]] = []  # answered requests a hit-heavy mix repeats
+        self.made = 0
+
+    def new(self) -> tuple[int, str, bool]:
+        self.made += 1
+        words = " ".join(self.rng.choices(WORDS, k=self.question_words - 2))
+        return self.rng.randrange(SYSTEM_PROMPTS), f"{self.tag} q{self.made}: {words}", self.rng.random() < self.stream_share
+
+    def next(self, repeat_share: float) -> tuple[tuple[int, str, bool], bool]:
+        """(request, whether it repeats a stored one)."""
+        if self.pool and self.rng.random() < repeat_share:
+            return self.rng.choice(self.pool), True
+        return self.new(), False
+
+    def body(self, request: tuple[int, str, bool]) -> bytes:
+        system, question, stream = request
+        messages = [{"role": "system", "content": self.systems[system]}, {"role": "user", "content": question}]
+        return json.dumps({"model": MODEL, "messages": messages, "stream": stream}).encode()
+
+
+def hit_of(target: str, headers: Any) -> bool | None:
+    """Whether the target says it served from its cache (None: it has none)."""
+    if target.startswith("kvgate"):
+        return headers.get("x-kvgate-cache", "miss") != "miss"
+    if target == "litellm_proxy":
+        return "x-litellm-cache-key" in headers
+    return None
+
+
+async def drive(url: str, target: str, work: Workload, mix: str, args: argparse.Namespace,
+                concurrency: int) -> dict[str, Any]:
+    """Warm up, then send one cell's load; latency is send → last byte of the answer."""
+    import aiohttp  # LiteLLM's own dependency; a faster client than httpx, so the client costs less CPU
+
+    repeat = args.repeat_share if mix == "hit_heavy" and target not in MISS_ONLY else 0.0
+    headers = {"content-type": "application/json", "authorization": f"Bearer {MASTER_KEY}"}
+    latencies: list[float] = []
+    counts = {"ok": 0, "errors": 0, "hits": 0, "repeats": 0}
+    problems: list[str] = []
+
+    async def one(session: Any, request: tuple[int, str, bool], timed: bool, repeated: bool) -> None:
+        started = time.perf_counter()
+        try:
+            async with session.post(url, data=work.body(request), headers=headers) as resp:
+                body = await resp.read()
+                ok = resp.status == 200 and (not request[2] or (body.rstrip().endswith(b"data: [DONE]")
+                                                                and b'"error"' not in body))
+                hit = hit_of(target, resp.headers)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            ok, body, hit = False, repr(exc).encode(), None
+        if not timed:
+            if ok and not repeated:
+                work.pool.append(request)
+            return
+        latencies.append(time.perf_counter() - started)
+        if not ok:
+            counts["errors"] += 1
+            if len(problems) < 5:
+                problems.append(body[:200].decode(errors="replace"))
+            return
+        counts["ok"] += 1
+        counts["hits"] += bool(hit)
+        counts["repeats"] += repeated
+        if not repeated and repeat:
+            work.pool.append(request)
+
+    connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=4.0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        warm = [work.new() for _ in range(args.warmup)]
+        sem = asyncio.Semaphore(concurrency)
+
+        async def warm_one(request: tuple[int, str, bool]) -> None:
+            async with sem:
+                await one(session, request, False, False)
+
+        await asyncio.gather(*(warm_one(r) for r in warm))
+        issued, deadline = 0, time.perf_counter() + args.duration_s
+
+        async def worker() -> None:
+            nonlocal issued
+            while issued < args.requests and time.perf_counter() < deadline:
+                issued += 1
+                request, repeated = work.next(repeat)
+                await one(session, request, True, repeated)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    p50, p99 = percentiles_ms(latencies)
+    done = counts["ok"] + counts["errors"]
+    return {"mix": mix, "concurrency": concurrency, "target": target, "requests": done, "errors": counts["errors"],
+            "elapsed_s": round(elapsed, 2), "rps": round(counts["ok"] / elapsed, 1) if elapsed else None,
+            "p50_ms": p50, "p99_ms": p99,
+            "hit_ratio": round(counts["hits"] / counts["ok"], 3) if counts["ok"] and hit_of(target, {}) is not None else None,
+            "repeat_ratio": round(counts["repeats"] / counts["ok"], 3) if counts["ok"] else None,
+            "problems": problems}
+
+
+# ------------------------------------------------------------------ servers
+def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str) -> Path:
+    config = {
+        "cache_dir": str(work / f"cache-{forward}"),
+        "routes": [{"name": "bench", "model": "bench-*", "scope": "shared",
+                    "backend": {"model": "openai/fake", "api_key": "none", "timeout": 60},
+                    "semantic": {"enabled": False},
+                    "replicas": [{"name": "r0", "api_base": f"{backend}/v1"}],
+                    "routing": {"policy": "cache_aware", "tokenizer": tokenizer, "forward": forward}}],
+    }
+    path = work / f"kvgate-{forward}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def litellm_config(work: Path, backend: str) -> Path:
+    config = {
+        "model_list": [{"model_name": MODEL, "litellm_params": {"model": "openai/fake", "api_base": f"{backend}/v1",
+                                                               "api_key": "none"}}],
+        "litellm_settings": {"cache": True, "cache_params": {"type": "local"}},
+        "general_settings": {"master_key": MASTER_KEY},
+    }
+    path = work / "litellm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # like `kvgate serve` by default: no access log line per request
+    (work / "litellm-log.json").write_text(json.dumps({"version": 1, "disable_existing_loggers": False, "loggers": {
+        "uvicorn.access": {"level": "WARNING"}, "uvicorn.error": {"level": "WARNING"}}}))
+    return path
+
+
+def litellm_bin() -> str | None:
+    candidate = Path(sys.executable).with_name("litellm")
+    return str(candidate) if candidate.exists() else None
+
+
+def start(target: str, work: Path, backend: str, args: argparse.Namespace) -> tuple[Proc | None, str] | str:
+    """(process, base url) of a target, or why it cannot run here."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if target == "direct":
+        return None, backend
+    if target.startswith("kvgate"):
+        config = kvgate_config(work, backend, target.split("_", 1)[1], args.tokenizer)
+        return Proc(target, kvgate_argv("serve", "--config", str(config), "--port", str(port), "--log-level", "warning"),
+                    work), url
+    if target == "litellm_proxy":
+        binary = litellm_bin()
+        if binary is None:
+            return "litellm's proxy is not installed (make install: litellm[proxy] in the dev extras)"
+        config = litellm_config(work, backend)
+        return Proc(target, [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                             "--keepalive_timeout", "75", "--log_config", str(work / "litellm-log.json")], work,
+                    env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}), url
+    binary = sglang_router_bin()
+    if binary is None:
+        return "sglang-router is not installed"
+    return Proc(target, [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", backend,
+                         "--policy", "cache_aware", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
+                         "--prometheus-port", str(free_port())], work), url
+
+
+def wait_ready(proc: Proc | None, url: str, timeout: float = 180.0) -> None:
+    """Until a chat request goes through (routers register their workers after they listen)."""
+    deadline = time.time() + timeout
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "ready?"}]}
+    while time.time() < deadline:
+        if proc is not None and proc.proc.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}:\n{proc.tail()}")
+        try:
+            if httpx.post(f"{url}/v1/chat/completions", json=body, timeout=5,
+                          headers={"authorization": f"Bearer {MASTER_KEY}"}).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{proc.name if proc else url} not ready within {timeout:.0f}s")
+
+
+# ------------------------------------------------------------------ run
+def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mix and concurrency: each kvgate target's req/s over the anchors'."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        if not row["target"].startswith("kvgate") or not row["rps"]:
+            continue
+        cell = out.setdefault(row["mix"], {}).setdefault(str(row["concurrency"]), {})
+        for anchor in ("litellm_proxy", "sglang_router", "direct"):
+            other = next((r for r in rows if r["target"] == anchor and r["mix"] == row["mix"]
+                          and r["concurrency"] == row["concurrency"] and r["rps"]), None)
+            if other is not None:
+                cell[f"{row['target']}/{anchor}"] = round(row["rps"] / other["rps"], 2)
+    return out
+
+
+def goals(table: dict[str, Any]) -> dict[str, bool | None]:
+    """The issue's goals, for the relay (None where an anchor did not run)."""
+    vs_litellm = [c.get("kvgate_relay/litellm_proxy") for mix in table.values() for c in mix.values()]
+    vs_sglang = [c.get("kvgate_relay/sglang_router") for c in table.get("all_miss", {}).values()]
+    vs_litellm, vs_sglang = [x for x in vs_litellm if x is not None], [x for x in vs_sglang if x is not None]
+    return {"relay_at_least_2x_litellm_proxy": all(x >= 2 for x in vs_litellm) if vs_litellm else None,
+            "relay_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in vs_sglang) if vs_sglang else None}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="kvgate-throughput-"))
+    work.mkdir(parents=True, exist_ok=True)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    unknown = [t for t in targets if t not in TARGETS] + [m for m in mixes if m not in MIXES]
+    if unknown:
+        raise SystemExit(f"kvgate bench throughput: unknown target or mix {unknown}")
+    log = lambda msg: print(f"[throughput] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    backend_port = free_port()
+    backend = f"http://127.0.0.1:{backend_port}"
+    procs: list[Proc] = [Proc("backend", kvgate_argv("demo-backend", "--port", str(backend_port)), work)]
+    urls: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    try:
+        procs[0].wait_http(f"{backend}/health")
+        started = {t: start(t, work, backend, args) for t in targets}
+        for target, got in started.items():
+            if isinstance(got, str):
+                skipped[target] = got
+                continue
+            proc, urls[target] = got
+            if proc is not None:
+                procs.append(proc)
+        for target in urls:
+            wait_ready(next((p for p in procs if p.name == target), None), urls[target])
+        log(f"ready: {', '.join(urls)}" + (f"; skipped: {skipped}" if skipped else ""))
+        cell = 0
+        for mix in mixes:
+            for concurrency in levels:
+                for target in urls:
+                    if mix == "hit_heavy" and target in MISS_ONLY:
+                        continue
+                    cell += 1
+                    work_load = Workload(f"c{cell}", args, args.seed * 1000 + cell)
+                    row = asyncio.run(drive(f"{urls[target]}/v1/chat/completions", target, work_load, mix, args, concurrency))
+                    rows.append(row)
+                    log(f"{mix:9s} c={concurrency:<4d} {target:15s} {row['rps']} req/s p50 {row['p50_ms']} ms "
+                        f"p99 {row['p99_ms']} ms errors {row['errors']} hits {row['hit_ratio']}")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    table = ratios(rows)
+    return {"bench": "throughput", "schema": SCHEMA, "machine": machine_info(),
+            "params": {k: getattr(args, k) for k in ("requests", "duration_s", "warmup", "concurrency", "repeat_share",
+                                                       "stream_share", "system_words", "question_words", "tokenizer", "seed")},
+            "targets": {t: ("skipped: " + skipped[t]) if t in skipped else "ran" for t in targets},
+            "rows": rows, "ratios": table, "goals": goals(table), "workdir": str(work)}
+
+
+def main(args: argparse.Namespace) -> int:
+    result = run(args)
+    print(f"{'mix':9s} {'conc':>4s} {'target':15s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'hits':>5s} {'errors':>6s}")
+    for r in result["rows"]:
+        hits = "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.2f}"
+        print(f"{r['mix']:9s} {r['concurrency']:4d} {r['target']:15s} {r['rps'] or 0:8.1f} {r['p50_ms'] or 0:8.1f} "
+              f"{r['p99_ms'] or 0:8.1f} {hits:>5s} {r['errors']:6d}")
+    for mix, cells in result["ratios"].items():
+        for concurrency, values in cells.items():
+            print(f"{mix} c={concurrency}: " + "  ".join(f"{k} {v}x" for k, v in values.items()))
+    print("goals:", result["goals"], "| skipped:", {k: v for k, v in result["targets"].items() if v != "ran"} or "none")
+    write_json(args.json, result)
+    return 0 if all(r["errors"] == 0 for r in result["rows"]) else 1

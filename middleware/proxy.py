@@ -19,10 +19,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from middleware.admission import AdmissionGate
 from middleware.auth import KeyGate
 from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError, Unauthorized
 from middleware.input_checks import check_token_caps, check_unicode
+from middleware.loop_lag import watch_loop_lag
+from middleware.metrics import Metrics
 from middleware.pipeline import CacheInfo, Pipeline, Result
 from middleware.request import CacheControl
 from middleware.routing.router import Router
@@ -92,15 +95,21 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = pipeline is None
         app.state.pipeline = pipeline or Pipeline(config)
-        probes = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in app.state.pipeline.routers.values()]
+        pipe = app.state.pipeline
+        tasks = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in pipe.routers.values()]
+        tasks.append(asyncio.create_task(watch_loop_lag(pipe.metrics.loop_lag.observe)))
         yield
-        for task in probes:
+        for task in tasks:
             task.cancel()
         if owned:
             app.state.pipeline.close()
 
     app = FastAPI(title="kvgate", version="0.1.0", lifespan=lifespan)
     keys = frozenset(config.auth.keys)
+    # added first, so it runs inside KeyGate: a caller without a key is refused before it is counted
+    app.add_middleware(AdmissionGate, limit=config.server.max_in_flight,
+                       on_change=lambda n: _metrics(app).in_flight.set(n),
+                       on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
     app.add_middleware(KeyGate, keys=keys)  # every route but /health, present and future
 
     def authorise(request: Request) -> str:
@@ -166,6 +175,10 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         return Response(request.app.state.pipeline.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _metrics(app: FastAPI) -> Metrics:
+    return app.state.pipeline.metrics
 
 
 async def _probe_loop(router: Router, interval: float) -> None:

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import httpx
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -192,6 +193,11 @@ async def _probe_loop(router: Router, interval: float) -> None:
                 log.exception("health probe failed")
 
 
+# Parsing and validating a body below this size costs less than a hop to a worker thread (~0.1 ms);
+# above it, the work grows with the prompt and must not stall the event loop.
+OFF_LOOP_BODY_BYTES = 64 * 1024
+
+
 async def _read_json(request: Request, limit: int, schema: type[BaseModel] = ChatCompletionRequest) -> dict[str, Any]:
     """The body as a validated dict; 400/413 with a message naming the problem otherwise."""
     declared = request.headers.get("content-length")
@@ -202,21 +208,38 @@ async def _read_json(request: Request, limit: int, schema: type[BaseModel] = Cha
         raw += part
         if len(raw) > limit:
             raise _too_large(limit)
+    if len(raw) < OFF_LOOP_BODY_BYTES:
+        return _parse_body(bytes(raw), schema)
+    return await asyncio.to_thread(_parse_body, bytes(raw), schema)
+
+
+def _parse_body(raw: bytes, schema: type[BaseModel]) -> dict[str, Any]:
     try:
-        body = json.loads(bytes(raw))
-    except UnicodeDecodeError:
-        raise BadRequest("request body is not valid UTF-8") from None
-    except ValueError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        # msgspec (a dependency already): 6x json's speed on a 4 MB prompt, 3.7x orjson's, and,
+        # unlike orjson, integers past 64 bits stay exact ints, as json gives them
+        body = msgspec.json.decode(raw)
+    except (msgspec.MsgspecError, ValueError):  # ValueError: invalid UTF-8
+        # what msgspec refuses (lone surrogate escapes, NaN, 1e400, UTF-16, bad UTF-8) json may accept, or
+        # explains in its own words: the error path answers exactly as it always did
+        body = _parse_json_stdlib(raw)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    check_unicode(body, bytes(raw))
+    check_unicode(body, raw)
     try:
         schema.model_validate(body)
     except ValidationError as exc:
         message, field = _validation_message(exc)
         raise BadRequest(message, param=field) from None
     return body
+
+
+def _parse_json_stdlib(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
 
 
 def _too_large(limit: int) -> KvgateError:

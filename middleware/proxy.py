@@ -166,14 +166,17 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         data = [{"id": r.model, "object": "model", "owned_by": f"kvgate:{r.name}"} for r in config.routes]
         return {"object": "list", "data": data}
 
+    # Both count the cache's entries, which first catches up with what other processes wrote (a
+    # disk read): in a worker thread, never on the event loop.
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        return {"status": "ok", "entries": len(request.app.state.pipeline.index)}
+        return {"status": "ok", "entries": await asyncio.to_thread(len, request.app.state.pipeline.index)}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         authorise(request)
-        return Response(request.app.state.pipeline.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body = await asyncio.to_thread(request.app.state.pipeline.metrics.render)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
 

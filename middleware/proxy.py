@@ -8,8 +8,9 @@ import asyncio
 import hashlib
 import json
 import logging
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import httpx
 import msgspec
@@ -34,6 +35,7 @@ from middleware.schema import ChatCompletionRequest, FeedbackRequest, chat_opena
 
 log = logging.getLogger("kvgate.proxy")
 CONTROL_HEADER = "x-kvgate-cache-control"
+T = TypeVar("T")
 
 
 def tenant_of(token: str | None) -> str:
@@ -99,9 +101,13 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         pipe = app.state.pipeline
         tasks = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in pipe.routers.values()]
         tasks.append(asyncio.create_task(watch_loop_lag(pipe.metrics.loop_lag.observe)))
+        # /health and /metrics read the disk (the index catches up with other processes): in a
+        # thread of their own, so a probe never queues behind request work in the default pool
+        app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")
         yield
         for task in tasks:
             task.cancel()
+        app.state.probes.shutdown(wait=False, cancel_futures=True)
         if owned:
             app.state.pipeline.close()
 
@@ -166,19 +172,22 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         data = [{"id": r.model, "object": "model", "owned_by": f"kvgate:{r.name}"} for r in config.routes]
         return {"object": "list", "data": data}
 
-    # Both count the cache's entries, which first catches up with what other processes wrote (a
-    # disk read): in a worker thread, never on the event loop.
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        return {"status": "ok", "entries": await asyncio.to_thread(len, request.app.state.pipeline.index)}
+        entries = await _off_loop(request.app.state.probes, len, request.app.state.pipeline.index)
+        return {"status": "ok", "entries": entries}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         authorise(request)
-        body = await asyncio.to_thread(request.app.state.pipeline.metrics.render)
+        body = await _off_loop(request.app.state.probes, request.app.state.pipeline.metrics.render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _off_loop(pool: Executor, fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 def _metrics(app: FastAPI) -> Metrics:

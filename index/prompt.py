@@ -6,13 +6,18 @@ Two caches, both keyed by content digests (never by object identity):
   running digest of the segment texts. A request whose first k segments were seen before resumes
   hashing from there: block_hashes(a + b) == block_hashes(a) + block_hashes(tail + b, parent)
   (see index.hashing), so resuming gives exactly the hashes of a full recomputation.
+
+`prompt()` also hands back the chain states it passed (`PromptHashes.states`): a caller that will
+soon hash a longer conversation starting with the same segments (the router: prompt + answer)
+passes them as `known` and resumes from there even if the shared caches evicted them meanwhile.
 """
 from __future__ import annotations
 
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 from index.hashing import DEFAULT_SEED, BlockHash, block_hashes
 from index.tokenizer import ChatTokenizer
@@ -36,6 +41,19 @@ class _LRU(OrderedDict):
             self.popitem(last=False)
 
 
+ChainState = tuple[tuple[BlockHash, ...], tuple[int, ...]]  # (block hashes so far, unhashed tail tokens)
+
+
+@dataclass(frozen=True)
+class PromptHashes:
+    """A prompt's block hashes and token count, plus the chain state after each of its segment
+    runs this call hashed or resumed from (key: the run's running digest)."""
+
+    hashes: list[BlockHash]
+    tokens: int
+    states: Mapping[bytes, ChainState] = field(default_factory=dict, repr=False)
+
+
 class PromptHasher:
     """Block hashes of chat prompts for one (tokenizer, block_size, seed, extra) setting."""
 
@@ -57,20 +75,29 @@ class PromptHasher:
 
     def hashes(self, messages: Sequence[dict[str, Any]]) -> tuple[list[BlockHash], int]:
         """(block hashes of the rendered prompt, its token count)."""
+        out = self.prompt(messages)
+        return out.hashes, out.tokens
+
+    def prompt(self, messages: Sequence[dict[str, Any]], known: PromptHashes | None = None) -> PromptHashes:
+        """The prompt's hashes, resuming from the longest run of leading segments whose chain
+        state is in `known` (an earlier prompt of the same conversation) or in the cache."""
         segments = self.tokenizer.segments(messages)
         digests = []
         d = hashlib.sha256(f"{self.block_size}:{self.seed}:{self.extra}".encode()).digest()
         for seg in segments:
             d = hashlib.sha256(d + seg.encode()).digest()
             digests.append(d)
+        pinned = known.states if known is not None else {}
         # resume from the longest run of segments already hashed
         start, hashes, tail = 0, [], []
+        states: dict[bytes, ChainState] = {}
         with self._lock:
             for k in range(len(digests) - 1, -1, -1):
-                state = self._chains.get_touch(digests[k])
+                state = pinned.get(digests[k]) or self._chains.get_touch(digests[k])
                 if state is not None:
                     start = k + 1
                     hashes, tail = list(state[0]), list(state[1])
+                    states[digests[k]] = state
                     break
         for k in range(start, len(segments)):
             tail.extend(self._encode(segments[k]))
@@ -79,9 +106,11 @@ class PromptHasher:
                 parent = hashes[-1] if hashes else None
                 hashes.extend(block_hashes(tail[:full], self.block_size, parent, self.extra, self.seed))
                 tail = tail[full:]
+            state = (tuple(hashes), tuple(tail))
+            states[digests[k]] = state
             with self._lock:
-                self._chains.put(digests[k], (tuple(hashes), tuple(tail)))
-        return hashes, len(hashes) * self.block_size + len(tail)
+                self._chains.put(digests[k], state)
+        return PromptHashes(hashes, len(hashes) * self.block_size + len(tail), states)
 
     def _encode(self, segment: str) -> list[int]:
         with self._lock:

@@ -100,6 +100,7 @@ BENCHES = {
     "route-overhead": ("route_overhead", "routing decision time (tokenize+hash+match+choose)"),
     "soak": ("soak", "bounded load through kvgate serve: errors, RSS, fds, cache budget"),
     "routing": ("arena", "the routing arena: policies vs sglang-router on a replayed trace"),
+    "loop-load": ("loop_load", "long streamed prompts through kvgate serve: event-loop lag, proxy CPU per request"),
     "kv": ("kv", "KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"),
     "e2e": ("e2e", "multi-turn chats through kvgate serve over reference replicas, per policy"),
     "multiturn": ("multiturn", "follow-ups vs other conversations' answers; feedback on wrong hits"),

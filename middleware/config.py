@@ -156,6 +156,9 @@ class ServerConfig(_Strict):
         131072, gt=0, description="requests asking for more max_tokens / max_completion_tokens get a 400"
     )
     keep_alive_s: int = Field(75, gt=0, description="seconds an idle client connection is kept open (> clients' own)")
+    max_in_flight: int = Field(
+        512, gt=0, description="chat completions served at once; more get 429 with Retry-After (middleware/admission.py)"
+    )
 
 
 class FeedbackConfig(_Strict):

@@ -49,6 +49,14 @@ class RequestNotFound(KvgateError):
     code = "request_not_found"
 
 
+class Overloaded(KvgateError):
+    """The proxy has `server.max_in_flight` requests in flight already (middleware.admission)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "overloaded"
+
+
 class BackendError(KvgateError):
     """The backend (through LiteLLM) failed; carries its message and status when known."""
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from middleware.routing.router import Router
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class Metrics:
@@ -52,6 +53,14 @@ class Metrics:
         # when: before_first_byte (nothing sent yet) | mid_stream (resumed after what was sent)
         self.failovers = Counter("kvgate_backend_failovers", "Requests moved to another replica after a failure",
                                  ["route", "when"], registry=r)
+        # the proxy's asyncio loop (middleware.loop_lag): how late a task sleeping 50 ms wakes up
+        self.loop_lag = Histogram("kvgate_event_loop_lag_seconds", "Event-loop lag: oversleep of a 50 ms timer",
+                                  buckets=LAG_BUCKETS, registry=r)
+        # admission control (middleware.admission): chat completions being served, and refused
+        self.in_flight = Gauge("kvgate_requests_in_flight", "Chat completions admitted and not finished", registry=r)
+        self.rejected = Counter("kvgate_requests_rejected", "Chat completions refused before any work",
+                                ["reason"], registry=r)
+        self.rejected.labels("overloaded")  # exported as 0 from the start: something to alert on
         self.replica_up = Gauge("kvgate_replica_up", "1 while a replica takes traffic, 0 while its circuit is open",
                                 ["route", "replica"], registry=r)
 

@@ -3,7 +3,9 @@
 No HTTP here: the proxy and the SDK both call `acomplete` / `complete` with LiteLLM-style kwargs
 and get back litellm response objects (or chunk iterators) plus a CacheInfo. The flow is written
 once, async; `complete` is a thin sync adapter that runs it on the pipeline's own loop thread
-(middleware.sync_adapter). Blocking work (embedding, FAISS search, disk writes) runs in threads.
+(middleware.sync_adapter). Blocking work (embedding, FAISS search, disk writes) runs in threads,
+and so does everything that grows with the prompt (request keys, the exact-tier read, routing
+hashes, the request-log write): one worker-thread hop before the backend call, one after.
 """
 from __future__ import annotations
 
@@ -223,12 +225,12 @@ class Pipeline:
         *, raw: bool = False,
     ) -> Result:
         """With `raw` (the proxy), a miss on a relayed route comes back as the replica's bytes."""
-        view = self.view(kwargs, tenant, control)
         started = time.perf_counter()
-        hit = self.lookup_exact(view)
-        found = Lookup(hit) if hit else await asyncio.to_thread(self.lookup_semantic, view)
-        if found.hit:
-            return self._served_hit(view, found.hit, started)
+        # what grows with the prompt (canonical keys, the exact-tier read, embedding + search, the
+        # routing hashes) runs in one worker-thread hop: the event loop only passes bytes along
+        view, found, served = await asyncio.to_thread(self._look_up, kwargs, tenant, control, started)
+        if served is not None:
+            return served
         backend = self.backends[view.route.name]
         wire = self.relay.model_for(backend, view) if raw else None
         if wire is not None:
@@ -238,11 +240,36 @@ class Pipeline:
         if view.stream:
             return Result(info, stream=self._tee(view, info, call, found.vector, started))
         payload = call.response.model_dump()
-        backend.done(call, True, view, answer_text(payload))
-        entry = await asyncio.to_thread(self.store, view, payload, found.vector)
-        self._finish(view, info, entry, started)
+        answer = answer_text(payload)
+        try:
+            await asyncio.to_thread(self._record, view, info, call, answer, payload, found.vector, started)
+        finally:  # after `_record` worked out the answer's routing hashes: recording them is cheap
+            backend.done(call, True, view, answer)
         tag(call.response, info)
         return Result(info, response=call.response)
+
+    def _look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
+                 started: float) -> tuple[RequestView, Lookup, Result | None]:
+        """(view, lookup, the served hit or None); on a miss, the router's hashes are ready."""
+        view = self.view(kwargs, tenant, control)
+        hit = self.lookup_exact(view)
+        found = Lookup(hit) if hit else self.lookup_semantic(view)
+        if found.hit:
+            return view, found, self._served_hit(view, found.hit, started)
+        router = self.backends[view.route.name].router
+        if router is not None:
+            router.prepare(view.messages)  # the backend's plan of these messages picks it up
+        return view, found, None
+
+    def _record(self, view: RequestView, info: CacheInfo, call: Call, answer: str | None,
+                payload: dict[str, Any] | None, vector: np.ndarray | None, started: float) -> None:
+        """After a complete answer, in a worker thread: the routing hashes of prompt + answer
+        (for backend.done), the cache write, the request-log record, the metrics."""
+        router = self.backends[view.route.name].router
+        if router is not None and call.ticket is not None and answer is not None:
+            router.prepare_answer(call.ticket.plan, [*view.messages, {"role": "assistant", "content": answer}])
+        entry = self.store(view, payload, vector) if payload else None
+        self._finish(view, info, entry, started)
 
     async def _counted(self, view: RequestView, pending: Any) -> Any:
         try:
@@ -269,11 +296,18 @@ class Pipeline:
         except Exception as exc:
             raise backend.error(exc) from exc
         finally:
-            # reached with ok=False when the stream broke or the client went away: never stored
-            backend.done(call, ok, view, streamed_text(chunks) if ok else None)
-        payload = assemble(chunks, view.messages) if self.stores(view) else None
-        entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
-        self._finish(view, info, entry, started)
+            if not ok:  # the stream broke or the client went away: never stored
+                backend.done(call, False, view, None)
+        answer = streamed_text(chunks)
+        try:
+            await asyncio.to_thread(self._record_stream, view, info, call, answer, chunks, vector, started)
+        finally:  # also when the client leaves meanwhile: the replica's books must balance
+            backend.done(call, True, view, answer)
+
+    def _record_stream(self, view: RequestView, info: CacheInfo, call: Call, answer: str,
+                       chunks: list[ModelResponseStream], vector: np.ndarray | None, started: float) -> None:
+        payload = assemble(chunks, view.messages) if self.stores(view) else None  # LiteLLM may count prompt tokens
+        self._record(view, info, call, answer, payload, vector, started)
 
     async def _relayed(self, view: RequestView, wire: str, vector: np.ndarray | None, started: float) -> Result:
         backend = self.backends[view.route.name]
@@ -283,9 +317,11 @@ class Pipeline:
             self.metrics.ttft.labels(view.route.name, "miss").observe(time.perf_counter() - started)
             return Result(info, raw=self._relay_tee(view, info, relayed, vector, started))
         assert relayed.payload is not None
-        backend.done(relayed.call, True, view, answer_text(relayed.payload))
-        entry = await asyncio.to_thread(self.store, view, relayed.payload, vector)
-        self._finish(view, info, entry, started)
+        answer = answer_text(relayed.payload)
+        try:
+            await asyncio.to_thread(self._record, view, info, relayed.call, answer, relayed.payload, vector, started)
+        finally:
+            backend.done(relayed.call, True, view, answer)
         return Result(info, raw=relayed.body)
 
     async def _relay_tee(
@@ -298,12 +334,19 @@ class Pipeline:
                 async for blob in stream:
                     yield blob
         finally:
-            backend.done(relayed.call, relayed.ok, view, relayed.text if relayed.ok else None)
+            if not relayed.ok:  # the stream broke or the client went away: never stored
+                backend.done(relayed.call, False, view, None)
         if relayed.ok:
-            payload = relayed.answer(view.messages) if self.stores(view) else None
-            entry = await asyncio.to_thread(self.store, view, payload, vector) if payload else None
-            self._finish(view, info, entry, started)
+            try:
+                await asyncio.to_thread(self._record_relayed, view, info, relayed, vector, started)
+            finally:  # also when the client leaves meanwhile: the replica's books must balance
+                backend.done(relayed.call, True, view, relayed.text)
         yield DONE
+
+    def _record_relayed(self, view: RequestView, info: CacheInfo, relayed: Relayed, vector: np.ndarray | None,
+                        started: float) -> None:
+        payload = relayed.answer(view.messages) if self.stores(view) else None  # may rebuild tool calls
+        self._record(view, info, relayed.call, relayed.text, payload, vector, started)
 
     # ------------------------------------------------------------------ sync face
     def complete(

@@ -8,10 +8,12 @@ import asyncio
 import hashlib
 import json
 import logging
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import httpx
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -19,10 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from middleware.admission import AdmissionGate
 from middleware.auth import KeyGate
 from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError, Unauthorized
 from middleware.input_checks import check_token_caps, check_unicode
+from middleware.loop_lag import watch_loop_lag
+from middleware.metrics import Metrics
 from middleware.pipeline import CacheInfo, Pipeline, Result
 from middleware.request import CacheControl
 from middleware.routing.router import Router
@@ -30,6 +35,7 @@ from middleware.schema import ChatCompletionRequest, FeedbackRequest, chat_opena
 
 log = logging.getLogger("kvgate.proxy")
 CONTROL_HEADER = "x-kvgate-cache-control"
+T = TypeVar("T")
 
 
 def tenant_of(token: str | None) -> str:
@@ -92,16 +98,26 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = pipeline is None
         app.state.pipeline = pipeline or Pipeline(config)
-        probes = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in app.state.pipeline.routers.values()]
+        pipe = app.state.pipeline
+        tasks = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in pipe.routers.values()]
+        tasks.append(asyncio.create_task(watch_loop_lag(pipe.metrics.loop_lag.observe)))
+        # /health and /metrics read the disk (the index catches up with other processes): in a
+        # thread of their own, so a probe never queues behind request work in the default pool
+        app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")
         yield
-        for task in probes:
+        for task in tasks:
             task.cancel()
         await app.state.pipeline.aclose()
+        app.state.probes.shutdown(wait=False, cancel_futures=True)
         if owned:
             app.state.pipeline.close()
 
     app = FastAPI(title="kvgate", version="0.1.0", lifespan=lifespan)
     keys = frozenset(config.auth.keys)
+    # added first, so it runs inside KeyGate: a caller without a key is refused before it is counted
+    app.add_middleware(AdmissionGate, limit=config.server.max_in_flight,
+                       on_change=lambda n: _metrics(app).in_flight.set(n),
+                       on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
     app.add_middleware(KeyGate, keys=keys)  # every route but /health, present and future
 
     def authorise(request: Request) -> str:
@@ -162,14 +178,24 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        return {"status": "ok", "entries": len(request.app.state.pipeline.index)}
+        entries = await _off_loop(request.app.state.probes, len, request.app.state.pipeline.index)
+        return {"status": "ok", "entries": entries}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         authorise(request)
-        return Response(request.app.state.pipeline.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body = await _off_loop(request.app.state.probes, request.app.state.pipeline.metrics.render)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _off_loop(pool: Executor, fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _metrics(app: FastAPI) -> Metrics:
+    return app.state.pipeline.metrics
 
 
 async def _probe_loop(router: Router, interval: float) -> None:
@@ -183,6 +209,11 @@ async def _probe_loop(router: Router, interval: float) -> None:
                 log.exception("health probe failed")
 
 
+# Parsing and validating a body below this size costs less than a hop to a worker thread (~0.1 ms);
+# above it, the work grows with the prompt and must not stall the event loop.
+OFF_LOOP_BODY_BYTES = 64 * 1024
+
+
 async def _read_json(request: Request, limit: int, schema: type[BaseModel] = ChatCompletionRequest) -> dict[str, Any]:
     """The body as a validated dict; 400/413 with a message naming the problem otherwise."""
     declared = request.headers.get("content-length")
@@ -193,21 +224,38 @@ async def _read_json(request: Request, limit: int, schema: type[BaseModel] = Cha
         raw += part
         if len(raw) > limit:
             raise _too_large(limit)
+    if len(raw) < OFF_LOOP_BODY_BYTES:
+        return _parse_body(bytes(raw), schema)
+    return await asyncio.to_thread(_parse_body, bytes(raw), schema)
+
+
+def _parse_body(raw: bytes, schema: type[BaseModel]) -> dict[str, Any]:
     try:
-        body = json.loads(bytes(raw))
-    except UnicodeDecodeError:
-        raise BadRequest("request body is not valid UTF-8") from None
-    except ValueError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        # msgspec (a dependency already): 6x json's speed on a 4 MB prompt, 3.7x orjson's, and,
+        # unlike orjson, integers past 64 bits stay exact ints, as json gives them
+        body = msgspec.json.decode(raw)
+    except (msgspec.MsgspecError, ValueError):  # ValueError: invalid UTF-8
+        # what msgspec refuses (lone surrogate escapes, NaN, 1e400, UTF-16, bad UTF-8) json may accept, or
+        # explains in its own words: the error path answers exactly as it always did
+        body = _parse_json_stdlib(raw)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    check_unicode(body, bytes(raw))
+    check_unicode(body, raw)
     try:
         schema.model_validate(body)
     except ValidationError as exc:
         message, field = _validation_message(exc)
         raise BadRequest(message, param=field) from None
     return body
+
+
+def _parse_json_stdlib(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
 
 
 def _too_large(limit: int) -> KvgateError:

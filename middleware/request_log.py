@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -60,10 +61,14 @@ class RequestLog:
         # a damaged database is moved aside; a full disk makes records no-ops (logged once), never errors
         self._disk = open_cache(Path(directory), log, size_limit=int(max_bytes), eviction_policy="least-recently-stored")
         self._soft = SoftFailures(log, f"request log {directory}")
+        # Writers of this process take turns here: threads that met in SQLite's write lock would
+        # back off in sleeps of up to 100 ms (its busy handler) while holding a worker thread.
+        self._write = threading.Lock()
 
     def record(self, request_id: str, record: RequestRecord) -> None:
         try:
-            self._disk.set(request_id, record.to_bytes(), expire=self.ttl)
+            with self._write:
+                self._disk.set(request_id, record.to_bytes(), expire=self.ttl)
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
             self._soft.failed("record", exc)
             return

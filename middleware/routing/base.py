@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
+
+from index.prompt import PromptHashes
 
 
 @dataclass
@@ -30,6 +32,10 @@ class RoutePlan:
     block_size: int
     matched_blocks: dict[str, int] = field(default_factory=dict)  # replica → leading blocks held
     session: str | None = None  # user / session id for affinity
+    # the router's own: the prompt's chain states (prompt + answer resumes from them), and the
+    # hashes of prompt + answer once worked out off the event loop (Router.prepare_answer)
+    prompt: PromptHashes | None = field(default=None, repr=False)
+    answer: tuple[dict[str, Any], list[int]] | None = field(default=None, repr=False)
 
     def matched_tokens(self, replica: str) -> int:
         return min(self.matched_blocks.get(replica, 0) * self.block_size, self.prompt_tokens)

@@ -2,12 +2,18 @@
 
 It also keeps the replica states the policies read (in-flight counts, queued prefill tokens,
 health) and, in approximate mode, teaches the PrefixIndex what each replica now caches.
+
+Work that grows with the prompt (rendering, tokenising, hashing) can be done ahead, in a worker
+thread, so the event loop only matches and records: `prepare(messages)` before `plan` of the
+same messages list, `prepare_answer(plan, ...)` before `finished`. Both are optional; without
+them `plan` and `finished` compute the same hashes themselves.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -15,7 +21,7 @@ import httpx
 
 from index.kv_events import EventApplier, FeedStats, ZmqEventSubscriber
 from index.prefix import PrefixIndex
-from index.prompt import PromptHasher
+from index.prompt import PromptHasher, PromptHashes
 from index.tokenizer import load_tokenizer
 from middleware.config import ReplicaConfig, RoutingConfig
 from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
@@ -32,6 +38,9 @@ class Ticket:
     plan: RoutePlan
     pending: int  # uncached tokens this attempt added to the replica's queue
     first_token_seen: bool = False
+
+
+PREPARED_MAX = 1024  # prompts hashed ahead and not yet planned (a plan normally follows at once)
 
 
 def policy_options(cfg: RoutingConfig) -> dict[str, Any]:
@@ -65,6 +74,9 @@ class Router:
         self.policy = policy or make_policy(cfg.policy, **policy_options(cfg))
         self._clock = clock
         self._lock = threading.Lock()
+        # prompts hashed ahead by `prepare`, waiting for `plan` of the same list object (held, so
+        # its id cannot be reused meanwhile); bounded in case a plan never comes
+        self._prepared: OrderedDict[int, tuple[Sequence[dict[str, Any]], PromptHashes]] = OrderedDict()
         self._subscribers: list[ZmqEventSubscriber] = []
         if cfg.mode == "precise":
             for r in replicas:
@@ -77,12 +89,26 @@ class Router:
             sub.stop()
 
     # ------------------------------------------------------------------ decisions
+    def prepare(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Hash a prompt ahead of its `plan` (thread-safe; meant for a worker thread)."""
+        prompt = self.hasher.prompt(messages)
+        with self._lock:
+            self._prepared[id(messages)] = (messages, prompt)
+            while len(self._prepared) > PREPARED_MAX:
+                self._prepared.popitem(last=False)
+
+    def _take_prepared(self, messages: Sequence[dict[str, Any]]) -> PromptHashes | None:
+        with self._lock:
+            held = self._prepared.pop(id(messages), None)
+        return held[1] if held is not None and held[0] is messages else None
+
     def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None) -> RoutePlan:
-        hashes, tokens = self.hasher.hashes(messages)
+        prompt = self._take_prepared(messages) or self.hasher.prompt(messages)
         if session is None and messages:
             first = messages[0].get("content")
             session = first if isinstance(first, str) else None
-        return RoutePlan(hashes, tokens, self.cfg.block_size, self.index.match(hashes), session)
+        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, self.index.match(prompt.hashes), session,
+                         prompt=prompt)
 
     def candidates(self, exclude: set[str] = frozenset()) -> list[ReplicaState]:
         """Healthy replicas, plus down ones whose cool-down passed (half-open). If every replica
@@ -124,9 +150,25 @@ class Router:
             ticket.replica.in_flight -= 1
             if ok:
                 ticket.replica.healthy, ticket.replica.failures = True, 0
-        if ok and conversation is not None and self.cfg.mode == "approximate" and self.cfg.record_answers:
-            hashes, _ = self.hasher.hashes(conversation)
-            self.index.record(ticket.replica.name, hashes)
+        if ok and conversation is not None and self._records_answers:
+            self.index.record(ticket.replica.name, self._conversation_hashes(ticket.plan, conversation))
+
+    @property
+    def _records_answers(self) -> bool:
+        return self.cfg.mode == "approximate" and self.cfg.record_answers
+
+    def prepare_answer(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> None:
+        """Hash prompt + answer ahead of `finished` (thread-safe; meant for a worker thread)."""
+        if self._records_answers and conversation:
+            plan.answer = (dict(conversation[-1]), self.hasher.prompt(conversation, plan.prompt).hashes)
+
+    def _conversation_hashes(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> list[int]:
+        """prompt + answer's hashes: ready if `prepare_answer` saw this answer, else worked out
+        here, resuming from the prompt's own chain states (only the answer is tokenised)."""
+        ready = plan.answer
+        if ready is not None and len(conversation) and conversation[-1] == ready[0]:
+            return ready[1]
+        return self.hasher.prompt(conversation, plan.prompt).hashes
 
     def mark_down(self, replica: ReplicaState, reason: str) -> None:
         with self._lock:

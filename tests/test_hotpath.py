@@ -1,0 +1,165 @@
+"""The proxy's hot path: prompt-sized work off the event loop, each prompt hashed once, and the
+same hashes and routing decisions as before."""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Sequence
+
+import httpx
+import pytest
+
+from engines.demo import Calls, create_fake_app
+from index.prompt import PromptHasher
+from index.tokenizer import TextTokenizer
+from middleware.config import ReplicaConfig, RoutingConfig, parse_config
+from middleware.pipeline import Pipeline
+from middleware.proxy import OFF_LOOP_BODY_BYTES, _parse_body, create_app
+from middleware.routing.router import Router
+from middleware.schema import ChatCompletionRequest
+from tools.bench.procs import ServerThread
+
+
+class Recording(TextTokenizer):
+    """The text tokenizer, noting which thread renders or encodes what."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []  # (what, thread name)
+        self.encoded: list[str] = []
+
+    def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
+        self.calls.append(("segments", threading.current_thread().name))
+        return super().segments(messages)
+
+    def encode(self, segment: str) -> list[int]:
+        self.calls.append(("encode", threading.current_thread().name))
+        self.encoded.append(segment)
+        return super().encode(segment)
+
+
+def chat(turns: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are terse. " * 40}]
+    for t in range(turns):
+        msgs += [{"role": "user", "content": f"question {t} " * 30}, {"role": "assistant", "content": f"answer {t} " * 20}]
+    return msgs + [{"role": "user", "content": "and finally?"}]
+
+
+# ------------------------------------------------------------------ PromptHasher.prompt(known=...)
+def test_resuming_from_known_states_gives_the_full_computation():
+    prompt, answer = chat(3), {"role": "assistant", "content": "the final answer " * 25}
+    fresh = PromptHasher(TextTokenizer(), 16).hashes([*prompt, answer])
+    tok = Recording()
+    hasher = PromptHasher(tok, 16, cache_size=1)  # the shared caches forget almost at once
+    known = hasher.prompt(prompt)
+    hasher.prompt([{"role": "user", "content": "another conversation entirely"}])  # evicts the prompt's states
+    tok.encoded.clear()
+    assert hasher.prompt([*prompt, answer], known).hashes == fresh[0]
+    # only the answer and the new generation prompt were tokenised: the prompt resumed from `known`
+    assert tok.encoded == TextTokenizer().segments([*prompt, answer])[-2:]
+
+
+# ------------------------------------------------------------------ Router.prepare / prepare_answer
+def router(**cfg: Any) -> Router:
+    reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
+    return Router(reps, RoutingConfig(tokenizer="text", block_size=16, **cfg))
+
+
+def test_prepared_plan_equals_a_computed_one_and_is_taken_once():
+    a, b = router(), router()
+    msgs = chat(2)
+    b.index.record("r1", b.plan(chat(1)).hashes)  # something to match
+    a.index.record("r1", a.plan(chat(1)).hashes)
+    a.prepare(msgs)
+    planned = a.plan(msgs)
+    assert planned.hashes == b.plan(msgs).hashes and planned.matched_blocks == b.plan(msgs).matched_blocks
+    assert planned.prompt_tokens == b.plan(msgs).prompt_tokens and planned.matched_blocks["r1"] > 0
+    assert not a._prepared  # consumed
+    a.prepare(msgs)
+    assert a._take_prepared(list(msgs)) is None  # an equal list is not the same request's list
+
+
+def test_prepared_answer_records_what_finished_would_compute():
+    answer = {"role": "assistant", "content": "a long answer " * 30}
+    books = []
+    for prepare in (False, True):
+        r = router()
+        msgs = chat(2)
+        plan = r.plan(msgs)
+        ticket = r.started(r.replicas[0], plan)
+        if prepare:
+            r.prepare_answer(plan, [*msgs, answer])
+            assert plan.answer is not None
+        r.finished(ticket, True, [*msgs, answer])
+        books.append(r.index.stats())
+        full = PromptHasher(TextTokenizer(), 16).hashes([*msgs, answer])[0]
+        assert r.index.match(full)["r0"] == len(full)
+    assert books[0] == books[1]
+
+
+def test_a_different_answer_than_prepared_is_hashed_afresh():
+    r = router()
+    msgs = chat(1)
+    plan = r.plan(msgs)
+    ticket = r.started(r.replicas[0], plan)
+    r.prepare_answer(plan, [*msgs, {"role": "assistant", "content": "one thing " * 20}])
+    other = [*msgs, {"role": "assistant", "content": "something else " * 20}]
+    r.finished(ticket, True, other)
+    full = PromptHasher(TextTokenizer(), 16).hashes(other)[0]
+    assert r.index.match(full)["r0"] == len(full)
+
+
+def test_no_answer_hashing_when_answers_are_not_recorded():
+    r = router(record_answers=False)
+    msgs = chat(1)
+    plan = r.plan(msgs)
+    r.prepare_answer(plan, [*msgs, {"role": "assistant", "content": "x " * 40}])
+    assert plan.answer is None
+
+
+# ------------------------------------------------------------------ body parsing
+@pytest.mark.parametrize("raw", [
+    b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00 \xc3\xa9"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 123456789012345678901234567890}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0.30000000000000004, "top_p": 1e-7}',
+    b'{"model": "m", "model": "n", "messages": [{"role": "user", "content": "x"}], "metadata": {"a": [null, true, -0]}}',
+])
+def test_fast_parse_equals_json(raw):
+    assert _parse_body(raw, ChatCompletionRequest) == json.loads(raw)
+
+
+# ------------------------------------------------------------------ through the proxy
+def test_prompt_work_never_runs_on_the_event_loop(embedder, tmp_path):
+    replicas = [ServerThread(create_fake_app(Calls())).start() for _ in range(2)]
+    config = parse_config({
+        "cache_dir": str(tmp_path / "cache"),
+        "routes": [{
+            "name": "local", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
+            "semantic": {"enabled": False},
+            "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(replicas)],
+            "routing": {"tokenizer": "text", "block_size": 16},
+        }],
+    })
+    pipeline = Pipeline(config, embedder=embedder)
+    tok = Recording()
+    pipeline.routers["local"].hasher.tokenizer = tok
+    server = ServerThread(create_app(config, pipeline)).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for stream in (False, True):
+                msgs = [*chat(3), {"role": "assistant", "content": "hm"}, {"role": "user", "content": f"{stream}?"}]
+                big = [*msgs[:-1], {"role": "user", "content": f"long {stream} " + "y" * OFF_LOOP_BODY_BYTES}]
+                for body in ({"model": "smollm2", "messages": msgs, "stream": stream},
+                             {"model": "smollm2", "messages": big, "stream": stream}):
+                    resp = client.post("/v1/chat/completions", json=body)
+                    assert resp.status_code == 200, resp.text
+                    assert resp.headers["x-kvgate-cache"] == "miss"
+            assert client.get("/health").status_code == 200
+        # every render / tokenisation of a prompt (and of prompt + answer) ran in a worker thread
+        assert tok.calls and server.thread.name not in {name for _, name in tok.calls}
+        # and a prompt's segments were rendered once for its plan and once for prompt + answer
+        assert sum(1 for what, _ in tok.calls if what == "segments") == 2 * 4
+    finally:
+        server.stop()
+        pipeline.close()
+        for r in replicas:
+            r.stop()

@@ -1,0 +1,202 @@
+"""`kvgate bench loop-load`: long streamed prompts through `kvgate serve`; what the proxy's event
+loop and CPU pay per request.
+
+N workers each hold multi-turn conversations whose system prompt is a fresh document of
+`--prompt-words` random words (≈1.6 SmolLM2 tokens a word), so every conversation's first turn is
+a cold prompt and later turns grow it. The route is the one the hot path is about: replicas behind
+the router (cache_aware, approximate mode, record_answers, the chosen tokenizer) and the exact tier
+on (semantic off: embedding is its own cost). Replicas are demo backends (`kvgate demo-backend`):
+short answers, no model, so the proxy is the only thing working per request.
+
+Reported per proxy: client TTFT, requests/s, the proxy's CPU seconds per request (/proc), and its
+event-loop lag (`kvgate_event_loop_lag_seconds`, scraped at the end). `--anchor-tree DIR` first
+runs the same workload against a proxy started from another source tree (e.g. `git archive` of an
+older commit) so the two are compared within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tools.bench.procs import Proc, free_port, kvgate_argv
+from tools.bench.stats import pct, write_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=240, help="requests per proxy")
+    p.add_argument("--concurrency", type=int, default=24, help="conversations in flight")
+    p.add_argument("--turns", type=int, default=3, help="turns per conversation")
+    p.add_argument("--prompt-words", type=int, default=5000, help="words of each conversation's system prompt")
+    p.add_argument("--tokenizer", default="smollm2", help="routing tokenizer: smollm2 | text")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--anchor-tree", type=Path, default=None, help="also run a proxy from this source tree, first")
+    p.add_argument("--py-spy", type=Path, default=None, metavar="PREFIX",
+                   help="record each proxy with py-spy (raw stacks to PREFIX-<label>.txt)")
+    p.add_argument("--json", type=Path, default=None)
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(n))
+
+
+def config(replicas: list[str], tokenizer: str, cache_dir: str) -> dict[str, Any]:
+    return {
+        "cache_dir": cache_dir,
+        "routes": [{
+            "name": "load", "model": "*", "backend": {"model": "openai/demo", "api_key": "none", "timeout": 120},
+            "exact": True, "semantic": {"enabled": False},
+            "replicas": [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)],
+            "routing": {"policy": "cache_aware", "tokenizer": tokenizer, "block_size": 16, "record_answers": True},
+        }],
+        "server": {"max_body_bytes": 64 * 1024 * 1024},
+    }
+
+
+async def drive(url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """`args.requests` streamed requests from `args.concurrency` workers; TTFT per request."""
+    rng = random.Random(seed)
+    ttfts: list[float] = []
+    errors: list[str] = []
+    left = [args.requests]
+
+    async def worker(client: httpx.AsyncClient, w: int) -> None:
+        while left[0] > 0:
+            messages = [{"role": "system", "content": _words(rng, args.prompt_words)}]
+            for turn in range(args.turns):
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+                messages.append({"role": "user", "content": f"worker {w} turn {turn}: {_words(rng, 12)}?"})
+                sent, first, text = time.perf_counter(), None, []
+                body = {"model": "demo", "messages": messages, "stream": True, "max_tokens": 64}
+                try:
+                    async with client.stream("POST", url, json=body) as resp:
+                        if resp.status_code != 200:
+                            errors.append(f"HTTP {resp.status_code}")
+                            return
+                        async for line in resp.aiter_lines():
+                            if line.startswith("data: {") and first is None:
+                                first = time.perf_counter() - sent
+                            if '"content"' in line:
+                                text.append(line)
+                except httpx.HTTPError as exc:
+                    errors.append(type(exc).__name__)
+                    return
+                if first is not None:
+                    ttfts.append(first)
+                messages.append({"role": "assistant", "content": f"answer {turn} of worker {w}"})
+
+    limits = httpx.Limits(max_connections=args.concurrency * 2)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client, w) for w in range(args.concurrency)))
+        wall = time.perf_counter() - started
+    return {"ttfts": ttfts, "errors": errors, "wall_s": wall}
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _lag_histogram(metrics_text: str) -> dict[str, float]:
+    """The lag histogram's samples: `le` bounds → cumulative counts, plus `sum` and `count`."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name == "kvgate_event_loop_lag_seconds":
+            for s in fam.samples:
+                out[s.labels["le"] if s.name.endswith("_bucket") else s.name.rsplit("_", 1)[1]] = s.value
+    return out
+
+
+def _lag(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Lag figures of the samples taken between two scrapes (warm-up left out)."""
+    diff = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    total, count = diff.pop("sum", 0.0), diff.pop("count", 0.0)
+    buckets = sorted((float(le), n) for le, n in diff.items())
+
+    def quantile(q: float) -> float:  # the bucket bound holding the q-th sample
+        return next((le for le, n in buckets if n >= q * count), float("inf"))
+
+    return {"samples": count, "mean_ms": 1000 * total / count if count else float("nan"),
+            "p50_le_ms": 1000 * quantile(0.5), "p99_le_ms": 1000 * quantile(0.99),
+            "share_over_10ms": 1 - next((n for le, n in buckets if le == 0.01), 0.0) / count if count else float("nan")}
+
+
+def run_one(label: str, tree: Path | None, replicas: list[str], args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    port = free_port()
+    cfg_path = work / f"{label}.yaml"
+    cfg_path.write_text(yaml.safe_dump(config(replicas, args.tokenizer, str(work / f"cache-{label}"))))
+    # PYTHONSAFEPATH: `python -m` must not put the current directory (this tree) first on the path
+    env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"} if tree is not None else None
+    proxy = Proc(f"proxy-{label}", kvgate_argv("serve", "--config", str(cfg_path), "--port", str(port),
+                                               "--log-level", "warning"), work, env=env)
+    spy = None
+    try:
+        base = f"http://127.0.0.1:{port}"
+        proxy.wait_http(f"{base}/health")
+        if args.py_spy is not None:
+            out = Path(f"{args.py_spy}-{label}.txt")
+            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proxy.proc.pid),
+                                    "--rate", "200", "--format", "raw", "--nonblocking", "-o", str(out)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # warm-up: LiteLLM's lazy imports (its tokenizer for cost, ~1 s) on the first requests stay out of the figures
+        asyncio.run(drive(f"{base}/v1/chat/completions", argparse.Namespace(**{**vars(args), "requests": 4, "concurrency": 2}),
+                          seed=1))
+        lag0 = _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
+        cpu0 = _cpu_s(proxy.proc.pid)
+        run = asyncio.run(drive(f"{base}/v1/chat/completions", args, seed=7))
+        cpu = _cpu_s(proxy.proc.pid) - cpu0
+        lag = _lag(lag0, _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text))
+    finally:
+        if spy is not None:
+            spy.send_signal(2)  # SIGINT: py-spy writes what it has
+            spy.wait(timeout=60)
+        proxy.stop()
+    t = run["ttfts"]
+    return {"tree": str(tree) if tree else "this", "completed": len(t), "errors": len(run["errors"]),
+            "req_per_s": len(t) / run["wall_s"], "ttft_p50_ms": 1000 * pct(t, 0.5), "ttft_p99_ms": 1000 * pct(t, 0.99),
+            "ttft_mean_ms": 1000 * statistics.fmean(t) if t else float("nan"),
+            "proxy_cpu_ms_per_req": 1000 * cpu / max(1, len(t)), "loop_lag": lag}
+
+
+def main(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="kvgate-loopload-"))
+    backends, urls = [], []
+    try:
+        for i in range(args.replicas):
+            port = free_port()
+            backends.append(Proc(f"demo-{i}", kvgate_argv("demo-backend", "--port", str(port)), work))
+            urls.append(f"http://127.0.0.1:{port}")
+        for proc, url in zip(backends, urls):
+            proc.wait_http(f"{url}/v1/models")
+        result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+                                  "machine": {"cpus": os.cpu_count()}, "runs": {}}
+        if args.anchor_tree is not None:
+            result["runs"]["anchor"] = run_one("anchor", args.anchor_tree.resolve(), urls, args, work)
+        result["runs"]["this"] = run_one("this", None, urls, args, work)
+    finally:
+        for proc in backends:
+            proc.stop()
+    print(f"{'proxy':8s} {'req/s':>7s} {'ttft p50':>9s} {'p99':>8s} {'cpu/req':>8s} {'lag mean':>9s} {'p99≤':>7s} {'>10ms':>6s} err")
+    for name, r in result["runs"].items():
+        lag = r["loop_lag"]
+        print(f"{name:8s} {r['req_per_s']:7.1f} {r['ttft_p50_ms']:7.0f}ms {r['ttft_p99_ms']:6.0f}ms "
+              f"{r['proxy_cpu_ms_per_req']:6.1f}ms {lag['mean_ms']:7.1f}ms {lag['p99_le_ms']:5.0f}ms "
+              f"{lag['share_over_10ms']:6.1%} {r['errors']}")
+    write_json(args.json, result)
+    return 0

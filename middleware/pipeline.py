@@ -14,14 +14,12 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator
 
 import numpy as np
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at import
 import litellm  # noqa: E402
-from litellm import ModelResponse  # noqa: E402
 
 litellm.suppress_debug_info = True  # its banners go to stdout; our errors say what failed
 from litellm.types.utils import ModelResponseStream  # noqa: E402
@@ -38,51 +36,17 @@ from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError, ConfigError  # noqa: E402
 from middleware.feedback import FeedbackOutcome, give_feedback  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
+from middleware.outcome import CacheInfo, Hit, Lookup, Result, Tier  # noqa: E402,F401  (CacheInfo, Result: public here too)
 from middleware.relay import DONE, Relay, Relayed  # noqa: E402
-from middleware.request_log import RequestLog, RequestRecord, new_request_id  # noqa: E402
+from middleware.request_log import RequestLog, RequestRecord  # noqa: E402
 from middleware.routing.router import Router  # noqa: E402
 from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
 from middleware.sync_adapter import SyncAdapter  # noqa: E402
 from middleware.verification import SemanticSettings, choose, resolve, to_verify  # noqa: E402
 
 log = logging.getLogger("kvgate.pipeline")
-Tier = Literal["miss", "exact", "semantic"]
 MINILM_DIM = 384
 UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
-
-
-@dataclass
-class CacheInfo:
-    """How a request was served. On SDK responses: `response._hidden_params["kvgate"]`."""
-
-    cache: Tier
-    route: str
-    similarity: float | None = None
-    entry_id: int | None = None
-    stored: bool = False
-    replica: str | None = None  # the replica that answered a miss, on routes with replicas
-    request_id: str = field(default_factory=new_request_id)  # for POST /v1/cache/feedback
-
-
-@dataclass
-class Hit:
-    entry: CacheEntry
-    tier: Tier
-    similarity: float | None = None
-
-
-@dataclass
-class Lookup:
-    hit: Hit | None = None
-    vector: np.ndarray | None = None  # the query embedding, reused when storing
-
-
-@dataclass
-class Result:
-    info: CacheInfo
-    response: ModelResponse | None = None
-    stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
-    raw: Any = None  # a relayed miss (`acomplete(raw=True)`): the replica's JSON bytes, or an async iterator of SSE bytes
 
 
 class Pipeline:

@@ -23,7 +23,6 @@ serves every size.
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import random

@@ -65,11 +65,11 @@ class EventApplier:
         max_mapped: int | None = None,
     ) -> None:
         """max_mapped: cap on engine hashes remembered; default MAPPED_PER_BLOCK x the index's
-        capacity for `replica` (None when that is unbounded)."""
+        capacity for `replica` (None when that is unbounded, or `replica` is not registered yet)."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         if max_mapped is None:
-            cap = index.capacity(replica)
+            cap = index.capacity(replica) if replica in index.replicas else None
             max_mapped = None if cap is None else max(1, MAPPED_PER_BLOCK * cap)
         elif max_mapped < 1:
             raise ValueError("max_mapped must be >= 1")

@@ -141,6 +141,8 @@ def run_proxy_latency(
         "latencies are client-side wall time of one HTTP request on a persistent httpx.Client; hits and misses "
         "are timed apart",
         "semantic queries are distinct texts, sent with x-kvgate-cache-control: no-store so misses add no entries",
+        "a seed question that gets a semantic hit on the filler (seed_semantic_hits) is sent again with "
+        "x-kvgate-cache-control: no-cache, so every seed is stored; miss latency counts the true misses only",
     ]
     notes.append(
         "filler: real questions (every QQP and GPTCache mock question not held out) and deterministic variants of "
@@ -268,12 +270,16 @@ def _measure(
 
         progress(f"proxy bench: seeding {len(SEED_QUESTIONS)} questions")
         miss_s: list[float] = []
+        seed_hits = 0
         for seed, _, _ in SEED_QUESTIONS:
             sent = _post(client, chat, chat_body(seed))
+            if sent.status == 200 and sent.tier == "semantic":  # a filler question was close enough:
+                seed_hits += 1  # store the seed anyway (no lookup), so the later passes find it
+                sent = _post(client, chat, chat_body(seed), {"x-kvgate-cache-control": "no-cache"})
+            elif sent.tier == "miss":
+                miss_s.append(sent.elapsed_s)
             if sent.status != 200:
                 raise RuntimeError(f"proxy answered {sent.status} while seeding")
-            if sent.tier == "miss":
-                miss_s.append(sent.elapsed_s)
 
         progress(f"proxy bench: {queries} exact repeats")
         exact_s: list[float] = []
@@ -321,6 +327,7 @@ def _measure(
     fields = {
         "seeded": len(SEED_QUESTIONS),
         "seed_misses": len(miss_s),
+        "seed_semantic_hits": seed_hits,
         "miss_p50_ms": miss_p50,
         "miss_p99_ms": miss_p99,
         "exact_requests": queries,
@@ -341,4 +348,4 @@ def _measure(
         "backend_direct_p50_ms": direct_p50,
         "backend_direct_p99_ms": direct_p99,
     }
-    return fields, WARMUP_REQUESTS + len(miss_s)
+    return fields, WARMUP_REQUESTS + len(SEED_QUESTIONS)

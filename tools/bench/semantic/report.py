@@ -68,6 +68,9 @@ def print_proxy_summary(result: dict[str, Any]) -> None:
     ]
     for name, count, p50, p99 in lines:
         print(f"{name:<22}{count:>12}{fmt(p50):>9}{fmt(p99):>9}")
+    if result.get("seed_semantic_hits"):
+        print(f"seed questions answered from the filler by a semantic hit (then stored with no-cache): "
+              f"{result['seed_semantic_hits']}/{result['seeded']}")
     print(f"semantic hits returning the right answer: {result['semantic_hits_correct']}/{result['semantic_hits']}")
     for kind, t in result.get("semantic_by_kind", {}).items():
         print(f"  {kind:<12} {t['hits']:>5}/{t['requests']:<5} hit, {t['correct']} right")

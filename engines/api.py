@@ -98,17 +98,20 @@ class ReplicaHeader:
         await self.app(scope, receive, send_with_header)
 
 
-def publisher_callbacks(publisher: Any, block_size: int) -> dict[str, Any]:
+def publisher_callbacks(publisher: Any, block_size: int, medium: str = "GPU") -> dict[str, Any]:
     """SimEngine keyword arguments (on_stored, on_removed, on_cleared) that publish each engine
-    callback as one batch through an index.kv_events.ZmqEventPublisher-like `publish(events)`."""
-    from index.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
+    callback as one batch through an index.kv_events.ZmqEventPublisher-like `publish(events)`.
+    Stored and removed events carry the same `medium` (the router's applier tracks blocks per
+    medium): "GPU" (vLLM's own prefix cache) for the simulator, "CPU" for the reference replica's
+    chunk store."""
+    from index.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
     def on_stored(hashes: list[int], token_ids: list[int], parent: int | None) -> None:
         publisher.publish([BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=list(token_ids),
-                                       block_size=block_size, medium=MEDIUM_GPU)])
+                                       block_size=block_size, medium=medium)])
 
     def on_removed(hashes: list[int]) -> None:
-        publisher.publish([BlockRemoved(block_hashes=list(hashes), medium=MEDIUM_GPU)])
+        publisher.publish([BlockRemoved(block_hashes=list(hashes), medium=medium)])
 
     def on_cleared() -> None:
         publisher.publish([AllBlocksCleared()])

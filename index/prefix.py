@@ -18,7 +18,12 @@ Two ways to feed it:
 * approximate: `record(replica, hashes)` after routing a request to `replica`, mirroring the
   engine's LRU prefix cache with a per-replica capacity in blocks (guessing evictions);
 * precise: `stored` / `removed` / `cleared` from the engine's KV cache events
-  (`index.kv_events`), where the engine reports its own evictions.
+  (`index.kv_events`), where the engine reports its own evictions. The capacity is then a memory
+  bound, not a model of the engine (EVENT_FED_CAPACITY by default, far above what an engine
+  holds): it only bites when removal events were lost or an engine holds more than it. Built with
+  `touch_on_match=True`, `match` marks every replica's matched leading blocks most recently used,
+  so at that bound the blocks evicted are the least recently stored or matched (an engine's hits
+  produce no events: without this a hot system prompt stored long ago would go first).
 
 Holders are kept as an int bitmask (one bit per replica): intersecting is one `&`, and small ints
 are cached by CPython, so 1M blocks cost one dict entry each in the global table plus one entry
@@ -32,6 +37,12 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from index.hashing import BlockHash
+
+# Default per-replica bound of an event-fed (precise mode) index, in blocks. Far above an engine's
+# cache (a vLLM replica with 50 GB of KV at 128 KiB/token holds ~25k blocks of 16 tokens; with CPU
+# offload maybe 10x), so it only matters when removal events are lost. A full replica costs about
+# 200 bytes per block here plus the EventApplier's mapping (~50 MB per replica at the bound).
+EVENT_FED_CAPACITY = 1 << 18
 
 
 @dataclass
@@ -54,10 +65,14 @@ class PrefixIndex:
     the router matches on another).
     """
 
-    def __init__(self, capacity_blocks: int | None = None) -> None:
-        """capacity_blocks: default per-replica capacity in blocks; None = unlimited."""
+    def __init__(self, capacity_blocks: int | None = None, *, touch_on_match: bool = False) -> None:
+        """capacity_blocks: default per-replica capacity in blocks; None = unlimited.
+        touch_on_match: `match` marks matched blocks most recently used (precise mode; see the
+        module docstring). Off for approximate mode, where only the chosen replica's blocks are
+        used, and `record` touches them."""
         _check_capacity(capacity_blocks)
         self._default_capacity = capacity_blocks
+        self._touch_on_match = touch_on_match
         self._replicas: dict[str, _Replica] = {}
         self._by_slot: dict[int, _Replica] = {}  # slot index -> replica, for decoding masks
         self._holders: dict[BlockHash, int] = {}
@@ -114,9 +129,9 @@ class PrefixIndex:
     def stored(self, replica: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """The engine reports these blocks stored on `replica`.
 
-        Same bookkeeping as `record` (the engine will report evictions itself, so leave the
-        replica's capacity None, or set it above the engine's size as a memory bound in case
-        removal events are lost). Returns hashes evicted by that bound, if any.
+        Same bookkeeping as `record` (the engine reports evictions itself, so the replica's
+        capacity is a memory bound above the engine's size, in case removal events are lost).
+        Returns hashes evicted by that bound, if any (oldest first; counted in `stats()`).
         """
         with self._lock:
             rep = self._get(replica)
@@ -145,8 +160,10 @@ class PrefixIndex:
 
         Stops counting a replica at its first miss (see the module docstring: a later block
         without its predecessors is unusable), and stops the walk when no replica is left, so
-        the cost is O(longest match). Does not touch LRU order: routing decides afterwards, and
-        `record` marks the chosen replica's blocks.
+        the cost is O(longest match). Without touch_on_match it does not change LRU order
+        (routing decides afterwards, and `record` marks the chosen replica's blocks); with it,
+        every replica's matched blocks become most recently used, last to first like `record`,
+        which adds O(sum of the match lengths).
         """
         with self._lock:
             result = dict.fromkeys(self._replicas, 0)
@@ -162,15 +179,28 @@ class PrefixIndex:
                     self._settle(result, by_slot, active & ~still, i)
                     active = still
                     if not active:
-                        return result
+                        break
                 i += 1
-            self._settle(result, by_slot, active, i)
+            else:
+                self._settle(result, by_slot, active, i)
+            if self._touch_on_match:
+                self._touch(result, hashes)
             return result
 
     def blocks(self, replica: str) -> int:
         """Number of blocks the index believes `replica` holds."""
         with self._lock:
             return len(self._get(replica).lru)
+
+    def holds(self, replica: str, h: BlockHash) -> bool:
+        """Whether the index believes `replica` holds block `h` (no LRU effect)."""
+        with self._lock:
+            return h in self._get(replica).lru
+
+    def capacity(self, replica: str) -> int | None:
+        """`replica`'s bound in blocks (None = unbounded)."""
+        with self._lock:
+            return self._get(replica).capacity
 
     def stats(self) -> dict[str, object]:
         """{'blocks': {replica: n}, 'evictions': {replica: n}, 'capacity': {replica: cap},
@@ -201,6 +231,14 @@ class PrefixIndex:
             else:
                 lru[h] = None
                 holders[h] = holders.get(h, 0) | bit
+
+    def _touch(self, matched: dict[str, int], hashes: Sequence[BlockHash]) -> None:
+        """Mark each replica's first matched[name] hashes most recently used, last to first."""
+        for name, n in matched.items():
+            if n:
+                move = self._replicas[name].lru.move_to_end
+                for i in range(n - 1, -1, -1):
+                    move(hashes[i])
 
     def _evict_over_capacity(self, rep: _Replica) -> list[BlockHash]:
         if rep.capacity is None or len(rep.lru) <= rep.capacity:

@@ -49,7 +49,13 @@ _FEED_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("kvgate_kv_events_blocks_stored", "Blocks added to the prefix index by BlockStored events", "blocks_stored"),
     ("kvgate_kv_events_blocks_removed", "Blocks dropped from the prefix index by BlockRemoved events",
      "blocks_removed"),
-    ("kvgate_kv_events_clears", "Times a replica's blocks were all dropped (AllBlocksCleared, restart)", "clears"),
+    ("kvgate_kv_events_clears", "Times a replica's blocks were all dropped (AllBlocksCleared, restart, resync)",
+     "clears"),
+    ("kvgate_kv_events_resyncs",
+     "Times a replica's view was dropped because KV event batches were lost (sequence gap, undecodable message)",
+     "resyncs"),
+    ("kvgate_kv_events_forgotten_mappings",
+     "Engine block hashes forgotten at the event applier's bound (many engine hashes for one block)", "forgotten"),
 )
 _FEED_IGNORED = ("wrong_block_size", "unknown_parent")  # FeedStats fields, as `reason` labels
 
@@ -74,6 +80,9 @@ class RoutingCollector(Collector):
                     fam[name].add_metric(labels, float(value(replica)))
                 fam["kvgate_replica_prefix_blocks"].add_metric(labels, index["blocks"].get(replica.name, 0))
                 fam["kvgate_replica_prefix_evictions"].add_metric(labels, index["evictions"].get(replica.name, 0))
+                cap = index["capacity"].get(replica.name)
+                if cap is not None:
+                    fam["kvgate_replica_prefix_capacity_blocks"].add_metric(labels, cap)
             for replica_name, feed in router.event_stats().items():
                 _add_feed(fam, [route, replica_name], feed)
         return fam.values()
@@ -101,7 +110,11 @@ def _routing_families() -> dict[str, Metric]:
     fam["kvgate_replica_prefix_blocks"] = GaugeMetricFamily(
         "kvgate_replica_prefix_blocks", "Blocks the router's prefix index believes a replica holds", labels=ROUTE_REPLICA)
     fam["kvgate_replica_prefix_evictions"] = CounterMetricFamily(
-        "kvgate_replica_prefix_evictions", "Blocks the prefix index evicted at a replica's capacity (approximate mode)",
+        "kvgate_replica_prefix_evictions",
+        "Blocks the prefix index evicted at a replica's capacity (approximate: its modelled cache; precise: the "
+        "memory bound, least recently stored or matched first)", labels=ROUTE_REPLICA)
+    fam["kvgate_replica_prefix_capacity_blocks"] = GaugeMetricFamily(
+        "kvgate_replica_prefix_capacity_blocks", "A replica's bound in the prefix index, in blocks (absent: unbounded)",
         labels=ROUTE_REPLICA)
     for name, doc, _ in _FEED_COUNTERS:
         fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)

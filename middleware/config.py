@@ -8,6 +8,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from index.prefix import EVENT_FED_CAPACITY
 from middleware.errors import ConfigError
 
 
@@ -60,7 +61,8 @@ class ReplicaConfig(_Strict):
     api_base: str = Field(min_length=1)
     api_key: str | None = None
     events: str | None = Field(None, description="ZMQ endpoint of the replica's KV events (precise mode)")
-    capacity_blocks: int | None = Field(None, gt=0, description="approximate mode: blocks its prefix cache holds")
+    capacity_blocks: int | None = Field(None, gt=0, description="approximate mode: blocks its prefix cache holds; "
+                                                               "precise mode: the index's memory bound for it")
 
 
 class RoutingConfig(_Strict):
@@ -71,7 +73,9 @@ class RoutingConfig(_Strict):
     tokenizer: str = Field("text", description="smollm2 | text | path to a local HF tokenizer dir")
     seed: str = Field("kvgate", description="hash seed; must match the replicas' (precise mode)")
     mode: Literal["approximate", "precise"] = "approximate"
-    capacity_blocks: int | None = Field(None, gt=0, description="default per-replica cache size in blocks (approximate)")
+    capacity_blocks: int | None = Field(
+        None, gt=0, description="approximate: default per-replica cache size in blocks (none = unlimited); precise: "
+                                "the prefix index's per-replica memory bound (default EVENT_FED_CAPACITY, 262144)")
     decode_weight: float = Field(8.0, ge=0, description="cache_aware: prefill tokens one running request costs")
     miss_weight: float = Field(8.0, ge=1.0, description="cache_aware: cost of one uncached prompt token (compute + cache space)")
     record_answers: bool = Field(True, description="approximate mode: the engine caches generated tokens too (vLLM does)")
@@ -82,6 +86,14 @@ class RoutingConfig(_Strict):
     forward: Literal["relay", "litellm"] = Field(
         "relay", description="proxy misses: relay = pass the replica's own bytes through (httpx, OpenAI-compatible "
                              "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")
+
+    @model_validator(mode="after")
+    def _precise_is_bounded(self) -> "RoutingConfig":
+        """Precise mode's index follows the engines' own evictions, but lost removal events must
+        not make it grow without end: it gets a bound by default (index.prefix.EVENT_FED_CAPACITY)."""
+        if self.mode == "precise" and self.capacity_blocks is None:
+            self.capacity_blocks = EVENT_FED_CAPACITY
+        return self
 
 
 class RouteConfig(_Strict):

@@ -68,8 +68,10 @@ def test_pairs_mode_reports_consistent_figures(tmp_path: Path) -> None:
 
 def test_entries_mode_times_real_hits(tmp_path: Path) -> None:
     out = tmp_path / "proxy.json"
-    assert main(["bench", "semantic", "--entries", "2000", "--queries", "20", "--json", str(out)]) == 0
+    assert main(["bench", "semantic", "--entries", "2000", "--queries", "20", "--filler", "random",
+                 "--json", str(out)]) == 0
     data = json.loads(out.read_text())
+    assert data["filler"] == "random"
     for key in ("exact_hit_p50_ms", "exact_hit_p99_ms", "semantic_hit_p50_ms", "semantic_hit_p99_ms",
                 "entries", "index_kind", "miss_p50_ms", "backend_direct_p50_ms", "machine", "notes"):
         assert key in data, key
@@ -82,6 +84,70 @@ def test_entries_mode_times_real_hits(tmp_path: Path) -> None:
     assert data["seed_misses"] == data["seeded"]
     assert 0 < data["exact_hit_p50_ms"] <= data["exact_hit_p99_ms"]
     assert 0 < data["semantic_hit_p50_ms"] <= data["semantic_hit_p99_ms"]
+
+
+NOUNS = ("bicycle", "violin", "bonsai tree", "parrot", "laptop", "canoe", "sourdough loaf", "wool sweater",
+         "leather jacket", "chess set", "telescope", "aquarium", "lawn mower", "espresso machine", "hammock",
+         "kayak", "piano", "snowboard", "tent", "vinyl record", "watercolor set", "drone", "hedgehog",
+         "orchid", "cast iron pan", "skateboard", "microscope", "ukulele", "beehive", "sewing machine",
+         "rowing machine", "fountain pen", "bread maker", "greenhouse", "tortoise", "sailboat", "trumpet",
+         "compost bin", "3D printer", "harmonica")
+
+
+def _write_filler_sources(tmp_path: Path) -> tuple[Path, Path]:
+    """A small QQP-format CSV (duplicates and near-miss non-duplicates) and a mock-pairs JSON."""
+    pairs = tmp_path / "qqp.csv"
+    with pairs.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["question1", "question2", "is_duplicate"])
+        for noun in NOUNS:
+            writer.writerow([f"How do I take care of a {noun}?", f"What is the best way to look after a {noun}?", 1])
+            writer.writerow([f"How much does a {noun} cost?", f"How much does a {noun} weigh?", 0])
+    positives = tmp_path / "mock.json"
+    positives.write_text(json.dumps([{"origin": f"Where can I rent a {n} for a weekend?",
+                                      "similar": f"Is there a place to hire a {n} for two days?"} for n in NOUNS]))
+    return pairs, positives
+
+
+def test_entries_mode_real_filler_is_embedded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVGATE_BENCH_CACHE", str(tmp_path / "embeddings"))
+    pairs, positives = _write_filler_sources(tmp_path)
+    args = ["bench", "semantic", "--entries", "400", "--queries", "12", "--filler-pairs", str(pairs),
+            "--filler-positives", str(positives)]
+    assert main([*args, "--json", str(tmp_path / "first.json")]) == 0
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["filler"] == "real" and first["entries"] == 400 and first["index_kind"] == "flat"
+    assert first["filler_cache"]["state"] == "miss" and first["filler_cache"]["parts_embedded"] == 1
+    sources = first["filler_sources"]
+    assert sources["filler_questions"] + sources["filler_variants"] == 400 and sources["filler_variants"] > 0
+    assert first["exact_hits"] == first["exact_requests"] == 12
+    kinds = first["semantic_by_kind"]
+    assert "seed" in kinds and set(kinds) <= {"seed", "paraphrase", "unrelated"}
+    assert sum(k["requests"] for k in kinds.values()) == first["semantic_requests"] == 12
+    assert first["semantic_hits_correct"] <= first["semantic_hits"] == sum(k["hits"] for k in kinds.values())
+    assert first["semantic_hits"] < 12 or first["semantic_miss_p50_ms"] is None
+    assert 0 < first["exact_hit_p50_ms"] and first["backend_direct_p50_ms"] > 0
+
+    assert main([*args, "--json", str(tmp_path / "second.json")]) == 0  # the embeddings come from disk
+    second = json.loads((tmp_path / "second.json").read_text())
+    assert second["filler_cache"]["state"] == "hit" and second["filler_cache"]["embed_s"] == 0
+    assert second["semantic_by_kind"] == kinds  # same texts, same vectors: the same answers
+
+
+def test_real_filler_texts_are_distinct_stable_and_keep_queries_out(tmp_path: Path) -> None:
+    from tools.bench.semantic_filler import filler_answer, filler_base, load_real_filler, variant
+
+    pairs, positives = _write_filler_sources(tmp_path)
+    filler = load_real_filler(pairs, positives)
+    texts = filler.texts(500)
+    assert [t.text for t in filler.texts(300)] == [t.text for t in texts[:300]]  # a prefix for every size
+    assert len({t.text for t in texts}) == 500
+    queries = {q.text for q in filler.paraphrases + filler.unrelated}
+    assert queries and not queries & {t.text for t in texts}
+    assert all(filler.bases[q.expected] not in queries for q in filler.paraphrases)
+    assert variant("How do I take care of a bicycle?", 3) == variant("How do I take care of a bicycle?", 3)
+    assert filler_base(filler_answer(17)) == 17 and filler_base("Answer 3: hi") is None
+    assert load_real_filler(pairs, positives).digest == filler.digest
 
 
 def test_bad_inputs_are_reported_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,6 +167,12 @@ def test_bad_inputs_are_reported_clearly(tmp_path: Path, capsys: pytest.CaptureF
 
     assert main(["bench", "semantic", "--entries", "10", "--limit", "5"]) == 2
     assert "--limit only applies" in capsys.readouterr().err
+    assert main(["bench", "semantic", "--entries", "10", "--filler-pairs", str(tmp_path / "none.csv")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["bench", "semantic", "--entries", "10", "--filler", "random", "--filler-pairs", str(bad)]) == 2
+    assert "only apply to --filler real" in capsys.readouterr().err
+    assert main(["bench", "semantic", "--pairs", str(bad), "--filler", "random"]) == 2
+    assert "--filler only applies to the other mode" in capsys.readouterr().err
 
     with pytest.raises(SystemExit) as both:
         main(["bench", "semantic", "--pairs", str(bad), "--entries", "10"])

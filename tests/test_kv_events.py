@@ -337,10 +337,13 @@ def test_feed_counts_orders_and_measures_lag() -> None:
     assert (s.batches, s.events, s.duplicates, s.gaps, s.missed_batches, s.decode_errors) == (3, 3, 1, 1, 2, 1)
     assert s.last_seq == 5 and s.last_lag_s == 0.0 and s.lag_sum_s == pytest.approx(0.05 + 1.5)
     assert s.lag_buckets == ((0.1, 2), (1.0, 2), (float("inf"), 3))
-    assert (s.blocks_stored, s.mapped_blocks, s.clears) == (2, 2, 0) and idx.blocks("r") == 2
+    # the gap (and the undecodable batch after it: one loss, one resync) dropped the replica's view
+    assert (s.blocks_stored, s.mapped_blocks, s.resyncs, s.clears) == (2, 0, 1, 1) and idx.blocks("r") == 0
+    feed.receive(6, encode_batch(KVEventBatch(100.0, [BlockStored([1], None, t[:BS], BS)])))
+    assert idx.blocks("r") == 1  # the view restarts from the events that follow
     feed.receive(0, encode_batch(KVEventBatch(99.0, [])))  # numbering restarted: engine restarted
     s = feed.stats()
-    assert s.restarts == 1 and s.clears == 1 and idx.blocks("r") == 0
+    assert s.restarts == 1 and s.clears == 2 and s.resyncs == 1 and idx.blocks("r") == 0
 
 
 # -- ZMQ end to end ---------------------------------------------------------------------------
@@ -400,16 +403,18 @@ def test_subscriber_counts_gaps_errors_and_two_frame_messages() -> None:
         base = sub.stats()["last_seq"]
         assert base == 0
         raw.send_multipart([b"other", (1).to_bytes(8, "big"), stored])  # filtered by topic
-        raw.send_multipart([b"kv", (5).to_bytes(8, "big"),  # seqs 1..4 missed
-                            encode_batch(KVEventBatch(0.0, [BlockStored([2], 1, t[BS:2 * BS], BS)]))])
-        raw.send_multipart([b"kv", (6).to_bytes(8, "big"), b"\xc1garbage"])
-        raw.send_multipart([b"kv", b"a", b"b", b"c"])
+        raw.send_multipart([b"kv", (5).to_bytes(8, "big"),  # seqs 1..4 missed: resync, then apply
+                            encode_batch(KVEventBatch(0.0, [BlockStored([2], None, t[BS:2 * BS], BS)]))])
+        assert wait_until(lambda: sub.stats()["resyncs"] == 1)
+        assert wait_until(lambda: idx.blocks("r") == 1)  # block 1 dropped, block 2 (a new root) kept
+        raw.send_multipart([b"kv", (6).to_bytes(8, "big"), b"\xc1garbage"])  # lost too: resync
+        raw.send_multipart([b"kv", b"a", b"b", b"c"])  # and again
         raw.send_multipart([b"kv", encode_batch(  # two-frame message, no seq
-            KVEventBatch(0.0, [BlockStored([3], 2, t[2 * BS:], BS)]))])
-        assert wait_until(lambda: idx.blocks("r") == 3)
+            KVEventBatch(0.0, [BlockStored([3], None, t[2 * BS:], BS)]))])
         assert wait_until(lambda: sub.stats()["decode_errors"] == 2)
+        assert wait_until(lambda: idx.blocks("r") == 1 and ap.our_hash(3) is not None)
         s = sub.stats()
-        assert s["gaps"] == 1 and s["missed_batches"] == 4 and s["last_seq"] == 6
+        assert s["gaps"] == 1 and s["missed_batches"] == 4 and s["last_seq"] == 6 and s["resyncs"] == 3
         # Sequence going backwards: publisher (engine) restarted, its cache is empty.
         raw.send_multipart([b"kv", (0).to_bytes(8, "big"), stored])
         assert wait_until(lambda: sub.stats()["restarts"] == 1)

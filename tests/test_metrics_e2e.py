@@ -17,6 +17,7 @@ from engines.api import publisher_callbacks
 from engines.sim.engine import SimEngine
 from engines.sim.server import create_sim_app
 from index.kv_events import KVEventBatch, encode_batch
+from index.prefix import EVENT_FED_CAPACITY
 from middleware.config import parse_config
 from middleware.metrics import Metrics
 from middleware.pipeline import Pipeline
@@ -148,7 +149,8 @@ def test_metrics_export_replica_state_event_feeds_and_storage(precise_proxy) -> 
         assert value(after, "kvgate_kv_events_lag_seconds_count", **labels) == batches
         assert 0 <= value(after, "kvgate_kv_events_last_lag_seconds", **labels) < 5
         assert value(after, "kvgate_kv_events_lag_seconds_bucket", le="+Inf", **labels) == batches
-        for name in ("decode_errors", "sequence_gaps", "missed_batches", "apply_errors", "publisher_restarts"):
+        for name in ("decode_errors", "sequence_gaps", "missed_batches", "apply_errors", "publisher_restarts",
+                     "resyncs", "forgotten_mappings"):
             assert value(after, f"kvgate_kv_events_{name}_total", **labels) == 0, name
         assert value(after, "kvgate_kv_events_ignored_total", reason="unknown_parent", **labels) == 0
     for r in pubs:
@@ -160,6 +162,8 @@ def test_metrics_export_replica_state_event_feeds_and_storage(precise_proxy) -> 
         assert value(after, "kvgate_replica_consecutive_failures", **labels) == 0
         assert value(after, "kvgate_replica_up", **labels) == 1
         assert value(after, "kvgate_replica_prefix_blocks", **labels) == router.index.blocks(r)
+        assert value(after, "kvgate_replica_prefix_capacity_blocks", **labels) == EVENT_FED_CAPACITY  # precise default
+        assert value(after, "kvgate_replica_prefix_evictions_total", **labels) == 0
     for store in ("responses", "request_log"):
         assert value(after, "kvgate_cache_storage_errors_total", store=store) == 0
     assert value(after, "kvgate_cache_damaged_items_total", store="responses") == 0
@@ -183,9 +187,13 @@ def test_metrics_export_replica_state_event_feeds_and_storage(precise_proxy) -> 
     r1 = {"route": route, "replica": "r1"}
     pubs["r1"].send(b"\xc1 not msgpack")
     pubs["r1"].send(encode_batch(KVEventBatch(ts=time.time(), events=[])), skip=3)
-    damaged = wait_for(client, lambda s: value(s, "kvgate_kv_events_sequence_gaps_total", **r1) == 1)
+    damaged = wait_for(client, lambda s: value(s, "kvgate_kv_events_sequence_gaps_total", **r1) == 1
+                       and value(s, "kvgate_kv_events_resyncs_total", **r1) == 2)
     assert value(damaged, "kvgate_kv_events_decode_errors_total", **r1) == 1
     assert value(damaged, "kvgate_kv_events_missed_batches_total", **r1) == 3
+    # each loss resyncs r1's view: its blocks are dropped until it stores them again
+    assert value(damaged, "kvgate_kv_events_resyncs_total", **r1) == 2
+    assert value(damaged, "kvgate_replica_prefix_blocks", **r1) == 0 == router.index.blocks("r1")
 
 
 class _FailingDisk:

@@ -98,6 +98,23 @@ def test_match_does_not_touch_lru() -> None:
     assert sorted(idx.record("a", z)) == sorted(x)
 
 
+def test_touch_on_match_keeps_hot_blocks_at_the_bound() -> None:
+    """Precise mode: a block matched often survives the bound although it was stored long ago
+    (engine hits produce no events); matched chains are touched last to first, head kept."""
+    idx = PrefixIndex(capacity_blocks=4, touch_on_match=True)
+    idx.add_replica("a")
+    idx.add_replica("b")
+    hot, y, z = chain(2, 0), chain(2, 100), chain(2, 200)
+    idx.stored("a", hot)
+    idx.stored("a", y)
+    idx.stored("b", hot[:1])
+    assert idx.match(hot) == {"a": 2, "b": 1}  # makes hot the most recent on a (and b)
+    assert sorted(idx.stored("a", z)) == sorted(y)
+    assert idx.match(hot) == {"a": 2, "b": 1}
+    assert idx.stored("a", chain(1, 300)) == [z[1]]  # z, stored after hot but not matched since, goes first
+    assert idx.holds("a", hot[0]) and idx.capacity("a") == 4
+
+
 def test_per_replica_capacity_and_default() -> None:
     idx = PrefixIndex(capacity_blocks=2)
     idx.add_replica("small")
@@ -253,21 +270,25 @@ class Model:
             evicted.append(lru.pop(0))
         return evicted
 
-    def match(self, hs: list[int]) -> dict[str, int]:
+    def match(self, hs: list[int], touch: bool = False) -> dict[str, int]:
         out = {}
         for r, lru in self.lru.items():
             n = 0
             while n < len(hs) and hs[n] in lru:
                 n += 1
             out[r] = n
+            if touch:
+                for h in reversed(hs[:n]):
+                    lru.remove(h)
+                    lru.append(h)
         return out
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(op_st, max_size=60), st.sampled_from([None, 0, 3, 6]))
-def test_matches_brute_force_model(ops, cap) -> None:
+@given(st.lists(op_st, max_size=60), st.sampled_from([None, 0, 3, 6]), st.booleans())
+def test_matches_brute_force_model(ops, cap, touch) -> None:
     caps = {"r0": cap, "r1": 5, "r2": 4}
-    idx = PrefixIndex(capacity_blocks=cap)
+    idx = PrefixIndex(capacity_blocks=cap, touch_on_match=touch)
     idx.add_replica("r0")  # index default
     idx.add_replica("r1", capacity_blocks=5)
     idx.add_replica("r2", capacity_blocks=4)
@@ -282,9 +303,10 @@ def test_matches_brute_force_model(ops, cap) -> None:
             idx.cleared(r)
             model.lru[r] = []
         else:
-            assert idx.match(hs) == model.match(hs)
+            assert idx.match(hs) == model.match(hs, touch)
         for name in REPLICAS:
             assert idx.blocks(name) == len(model.lru[name])
+            assert cap is None or name != "r0" or idx.blocks(name) <= cap
     probe = list(range(16))
-    assert idx.match(probe) == model.match(probe)
+    assert idx.match(probe) == model.match(probe, touch)
     assert idx.stats()["unique_blocks"] == len(set().union(*model.lru.values()))

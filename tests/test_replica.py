@@ -26,12 +26,12 @@ from transformers import DynamicCache
 
 from index.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
 from index.hashing import block_hashes
-from index.kv_events import BlockStored, EventApplier
+from index.kv_events import MEDIUM_CPU, BlockStored, EventApplier, ZmqEventPublisher, ZmqEventSubscriber
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import load_tokenizer
 from tools.bench.procs import ServerThread
-from engines.api import InvalidRequest
+from engines.api import InvalidRequest, publisher_callbacks
 from engines.replica import runner
 from engines.replica.engine import ReplicaEngine
 from engines.replica.model import load_model, model_namespace
@@ -183,6 +183,49 @@ def test_events_follow_the_chain_in_router_hash_space(engines: Any, tmp_path: Pa
     router_hashes, _ = PromptHasher(load_tokenizer("smollm2"), CT).hashes(chat)
     assert applier.stats()["stored"] == len(hashes)
     assert [applier.our_hash(h) for h in hashes] == router_hashes[: len(hashes)]
+
+
+def test_store_eviction_reaches_a_subscriber_as_block_removed(engines: Any) -> None:
+    """A RAM-only store of two chunks: a second conversation evicts the first one's chunks, the
+    replica publishes BlockRemoved (medium CPU) over real ZMQ, and the router's index drops them."""
+    pub = ZmqEventPublisher("tcp://127.0.0.1:*")
+    index = PrefixIndex()
+    index.add_replica("r1")
+    applier = EventApplier(index, "r1", block_size=CT)
+    sub = ZmqEventSubscriber(pub.endpoint, applier).start()
+    try:
+        deadline = time.monotonic() + 5
+        while sub.stats()["batches"] == 0 and time.monotonic() < deadline:  # slow joiner: until one arrives
+            pub.publish([])
+            time.sleep(0.02)
+        assert sub.stats()["batches"] > 0
+        cb = publisher_callbacks(pub, CT, medium=MEDIUM_CPU)
+        store = ChunkStore([MemoryTier(30 << 20)], namespace="smollm2-135m:float32")  # 2 chunks of ~11.8 MB
+        engine = engines(store, on_stored=cb["on_stored"], on_removed=cb["on_removed"])
+        hasher = PromptHasher(load_tokenizer("smollm2"), CT)
+        first = long_chat(40)
+        second = [{"role": "system", "content": "Answer in one word."}, first[1]]
+        first_hashes, _ = hasher.hashes(first)
+        second_hashes, _ = hasher.hashes(second)
+
+        def wait_for(cond: Any) -> bool:
+            end = time.monotonic() + 10
+            while not cond() and time.monotonic() < end:
+                time.sleep(0.02)
+            return cond()
+
+        engine.generate(first, max_tokens=4)
+        assert wait_for(lambda: index.match(first_hashes)["r1"] == 2)
+        engine.generate(second, max_tokens=4)  # its two chunks push the first two out of RAM
+        assert wait_for(lambda: index.match(second_hashes)["r1"] == 2)
+        assert wait_for(lambda: index.match(first_hashes)["r1"] == 0)
+        assert store.stats()["removed"] == 2 and index.blocks("r1") == 2
+        s = sub.stats()
+        assert s["blocks_removed"] == 2 and s["gaps"] == 0 and s["resyncs"] == 0
+        assert applier.media(block_hashes(engine.tokens(second), CT)[0]) == {MEDIUM_CPU}
+    finally:
+        sub.stop()
+        pub.close()
 
 
 def test_sampling_and_stop_strings(engines: Any) -> None:

@@ -15,7 +15,7 @@ Per request
        text.py; EOS).
     5. slice every full chunk of (prompt + answer) tokens out of the final cache that the store
        does not already have and put_many them (kv_io.py); announce them through on_stored
-       (announce.py).
+       (announce.py), and chunks the store loses from every tier through on_removed.
 
 This module composes those parts and is the engine's public face: tokenize and validate
 (`prepare`), queue (`submit`), iterate (`stream`), block (`generate`), count (`stats`). The
@@ -94,6 +94,8 @@ class ReplicaEngine:
         spill = next((t for t in reversed(store.tiers) if t.name != "memory"), None) if store is not None else None
         self.tails = TailCache(0 if exact_prefill else tail_bytes, spill=spill, namespace=self.namespace)
         self._announcer = Announcer(chunk_tokens, on_stored, on_removed)
+        if store is not None and on_removed is not None:
+            store.watch_removed(self._announcer.removed)  # chunks no tier holds any more
         self._kv = KVIO(model, store, chunk_tokens, self.tails)
         self._counters = Counters()
         runner = ModelRunner(model, tokenizer, self._kv, self._announcer, self._counters,

@@ -22,9 +22,10 @@ The model runs on the engine's own worker thread, which interleaves up to --max-
 step by step (prefill slices and decode steps; see engines.replica.worker); the event loop only
 tokenizes (in a thread) and relays text pieces, so /health answers during a long prefill.
 
-KV events: with --events-endpoint the replica publishes BlockStored in vLLM's format (block_size =
---chunk-tokens) through index.kv_events.ZmqEventPublisher; see engines.replica.announce for what
-is announced and why evictions are not.
+KV events: with --events-endpoint the replica publishes BlockStored and BlockRemoved in vLLM's
+format (block_size = --chunk-tokens, medium "CPU": its chunk store as a whole) through
+index.kv_events.ZmqEventPublisher; see engines.replica.announce for what is announced, and why a
+chunk is removed only when no tier holds it.
 """
 from __future__ import annotations
 
@@ -291,13 +292,13 @@ def run(args: argparse.Namespace) -> int:
         if args.events_endpoint:
             import zmq
 
-            from index.kv_events import ZmqEventPublisher
+            from index.kv_events import MEDIUM_CPU, ZmqEventPublisher
 
             try:
                 publisher = ZmqEventPublisher(args.events_endpoint)
             except zmq.ZMQError as exc:
                 raise ValueError(f"--events-endpoint {args.events_endpoint}: {exc}") from None
-            cb = publisher_callbacks(publisher, args.chunk_tokens)
+            cb = publisher_callbacks(publisher, args.chunk_tokens, medium=MEDIUM_CPU)
             callbacks = {"on_stored": cb["on_stored"], "on_removed": cb["on_removed"]}
         engine = ReplicaEngine(model, tokenizer, store, chunk_tokens=args.chunk_tokens, tail_bytes=args.kv_tail_mb << 20,
                                exact_prefill=args.exact_prefill, max_running=args.max_running, **callbacks)

@@ -4,6 +4,10 @@ A tier stores opaque bytes under string keys and knows nothing of tensors, of ch
 (ChunkStore verifies every read with the codec) or of the other tiers (ChunkStore composes them).
 Eviction is each tier's own business; a tier may drop any key at any time, so `contains` is a
 hint that a later `get` can contradict, and callers must treat a `get` of None as a miss.
+
+A tier may also offer `watch_evictions(callback)`: `callback(keys)` after its own eviction
+dropped `keys` (MemoryTier and DiskTier do). It is optional, so it is not part of the Protocol;
+ChunkStore uses it when present to tell the engine which chunks no tier holds any more.
 """
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ value itself in its own file. Two properties matter here:
 Eviction is driven here rather than inside diskcache's `add` (cull_limit=0): after each put
 that leaves the directory over budget, `_shrink` evicts least recently used rows one by one
 until it fits, so exactly as much as needed goes and we can count it for
-`stats()["evictions"]` (this process's evictions only).
+`stats()["evictions"]` and report the keys to `watch_evictions` callbacks (this process's
+evictions only: a replica sharing the directory does not hear of another process's).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import diskcache
 
@@ -89,6 +90,12 @@ class DiskTier:
         self.timeouts = 0  # lock timeouts on get (reported as misses)
         self.read_errors = 0  # value file could not be read (reported as misses)
         self._write_log = SoftFailures(log, f"disk tier {self.directory}")  # a full disk: one warning, not one per chunk
+        self._watchers: list[Callable[[list[str]], None]] = []
+
+    def watch_evictions(self, callback: Callable[[list[str]], None]) -> None:
+        """Call `callback(keys)` after a put evicted `keys` (in the putting thread). Only this
+        process's evictions are reported; deletes and clears are not evictions."""
+        self._watchers.append(callback)
 
     def _count(self, counter: str, n: int = 1) -> None:
         with self._lock:
@@ -146,21 +153,25 @@ class DiskTier:
         private `_transact`/schema (stable since 4.x; tests pin the behaviour). Files of deleted
         rows are removed after the commit, as in diskcache.
         """
-        evicted = 0
+        evicted: list[str] = []
         try:
             while self._cache.volume() > self.budget_bytes:
                 with self._cache._transact(retry=False) as (sql, cleanup):
-                    rows = sql("SELECT rowid, filename FROM Cache ORDER BY access_time LIMIT 1").fetchall()
+                    rows = sql("SELECT rowid, filename, key FROM Cache ORDER BY access_time LIMIT 1").fetchall()
                     if not rows:
                         break
-                    ((rowid, filename),) = rows
+                    ((rowid, filename, key),) = rows
                     sql("DELETE FROM Cache WHERE rowid = ?", (rowid,))
                     cleanup(filename)
-                evicted += 1
+                evicted.append(key)
         except diskcache.Timeout:
             pass  # the next put continues; the budget is briefly exceeded, nothing is lost
         finally:
-            self._count("evictions", evicted)
+            self._count("evictions", len(evicted))
+        if evicted:
+            keys = [k for k in evicted if isinstance(k, str)]  # our keys are str (diskcache stores them raw)
+            for watch in self._watchers:
+                watch(keys)
 
     def contains(self, key: str) -> bool:
         return key in self._cache

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class MemoryTier:
@@ -25,6 +25,12 @@ class MemoryTier:
         self._lock = threading.Lock()
         self.evictions = 0
         self.rejected = 0  # puts refused because the value alone exceeds the budget
+        self._watchers: list[Callable[[list[str]], None]] = []
+
+    def watch_evictions(self, callback: Callable[[list[str]], None]) -> None:
+        """Call `callback(keys)` after a put evicted `keys` (in the putting thread, outside the
+        lock). Deletes and clears are not evictions and are not reported."""
+        self._watchers.append(callback)
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
@@ -35,6 +41,7 @@ class MemoryTier:
 
     def put(self, key: str, data: bytes) -> bool:
         size = len(data)
+        evicted: list[str] = []
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -43,12 +50,16 @@ class MemoryTier:
                 self.rejected += 1
                 return False
             while self._bytes + size > self.budget_bytes:
-                _, old = self._items.popitem(last=False)
+                old_key, old = self._items.popitem(last=False)
                 self._bytes -= len(old)
                 self.evictions += 1
+                evicted.append(old_key)
             self._items[key] = bytes(data)  # no-op for bytes; freezes a bytearray
             self._bytes += size
-            return True
+        if evicted:
+            for watch in self._watchers:
+                watch(evicted)
+        return True
 
     def contains(self, key: str) -> bool:
         with self._lock:

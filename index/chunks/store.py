@@ -13,12 +13,19 @@ Every read is verified by the codec (checksum + key); a chunk that fails is coun
 deleted from every tier and treated as a miss, so the caller recomputes it: wrong KV is never
 returned. `longest_prefix` only asks `contains`, so it is a cheap upper bound that `get_many`
 can undercut (eviction by another process, a damaged chunk); callers use what `get_many` returns.
+
+Removal. `watch_removed(callback)` hears of chunks that NO tier holds any more: when a tier's
+own eviction drops a key (tiers with `watch_evictions`), the store checks the other tiers, and
+reports the hash only if none still has it; a damaged chunk dropped everywhere is reported too.
+A chunk evicted from RAM but still on disk is still loadable without a prefill, so it is not
+removed. Not reported: `clear()` (its caller knows) and evictions by another process sharing a
+tier (that process's store hears of them, not this one).
 """
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from index.chunks.base import StorageTier
 from index.chunks.codec import CorruptChunk, KVChunk, decode_chunk, encode_chunk
@@ -64,6 +71,42 @@ class ChunkStore:
         self._put_failures = 0  # tier writes refused (too big, disk full)
         self._bytes_read = 0
         self._bytes_written = 0
+        self._removed = 0  # chunks no tier holds any more after an eviction or a corrupt read
+        self._watchers: list[Callable[[list[BlockHash]], None]] = []
+        for t in self.tiers:
+            watch = getattr(t, "watch_evictions", None)
+            if watch is not None:
+                watch(self._tier_evicted)
+
+    def watch_removed(self, callback: Callable[[list[BlockHash]], None]) -> None:
+        """Call `callback(hashes)` with this namespace's chunks that no tier holds any more (see
+        the module docstring), in the thread whose put or read caused it. A callback must not
+        raise and must not write to this store."""
+        self._watchers.append(callback)
+
+    def _tier_evicted(self, keys: list[str]) -> None:
+        """A tier evicted `keys`: report the ones of our namespace that no tier still holds."""
+        prefix = self._prefix
+        gone: list[BlockHash] = []
+        for key in keys:
+            if not key.startswith(prefix) or any(t.contains(key) for t in self.tiers):
+                continue
+            try:
+                gone.append(int(key[len(prefix):], 16))
+            except ValueError:
+                continue
+        self._report_removed(gone)
+
+    def _report_removed(self, hashes: list[BlockHash]) -> None:
+        if not hashes:
+            return
+        with self._lock:
+            self._removed += len(hashes)
+        for watch in self._watchers:
+            try:
+                watch(hashes)
+            except Exception:  # a broken listener must not fail a put or a read
+                log.exception("chunk removal callback failed")
 
     def key(self, h: BlockHash) -> str:
         """The tier key of chunk hash `h` in this namespace."""
@@ -124,6 +167,10 @@ class ChunkStore:
             self._corrupt += 1
             self._corrupt_by_tier[tier] += 1
             self._misses += 1
+        try:
+            self._report_removed([int(key[len(self._prefix):], 16)])
+        except ValueError:
+            pass
 
     def put_many(self, hashes: Sequence[BlockHash], chunks: Sequence[KVChunk]) -> int:
         """Store chunk i under hashes[i] in every tier that lacks it (encoding at most once per
@@ -177,7 +224,8 @@ class ChunkStore:
         by tier name): "queries" (chunk reads asked of it: a tier is asked only after every
         faster one missed), "hits" (reads it served, verified), "writes" (chunks written to it,
         promotions included), "corrupt_by_tier" (reads that failed verification there).
-        Store-wide: "misses" (reads no tier served, damaged ones included), "corrupt"."""
+        Store-wide: "misses" (reads no tier served, damaged ones included), "corrupt", "removed"
+        (chunks no tier holds any more, reported to `watch_removed`)."""
         with self._lock:
             out: dict[str, Any] = {
                 "queries": dict(self._queries),
@@ -192,6 +240,7 @@ class ChunkStore:
                 "put_failures": self._put_failures,
                 "bytes_read": self._bytes_read,
                 "bytes_written": self._bytes_written,
+                "removed": self._removed,
             }
         out["tiers"] = {t.name: t.stats() for t in self.tiers}
         return out

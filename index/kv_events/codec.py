@@ -32,7 +32,11 @@ import msgspec
 log = logging.getLogger(__name__)
 
 EngineHash = Union[int, bytes]  # vLLM's ExternalBlockHash: the engine's own hash, opaque to us
+# `medium` values: vLLM's block pool says "GPU" (its own prefix cache, whatever the device);
+# offloading connectors name their tier ("CPU", ...). The reference replica says "CPU" for its
+# chunk store as a whole (RAM, then disk): see engines/replica/announce.py.
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, frozen=True):

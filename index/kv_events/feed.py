@@ -3,6 +3,19 @@
 The transport hands over ``(seq, payload)`` per message; the feed puts batches in order
 (sequence numbers), decodes them, applies them and measures how late they arrive. It knows no
 socket, so it is driven the same way by ZMQ, by a test, or by a replay.
+
+Resync. A lost batch may have carried BlockRemoved events (the index would keep blocks the
+engine dropped: routing to a cache that is not there) or BlockStored events (later chains then
+hang off unknown parents). Rather than drift silently, the feed resyncs: on a sequence gap, and
+on a message it cannot decode (equally lost), it drops everything the index holds for that
+replica (`EventApplier.reset`) before applying what follows, and counts `resyncs`. The view then
+restarts from the events that follow: new chains from their root block, and blocks the engine
+stores or re-stores from then on. Until then the replica looks cold to the router, which costs
+prefills, never wrong answers. Other replicas' views are untouched. vLLM's optional replay socket
+(a ROUTER that resends batches from a sequence number) would allow a gap-free catch-up instead;
+kvgate does not use it yet, and the reset stays the fallback for publishers without one.
+A publisher counting from 0 again (`restart`) is a restarted engine, whose cache is empty: the
+same reset, counted as a restart.
 """
 from __future__ import annotations
 
@@ -28,7 +41,7 @@ def order_of(last: int | None, seq: int | None) -> Order:
 
     'next': no number (a two-frame message), the first number seen, or last + 1;
     'gap': last + 1 .. seq - 1 were missed (ZMQ PUB drops for slow or late subscribers), so the
-    index may be stale until the engine stores or evicts those blocks again;
+    replica's view is resynced (see the module docstring);
     'duplicate': seq == last, a resend, to be skipped;
     'restart': seq < last, a new publisher counting from 0 again, i.e. a restarted engine, whose
     cache is empty.
@@ -53,6 +66,7 @@ class FeedStats:
     missed_batches: int = 0  # batches those jumps skipped
     duplicates: int = 0  # batches skipped as resends
     restarts: int = 0  # publishers seen counting from 0 again (replica blocks then cleared)
+    resyncs: int = 0  # replica views dropped because a batch was lost (gap or undecodable message)
     last_seq: int | None = None
     last_lag_s: float | None = None  # applied-at minus the batch's ts, of the latest batch
     lag_sum_s: float = 0.0
@@ -64,6 +78,8 @@ class FeedStats:
     wrong_block_size: int = 0
     unknown_parent: int = 0
     mapped_blocks: int = 0
+    bound_evictions: int = 0  # blocks the index's per-replica bound evicted
+    forgotten: int = 0  # engine hashes dropped at the applier's max_mapped
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +107,7 @@ class _Tally:
     missed_batches: int = 0
     duplicates: int = 0
     restarts: int = 0
+    resyncs: int = 0
     last_seq: int | None = None
     last_lag_s: float | None = None
     lag_sum_s: float = 0.0
@@ -100,7 +117,8 @@ class EventFeed:
     """Orders, decodes and applies one publisher's batches; counts what happened.
 
     A batch repeating the last sequence number is skipped. A sequence number going backwards
-    clears the replica's blocks before the batch is applied (see `order_of`). Lag is measured
+    clears the replica's blocks before the batch is applied (see `order_of`); so does a gap, or
+    a message that cannot be decoded (a resync: see the module docstring). Lag is measured
     after applying, against the publisher's clock: clock skew between hosts shifts it, and a
     negative value is recorded as 0.
 
@@ -135,17 +153,21 @@ class EventFeed:
             if order == "duplicate":
                 t.duplicates += 1
                 return
+            missed = 0
             if order == "gap":
+                missed = seq - t.last_seq - 1  # type: ignore[operator]
                 t.gaps += 1
-                t.missed_batches += seq - t.last_seq - 1  # type: ignore[operator]
+                t.missed_batches += missed
             elif order == "restart":
                 t.restarts += 1
             if seq is not None:
                 t.last_seq = seq
+        if order == "gap":
+            self._resync(f"{missed} batch(es) missed before batch {seq}")
         try:
             batch = decode_batch(payload, self._unknown_tags)
         except ValueError as e:
-            self.malformed(f"bad KV event batch: {e}")
+            self.malformed(f"bad KV event batch: {e}", resync=order != "gap")  # one loss, one resync
             return
         with self._lock:
             self._tally.events += len(batch.events)
@@ -165,11 +187,27 @@ class EventFeed:
             self._tally.lag_sum_s += lag
             self._tally.last_lag_s = lag
 
-    def malformed(self, why: str) -> None:
-        """Count a message that is not a batch (wrong frame count, undecodable payload)."""
+    def malformed(self, why: str, resync: bool = True) -> None:
+        """Count a message that is not a batch (wrong frame count, undecodable payload): its
+        events are lost, so the replica's view is resynced (unless the caller just did)."""
         with self._lock:
             self._tally.decode_errors += 1
         log.warning("KV events from %s: %s", self.source, why)
+        if resync:
+            self._resync("an undecodable message")
+
+    def _resync(self, cause: str) -> None:
+        """Drop the replica's view (events were lost); the events that follow rebuild it."""
+        with self._lock:
+            self._tally.resyncs += 1
+        log.warning("KV events from %s: %s, resyncing: the replica's blocks are dropped from the "
+                    "prefix index until it stores them again", self.source, cause)
+        try:
+            self.applier.reset()
+        except Exception:
+            with self._lock:
+                self._tally.apply_errors += 1
+            log.exception("resetting the view of %s failed", self.source)
 
     def stats(self) -> FeedStats:
         applied = self.applier.stats()
@@ -180,4 +218,5 @@ class EventFeed:
                 blocks_stored=applied["stored"], blocks_removed=applied["removed"],
                 clears=applied["cleared"], wrong_block_size=applied["wrong_block_size"],
                 unknown_parent=applied["unknown_parent"], mapped_blocks=applied["mapped"],
+                bound_evictions=applied["bound_evictions"], forgotten=applied["forgotten"],
             )

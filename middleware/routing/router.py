@@ -67,7 +67,7 @@ class Router:
         self.cfg = cfg
         self.replicas = [ReplicaState(r.name, r.api_base, r.api_key) for r in replicas]
         self.hasher = hasher or PromptHasher(load_tokenizer(cfg.tokenizer), cfg.block_size, seed=cfg.seed)
-        self.index = index or PrefixIndex(cfg.capacity_blocks)
+        self.index = index or PrefixIndex(cfg.capacity_blocks, touch_on_match=cfg.mode == "precise")
         for r in replicas:
             if r.name not in self.index.replicas:
                 self.index.add_replica(r.name, r.capacity_blocks or cfg.capacity_blocks)

@@ -11,7 +11,8 @@ Two modes, one required:
   from the same top-1 results. Lookup latency (one embedding + one search, one query at a time)
   is measured on the first --latency-queries question2. GPTCache runs on the same pairs with the
   same embedder (tools.bench.gptcache_anchor) and is scored by the same code.
-* `--entries N`: proxy-level latency with N entries in the scope (tools.bench.proxy_latency).
+* `--entries N`: proxy-level latency with N entries in the scope (tools.bench.proxy_latency);
+  `--filler real` (default: real questions and variants, embeddings cached on disk) or `random`.
 
 Results go to --json (indent 2); a summary table goes to stdout, progress to stderr.
 

@@ -17,6 +17,8 @@ DEFAULT_PAIRS_THRESHOLD = 0.9
 DEFAULT_PROXY_THRESHOLD = 0.8
 DEFAULT_LATENCY_QUERIES = 1000
 DEFAULT_PROXY_QUERIES = 300
+DEFAULT_FILLER_PAIRS = Path("../shared/data/qqp_dev.csv")  # as the Makefile's PAIRS
+DEFAULT_FILLER_POSITIVES = Path("../shared/data/gptcache_mock_pairs.json")  # as the Makefile's POSITIVES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"--pairs: time the first N lookups one at a time (default {DEFAULT_LATENCY_QUERIES})")
     parser.add_argument("--queries", type=int, default=None, metavar="N",
                         help=f"--entries: exact and semantic requests to time (default {DEFAULT_PROXY_QUERIES})")
+    parser.add_argument("--filler", choices=["real", "random"], default=None,
+                        help="--entries: what fills the scope: real questions and variants of them (default; needs "
+                             "--filler-pairs) or random unit vectors")
+    parser.add_argument("--filler-pairs", type=Path, default=None, metavar="FILE.csv",
+                        help=f"--entries --filler real: QQP-format questions (default {DEFAULT_FILLER_PAIRS})")
+    parser.add_argument("--filler-positives", type=Path, default=None, metavar="FILE.json",
+                        help=f"--entries --filler real: GPTCache mock pairs [{{origin, similar}}] (default "
+                             f"{DEFAULT_FILLER_POSITIVES} when it exists)")
     parser.add_argument("--route", default=None, metavar="NAME",
                         help="--pairs: use this route's operating point (its tuned point with target_precision, "
                              "from --config's cache_dir, else ./.kvgate) instead of --threshold")
@@ -87,7 +97,7 @@ def _check_threshold(value: float) -> float:
 
 
 def _pairs_options(args: argparse.Namespace) -> dict[str, Any]:
-    _reject_other_mode(args, ["queries"], "--pairs")
+    _reject_other_mode(args, ["queries", "filler", "filler_pairs", "filler_positives"], "--pairs")
     if args.limit is not None and args.limit < 1:
         raise BenchInputError(f"--limit must be at least 1, got {args.limit}")
     latency = DEFAULT_LATENCY_QUERIES if args.latency_queries is None else args.latency_queries
@@ -141,4 +151,18 @@ def _proxy_options(args: argparse.Namespace) -> dict[str, Any]:
     if queries < 1:
         raise BenchInputError(f"--queries must be at least 1, got {queries}")
     threshold = DEFAULT_PROXY_THRESHOLD if args.threshold is None else args.threshold
-    return {"entries": args.entries, "queries": queries, "threshold": _check_threshold(threshold)}
+    filler = args.filler or "real"
+    pairs, positives = args.filler_pairs, args.filler_positives
+    if filler == "random":
+        if pairs is not None or positives is not None:
+            raise BenchInputError("--filler-pairs and --filler-positives only apply to --filler real")
+    else:
+        if pairs is None:
+            pairs = DEFAULT_FILLER_PAIRS
+            if not pairs.is_file():
+                raise BenchInputError(f"--filler real needs questions: {pairs} does not exist; give --filler-pairs "
+                                      "FILE.csv (QQP format) or use --filler random")
+        if positives is None and DEFAULT_FILLER_POSITIVES.is_file():
+            positives = DEFAULT_FILLER_POSITIVES
+    return {"entries": args.entries, "queries": queries, "threshold": _check_threshold(threshold),
+            "filler": filler, "pairs_path": pairs, "positives_path": positives}

@@ -55,15 +55,22 @@ def print_pairs_summary(result: dict[str, Any]) -> None:
 
 def print_proxy_summary(result: dict[str, Any]) -> None:
     """A short table of the proxy latencies."""
-    print(f"proxy latency with {result['scope_entries']} entries in the scope ({result['index_kind']} index), "
-          f"threshold {result['threshold']}")
+    print(f"proxy latency with {result['scope_entries']} entries in the scope ({result['index_kind']} index, "
+          f"{result.get('filler', 'random')} filler), threshold {result['threshold']}")
     print(f"{'request':<22}{'count':>12}{'p50 ms':>9}{'p99 ms':>9}")
     lines = [
         ("miss (seed)", f"{result['seed_misses']}/{result['seeded']}", result["miss_p50_ms"], result["miss_p99_ms"]),
         ("exact hit", f"{result['exact_hits']}/{result['exact_requests']}", result["exact_hit_p50_ms"], result["exact_hit_p99_ms"]),
         ("semantic hit", f"{result['semantic_hits']}/{result['semantic_requests']}", result["semantic_hit_p50_ms"], result["semantic_hit_p99_ms"]),
+        ("semantic miss", f"{result['semantic_requests'] - result['semantic_hits']}", result.get("semantic_miss_p50_ms"),
+         result.get("semantic_miss_p99_ms")),
         ("backend direct", str(result["queries"]), result["backend_direct_p50_ms"], result["backend_direct_p99_ms"]),
     ]
     for name, count, p50, p99 in lines:
         print(f"{name:<22}{count:>12}{fmt(p50):>9}{fmt(p99):>9}")
-    print(f"semantic hits returning the right seed's answer: {result['semantic_hits_correct']}/{result['semantic_hits']}")
+    if result.get("seed_semantic_hits"):
+        print(f"seed questions answered from the filler by a semantic hit (then stored with no-cache): "
+              f"{result['seed_semantic_hits']}/{result['seeded']}")
+    print(f"semantic hits returning the right answer: {result['semantic_hits_correct']}/{result['semantic_hits']}")
+    for kind, t in result.get("semantic_by_kind", {}).items():
+        print(f"  {kind:<12} {t['hits']:>5}/{t['requests']:<5} hit, {t['correct']} right")

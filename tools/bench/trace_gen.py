@@ -42,8 +42,8 @@ class TraceShape:
     block_tokens: int = 512
     system_prompts: int = 8
     system_blocks: tuple[int, int] = (2, 8)  # each system prefix: uniform whole blocks in [lo, hi]
-    context_median: float = 7500.0  # a session's own context: lognormal median
-    context_sigma: float = 1.0
+    context_median: float = 7800.0  # a session's own context: lognormal median
+    context_sigma: float = 0.95
     question_median: float = 300.0  # a new user turn: lognormal median
     question_sigma: float = 0.8
     output_median: float = 250.0
@@ -82,11 +82,13 @@ def generate(shape: TraceShape = TraceShape()) -> list[dict[str, Any]]:
     """The trace: `shape.requests` rows sorted by timestamp (ms, first at 0).
 
     Invariants: len(hash_ids) == ceil(input_length / block_tokens); a session's turn k+1 hash_ids
-    start with turn k's; input_length <= max_tokens; rows of one session are in time order."""
+    start with turn k's; input_length <= max_tokens; rows of one session are in time order; ids
+    up to system_prompts · system_blocks[1] belong to system prefixes, later ids to one session."""
     rng = random.Random(shape.seed)
     fresh = _Ids()
     block = shape.block_tokens
     systems = [fresh.take(rng.randint(*shape.system_blocks)) for _ in range(shape.system_prompts)]
+    fresh.next = shape.system_prompts * shape.system_blocks[1] + 1  # ids up to here: system prefixes only
     mean_turns = 1.0 / shape.turn_p
     session_gap = mean_turns / shape.rate  # seconds between session starts
     # (time, tie, session state) of each session's next turn, popped in time order

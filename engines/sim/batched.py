@@ -27,7 +27,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from index.prompt import PromptHasher
@@ -57,6 +57,7 @@ class _Counters:
     steps: int = 0
     busy_s: float = 0.0
     prefill_busy_s: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
 
 
 class BatchedEngine:
@@ -140,7 +141,10 @@ class BatchedEngine:
                 await event.wait()
                 event.clear()
                 if seq.generated > done:
-                    yield Step(done, seq.generated, self._info(seq))
+                    info = self._info(seq)
+                    if done == 0:
+                        self._counters.ttfts.append(info.ttft_s)
+                    yield Step(done, seq.generated, info)
                     done = seq.generated
             self._counters.completed += 1
         finally:
@@ -161,6 +165,10 @@ class BatchedEngine:
         return info
 
     # -- state ----------------------------------------------------------------------------------
+
+    def ttfts(self) -> list[float]:
+        """Engine-side TTFT (arrival at the engine → first token) of each request since reset."""
+        return list(self._counters.ttfts)
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters since start/reset, and the live queue and cache state (the keys of

@@ -57,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from index.hashing import BlockHash
@@ -136,6 +136,7 @@ class _Counters:
     stored_blocks: int = 0
     evicted_blocks: int = 0
     prefill_busy_s: float = 0.0
+    ttfts: list[float] = field(default_factory=list)  # engine-side TTFT of each request since reset
 
 
 class SimEngine:
@@ -219,6 +220,7 @@ class SimEngine:
         self._in_flight += 1
         try:
             info = await self._prefill(req, arrived)
+            self._counters.ttfts.append(info.ttft_s)
             n = req.completion_tokens
             yield Step(0, 1, info)
             decode_start, decode_s = self._clock(), self.decode_seconds(n)
@@ -248,6 +250,10 @@ class SimEngine:
         return info
 
     # -- state ----------------------------------------------------------------------------------
+
+    def ttfts(self) -> list[float]:
+        """Engine-side TTFT (arrival at the engine → first token) of each request since reset."""
+        return list(self._counters.ttfts)
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters since start/reset, and the live queue and cache state."""

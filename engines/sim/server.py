@@ -17,7 +17,8 @@ Endpoints
         (choices: []); without it, usage rides on the finish chunk.
         Non-stream responses also carry x-sim-cached-tokens, x-sim-queue-ms, x-sim-prefill-ms
         (the modelled prefill), x-sim-ttft-ms.
-    GET /v1/models, GET /health ({status, name, ...stats}), GET /stats, POST /reset (empty the
+    GET /v1/models, GET /health ({status, name, ...stats}), GET /stats (?ttfts=true adds each
+    request's engine-side TTFT since reset: the client's TTFT minus it is the router's part), POST /reset (empty the
     cache and zero the counters between benchmark runs).
 Every response carries `x-sim-replica: NAME`. Bad requests get a 400 in OpenAI's error format.
 
@@ -104,8 +105,9 @@ def create_sim_app(engine: Engine, name: str = "sim", model: str = "sim") -> Fas
         return {"status": "ok", "name": name, **engine.stats()}
 
     @app.get("/stats")
-    async def stats() -> dict[str, Any]:
-        return engine.stats()
+    async def stats(ttfts: bool = False) -> dict[str, Any]:
+        """Counters and state; with ?ttfts=true also every request's engine-side TTFT since reset."""
+        return {**engine.stats(), "ttfts": engine.ttfts()} if ttfts else engine.stats()
 
     @app.post("/reset")
     async def reset() -> dict[str, Any]:

@@ -141,7 +141,7 @@ async def replay_sampled(url: str, trace: Sequence[TraceRequest], prompts: Seque
 
 
 def replica_stats(urls: list[str]) -> list[dict[str, Any]]:
-    return [httpx.get(f"{u}/stats", timeout=10).json() for u in urls]
+    return [httpx.get(f"{u}/stats", params={"ttfts": "true"}, timeout=10).json() for u in urls]
 
 
 def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -150,6 +150,7 @@ def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any
     cached = sum(s["cached_tokens"] for s in stats)
     reqs = [s["requests"] for s in stats]
     t = run["ttfts"]
+    engine_t = [x for s in stats for x in s.get("ttfts", [])]
     return {
         "hit_rate": cached / prompt if prompt else 0.0,
         "ttft_mean_s": statistics.fmean(t) if t else float("nan"),
@@ -158,4 +159,7 @@ def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any
         "errors": len(run["errors"]), "error_samples": run["errors"][:3],
         "requests_per_replica": reqs, "completed": len(t), "wall_s": run["wall_s"],
         "queued_check": queue_check(run.get("queues", [])),
+        # the engines' own TTFT (arrival at the replica → first token): client TTFT minus this is the router's share
+        "engine_ttft_p50_s": pct(engine_t, 0.5), "engine_ttft_p99_s": pct(engine_t, 0.99),
+        "engine_ttft_mean_s": statistics.fmean(engine_t) if engine_t else float("nan"),
     }

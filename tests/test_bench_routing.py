@@ -12,16 +12,62 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake_conv
 def test_routing_arena_tiny(tmp_path):
     out = tmp_path / "arena.json"
     rc = main(["bench", "routing", "--trace", str(TRACE), "--limit", "40", "--speed", "40", "--replicas", "2",
-               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware,sglang", "--json", str(out)])
+               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware,sglang,vllm_router", "--json", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["requests"] == 40 and 0 <= r["ceiling_lru"] <= r["ceiling_infinite"] <= 1
-    for name in ("round_robin", "cache_aware", "sglang"):
+    assert r["report_slice"] == "0:40" and r["tune_slice"] is None and r["capacity_hint"] == "none"
+    for name in ("round_robin", "cache_aware", "sglang", "vllm_router"):
         p = r["policies"][name]
         assert p["errors"] == 0 and p["completed"] == 40, p
         assert 0 <= p["hit_rate"] <= 1 and p["ttft_p50_s"] > 0 and sum(p["requests_per_replica"]) == 40
+        assert {"ttft_p99_s", "ttft_mean_s", "imbalance"} <= set(p)
     # every request of this trace shares its first 512-token block: some prefix reuse must show
     assert r["policies"]["cache_aware"]["hit_rate"] > 0
+    assert "router_estimate_mean" in r["policies"]["cache_aware"]["queued_check"]
+
+
+def test_routing_arena_tunes_on_its_own_slice_batched(tmp_path, capsys):
+    """Tuning runs on the tuning slice only; the pick is reported; the batched model serves;
+    --table prints the JSON's table."""
+    out = tmp_path / "arena.json"
+    rc = main(["bench", "routing", "--trace", str(TRACE), "--tune-slice", "0:20", "--report-slice", "20:40", "--speed", "40",
+               "--replicas", "2", "--capacity-tokens", "200000", "--policies", "cache_aware,vllm_router",
+               "--anchor-grid", "0.3/64/1.5,0.5/4/1.1", "--sim-model", "batched", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["tune_slice"] == "0:20" and r["report_slice"] == "20:40" and r["sim_model"] == "batched"
+    cands = r["tuning"]["candidates"]["vllm_router"]
+    assert len(cands) == 2 and r["tuning"]["chosen"]["vllm_router"] in [c["params"] for c in cands]
+    assert r["policies"]["vllm_router"]["params"] == r["tuning"]["chosen"]["vllm_router"]
+    assert r["policies"]["cache_aware"]["errors"] == 0 and r["policies"]["cache_aware"]["completed"] == 20
+    capsys.readouterr()
+    assert main(["bench", "routing", "--table", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| **kvgate cache_aware** |" in table and "vllm-router" in table and "slice 20:40 reported" in table
+
+
+def test_gen_trace_is_seeded_and_shaped(tmp_path):
+    from tools.bench.trace import load_trace
+    from tools.bench.trace_gen import TraceShape, describe, generate
+
+    a, b = generate(TraceShape(requests=2000, seed=3)), generate(TraceShape(requests=2000, seed=3))
+    assert a == b and a != generate(TraceShape(requests=2000, seed=4))
+    d = describe(a)
+    assert 13_000 <= d["mean"] <= 18_000 and 10_000 <= d["median"] <= 13_500 and 100_000 <= d["max"] <= 190_000
+    for row in a:
+        assert len(row["hash_ids"]) == -(-row["input_length"] // 512)
+    # a session's turns extend the previous turn's ids; sessions share only system prefixes (ids <= 64)
+    sessions: dict[int, list[int]] = {}
+    for row in a:
+        key = next(h for h in row["hash_ids"] if h > 8 * 8)
+        prev = sessions.get(key)
+        assert prev is None or (row["hash_ids"][:len(prev)] == prev and len(row["hash_ids"]) >= len(prev))
+        sessions[key] = row["hash_ids"]
+    assert 500 < len(sessions) < 1500  # mean ~2 turns a session
+    out = tmp_path / "t.jsonl"
+    assert main(["bench", "gen-trace", "--out", str(out), "--requests", "50", "--seed", "1"]) == 0
+    assert [r.input_length for r in load_trace(out)] == [r["input_length"] for r in generate(TraceShape(requests=50, seed=1))]
 
 
 def test_route_overhead_tiny(tmp_path):

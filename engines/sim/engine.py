@@ -57,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from index.hashing import BlockHash
@@ -136,6 +136,7 @@ class _Counters:
     stored_blocks: int = 0
     evicted_blocks: int = 0
     prefill_busy_s: float = 0.0
+    ttfts: list[float] = field(default_factory=list)  # engine-side TTFT of each request since reset
 
 
 class SimEngine:
@@ -182,6 +183,8 @@ class SimEngine:
         self._sleep = sleep
         self._counters = _Counters()
         self._queue_len = 0
+        self._waiting: dict[object, SimRequest] = {}  # a key per queued request → the request
+        self._running: tuple[int, float, float] | None = None  # (uncached tokens, started, prefill_s)
         self._in_flight = 0
         self._prefilling = 0
         self._lock: asyncio.Lock | None = None
@@ -217,6 +220,7 @@ class SimEngine:
         self._in_flight += 1
         try:
             info = await self._prefill(req, arrived)
+            self._counters.ttfts.append(info.ttft_s)
             n = req.completion_tokens
             yield Step(0, 1, info)
             decode_start, decode_s = self._clock(), self.decode_seconds(n)
@@ -247,6 +251,10 @@ class SimEngine:
 
     # -- state ----------------------------------------------------------------------------------
 
+    def ttfts(self) -> list[float]:
+        """Engine-side TTFT (arrival at the engine → first token) of each request since reset."""
+        return list(self._counters.ttfts)
+
     def stats(self) -> dict[str, Any]:
         """Cumulative counters since start/reset, and the live queue and cache state."""
         c = self._counters
@@ -265,7 +273,19 @@ class SimEngine:
             "prefilling": self._prefilling,
             "in_flight": self._in_flight,
             "prefill_busy_s": round(c.prefill_busy_s, 6),
+            "queued_prefill_tokens": self.queued_prefill_tokens(),
+            "sim_model": "fifo",
         }
+
+    def queued_prefill_tokens(self) -> int:
+        """Uncached prompt tokens not yet prefilled: queued requests (minus what the cache would
+        give them now) and the unfinished part of the running prefill."""
+        queued = sum(r.prompt_tokens - self.lookup(r) for r in self._waiting.values())
+        if self._running is not None:
+            uncached, started, prefill_s = self._running
+            left = 1.0 - (self._clock() - started) / prefill_s if prefill_s > 0 else 0.0
+            queued += int(uncached * min(1.0, max(0.0, left)))
+        return queued
 
     def reset(self) -> None:
         """Empty the cache (reported through on_cleared, else on_removed) and zero the cumulative
@@ -295,23 +315,29 @@ class SimEngine:
 
     async def _prefill(self, req: SimRequest, arrived: float) -> PrefillInfo:
         self._queue_len += 1
+        key = object()
+        self._waiting[key] = req
         queued = True
         try:
             async with self._prefill_lock():
                 self._queue_len -= 1
+                del self._waiting[key]
                 queued = False
                 started = self._clock()
                 cached = self._admit(req)
                 prefill_s = self.prefill_seconds(req.prompt_tokens, cached)
                 self._prefilling += 1
+                self._running = (req.prompt_tokens - cached, started, prefill_s)
                 try:
                     await self._sleep(prefill_s)
                 finally:
                     self._prefilling -= 1
+                    self._running = None
                     self._counters.prefill_busy_s += prefill_s
         finally:
             if queued:
                 self._queue_len -= 1
+                self._waiting.pop(key, None)
         return PrefillInfo(prompt_tokens=req.prompt_tokens, cached_tokens=cached,
                            queue_s=started - arrived, prefill_s=prefill_s, ttft_s=self._clock() - arrived)
 

@@ -1,8 +1,10 @@
 """`kvgate sim-replica`: an OpenAI-compatible server in front of one SimEngine.
 
 Routing benchmarks start N of these and replay a trace against them; each answers like an engine
-whose prefix cache and timing follow engines.sim.engine (read its docstring for the
-timing model and what a "token" is).
+whose prefix cache and timing follow one of two models (`--sim-model`): fifo, engines.sim.engine
+(LRU prefix cache, one FIFO prefill queue; read its docstring for what a "token" is), or batched,
+engines.sim.batched (continuous batching with a per-step token budget and chunked prefill, block
+cache with pinning and leaf-first eviction). Both answer, count and publish events alike.
 
 Endpoints
     POST /v1/chat/completions  non-stream and stream (SSE). The answer is deterministic:
@@ -15,7 +17,8 @@ Endpoints
         (choices: []); without it, usage rides on the finish chunk.
         Non-stream responses also carry x-sim-cached-tokens, x-sim-queue-ms, x-sim-prefill-ms
         (the modelled prefill), x-sim-ttft-ms.
-    GET /v1/models, GET /health ({status, name, ...stats}), GET /stats, POST /reset (empty the
+    GET /v1/models, GET /health ({status, name, ...stats}), GET /stats (?ttfts=true adds each
+    request's engine-side TTFT since reset: the client's TTFT minus it is the router's part), POST /reset (empty the
     cache and zero the counters between benchmark runs).
 Every response carries `x-sim-replica: NAME`. Bad requests get a 400 in OpenAI's error format.
 
@@ -37,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engines.api import ChatCall, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
+from engines.sim.batched import DEFAULT_STEP_TOKENS, BatchedEngine
 from engines.sim.engine import DEFAULT_OVERHEAD_S, PrefillInfo, SimEngine, SimRequest
 
 STREAM_PIECES = 16  # decode is streamed in at most this many chunks after the first token
@@ -62,7 +66,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
 
 
-def create_sim_app(engine: SimEngine, name: str = "sim", model: str = "sim") -> FastAPI:
+Engine = SimEngine | BatchedEngine
+
+
+def create_sim_app(engine: Engine, name: str = "sim", model: str = "sim") -> FastAPI:
     """The HTTP face of one SimEngine; `name` tags answers and the x-sim-replica header,
     `model` is what /v1/models lists (any requested model name is accepted)."""
     app = FastAPI(title=f"kvgate sim replica {name}")
@@ -98,8 +105,9 @@ def create_sim_app(engine: SimEngine, name: str = "sim", model: str = "sim") -> 
         return {"status": "ok", "name": name, **engine.stats()}
 
     @app.get("/stats")
-    async def stats() -> dict[str, Any]:
-        return engine.stats()
+    async def stats(ttfts: bool = False) -> dict[str, Any]:
+        """Counters and state; with ?ttfts=true also every request's engine-side TTFT since reset."""
+        return {**engine.stats(), "ttfts": engine.ttfts()} if ttfts else engine.stats()
 
     @app.post("/reset")
     async def reset() -> dict[str, Any]:
@@ -109,7 +117,7 @@ def create_sim_app(engine: SimEngine, name: str = "sim", model: str = "sim") -> 
     return app
 
 
-async def _stream(engine: SimEngine, req: SimRequest, words: Sequence[str], call: ChatCall, rid: str, created: int) -> AsyncIterator[bytes]:
+async def _stream(engine: Engine, req: SimRequest, words: Sequence[str], call: ChatCall, rid: str, created: int) -> AsyncIterator[bytes]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": call.model}
     info: PrefillInfo | None = None
     async with aclosing(engine.generate(req, pieces=STREAM_PIECES)) as steps:
@@ -142,19 +150,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-tps", type=float, required=True, help="prefill rate, tokens/s (one queue per replica)")
     parser.add_argument("--decode-tps", type=float, required=True, help="decode rate per request, tokens/s")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per cached block (default 16)")
-    parser.add_argument("--overhead-ms", type=float, default=DEFAULT_OVERHEAD_S * 1000, help="fixed prefill cost per request")
+    parser.add_argument("--sim-model", choices=["fifo", "batched"], default="fifo",
+                        help="fifo: serial prefill queue + free decode; batched: continuous batching, chunked prefill")
+    parser.add_argument("--overhead-ms", type=float, default=None,
+                        help=f"fifo: fixed prefill cost per request (default {DEFAULT_OVERHEAD_S * 1000:g}); "
+                             "batched: fixed cost per step (default 1000/decode_tps - 1000/prefill_tps)")
+    parser.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS,
+                        help="batched: token budget per step (decodes first, then prefill chunks)")
     parser.add_argument("--tokenizer", default="text", help="text (one token per character, default) | smollm2 | a local HF tokenizer dir")
     parser.add_argument("--events-endpoint", default=None, metavar="tcp://127.0.0.1:PORT",
                         help="publish KV cache events (vLLM format, ZMQ PUB bound here)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
-def build_engine(args: argparse.Namespace, publisher: Any = None) -> SimEngine:
-    """A SimEngine from parsed `add_arguments` options (ValueError on bad values); engine
-    callbacks go to `publisher` when given."""
+def build_engine(args: argparse.Namespace, publisher: Any = None) -> Engine:
+    """The engine of `--sim-model` from parsed `add_arguments` options (ValueError on bad
+    values); engine callbacks go to `publisher` when given."""
     callbacks = publisher_callbacks(publisher, args.block_size) if publisher is not None else {}
+    overhead = None if args.overhead_ms is None else args.overhead_ms / 1000
+    if getattr(args, "sim_model", "fifo") == "batched":
+        return BatchedEngine(args.capacity_tokens, args.block_size, prefill_tps=args.prefill_tps, decode_tps=args.decode_tps,
+                             tokenizer=args.tokenizer, overhead_s=overhead, step_tokens=args.step_tokens, **callbacks)
     return SimEngine(args.capacity_tokens, args.block_size, prefill_tps=args.prefill_tps, decode_tps=args.decode_tps,
-                     tokenizer=args.tokenizer, overhead_s=args.overhead_ms / 1000, **callbacks)
+                     tokenizer=args.tokenizer, overhead_s=DEFAULT_OVERHEAD_S if overhead is None else overhead, **callbacks)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     events = f", KV events on {publisher.endpoint}" if publisher is not None else ""
     print(f"kvgate sim-replica {name} on http://{args.host}:{args.port}/v1: cache {engine.capacity_tokens} tokens "
           f"({args.capacity_tokens // args.block_size} blocks of {args.block_size}), prefill {args.prefill_tps:g} tok/s, "
-          f"decode {args.decode_tps:g} tok/s, tokenizer {engine.tokenizer.name}{events}", flush=True)
+          f"decode {args.decode_tps:g} tok/s, model {args.sim_model}, tokenizer {engine.tokenizer.name}{events}", flush=True)
     try:
         uvicorn.run(create_sim_app(engine, name, args.model), host=args.host, port=args.port, log_level=args.log_level)
     finally:

@@ -65,7 +65,16 @@ def kvgate_argv(*args: str) -> list[str]:
 
 
 def sglang_router_bin() -> str | None:
-    candidate = Path(sys.executable).with_name("sglang-router")
+    return venv_bin("sglang-router")
+
+
+def vllm_router_bin() -> str | None:
+    return venv_bin("vllm-router")
+
+
+def venv_bin(name: str) -> str | None:
+    """An executable installed beside this Python (the venv's bin/), or None."""
+    candidate = Path(sys.executable).with_name(name)
     return str(candidate) if candidate.exists() else None
 
 

@@ -1,0 +1,165 @@
+"""The routing arena's measurements: replay a slice of a trace through one router, sample the
+queues while it runs, summarise, and the LRU ceilings of the slice.
+
+TTFT is the time to the first content chunk as the client sees it, router included. Hit rate,
+request counts and queues come from the replicas' own /stats, so every router is judged by the
+same engine. Percentiles are tools/bench/stats.py's `pct` (nearest rank), everywhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import time
+from typing import Any, Sequence
+
+import httpx
+
+from engines.sim.engine import PrefixCache, SimEngine
+from tools.bench.stats import pct
+from tools.bench.trace import TraceRequest
+
+BLOCK_SIZE = 16
+_PENDING = re.compile(r'^kvgate_replica_pending_prefill_tokens\{([^}]*)\}\s+([0-9.eE+-]+)$', re.M)
+
+
+def ceilings(prompts: Sequence[str], total_capacity_tokens: int) -> dict[str, float]:
+    """Hit rate of one unlimited and one bounded LRU cache over the requests in order."""
+    engine = SimEngine(capacity_tokens=1, block_size=BLOCK_SIZE, prefill_tps=1, decode_tps=1)
+    unlimited, bounded = PrefixCache(10**12), PrefixCache(total_capacity_tokens // BLOCK_SIZE)
+    tokens = hit_inf = hit_lru = 0
+    for text in prompts:
+        req = engine.request([{"role": "user", "content": text}])
+        matchable = req.hashes[: max(0, (req.prompt_tokens - 1) // BLOCK_SIZE)]
+        tokens += req.prompt_tokens
+        hit_inf += unlimited.match(matchable) * BLOCK_SIZE
+        hit_lru += bounded.match(matchable) * BLOCK_SIZE
+        unlimited.insert(req.hashes)
+        bounded.insert(req.hashes)
+    return {"ceiling_infinite": hit_inf / tokens, "ceiling_lru": hit_lru / tokens}
+
+
+def parse_pending(metrics_text: str) -> dict[str, float]:
+    """kvgate's /metrics → {replica: pending prefill tokens} (the queue its cache_aware policy sees)."""
+    out: dict[str, float] = {}
+    for labels, value in _PENDING.findall(metrics_text):
+        m = re.search(r'replica="([^"]*)"', labels)
+        if m:
+            out[m.group(1)] = float(value)
+    return out
+
+
+async def sample_queues(replica_urls: list[str], proxy_url: str | None, interval: float, stop: asyncio.Event,
+                        into: list[dict[str, Any]]) -> None:
+    """Every `interval` s until `stop`: each replica's queued_prefill_tokens (what it really has
+    to prefill) and, for kvgate, the router's pending_prefill_tokens estimate of the same."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while not stop.is_set():
+            try:
+                stats = await asyncio.gather(*(client.get(f"{u}/stats") for u in replica_urls))
+                row: dict[str, Any] = {"replica": [s.json().get("queued_prefill_tokens", 0) for s in stats]}
+                if proxy_url is not None:
+                    pending = parse_pending((await client.get(f"{proxy_url}/metrics")).text)
+                    row["router"] = [pending.get(f"r{i}", 0.0) for i in range(len(replica_urls))]
+                into.append(row)
+            except (httpx.HTTPError, ValueError):
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+
+
+def queue_check(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The router's queued(r) estimate against the replicas' own figure, over the samples."""
+    rep = [q for s in samples for q in s["replica"]]
+    out: dict[str, Any] = {"samples": len(samples), "replica_queued_mean": statistics.fmean(rep) if rep else 0.0,
+                           "replica_queued_max": max(rep, default=0)}
+    pairs = [(r, q) for s in samples if "router" in s for r, q in zip(s["router"], s["replica"])]
+    if pairs:
+        est, true = sum(r for r, _ in pairs), sum(q for _, q in pairs)
+        out.update(router_estimate_mean=est / len(pairs), mean_abs_error=statistics.fmean(abs(r - q) for r, q in pairs),
+                   estimate_over_replica=est / true if true else None)
+    return out
+
+
+async def replay(url: str, trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
+                 headers: dict[str, str]) -> dict[str, Any]:
+    """Send every request at its (scaled) time from the slice's first; TTFT per request, errors
+    counted, never raised."""
+    ttfts: list[float] = []
+    errors: list[str] = []
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        start = time.perf_counter()
+        t0 = trace[0].timestamp_ms
+
+        async def one(req: TraceRequest, text: str) -> None:
+            await asyncio.sleep(max(0.0, (req.timestamp_ms - t0) / 1000 / speed - (time.perf_counter() - start)))
+            body = {"model": "sim", "messages": [{"role": "user", "content": text}], "stream": True,
+                    "max_tokens": max(1, min(req.output_length, max_out))}
+            sent = time.perf_counter()
+            first = None
+            try:
+                async with client.stream("POST", url, json=body, headers=headers) as resp:
+                    if resp.status_code != 200:
+                        errors.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+                        return
+                    async for line in resp.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        if '"error"' in line[:20]:
+                            errors.append(line[:200])
+                            return
+                        if first is None and '"content"' in line:
+                            first = time.perf_counter() - sent
+            except httpx.HTTPError as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            if first is None:
+                errors.append("stream ended without content")
+            else:
+                ttfts.append(first)
+
+        await asyncio.gather(*(one(r, p) for r, p in zip(trace, prompts)))
+        wall = time.perf_counter() - start
+    return {"ttfts": ttfts, "errors": errors, "wall_s": wall}
+
+
+async def replay_sampled(url: str, trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
+                         replica_urls: list[str], proxy_url: str | None, interval: float = 1.0) -> dict[str, Any]:
+    """`replay` with `sample_queues` running beside it; adds "queues" (the samples)."""
+    stop, samples = asyncio.Event(), []  # type: ignore[var-annotated]
+    sampler = asyncio.ensure_future(sample_queues(replica_urls, proxy_url, interval, stop, samples))
+    try:
+        run = await replay(url, trace, prompts, speed, max_out, {"authorization": "Bearer arena"})
+    finally:
+        stop.set()
+        await sampler
+    run["queues"] = samples
+    return run
+
+
+def replica_stats(urls: list[str]) -> list[dict[str, Any]]:
+    return [httpx.get(f"{u}/stats", params={"ttfts": "true"}, timeout=10).json() for u in urls]
+
+
+def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One router's figures: hit rate and requests per replica from the replicas, TTFT from the client."""
+    prompt = sum(s["prompt_tokens"] for s in stats)
+    cached = sum(s["cached_tokens"] for s in stats)
+    reqs = [s["requests"] for s in stats]
+    t = run["ttfts"]
+    engine_t = [x for s in stats for x in s.get("ttfts", [])]
+    return {
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "ttft_mean_s": statistics.fmean(t) if t else float("nan"),
+        "ttft_p50_s": pct(t, 0.5), "ttft_p90_s": pct(t, 0.9), "ttft_p99_s": pct(t, 0.99),
+        "imbalance": max(reqs) / statistics.fmean(reqs) if sum(reqs) else float("nan"),
+        "errors": len(run["errors"]), "error_samples": run["errors"][:3],
+        "requests_per_replica": reqs, "completed": len(t), "wall_s": run["wall_s"],
+        "queued_check": queue_check(run.get("queues", [])),
+        # the engines' own TTFT (arrival at the replica → first token): client TTFT minus this is the router's share
+        "engine_ttft_p50_s": pct(engine_t, 0.5), "engine_ttft_p99_s": pct(engine_t, 0.99),
+        "engine_ttft_mean_s": statistics.fmean(engine_t) if engine_t else float("nan"),
+    }

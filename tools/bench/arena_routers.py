@@ -1,0 +1,96 @@
+"""The routers of the routing arena (`tools/bench/arena.py`): how each is started, with what it
+is told, and the parameters tuned for it.
+
+- kvgate policies run as `kvgate serve` with both cache tiers off (every request is routed),
+  tokenizer `text`, block 16, approximate mode with `record_answers` at its default. What it
+  knows of the replicas' cache size is the arena's capacity hint, nothing else:
+  `none` → `capacity_blocks` unset (an unbounded index); `reported` → the size each replica
+  reports in its /stats, the same number the anchors get as `--max-tree-size`.
+- Anchors: sglang-router (`launch --policy cache_aware`) and vllm-router (`--policy
+  cache_aware`, its prefix/cache-aware policy): both keep an approximate radix tree of request
+  text per worker and route to the longest match above `cache_threshold` unless the load
+  (requests in flight) is imbalanced beyond `balance_abs_threshold` and `balance_rel_threshold`.
+  Those three thresholds are what the arena tunes for them (ANCHOR_GRID), on the tuning slice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tools.bench.procs import free_port, sglang_router_bin, vllm_router_bin
+
+BLOCK_SIZE = 16
+KVGATE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "cache_aware_precise", "affinity")
+ANCHORS = ("sglang", "vllm_router")
+ANCHOR_DEFAULTS = {"cache_threshold": 0.3, "balance_abs_threshold": 64, "balance_rel_threshold": 1.5}
+# threshold candidates tried on the tuning slice: defaults, then ever more eager load balancing
+ANCHOR_GRID = "0.3/64/1.5,0.3/16/1.5,0.5/8/1.25,0.3/4/1.1"
+HINT_EVICTION_S = 5  # with a capacity hint the anchors' trees are trimmed this often (defaults 60/120 s)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A router process to start: argv (None for a kvgate config), its readiness URL path, label."""
+
+    argv: list[str] | None
+    label: str
+    config: dict[str, Any] | None = None
+
+
+def parse_grid(text: str) -> list[dict[str, float]]:
+    """"ct/abs/rel,..." → threshold dicts (ValueError on a malformed entry)."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"anchor grid entry {item!r}: want cache_threshold/balance_abs/balance_rel")
+        ct, ab, rel = float(parts[0]), int(parts[1]), float(parts[2])
+        out.append({"cache_threshold": ct, "balance_abs_threshold": ab, "balance_rel_threshold": rel})
+    return out
+
+
+def anchor_launch(name: str, port: int, urls: list[str], params: dict[str, float], tree_chars: int | None) -> Launch | None:
+    """argv of an anchor router (None when it is not installed). tree_chars: the capacity hint
+    per worker (characters = tokens with the text tokenizer), or None for the router's default."""
+    binary = sglang_router_bin() if name == "sglang" else vllm_router_bin()
+    if binary is None:
+        return None
+    head = [binary, "launch"] if name == "sglang" else [binary]
+    argv = [*head, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
+            "--cache-threshold", str(params["cache_threshold"]),
+            "--balance-abs-threshold", str(int(params["balance_abs_threshold"])),
+            "--balance-rel-threshold", str(params["balance_rel_threshold"]),
+            "--request-timeout-secs", "600", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--log-level", "warn" if name == "sglang" else "warning"]
+    if tree_chars is not None:
+        argv += ["--max-tree-size", str(tree_chars), "--eviction-interval-secs", str(HINT_EVICTION_S)]
+    thresholds = "/".join(str(params[k]) for k in ANCHOR_DEFAULTS)
+    label = f"{'sglang-router' if name == 'sglang' else 'vllm-router'} --policy cache_aware (ct/abs/rel {thresholds})"
+    return Launch(argv=argv, label=label)
+
+
+def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list[str] | None = None,
+                  capacity_blocks: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`kvgate serve` config for one policy: both cache tiers off; approximate mode told only the
+    capacity hint (None: capacity_blocks unset); `cache_aware_precise` follows KV events."""
+    precise = policy == "cache_aware_precise"
+    routing: dict[str, Any] = {"policy": "cache_aware" if precise else policy, "block_size": BLOCK_SIZE,
+                               "tokenizer": "text", "max_attempts": 2, "mode": "precise" if precise else "approximate"}
+    if capacity_blocks is not None and not precise:
+        routing["capacity_blocks"] = capacity_blocks
+    routing.update(extra or {})
+    replica_cfg = [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)]
+    if precise:
+        for r, e in zip(replica_cfg, events or []):
+            r["events"] = e
+    return {
+        "cache_dir": cache_dir,
+        "routes": [{
+            "name": "arena", "model": "*",
+            "backend": {"model": "openai/sim", "api_key": "none", "timeout": 600},
+            "exact": False, "semantic": {"enabled": False},  # every request must be routed
+            "replicas": replica_cfg,
+            "routing": routing,
+        }],
+        "server": {"max_body_bytes": 64 * 1024 * 1024},
+    }

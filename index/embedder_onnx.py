@@ -8,6 +8,7 @@ so both embedders give the same vectors (tested to 1e-5).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 log = logging.getLogger("kvgate.embedder")
 
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-MAX_TOKENS = 256  # all-MiniLM-L6-v2 was trained with max_seq_length 256
+MAX_TOKENS = 256  # all-MiniLM-L6-v2 was trained with max_seq_length 256 (a model dir's sentence_bert_config.json overrides)
 
 
 def default_onnx_dir() -> Path:
@@ -34,6 +35,20 @@ def _fingerprint(model_path: Path) -> str:
     return hashlib.sha256(f"{model_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
+def _model_facts(model_path: Path) -> tuple[str, int]:
+    """(export file prefix, max tokens) of a sentence-transformers model dir: "mpnet" for MPNet,
+    "minilm" otherwise (the name earlier exports of MiniLM have); max_seq_length from its config."""
+    try:
+        kind = json.loads((model_path / "config.json").read_text()).get("model_type", "")
+    except (OSError, ValueError):
+        kind = ""
+    try:
+        limit = int(json.loads((model_path / "sentence_bert_config.json").read_text())["max_seq_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        limit = MAX_TOKENS
+    return ("mpnet" if kind == "mpnet" else "minilm"), limit
+
+
 def export_onnx(model_path: Path, target: Path) -> Path:
     """Trace the model with torch and write `target` atomically (tmp file + rename)."""
     import torch
@@ -47,25 +62,25 @@ def export_onnx(model_path: Path, target: Path) -> Path:
             super().__init__()
             self.inner = inner
 
-        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
-            hidden = self.inner(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
+        def forward(self, input_ids, attention_mask, *rest):  # type: ignore[no-untyped-def]
+            extra = {"token_type_ids": rest[0]} if rest else {}  # MPNet has no token types
+            hidden = self.inner(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, dim=-1)
 
     sample = tok(["a sample sentence for tracing", "short"], return_tensors="pt", padding=True)
+    inputs = [k for k in _INPUTS if k in sample]
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".tmp{os.getpid()}")
-    dynamic = {k: {0: "batch", 1: "tokens"} for k in _INPUTS} | {"embedding": {0: "batch"}}
+    dynamic = {k: {0: "batch", 1: "tokens"} for k in inputs} | {"embedding": {0: "batch"}}
     wrapper = _Pooled(model).eval()
     with torch.no_grad():
         torch.onnx.export(
             wrapper,
-            tuple(sample[k] for k in _INPUTS),
+            tuple(sample[k] for k in inputs),
             str(tmp),
-            input_names=list(_INPUTS),
+            input_names=inputs,
             output_names=["embedding"],
             dynamic_axes=dynamic,
             opset_version=17,
@@ -84,7 +99,8 @@ class OnnxEmbedder:
 
         model_path = Path(model_path)
         onnx_dir = Path(cache_dir) if cache_dir else default_onnx_dir()
-        onnx_file = onnx_dir / f"minilm-{_fingerprint(model_path)}.onnx"
+        prefix, self.max_tokens = _model_facts(model_path)
+        onnx_file = onnx_dir / f"{prefix}-{_fingerprint(model_path)}.onnx"
         if not onnx_file.exists():
             log.warning("exporting %s to ONNX at %s (once)", model_path.name, onnx_file)
             export_onnx(model_path, onnx_file)
@@ -100,6 +116,7 @@ class OnnxEmbedder:
         self._tok = AutoTokenizer.from_pretrained(str(model_path))
         self.name = f"onnx:{model_path.name}"
         self.dim = int(self._session.get_outputs()[0].shape[-1] or 384)
+        self._inputs = [i.name for i in self._session.get_inputs()]
         self.path = onnx_file
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -116,9 +133,9 @@ class OnnxEmbedder:
                 return_tensors="np",
                 padding=True,
                 truncation=True,
-                max_length=MAX_TOKENS,
+                max_length=self.max_tokens,
             )
-            feed = {k: enc[k].astype(np.int64) for k in _INPUTS}
+            feed = {k: enc[k].astype(np.int64) for k in self._inputs}
             out.append((idx, self._session.run(None, feed)[0]))
         result = np.empty((len(texts), self.dim), dtype=np.float32)
         for idx, rows in out:

@@ -66,7 +66,9 @@ class SemanticIndex:
         self._lock = threading.RLock()  # guards the local view: vectors and eviction (the entries it knows)
         # other processes on this store: read before loading, so nothing lands unseen between
         self._follow = Follower(self.entries, follow_interval_s) if follow_interval_s is not None else None
-        self._load()
+        # a store out of reach at start-up (on_error: degrade) serves misses; the first poll that
+        # reaches it rebuilds the view
+        self._guarded("lookup", None, self._start)
         self._damaged_seen = self.entries.damaged
 
     # budgets and their figures belong to the eviction policy; read here by metrics and tests
@@ -132,19 +134,22 @@ class SemanticIndex:
     # ---------------------------------------------------------------- writes
     def add(self, scope: str, response: dict[str, Any], *, exact_key: str | None = None, text: str = "",
             vector: np.ndarray | None = None, ttl: float | None = None, route: str = "",
-            model: str = "") -> CacheEntry | None:
+            model: str = "", parents: list[str] | None = None) -> CacheEntry | None:
         """Store an answer; it becomes findable by `exact_key` (replacing the entry stored under it)
         and, with a vector, by similarity. None when storage failed (disk full, damaged database):
         counted and logged once per streak, never raised to the request."""
-        return self._guarded("store", None, lambda: self._add(scope, response, exact_key, text, vector, ttl, route, model))
+        return self._guarded("store", None, lambda: self._add(scope, response, exact_key, text, vector, ttl, route, model,
+                                                              parents))
 
     def _add(self, scope: str, response: dict[str, Any], exact_key: str | None, text: str,
-             vector: np.ndarray | None, ttl: float | None, route: str, model: str) -> CacheEntry:
+             vector: np.ndarray | None, ttl: float | None, route: str, model: str,
+             parents: list[str] | None = None) -> CacheEntry:
         (entry_id,) = self.entries.allocate(1)
         if self._follow is not None:
             self._follow.mine([entry_id])
         now = time.time()
-        entry = CacheEntry(entry_id, scope, response, exact_key, text, route, model, now, now + ttl if ttl else None)
+        entry = CacheEntry(entry_id, scope, response, exact_key, text, route, model, now, now + ttl if ttl else None,
+                           parents=parents)
         vec = None
         if vector is not None:  # stored where feedback found the cache wrong: inherits that floor
             vec = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim)
@@ -233,14 +238,14 @@ class SemanticIndex:
         changes = self._follow.poll(force) if self._follow is not None else None
         if changes is None or self._follow is None:  # not following, or not due
             return 0
+        if changes.rebuild:
+            return self._rebuild()
         with self._lock:
             for entry_id in changes.removed:
                 self._drop_local(entry_id)
         loaded = 0
-        for entry_id in changes.added:
-            if entry_id in self.eviction:
-                continue
-            stored = self.entries.load(entry_id)
+        wanted = [i for i in changes.added if i not in self.eviction]
+        for entry_id, stored in zip(wanted, self.entries.load_many(wanted)):
             if stored is None:
                 self._follow.missing(entry_id)
                 continue
@@ -291,6 +296,33 @@ class SemanticIndex:
     def _expire_due(self) -> None:
         for entry_id in self.eviction.expired(time.time()):
             self._delete_locked(entry_id)
+
+    def _start(self) -> None:
+        """Follow the store's log from its current end, then load what it holds."""
+        if self._follow is not None:
+            self._follow.begin()
+        try:
+            self._load()
+        except self.entries.failures:
+            if self._follow is not None:
+                self._follow.lost()  # half a view: the next poll rebuilds it
+            raise
+
+    def _rebuild(self) -> int:
+        """The store's log lost track of this process (trimmed past it, or the store restarted
+        empty): forget the local view and load it again from the store."""
+        log.warning("response cache %s: change log lost track; rebuilding the local view", self.entries.where)
+        with self._lock:
+            evictions = self.eviction.evictions
+            self.vectors = ScopedVectors(self.dim, self.hnsw_above)
+            self.eviction = LruEviction(self.eviction.max_entries, self.eviction.max_bytes)
+            self.eviction.evictions = evictions
+        self._start()
+        return len(self.eviction)
+
+    def follow_lag_s(self) -> float | None:
+        """Seconds since this process last read the store's change log through (None: not following)."""
+        return self._follow.lag_s() if self._follow is not None else None
 
     def _load(self) -> None:
         """Rebuild vectors, LRU order (creation order) and expiry from what the store holds."""

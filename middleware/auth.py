@@ -3,18 +3,31 @@
 It sits before routing, so every endpoint — including ones added later, the OpenAPI document and
 unknown paths — needs a key once `auth.keys` is set; only OPEN_PATHS stay open. Handlers still
 derive the tenant from the token (proxy.authorise), but cannot forget the check.
+
+The dashboard (GET /ui, GET /v1/stats) also takes HTTP Basic credentials whose password is a key:
+a browser cannot add a bearer header to a page it navigates to, but it shows its own login prompt
+on a Basic challenge and then sends the credentials with the page's requests. Only read-only GETs
+of the dashboard accept them, so a browser that remembers them cannot be used for cross-site
+requests that change anything.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import ipaddress
 from typing import Any, Awaitable, Callable
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from middleware.errors import Unauthorized
 
 OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
+BASIC_PATHS = ("/ui", "/v1/stats")  # these and what lies under them: the dashboard (see above)
+BASIC_CHALLENGE = 'Basic realm="kvgate", charset="UTF-8"'
+LOGIN_PAGE = (b"<!doctype html><title>kvgate: sign in</title><h1 id=login>kvgate dashboard: sign in</h1>"
+              b"<p>This page needs an API key. Your browser asks for a user name (any) and a password: "
+              b"one of the proxy's <code>auth.keys</code>. Reload to try again.</p>")
 LOOPBACK_NAMES = frozenset({"localhost"})
 
 Scope = dict[str, Any]
@@ -28,6 +41,26 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
             scheme, _, token = value.partition(b" ")
             return token.strip() or None if scheme.lower() == b"bearer" else None
     return None
+
+
+def basic_password(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The password of an `Authorization: Basic base64(user:password)` header; None without one."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, encoded = value.partition(b" ")
+            if scheme.lower() != b"basic":
+                return None
+            try:
+                _, sep, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
+            except (binascii.Error, ValueError):
+                return None
+            return password or None if sep else None
+    return None
+
+
+def on_dashboard(path: str, method: str) -> bool:
+    """Whether a request is a read of the dashboard (Basic credentials accepted)."""
+    return method in ("GET", "HEAD") and any(path == p or path.startswith(p + "/") for p in BASIC_PATHS)
 
 
 def key_allowed(token: bytes | None, keys: frozenset[bytes]) -> bool:
@@ -47,13 +80,28 @@ class KeyGate:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if self.keys and scope["type"] == "http" and scope["path"] not in self.open_paths:
-            token = bearer_token(scope.get("headers") or [])
+            headers = scope.get("headers") or []
+            token = bearer_token(headers)
+            dashboard = on_dashboard(scope["path"], scope.get("method", ""))
+            if dashboard and token is None:
+                token = basic_password(headers)
             if not key_allowed(token, self.keys):
-                err = Unauthorized("missing or unknown API key" if token is None else "invalid API key")
-                response = JSONResponse(err.to_json(), status_code=err.status, headers={"www-authenticate": "Bearer"})
-                await response(scope, receive, send)
+                await _refusal(token, dashboard, headers)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _refusal(token: bytes | None, dashboard: bool, headers: list[tuple[bytes, bytes]]) -> Response:
+    """401: OpenAI error JSON; on the dashboard a Basic challenge (the browser's login prompt),
+    with a sign-in page instead of JSON for a browser."""
+    err = Unauthorized("missing or unknown API key" if token is None else "invalid API key")
+    if not dashboard:
+        return JSONResponse(err.to_json(), status_code=err.status, headers={"www-authenticate": "Bearer"})
+    challenge = {"www-authenticate": BASIC_CHALLENGE}
+    accept = next((v for k, v in headers if k == b"accept"), b"")
+    if b"text/html" in accept:
+        return Response(LOGIN_PAGE, status_code=err.status, media_type="text/html", headers=challenge)
+    return JSONResponse(err.to_json(), status_code=err.status, headers=challenge)
 
 
 def is_loopback(host: str) -> bool:

@@ -18,6 +18,9 @@ def _serve(args: argparse.Namespace) -> int:
     from middleware.proxy import create_app
 
     config = load_config(args.config)
+    from middleware.store import preflight
+
+    preflight(config)  # an unreachable Redis (store.on_error: fail) is one line, before any worker starts
     import litellm
 
     # The proxy owns this process and uses no LiteLLM loggers: skip its per-chunk logging work
@@ -33,9 +36,20 @@ def _serve(args: argparse.Namespace) -> int:
           f"-d '{{\"model\": \"{config.routes[0].model.replace('*', '1')}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}' -i", flush=True)
     # Idle client connections stay open longer than clients keep them (httpx, the OpenAI SDK: 5 s),
     # so the proxy never closes one a client is about to reuse (uvicorn's own default is 5 s too).
-    uvicorn.run(create_app(config), host=host, port=port, log_level=args.log_level, access_log=args.access_log,
-                timeout_keep_alive=config.server.keep_alive_s)
+    options = {"log_level": args.log_level, "access_log": args.access_log, "timeout_keep_alive": config.server.keep_alive_s}
+    if args.workers > 1:
+        from middleware.workers import Supervisor
+
+        return Supervisor(args.config, config, host, port, args.workers, options).run()
+    uvicorn.run(create_app(config), host=host, port=port, **options)
     return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -50,25 +64,47 @@ def _check(args: argparse.Namespace) -> int:
         settings = resolve(route, config.cache_dir, position)
         verifier = f" verifier ≥ {settings.verifier_threshold:.4f} (top-{settings.candidates})" if settings.verifies else ""
         target = f" target_precision {sem.target_precision}" if sem.target_precision is not None else ""
+        judge = (f"max_error_rate {settings.max_error_rate} (learned thresholds)" if settings.max_error_rate is not None
+                 else f"threshold {settings.threshold}{verifier}")
         print(f"route {route.name}: model {route.model!r} → {route.backend.model or '(request model)'}"
-              f"{target} threshold {settings.threshold}{verifier} scope {sem.scope} context {sem.context}")
+              f"{target} {judge} scope {sem.scope} context {sem.context}")
+    from index.redis_link import redacted
+
+    store = config.store
+    print(f"store: {store.backend} " + (f"at {redacted(store.url or '')} prefix {store.key_prefix!r} on_error {store.on_error}"
+                                        if store.backend == "redis" else f"in {config.cache_dir}"))
     return 0
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from index.embedder import make_embedder
+    from index.mpnet_files import MpnetMissing
+    from middleware.progress import Progress, say
 
-    embedder = make_embedder("onnx", cache_dir=args.model_cache)
-    vec = embedder.embed(["kvgate prepare"])
-    print(f"embedder ready: {embedder.name} dim={vec.shape[1]} at {getattr(embedder, 'path', '?')}")
-    from index.tokenizer import load_tokenizer, smollm2_tokenizer_dir
+    note = say("prepare")
+    steps = 3 if args.embedder == "minilm" else 1
+    with Progress(steps, "prepare", unit="steps", every_s=0) as bar:  # a line per step in logs
+        from index.embedder import make_embedder
 
-    tok = load_tokenizer("smollm2")
-    ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
-    print(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
-    from engines.replica.model import convert_smollm2
+        try:
+            embedder = make_embedder("onnx", cache_dir=args.model_cache, model=args.embedder)
+        except MpnetMissing as exc:
+            print(f"kvgate prepare: {exc}", file=sys.stderr)
+            return 2
+        vec = embedder.embed(["kvgate prepare"])
+        note(f"embedder ready: {embedder.name} dim={vec.shape[1]} at {getattr(embedder, 'path', '?')}")
+        bar.update()
+        if args.embedder != "minilm":  # the optional model only: the rest is the default install's
+            return 0
+        from index.tokenizer import load_tokenizer, smollm2_tokenizer_dir
 
-    print(f"smollm2 model ready at {convert_smollm2()} (safetensors, converted once from the packaged GGUF)")
+        tok = load_tokenizer("smollm2")
+        ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
+        note(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
+        bar.update()
+        from engines.replica.model import convert_smollm2
+
+        note(f"smollm2 model ready at {convert_smollm2()} (safetensors, converted once from the packaged GGUF)")
+        bar.update()
     return 0
 
 
@@ -100,14 +136,20 @@ BENCHES = {
     "route-overhead": ("route_overhead", "routing decision time (tokenize+hash+match+choose)"),
     "soak": ("soak", "bounded load through kvgate serve: errors, RSS, fds, cache budget"),
     "routing": ("arena", "the routing arena: kvgate policies vs sglang-router and vllm-router on a replayed trace"),
+    "routing-model": ("arena_model", "the routing arena in virtual time: routing rules compared in seconds, deterministic"),
     "gen-trace": ("trace_gen", "write a seeded long-prompt multi-turn trace (Mooncake format) for the arena"),
     "loop-load": ("loop_load", "long streamed prompts through kvgate serve: event-loop lag, proxy CPU per request"),
     "kv": ("kv", "KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"),
+    "kv-remote": ("kv_remote", "remote KV tier on Redis: turn 2 on a second replica vs cold, load GB/s vs raw GET"),
     "e2e": ("e2e", "multi-turn chats through kvgate serve over reference replicas, per policy"),
+    "trust": ("trust", "wrong-hit rate and hit rate: static thresholds vs semantic.max_error_rate (bench trust)"),
+    "embedders": ("embedders", "MiniLM vs mpnet on labelled pairs: pair AUC, recall at precision, per-query latency"),
     "multiturn": ("multiturn", "follow-ups vs other conversations' answers; feedback on wrong hits"),
     "replica-faults": ("replica_faults", "kill / slow / hang one of N replicas under load through the proxy"),
     "storage-faults": ("storage_faults", "SIGKILL proxy + disk-tier writer during writes; a full disk"),
+    "scaleout": ("scaleout", "proxies on one Redis vs one proxy vs per-proxy caches: hit rate, hit latency, faults"),
     "throughput": ("throughput", "req/s and p50/p99 of one proxy process vs LiteLLM's proxy and sglang-router"),
+    "plot": ("plot", "draw a saved result of bench semantic | routing | kv as a PNG (matplotlib)"),
 }
 
 
@@ -142,6 +184,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="port (default: server.port, 8080)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--access-log", action="store_true", help="log every request line")
+    serve.add_argument("--workers", type=_positive, default=1,
+                       help="proxy processes on the one port, sharing replica load and routing decisions (default 1)")
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file and print its routes")
@@ -150,6 +194,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     prep = sub.add_parser("prepare", help="export the embedder to ONNX, convert SmolLM2's tokenizer and weights (make install)")
     prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
+    prep.add_argument("--embedder", choices=["minilm", "mpnet"], default="minilm",
+                      help="which embedder to export (mpnet: only that, from its wheels; `make mpnet`)")
     prep.set_defaults(func=_prepare)
 
     for name, (module, entry, help_text, description) in TOOLS.items():

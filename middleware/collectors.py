@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from index.kv_events import FeedStats
 
 if TYPE_CHECKING:
+    from index.redis_link import RedisLink
     from middleware.routing.base import ReplicaState
     from middleware.routing.router import Router
 
@@ -74,6 +75,7 @@ class RoutingCollector(Collector):
         fam = _routing_families()
         for route, router in self._routers.items():
             index = router.index.stats()
+            router.refresh_load()  # every worker's load, not only this one's
             for replica in router.replicas:
                 labels = [route, replica.name]
                 for name, _, value in (*_REPLICA_COUNTERS, *_REPLICA_GAUGES):
@@ -173,4 +175,40 @@ def _storage_families() -> dict[str, Metric]:
             labels=["store"]),
         "kvgate_cache_damaged_items": CounterMetricFamily(
             "kvgate_cache_damaged_items", "Stored items found damaged (checksum) and read as absent", labels=["store"]),
+    }
+
+
+class StoreLinkCollector(Collector):
+    """The shared store (`store:` backend redis): whether it answers, its failed operations, and
+    how stale this process's view of its change log is. With the local backend only the lag is
+    read (and up is 1)."""
+
+    def __init__(self, link: "RedisLink | None", follow_lag_s: Callable[[], float | None]) -> None:
+        self._link = link
+        self._lag = follow_lag_s
+
+    def describe(self) -> Iterable[Metric]:
+        return _store_link_families().values()
+
+    def collect(self) -> Iterable[Metric]:
+        fam = _store_link_families()
+        fam["kvgate_store_up"].add_metric([], 1.0 if self._link is None or self._link.up else 0.0)
+        for op, count in sorted(dict(self._link.errors if self._link is not None else {}).items()):
+            fam["kvgate_store_errors"].add_metric([op], count)
+        lag = self._lag()
+        if lag is not None:
+            fam["kvgate_store_follow_lag_seconds"].add_metric([], lag)
+        return fam.values()
+
+
+def _store_link_families() -> dict[str, Metric]:
+    return {
+        "kvgate_store_up": GaugeMetricFamily(
+            "kvgate_store_up", "1 while the shared store answers, 0 while its link backs off after a failure"),
+        "kvgate_store_errors": CounterMetricFamily(
+            "kvgate_store_errors", "Shared-store operations that failed or were skipped while it was down",
+            labels=["op"]),
+        "kvgate_store_follow_lag_seconds": GaugeMetricFamily(
+            "kvgate_store_follow_lag_seconds",
+            "Seconds since this process last read the store's change log through (catch-up lag)"),
     }

@@ -35,7 +35,9 @@ class SemanticConfig(_Strict):
     # still accepted, kept equal to the route's values by RouteConfig._one_scope_and_ttl.
     ttl: float | None = Field(86400, gt=0, description="deprecated: use the route's `ttl`")
     scope: Literal["tenant", "shared"] = Field("tenant", description="deprecated: use the route's `scope`")
-    context: Literal["exact", "last_user_only"] = "exact"
+    # exact: earlier turns must match exactly; last_user_only: ignored; semantic: each earlier user
+    # turn judged equivalent to the cached entry's (middleware/parents.py)
+    context: Literal["exact", "last_user_only", "semantic"] = "exact"
     # the verification stage (index/verifier.py, middleware/verification.py); see README "Verified hits"
     target_precision: float | None = Field(
         None, gt=0.0, lt=1.0,
@@ -45,12 +47,23 @@ class SemanticConfig(_Strict):
                           "null = off with `threshold`, as tuned with `target_precision`")
     verifier_threshold: float = Field(0.5, ge=0.0, le=1.0, description="with `threshold` + verifier: score needed")
     candidates: int = Field(3, ge=1, le=32, description="with the verifier: top entries it reads per lookup")
+    # verified semantic caching (index/trust.py, middleware/trust_gate.py); see README "Bounded wrong hits"
+    max_error_rate: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="instead of `threshold`/`target_precision`: the wrong-hit rate (wrong hits per lookup) "
+                    "to keep; thresholds are learned per entry from verified outcomes")
 
     @model_validator(mode="after")
     def _threshold_or_target(self) -> "SemanticConfig":
         if self.target_precision is not None and "threshold" in self.model_fields_set:
             raise ValueError("set either threshold or target_precision, not both "
                              "(target_precision takes its threshold from `kvgate tune`)")
+        if self.max_error_rate is not None:
+            clash = [f for f in ("threshold", "target_precision", "verifier")
+                     if f in self.model_fields_set and getattr(self, f) not in (None, False)]
+            if clash:
+                raise ValueError(f"max_error_rate cannot be combined with {', '.join(clash)} "
+                                 "(it learns its own thresholds from verified outcomes)")
         return self
 
 
@@ -77,7 +90,11 @@ class RoutingConfig(_Strict):
         None, gt=0, description="approximate: default per-replica cache size in blocks (none = unlimited); precise: "
                                 "the prefix index's per-replica memory bound (default EVENT_FED_CAPACITY, 262144)")
     decode_weight: float = Field(8.0, ge=0, description="cache_aware: prefill tokens one running request costs")
-    miss_weight: float = Field(8.0, ge=1.0, description="cache_aware: cost of one uncached prompt token (compute + cache space)")
+    miss_weight: float = Field(64.0, ge=1.0, description="cache_aware: charge for copying a prefix another replica holds, "
+                                                          "per token, weighted by its share of the prompt")
+    queue_slack: float = Field(2.5, ge=0, description="cache_aware: a prefix match may buy at most max(queue_slack × "
+                                                      "mean queue, prompt_slack × prompt) of queueing (.inf: no bound)")
+    prompt_slack: float = Field(0.5, ge=0, description="cache_aware: see queue_slack")
     record_answers: bool = Field(True, description="approximate mode: the engine caches generated tokens too (vLLM does)")
     load_factor: float = Field(1.25, ge=1.0, description="affinity: bound on load vs the mean")
     max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")
@@ -155,6 +172,9 @@ class AuthConfig(_Strict):
 
 class EmbedderConfig(_Strict):
     backend: Literal["onnx", "sentence-transformers"] = "onnx"
+    model: Literal["minilm", "mpnet"] = Field(
+        "minilm", description="minilm: packaged all-MiniLM-L6-v2 (384-d); mpnet: all-mpnet-base-v2 from its PyPI "
+                              "wheels (768-d, `make mpnet`, exported by `kvgate prepare --embedder mpnet`)")
     model_path: str | None = Field(None, description="local model dir; default: packaged all-MiniLM-L6-v2")
     verifier_path: str | None = Field(None, description="trained verifier dir; default: the one `kvgate tune` made "
                                                         "in the model cache (~/.cache/kvgate/models)")
@@ -181,6 +201,84 @@ class FeedbackConfig(_Strict):
     margin: float = Field(0.01, ge=0, le=0.5, description="a tightened entry needs the wrong match's similarity plus this")
 
 
+class SharedRoutingConfig(_Strict):
+    """How proxies on one Redis share their routing view (store.backend: redis; README "Scale out on
+    Redis"): each pushes its per-replica load and its routing records, and reads the others', every
+    `sync_s` in a background thread (middleware/routing/state_redis.py)."""
+
+    sync_s: float = Field(0.1, gt=0, le=10, description="seconds between pushes of this proxy's load and records "
+                                                        "and reads of the others' (their load is at most ~2×sync_s old)")
+    load_ttl_s: float = Field(3.0, gt=0, le=600, description="a proxy that stops pushing (dead) has its load "
+                                                             "forgotten after this many seconds")
+    log_max: int = Field(20_000, ge=100, le=10_000_000, description="routing records the Redis stream keeps (what "
+                                                                    "a proxy that starts late learns)")
+    log_ttl_s: float = Field(3600.0, gt=0, description="the routing stream expires this long after its last record")
+
+    @model_validator(mode="after")
+    def _ttl_covers_sync(self) -> "SharedRoutingConfig":
+        if self.load_ttl_s < 2 * self.sync_s:
+            raise ValueError("store.routing.load_ttl_s must be at least 2 × store.routing.sync_s, or a live proxy's "
+                             "load would expire between its pushes")
+        return self
+
+
+class StoreConfig(_Strict):
+    """Where the response cache and the request-id log live (README "Scale out on Redis")."""
+
+    backend: Literal["local", "redis"] = Field(
+        "local", description="local = diskcache dirs under cache_dir (one machine); redis = a shared Redis")
+    url: str | None = Field(None, description="redis:// | rediss:// | unix:// URL, without a password")
+    password_env: str | None = Field(None, min_length=1, description="NAME of the environment variable holding "
+                                                                     "the Redis password (never the password)")
+    key_prefix: str = Field("kvgate:", min_length=1, description="prefix of every key kvgate writes")
+    connect_timeout_s: float = Field(0.5, gt=0, le=60, description="seconds to open a connection")
+    timeout_s: float = Field(0.25, gt=0, le=60, description="seconds per Redis operation; slower = a miss")
+    pool_size: int = Field(32, ge=1, le=1024, description="connections per proxy process")
+    on_error: Literal["fail", "degrade"] = Field(
+        "fail", description="Redis out of reach at start-up: fail = stop with an error; degrade = start and "
+                            "serve misses until it answers")
+    follow_interval_s: float = Field(0.25, gt=0, le=60, description="seconds between reads of the change log "
+                                                                     "(how soon other proxies' answers are searchable)")
+    log_max: int = Field(1_000_000, ge=1000, description="change-log entries Redis keeps (a proxy further behind "
+                                                         "rebuilds its view from a scan)")
+    routing: SharedRoutingConfig = Field(default_factory=SharedRoutingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_password_here(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError("store.password: a password is never read from the config file; put it in an "
+                             "environment variable and name that variable in store.password_env")
+        return data
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        netloc = url.split("://", 1)[1].split("/", 1)[0]
+        if "@" in netloc and ":" in netloc.split("@", 1)[0]:
+            raise ValueError("holds a password; put it in an environment variable named by store.password_env")
+        return url
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> "StoreConfig":
+        if self.backend == "redis" and self.url is None:
+            raise ValueError("store.url is required with backend: redis")
+        return self
+
+
+class StatsConfig(_Strict):
+    """The in-memory history behind /v1/stats and the /ui dashboard (middleware/stats.py)."""
+
+    interval_s: float = Field(2.0, ge=0.1, le=300, description="seconds per point of the dashboard's history")
+    keep: int = Field(3600, ge=10, le=100_000, description="points kept (interval_s * keep = the window shown)")
+    scrape_replicas: bool = Field(True, description="read each replica's /metrics for KV tiers and prefix hit rate")
+
+
 class Config(_Strict):
     cache_dir: Path = Path("./.kvgate")
     max_entries: int = Field(1_000_000, gt=0, description="entries kept before LRU eviction")
@@ -190,6 +288,8 @@ class Config(_Strict):
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     feedback: FeedbackConfig = Field(default_factory=FeedbackConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    stats: StatsConfig = Field(default_factory=StatsConfig)
 
     @field_validator("routes")
     @classmethod

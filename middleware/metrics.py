@@ -1,13 +1,14 @@
 """Prometheus collectors, one registry per Metrics object (no module-level state)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from middleware.collectors import RoutingCollector, SoftFailing, StorageCollector
+from middleware.collectors import RoutingCollector, SoftFailing, StorageCollector, StoreLinkCollector
 
 if TYPE_CHECKING:
+    from index.redis_link import RedisLink
     from middleware.routing.router import Router
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -50,6 +51,14 @@ class Metrics:
         self.verifier_rejections = Counter(
             "kvgate_verifier_rejections", "Semantic lookups whose cosine candidates the verifier all rejected", ["route"],
             registry=r)
+        # semantic.max_error_rate routes (middleware.trust_gate)
+        self.explorations = Counter("kvgate_semantic_explorations", "Candidates explored (sent to the backend "
+                                    "and compared) instead of served", ["route"], registry=r)
+        self.exploration_verdicts = Counter("kvgate_semantic_exploration_verdicts", "Explorations' comparisons: the "
+                                            "cached answer agreed with the fresh one or not", ["route", "verdict"], registry=r)
+        self.served_wrong_estimate = Counter("kvgate_semantic_served_wrong_estimate", "Sum over served semantic hits "
+                                             "of the upper bound on P(wrong): expected wrong hits, bounded", ["route"],
+                                             registry=r)
         # when: before_first_byte (nothing sent yet) | mid_stream (resumed after what was sent)
         self.failovers = Counter("kvgate_backend_failovers", "Requests moved to another replica after a failure",
                                  ["route", "when"], registry=r)
@@ -69,6 +78,11 @@ class Metrics:
         (replica load, prefix index, KV-event feeds) and stores (soft storage failures)."""
         self.registry.register(RoutingCollector(routers))
         self.registry.register(StorageCollector(stores))
+
+    def watch_store(self, link: "RedisLink | None", follow_lag_s: Callable[[], float | None]) -> None:
+        """Export the shared store's health at scrape time: kvgate_store_up, kvgate_store_errors_total{op},
+        kvgate_store_follow_lag_seconds (middleware.collectors.StoreLinkCollector)."""
+        self.registry.register(StoreLinkCollector(link, follow_lag_s))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -24,6 +24,8 @@ class CacheInfo:
     stored: bool = False
     replica: str | None = None  # the replica that answered a miss, on routes with replicas
     request_id: str = field(default_factory=new_request_id)  # for POST /v1/cache/feedback
+    # max_error_rate routes: the candidate this miss explores (compared with the answer once in)
+    exploration: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Hit:
 class Lookup:
     hit: Hit | None = None
     vector: np.ndarray | None = None  # the query embedding, reused when storing
+    explore: Any = None  # max_error_rate routes: a middleware.trust_gate.Exploration on an explored miss
 
 
 @dataclass

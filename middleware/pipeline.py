@@ -6,6 +6,9 @@ once, async; `complete` is a thin sync adapter that runs it on the pipeline's ow
 (middleware.sync_adapter). Blocking work (embedding, FAISS search, disk writes) runs in threads,
 and so does everything that grows with the prompt (request keys, the exact-tier read, routing
 hashes, the request-log write): one worker-thread hop before the backend call, one after.
+
+Long module: the request flow is kept in one place on purpose; each decision it makes lives
+elsewhere (verification, trust_gate, answers, request, relay).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ litellm.suppress_debug_info = True  # its banners go to stdout; our errors say w
 from litellm.types.utils import ModelResponseStream  # noqa: E402
 
 from index.embedder import Embedder, make_embedder  # noqa: E402
+from index.observations.disk import DiskObservationStore  # noqa: E402
 from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
 from index.tighten import threshold_for  # noqa: E402
 from index.verifier import Verifier, VerifierMissing, load_verifier  # noqa: E402
@@ -36,12 +40,17 @@ from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError, ConfigError  # noqa: E402
 from middleware.feedback import FeedbackOutcome, give_feedback  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
+from middleware.parents import PARENT_SEARCH_K, PARENT_THRESHOLD, same_parents  # noqa: E402
 from middleware.outcome import CacheInfo, Hit, Lookup, Result, Tier  # noqa: E402,F401  (CacheInfo, Result: public here too)
 from middleware.relay import DONE, Relay, Relayed  # noqa: E402
 from middleware.request_log import RequestLog, RequestRecord  # noqa: E402
+from middleware.store import open_stores  # noqa: E402
 from middleware.routing.router import Router  # noqa: E402
+from middleware.routing.state import StateFactory  # noqa: E402
+from middleware.routing.state_redis import shared_routing  # noqa: E402
 from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
 from middleware.sync_adapter import SyncAdapter  # noqa: E402
+from middleware.trust_gate import Exploration, TrustGate  # noqa: E402
 from middleware.verification import SemanticSettings, choose, resolve, to_verify  # noqa: E402
 
 log = logging.getLogger("kvgate.pipeline")
@@ -60,6 +69,7 @@ class Pipeline:
         index: SemanticIndex | None = None,
         metrics: Metrics | None = None,
         verifier: Verifier | None = None,
+        routing_state: StateFactory | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
@@ -71,22 +81,34 @@ class Pipeline:
         semantic = any(r.semantic.enabled for r in config.routes)
         # no semantic route, no model to load (saves ~5 s of start-up and its memory)
         self.embedder: Embedder | None = embedder or (
-            make_embedder(config.embedder.backend, config.embedder.model_path) if semantic else None
+            _make_embedder(config) if semantic else None
         )
         dim = self.embedder.dim if self.embedder is not None else MINILM_DIM
-        self.index = index or SemanticIndex(config.cache_dir / "responses", dim, max_entries=config.max_entries,
-                                            tighten_margin=config.feedback.margin, max_bytes=config.max_bytes)
-        self.requests = RequestLog(config.cache_dir / "requests", config.feedback.record_ttl,
-                                   int(config.feedback.record_max_mb * 2**20))
+        # `store:` local dirs or a shared Redis (middleware.store); the index follows the store's log
+        stores = open_stores(config, dim, with_entries=index is None)
+        self.index = index or SemanticIndex(None, dim, max_entries=config.max_entries, entries=stores.entries,
+                                            tighten_margin=config.feedback.margin, max_bytes=config.max_bytes,
+                                            follow_interval_s=stores.follow_interval_s)
+        self.requests: RequestLog = stores.requests
+        # on Redis, the routing view is shared with every proxy process on it (one host's workers included)
+        self._routing_hub = shared_routing(config, stores.link)
+        routing_state = self._routing_hub.state if self._routing_hub is not None else routing_state
         self.metrics.entries.set_function(lambda: len(self.index))
         self.metrics.cache_bytes.set_function(lambda: self.index.bytes)
-        self.backends = {route.name: Backend(route, _router_for(route), self.metrics) for route in config.routes}
+        self.backends = {route.name: Backend(route, _router_for(route, routing_state), self.metrics) for route in config.routes}
         self.relay = Relay()  # the proxy's pass-through to OpenAI-compatible replicas (middleware.relay)
         self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
         for name, router in self.routers.items():
             for replica in router.replicas:
                 self.metrics.replica_up.labels(name, replica.name).set_function(lambda r=replica: float(r.healthy))
         self.metrics.watch(self.routers, {"responses": self.index, "request_log": self.requests})
+        self.metrics.watch_store(stores.link, self.index.follow_lag_s)
+        # routes with semantic.max_error_rate: verified outcomes live next to the entries (shared, kept)
+        self.trust: TrustGate | None = None
+        if any(r.semantic.enabled and self.semantic[r.name].max_error_rate is not None for r in config.routes):
+            self.trust = TrustGate(DiskObservationStore(config.cache_dir / "observations"), self._embed_many,
+                                   lambda route, ok: self.metrics.exploration_verdicts.labels(
+                                       route, "agree" if ok else "differ").inc())
         self._sync = SyncAdapter()  # the sync face's own loop, started by the first `complete`
 
     @property
@@ -95,8 +117,12 @@ class Pipeline:
 
     def close(self) -> None:
         self._sync.close()  # first: open sync streams end (unstored) while the index is still open
+        if self.trust is not None:
+            self.trust.close()  # finishes queued comparisons while the index is still open
         for router in self.routers.values():
             router.close()
+        if self._routing_hub is not None:
+            self._routing_hub.close()
         self.index.close()
         self.requests.close()
 
@@ -123,13 +149,46 @@ class Pipeline:
         started = time.perf_counter()
         settings = self.semantic[view.route.name]
         vector = self._embed(view.query_text)
-        found = self.index.search(view.scope, vector, k=settings.candidates)
+        if view.parents is None:
+            found = self.index.search(view.scope, vector, k=settings.candidates)
+        else:  # context: semantic: the same follow-up text may close many conversations; keep those whose history matches
+            found = same_parents(self._embed_many, view.parents, self.index.search(view.scope, vector, k=PARENT_SEARCH_K),
+                                 settings.threshold or PARENT_THRESHOLD)[:settings.candidates]
+        if settings.max_error_rate is not None:
+            return self._judged(view, settings.max_error_rate, found, vector, started)
         sims = [similarity for _, similarity in found]
         floors = [threshold_for(settings.threshold, entry.min_similarity) for entry, _ in found]
         served = choose(sims, floors, self._verify(view, found, sims, floors, settings), settings)
         hit = Hit(found[served][0], "semantic", found[served][1]) if served is not None else None
         self._count_lookup(view, "semantic", started, hit is not None)
         return Lookup(hit, vector)
+
+    def _judged(self, view: RequestView, delta: float, found: list[tuple[CacheEntry, float]],
+                vector: np.ndarray, started: float) -> Lookup:
+        """A max_error_rate route: the trust gate serves the nearest candidate or explores it."""
+        assert self.trust is not None
+        entry, similarity = found[0] if found else (None, 0.0)
+        judged = self.trust.judge(view.route.name, delta, entry, similarity, view.control.ttl or view.route.semantic.ttl)
+        route = view.route.name
+        hit = Hit(entry, "semantic", similarity) if judged.serve and entry is not None else None
+        if hit is not None:
+            self.metrics.served_wrong_estimate.labels(route).inc(judged.bound)
+        if judged.explore is not None:
+            self.metrics.explorations.labels(route).inc()
+        self._count_lookup(view, "semantic", started, hit is not None)
+        return Lookup(hit, vector, judged.explore)
+
+    def _explored(self, view: RequestView, exploration: Exploration | None, answer: str | None) -> None:
+        """After an explored miss: the comparison with the cached answer, queued off the response path."""
+        if exploration is None or answer is None or self.trust is None:
+            return
+        forwarded = {**view.params, **view.forwarded}
+        deterministic = forwarded.get("temperature") == 0 or forwarded.get("seed") is not None
+        self.trust.compare_later(exploration, answer, deterministic)
+
+    def _embed_many(self, texts: list[str]) -> np.ndarray:
+        assert self.embedder is not None, "semantic tier used without an embedder"
+        return self.embedder.embed(texts)
 
     def _verify(self, view: RequestView, found: list[tuple[CacheEntry, float]], sims: list[float],
                 floors: list[float], settings: SemanticSettings) -> dict[int, float]:
@@ -178,6 +237,7 @@ class Pipeline:
             ttl=view.control.ttl or sem.ttl,
             route=route,
             model=view.model,
+            parents=list(view.parents) if view.parents is not None else None,
         )
         # None: the cache could not write (disk full, damaged store); the answer is served anyway
         self.metrics.stores.labels(route, "stored" if entry is not None else "failed").inc()
@@ -198,9 +258,9 @@ class Pipeline:
         backend = self.backends[view.route.name]
         wire = self.relay.model_for(backend, view) if raw else None
         if wire is not None:
-            return await self._relayed(view, wire, found.vector, started)
+            return await self._relayed(view, wire, found, started)
         call = await self._counted(view, backend.acall(view))
-        info = CacheInfo("miss", view.route.name, replica=call.replica)
+        info = CacheInfo("miss", view.route.name, replica=call.replica, exploration=found.explore)
         if view.stream:
             return Result(info, stream=self._tee(view, info, call, found.vector, started))
         payload = call.response.model_dump()
@@ -234,6 +294,7 @@ class Pipeline:
             router.prepare_answer(call.ticket.plan, [*view.messages, {"role": "assistant", "content": answer}])
         entry = self.store(view, payload, vector) if payload else None
         self._finish(view, info, entry, started)
+        self._explored(view, info.exploration, answer)
 
     async def _counted(self, view: RequestView, pending: Any) -> Any:
         try:
@@ -273,10 +334,11 @@ class Pipeline:
         payload = assemble(chunks, view.messages) if self.stores(view) else None  # LiteLLM may count prompt tokens
         self._record(view, info, call, answer, payload, vector, started)
 
-    async def _relayed(self, view: RequestView, wire: str, vector: np.ndarray | None, started: float) -> Result:
+    async def _relayed(self, view: RequestView, wire: str, found: Lookup, started: float) -> Result:
         backend = self.backends[view.route.name]
+        vector = found.vector
         relayed = await self._counted(view, self.relay.open(backend, view, wire))
-        info = CacheInfo("miss", view.route.name, replica=relayed.call.replica)
+        info = CacheInfo("miss", view.route.name, replica=relayed.call.replica, exploration=found.explore)
         if view.stream:  # its first event is in: the client's first bytes go out now
             self.metrics.ttft.labels(view.route.name, "miss").observe(time.perf_counter() - started)
             return Result(info, raw=self._relay_tee(view, info, relayed, vector, started))
@@ -362,7 +424,12 @@ class Pipeline:
         record = self.requests.get(request_id)
         route = next((r for r in self.config.routes if record is not None and r.name == record.route), None)
         mark_ttl = route.semantic.ttl if route is not None else None
-        return give_feedback(self.index, self.requests, self.metrics, request_id, correct, tenant, mark_ttl)
+        outcome = give_feedback(self.index, self.requests, self.metrics, request_id, correct, tenant, mark_ttl)
+        verified = route is not None and self.trust is not None and self.semantic[route.name].max_error_rate is not None
+        if verified and record is not None and record.tier == "semantic" and record.entry_id is not None \
+                and record.similarity is not None:  # a verdict on a served hit: an observation like an exploration's
+            self.trust.observe(route.name, record.entry_id, record.similarity, correct, mark_ttl)  # type: ignore[union-attr]
+        return outcome
 
     def _count_lookup(self, view: RequestView, tier: str, started: float, hit: bool) -> None:
         route = view.route.name
@@ -380,5 +447,19 @@ def _load_verifier(config: Config, position: int) -> Verifier:
         raise ConfigError(f"routes.{position}.semantic.verifier: {exc}") from None
 
 
-def _router_for(route: RouteConfig) -> Router | None:
-    return Router(route.replicas, route.routing) if route.replicas else None
+def _make_embedder(config: Config) -> Embedder:
+    """The configured embedder; mpnet without its wheels is a ConfigError naming the field."""
+    from index.mpnet_files import MpnetMissing
+
+    try:
+        return make_embedder(config.embedder.backend, config.embedder.model_path, model=config.embedder.model)
+    except MpnetMissing as exc:
+        raise ConfigError(f"embedder.model: {exc}") from None
+
+
+def _router_for(route: RouteConfig, state: StateFactory | None) -> Router | None:
+    """The route's Router; `state` shares its load and decisions with other proxy processes."""
+    if not route.replicas:
+        return None
+    shared = state(route.name, [r.name for r in route.replicas]) if state is not None else None
+    return Router(route.replicas, route.routing, state=shared)

@@ -8,33 +8,37 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from middleware.admission import AdmissionGate
 from middleware.auth import KeyGate
+from middleware.chat_asgi import ChatHandler, Delegate, LeanApp, too_large
 from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError, Unauthorized
-from middleware.input_checks import check_token_caps, check_unicode
+from middleware.input_checks import check_unicode
 from middleware.loop_lag import watch_loop_lag
 from middleware.metrics import Metrics
-from middleware.pipeline import CacheInfo, Pipeline, Result
-from middleware.request import CacheControl
+from middleware.pipeline import Pipeline
 from middleware.routing.router import Router
 from middleware.schema import ChatCompletionRequest, FeedbackRequest, chat_openapi_extra
+from middleware.ui import add_dashboard, make_recorder, record_stats
+
+if TYPE_CHECKING:
+    from middleware.routing.state import StateFactory
 
 log = logging.getLogger("kvgate.proxy")
-CONTROL_HEADER = "x-kvgate-cache-control"
 T = TypeVar("T")
 
 
@@ -49,30 +53,8 @@ def bearer(request: Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "moderation"})
-
-
-def openai_json(value: Any) -> Any:
-    """Drop LiteLLM's own bookkeeping fields so clients see OpenAI's wire format."""
-    if isinstance(value, dict):
-        return {k: openai_json(v) for k, v in value.items() if k not in LITELLM_ONLY_FIELDS}
-    if isinstance(value, list):
-        return [openai_json(v) for v in value]
-    return value
-
-
 def error_response(exc: KvgateError) -> JSONResponse:
     return JSONResponse(exc.to_json(), status_code=exc.status)
-
-
-def cache_headers(info: CacheInfo) -> dict[str, str]:
-    headers = {"x-kvgate-cache": info.cache, "x-kvgate-route": info.route}
-    if info.similarity is not None:
-        headers["x-kvgate-similarity"] = f"{info.similarity:.4f}"
-    if info.replica is not None:
-        headers["x-kvgate-replica"] = info.replica
-    headers["x-kvgate-request-id"] = info.request_id
-    return headers
 
 
 def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
@@ -81,29 +63,25 @@ def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[
     return f"invalid request: {field}: {first.get('msg')}", field
 
 
-async def _sse(result: Result) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in result.stream:
-            payload = openai_json(chunk.model_dump(exclude_none=True))
-            yield f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-    except KvgateError as exc:  # the backend failed mid-stream: tell the client in-band
-        yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
-    yield b"data: [DONE]\n\n"
-
-
-def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
-    """Build the app; the pipeline (embedder + index) is created at start-up unless given."""
+def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_state: StateFactory | None = None,
+               worker: int | None = None) -> FastAPI:
+    """Build the app; the pipeline (embedder + index) is created at start-up unless given.
+    `routing_state` and `worker`: this process is worker `worker` of `kvgate serve --workers N`
+    (its responses say so in `x-kvgate-worker`, its /health in `worker`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = pipeline is None
-        app.state.pipeline = pipeline or Pipeline(config)
+        app.state.pipeline = pipeline or Pipeline(config, routing_state=routing_state)
         pipe = app.state.pipeline
         tasks = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in pipe.routers.values()]
         tasks.append(asyncio.create_task(watch_loop_lag(pipe.metrics.loop_lag.observe)))
         # /health and /metrics read the disk (the index catches up with other processes): in a
         # thread of their own, so a probe never queues behind request work in the default pool
         app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")
+        app.state.stats, urls = make_recorder(pipe, config.stats)  # the dashboard's history (middleware/ui.py)
+        tasks.append(asyncio.create_task(record_stats(app.state.stats, pipe.metrics.registry, urls,
+                                                      app.state.probes, config.stats.interval_s)))
         yield
         for task in tasks:
             task.cancel()
@@ -112,13 +90,15 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         if owned:
             app.state.pipeline.close()
 
-    app = FastAPI(title="kvgate", version="0.1.0", lifespan=lifespan)
+    app = LeanApp(title="kvgate", version="0.1.0", lifespan=lifespan)
     keys = frozenset(config.auth.keys)
-    # added first, so it runs inside KeyGate: a caller without a key is refused before it is counted
-    app.add_middleware(AdmissionGate, limit=config.server.max_in_flight,
-                       on_change=lambda n: _metrics(app).in_flight.set(n),
-                       on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
     app.add_middleware(KeyGate, keys=keys)  # every route but /health, present and future
+    chat = ChatHandler(app, config, worker, tenant_of, parse_json)
+    # chat completions take the lean path (middleware/chat_asgi.py) through the same key gate, and
+    # the admission gate inside it: a caller without a key is refused before it is counted
+    app.lean = KeyGate(AdmissionGate(chat, limit=config.server.max_in_flight,
+                                     on_change=lambda n: _metrics(app).in_flight.set(n),
+                                     on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc()), keys=keys)
 
     def authorise(request: Request) -> str:
         token = bearer(request)
@@ -147,20 +127,8 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         return error_response(KvgateError(f"internal error: {type(exc).__name__}"))
 
     @app.post("/v1/chat/completions", openapi_extra=chat_openapi_extra())
-    async def chat_completions(request: Request) -> Response:
-        tenant = authorise(request)
-        body = await _read_json(request, config.server.max_body_bytes)
-        check_token_caps(body, config.server)
-        control = CacheControl.from_header(request.headers.get(CONTROL_HEADER))
-        result = await request.app.state.pipeline.acomplete(body, tenant, control, raw=True)
-        headers = cache_headers(result.info)
-        if isinstance(result.raw, bytes):  # relayed from a replica as it answered (middleware/relay.py)
-            return Response(result.raw, media_type="application/json", headers=headers)
-        if result.raw is not None or result.stream is not None:
-            headers["cache-control"] = "no-cache"
-            events = result.raw if result.raw is not None else _sse(result)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        return JSONResponse(openai_json(result.response.model_dump()), headers=headers)
+    async def chat_completions() -> Response:  # documents the route; the lean path serves it
+        return Delegate(app.lean or chat)
 
     @app.post("/v1/cache/feedback", openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": FeedbackRequest.model_json_schema()}}}})
@@ -179,7 +147,9 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
         entries = await _off_loop(request.app.state.probes, len, request.app.state.pipeline.index)
-        return {"status": "ok", "entries": entries}
+        if worker is None:
+            return {"status": "ok", "entries": entries}
+        return {"status": "ok", "entries": entries, "worker": worker}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -187,6 +157,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None) -> FastAPI:
         body = await _off_loop(request.app.state.probes, request.app.state.pipeline.metrics.render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    add_dashboard(app)  # /ui and /v1/stats (middleware/ui.py)
     return app
 
 
@@ -218,15 +189,21 @@ async def _read_json(request: Request, limit: int, schema: type[BaseModel] = Cha
     """The body as a validated dict; 400/413 with a message naming the problem otherwise."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     raw = bytearray()
     async for part in request.stream():
         raw += part
         if len(raw) > limit:
-            raise _too_large(limit)
-    if len(raw) < OFF_LOOP_BODY_BYTES:
-        return _parse_body(bytes(raw), schema)
-    return await asyncio.to_thread(_parse_body, bytes(raw), schema)
+            raise too_large(limit)
+    return await parse_json(bytes(raw), schema)
+
+
+async def parse_json(raw: bytes, schema: type[BaseModel] = ChatCompletionRequest, *,
+                     limit: int = OFF_LOOP_BODY_BYTES) -> dict[str, Any]:
+    """`raw` parsed and validated against `schema`; in a worker thread from `limit` bytes up."""
+    if len(raw) < limit:
+        return _parse_body(raw, schema)
+    return await asyncio.to_thread(_parse_body, raw, schema)
 
 
 def _parse_body(raw: bytes, schema: type[BaseModel]) -> dict[str, Any]:
@@ -256,9 +233,3 @@ def _parse_json_stdlib(raw: bytes) -> Any:
         raise BadRequest("request body is not valid UTF-8") from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
-
-
-def _too_large(limit: int) -> KvgateError:
-    err = BadRequest(f"request body larger than server.max_body_bytes ({limit} bytes)")
-    err.status = 413
-    return err

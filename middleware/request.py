@@ -95,6 +95,7 @@ class RequestView:
     scope: str
     query_text: str | None  # the last user turn, when it is plain text
     control: CacheControl = field(default_factory=CacheControl)
+    parents: tuple[str, ...] | None = None  # context: semantic: the earlier user turns (texts), judged per entry
 
 
 def canonical_json(value: Any) -> str:
@@ -176,7 +177,14 @@ def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: 
     last = messages[-1]
     query = text_of(last.get("content")) if last.get("role") == "user" else None
     earlier = messages[:-1]
-    if route.semantic.context == "last_user_only":
+    parents = None
+    if route.semantic.context == "semantic":  # earlier user turns are judged per entry, not hashed
+        texts = [text_of(m.get("content")) for m in earlier if m.get("role") == "user"]
+        query = query if all(t is not None for t in texts) else None  # non-text history: exact tier only
+        parents = tuple(t for t in texts if t is not None)
+        earlier = [m for m in earlier if m.get("role") in SYSTEM_ROLES]
+    elif route.semantic.context == "last_user_only":
         earlier = [m for m in earlier if m.get("role") in SYSTEM_ROLES]
     scope = digest("scope", route.name, model, params, earlier, cache_tenant)
-    return RequestView(route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control)
+    return RequestView(route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control,
+                       parents)

@@ -1,6 +1,10 @@
 """Request ids and what each request was served from, kept so feedback can act on them later.
 
-Records live in a diskcache next to the responses (`<cache_dir>/requests`), so every proxy
+`RequestLog` is the protocol; one implementation per store: `DiskRequestLog` here (store
+backend `local`), `RedisRequestLog` (middleware.request_log_redis, backend `redis`: proxies on
+several machines take feedback on each other's requests).
+
+DiskRequestLog: records live in a diskcache next to the responses (`<cache_dir>/requests`), so every proxy
 process on one cache dir can take feedback on a request another process served. The log is
 bounded twice: each record expires after `ttl` seconds, and the whole log is culled
 (least recently stored first) past `max_bytes`. Values are JSON; no prompts or keys are kept,
@@ -16,6 +20,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import diskcache
 
@@ -52,7 +57,26 @@ class RequestRecord:
         return cls(**json.loads(raw))
 
 
-class RequestLog:
+class RequestLog(Protocol):
+    """request id → RequestRecord, shared by every proxy on one store. Storage trouble never
+    raises: a record that cannot be written is skipped, a lookup that fails is None (counted in
+    `stats()["storage_errors"]`)."""
+
+    def record(self, request_id: str, record: RequestRecord) -> None:
+        ...
+
+    def get(self, request_id: str) -> RequestRecord | None:
+        """The record of a request id, or None when unknown, expired, evicted or unreadable."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class DiskRequestLog:
     """request id → RequestRecord, bounded by age and size; safe across threads and processes."""
 
     def __init__(self, directory: str | Path, ttl: float, max_bytes: int) -> None:

@@ -23,6 +23,7 @@ class SemanticSettings:
     verifier_threshold: float | None
     candidates: int
     source: str  # "config" or the operating point file
+    max_error_rate: float | None = None  # set: the candidate is judged by middleware.trust_gate instead
 
     @property
     def verifies(self) -> bool:
@@ -66,6 +67,8 @@ def resolve(route: RouteConfig, cache_dir: str | Path, position: int) -> Semanti
     """
     sem = route.semantic
     field = f"routes.{position}.semantic"
+    if sem.max_error_rate is not None:  # thresholds are learned online (middleware.trust_gate)
+        return SemanticSettings(0.0, None, 1, "config", sem.max_error_rate)
     if sem.target_precision is None:
         verify = bool(sem.verifier)
         return SemanticSettings(sem.threshold, sem.verifier_threshold if verify else None,

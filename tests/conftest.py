@@ -101,3 +101,13 @@ def make_proxy(embedder: Embedder, backend: Backend, tmp_path: Path) -> Iterator
     for proxy in started:
         if proxy.server.thread.is_alive():
             proxy.stop()
+
+
+@pytest.fixture()
+def redis_server() -> Iterator[Any]:
+    """A real redis-server on a free loopback port, killed after the test."""
+    from tools.redis_proc import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.stop()

@@ -12,8 +12,10 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake_conv
 def test_routing_arena_tiny(tmp_path):
     out = tmp_path / "arena.json"
     rc = main(["bench", "routing", "--trace", str(TRACE), "--limit", "40", "--speed", "40", "--replicas", "2",
-               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware,sglang,vllm_router", "--json", str(out)])
+               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware,sglang,vllm_router", "--json", str(out),
+               "--plot", str(tmp_path / "cdf.png")])
     assert rc == 0
+    assert (tmp_path / "cdf.png").read_bytes()[:4] == b"\x89PNG"  # the TTFT CDF from the per-request TTFTs
     r = json.loads(out.read_text())
     assert r["requests"] == 40 and 0 <= r["ceiling_lru"] <= r["ceiling_infinite"] <= 1
     assert r["report_slice"] == "0:40" and r["tune_slice"] is None and r["capacity_hint"] == "none"
@@ -22,6 +24,7 @@ def test_routing_arena_tiny(tmp_path):
         assert p["errors"] == 0 and p["completed"] == 40, p
         assert 0 <= p["hit_rate"] <= 1 and p["ttft_p50_s"] > 0 and sum(p["requests_per_replica"]) == 40
         assert {"ttft_p99_s", "ttft_mean_s", "imbalance"} <= set(p)
+        assert len(p["ttfts_s"]) == 40 and p["ttfts_s"] == sorted(p["ttfts_s"])
     # every request of this trace shares its first 512-token block: some prefix reuse must show
     assert r["policies"]["cache_aware"]["hit_rate"] > 0
     assert "router_estimate_mean" in r["policies"]["cache_aware"]["queued_check"]
@@ -45,6 +48,13 @@ def test_routing_arena_tunes_on_its_own_slice_batched(tmp_path, capsys):
     assert main(["bench", "routing", "--table", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| **kvgate cache_aware** |" in table and "vllm-router" in table and "slice 20:40 reported" in table
+    # several files: the summary first, with each router's mean share of the TTFT (client − engine)
+    assert main(["bench", "routing", "--table", str(out), str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| scenario |") and "client − engine" in lines[0]
+    ca, vl = r["policies"]["cache_aware"], r["policies"]["vllm_router"]
+    share = [f"{(x['ttft_mean_s'] - x['engine_ttft_mean_s']) * 1000:.0f} ms" for x in (ca, vl)]
+    assert f"| {share[0]} / – / {share[1]} |" in lines[2]
 
 
 def test_gen_trace_is_seeded_and_shaped(tmp_path):
@@ -75,3 +85,22 @@ def test_route_overhead_tiny(tmp_path):
     assert main(["bench", "route-overhead", "--indexed-blocks", "20000", "--samples", "20", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["indexed_blocks"] == 20000 and r["decision_p50_ms"] > 0 and r["chose_prefix_holder_fraction"] == 1.0
+
+
+def test_routing_model_is_deterministic_and_ranks_the_rules(tmp_path):
+    """The virtual-time arena: same figures every run; cache-aware routing beats round robin on
+    hits in it as in the live arena."""
+    from middleware.routing import make_policy
+    from tools.bench.arena_model import SglangRule, prepare, simulate
+
+    reqs = prepare(TRACE, 0, 200)
+    a = simulate(reqs, make_policy("cache_aware"))
+    assert a == simulate(reqs, make_policy("cache_aware"))
+    rr = simulate(reqs, make_policy("round_robin"))
+    assert a["hit_rate"] > rr["hit_rate"] and 0 < a["ttft_p50_s"] <= a["ttft_p99_s"]
+    assert 0 < simulate(reqs, SglangRule())["hit_rate"] <= 1
+    out = tmp_path / "m.json"
+    assert main(["bench", "routing-model", "--trace", str(TRACE), "--slices", "0:60", "--candidates",
+                 "miss_weight=8;queue_slack=.inf", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["rule"] for r in rows][:2] == ["sglang", "vllm_router"] and len(rows) == 4

@@ -11,7 +11,8 @@ import pytest
 from middleware.cli import build_parser
 from tools.bench import throughput
 
-ROW_FIELDS = {"mix", "concurrency", "target", "requests", "errors", "elapsed_s", "rps", "p50_ms", "p99_ms", "hit_ratio"}
+ROW_FIELDS = {"mix", "concurrency", "target", "requests", "errors", "elapsed_s", "rps", "p50_ms", "p99_ms", "hit_ratio",
+              "backend_cpu_ms_per_req", "client_cpu_ms_per_req"}
 
 
 @pytest.mark.slow
@@ -26,7 +27,7 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert result["bench"] == "throughput" and result["schema"] == throughput.SCHEMA
     assert set(result["targets"]) == set(throughput.TARGETS)
     ran = {t for t, state in result["targets"].items() if state == "ran"}
-    assert {"kvgate_relay", "kvgate_litellm", "direct"} <= ran
+    assert {"kvgate_relay", "kvgate_relay_w2", "kvgate_litellm", "direct"} <= ran
     for target, state in result["targets"].items():
         assert state == "ran" or state.startswith("skipped: "), state
     rows = result["rows"]
@@ -38,5 +39,9 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     by = {(r["mix"], r["target"]): r for r in rows}
     assert by[("hit_heavy", "kvgate_relay")]["hit_ratio"] > 0.3  # repeats are served from the cache
     assert by[("all_miss", "kvgate_relay")]["hit_ratio"] == 0.0
+    # the CPU of the target's whole process group: both workers of kvgate_relay_w2
+    assert all(r["proxy_cpu_ms_per_req"] > 0 for r in rows if r["target"].startswith("kvgate"))
+    assert "proxy_cpu_ms_per_req" not in by[("all_miss", "direct")]
     assert "kvgate_relay/direct" in result["ratios"]["all_miss"]["4"]
-    assert set(result["goals"]) == {"relay_at_least_2x_litellm_proxy", "relay_all_miss_at_least_half_sglang_router"}
+    assert set(result["goals"]) == {"relay_at_least_2x_litellm_proxy", "relay_all_miss_at_least_half_sglang_router",
+                                    "relay_w2_all_miss_at_least_half_sglang_router"}

@@ -1,8 +1,8 @@
 """The EntryStore contract (index.entries.base), checked against every implementation.
 
 A backend joins by adding one opener to STORES: `opener(tmp_path, dim)` returns a function that
-opens a new handle on one shared store, so two handles stand for two processes. A Redis store adds
-its opener (skipped when no server is reachable) and must pass every test here unchanged; the
+opens a new handle on one shared store, so two handles stand for two processes. The Redis store runs
+them against a real redis-server (tools.redis_proc) and passes every test here unchanged; the
 tests at the end forge damage through one backend's internals and are that backend's own.
 """
 from __future__ import annotations
@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.entries import CacheEntry, DiskEntryStore, EntryStore, Stored
+from index.entries import CacheEntry, DiskEntryStore, EntryStore, LogGap, Stored
+from index.entries.redis import RedisEntryStore
+from index.redis_link import LinkSettings, RedisLink
 from index.tighten import Mark
+from tools.redis_proc import RedisServer
 
 DIM = 8
 Opener = Callable[[], EntryStore]
@@ -25,13 +28,28 @@ def disk_store(tmp_path: Path, dim: int) -> Opener:
     return lambda: DiskEntryStore(tmp_path / "entries", dim)
 
 
-STORES = [pytest.param(disk_store, id="disk")]
+def redis_store(tmp_path: Path, dim: int, url: str) -> Opener:
+    prefix = f"t{tmp_path.name}:"  # one store per test, even on a shared server
+    return lambda: RedisEntryStore(RedisLink(LinkSettings(url)), dim, key_prefix=prefix)
+
+
+STORES = [pytest.param("disk", id="disk"), pytest.param("redis", id="redis")]
+
+
+@pytest.fixture(scope="module")
+def shared_redis() -> Iterator[RedisServer]:
+    """One real redis-server for this module's contract tests (each test its own key prefix)."""
+    with RedisServer() as server:
+        yield server
 
 
 @pytest.fixture(params=STORES)
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     handles: list[EntryStore] = []
-    opener = request.param(tmp_path, DIM)
+    if request.param == "disk":
+        opener = disk_store(tmp_path, DIM)
+    else:
+        opener = redis_store(tmp_path, DIM, request.getfixturevalue("shared_redis").url)
 
     def open_handle() -> EntryStore:
         handles.append(opener())
@@ -212,4 +230,51 @@ def test_disk_unreadable_entry_is_counted_deleted_and_logged(tmp_path: Path) -> 
     store.cache.set(f"e:{entry.id}", b"\x00not json")  # sealed, so only the JSON check can catch it
     assert store.get_exact("k") is None and store.damaged == 1
     assert store.vector(entry.id) is None and store.read_log(start)[2] == [entry.id]
+    store.close()
+
+
+# ---------------------------------------------------------------- redis store's own damage and log handling
+def redis_handle(server: RedisServer, prefix: str = "own:") -> RedisEntryStore:
+    return RedisEntryStore(RedisLink(LinkSettings(server.url)), DIM, key_prefix=prefix)
+
+
+def test_redis_damaged_value_is_a_miss_and_deleted(redis_server: RedisServer) -> None:
+    store = redis_handle(redis_server)
+    entry = new_entry(store, key="k")
+    store.put(entry, unit(1))
+    start = store.log_position()
+    raw = store.link.client.hget(f"own:e:{entry.id}", "j")
+    flipped = raw[:-3] + bytes([raw[-3] ^ 1]) + raw[-2:]  # one bit of the answer
+    store.link.client.hset(f"own:e:{entry.id}", "j", flipped)
+    assert store.get_exact("k") is None and store.damaged == 1
+    assert not store.link.client.exists(f"own:e:{entry.id}") and store.exact_id("k") is None
+    assert store.read_log(start)[2] == [entry.id]
+    store.close()
+
+
+def test_redis_entry_under_the_wrong_id_is_damage(redis_server: RedisServer) -> None:
+    store = redis_handle(redis_server)
+    first, second = new_entry(store, key="a"), new_entry(store, key="b")
+    store.put(first)
+    store.put(second)
+    r = store.link.client
+    r.hset(f"own:e:{second.id}", "j", r.hget(f"own:e:{first.id}", "j"))  # intact, under another id
+    assert store.get(second.id) is None and store.get_exact("b") is None and store.damaged >= 1
+    assert {s.entry.id for s in store.scan()} == {first.id}
+    store.close()
+
+
+def test_redis_log_trimmed_past_or_reset_is_a_gap(redis_server: RedisServer) -> None:
+    store = RedisEntryStore(RedisLink(LinkSettings(redis_server.url)), DIM, key_prefix="gap:", log_max=1)
+    start = store.log_position()
+    for _ in range(300):  # MAXLEN ~1 trims whole stream nodes (100 entries each) past `start`
+        store.put(new_entry(store))
+    with pytest.raises(LogGap):
+        store.read_log(start)
+    fresh = store.log_position()
+    assert store.read_log(fresh)[1:] == ([], [])
+    redis_server.restart()  # empty: the epoch is gone, and ids never restart from 1
+    with pytest.raises(LogGap):
+        store.read_log(fresh)
+    assert store.allocate(1)[0] > 10**15
     store.close()

@@ -1,4 +1,4 @@
-"""Feedback building blocks without servers: floors (index.tighten), SemanticIndex.tighten, RequestLog."""
+"""Feedback building blocks without servers: floors (index.tighten), SemanticIndex.tighten, DiskRequestLog."""
 from __future__ import annotations
 
 import time
@@ -11,7 +11,7 @@ from index.tighten import Mark, decode_marks, encode_marks, floor_from_marks, ra
 from middleware.errors import RequestNotFound
 from middleware.feedback import give_feedback
 from middleware.metrics import Metrics
-from middleware.request_log import RequestLog, RequestRecord, new_request_id
+from middleware.request_log import DiskRequestLog, RequestRecord, new_request_id
 
 DIM = 8
 
@@ -80,10 +80,10 @@ def test_marks_per_scope_are_bounded(tmp_path) -> None:
 
 
 def test_request_log_expires_and_is_shared(tmp_path) -> None:
-    log = RequestLog(tmp_path / "q", ttl=0.3, max_bytes=2**20)
+    log = DiskRequestLog(tmp_path / "q", ttl=0.3, max_bytes=2**20)
     rid = new_request_id()
     log.record(rid, RequestRecord("t", "chat", "semantic", "scope", 7, 0.93))
-    other = RequestLog(tmp_path / "q", ttl=0.3, max_bytes=2**20)  # a second process on the same dir
+    other = DiskRequestLog(tmp_path / "q", ttl=0.3, max_bytes=2**20)  # a second process on the same dir
     assert other.get(rid) == log.get(rid) and other.get(rid).entry_id == 7
     assert log.get("not-an-id") is None and log.get(new_request_id()) is None
     time.sleep(0.4)
@@ -93,7 +93,7 @@ def test_request_log_expires_and_is_shared(tmp_path) -> None:
 
 
 def test_request_log_is_size_bounded(tmp_path) -> None:
-    log = RequestLog(tmp_path / "q", ttl=3600, max_bytes=200_000)
+    log = DiskRequestLog(tmp_path / "q", ttl=3600, max_bytes=200_000)
     for _ in range(5000):
         log.record(new_request_id(), RequestRecord("t" * 50, "chat", "miss", "s" * 64, 1))
     assert len(log) < 5000  # culled, oldest first
@@ -102,7 +102,7 @@ def test_request_log_is_size_bounded(tmp_path) -> None:
 
 def test_give_feedback_rules(tmp_path) -> None:
     index = SemanticIndex(tmp_path / "r", DIM)
-    log = RequestLog(tmp_path / "q", ttl=3600, max_bytes=2**20)
+    log = DiskRequestLog(tmp_path / "q", ttl=3600, max_bytes=2**20)
     metrics = Metrics()
     served = index.add("s", response("a"), text="a", vector=unit(1, 0))
     rid = new_request_id()

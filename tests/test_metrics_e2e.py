@@ -22,7 +22,7 @@ from middleware.config import parse_config
 from middleware.metrics import Metrics
 from middleware.pipeline import Pipeline
 from middleware.proxy import create_app
-from middleware.request_log import RequestLog, RequestRecord, new_request_id
+from middleware.request_log import DiskRequestLog, RequestRecord, new_request_id
 from tools.bench.procs import ServerThread
 
 BS = 16
@@ -212,7 +212,7 @@ class _BrokenStore:
 
 
 def test_storage_soft_failures_are_scraped_from_the_stores(tmp_path) -> None:
-    log = RequestLog(tmp_path / "q", ttl=60, max_bytes=2**20)
+    log = DiskRequestLog(tmp_path / "q", ttl=60, max_bytes=2**20)
     real_disk, log._disk = log._disk, _FailingDisk()  # every record now fails softly
     metrics = Metrics()
     metrics.watch({}, {"request_log": log, "broken": _BrokenStore()})

@@ -61,3 +61,13 @@ def test_bench_multiturn_rejects_bad_files(tmp_path, content):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     assert main(["bench", "multiturn", "--conversations", str(bad), "--contexts", "exact"]) == 2
+
+
+def test_semantic_context_lets_paraphrased_followups_hit_within_their_conversation(make_proxy):
+    """context: semantic (middleware/parents.py): earlier user turns judged equivalent one by one.
+    Goal of issue 15: at least half of the paraphrased follow-ups hit, none from another conversation."""
+    proxy = make_proxy(context="semantic")
+    result = summarise(play(proxy.http, load_conversations(DATA), model="demo-1", headers=AUTH))
+    assert result["cross_conversation_hits"] == 0
+    assert result["cross_conversation_first_turn_hits"] == 0
+    assert result["paraphrase_followup_hits"] >= result["paraphrase_followups"] / 2, result

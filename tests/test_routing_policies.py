@@ -7,7 +7,8 @@ import pytest
 
 from middleware.routing import RoutePlan, make_policy
 from middleware.routing.base import ReplicaState
-from middleware.routing.cache_aware import expected_cost
+from middleware.routing.cache_aware import (CacheAware, admissible, duplicate_charge, expected_cost, ttft_estimate,
+                                            wait_bound)
 
 
 def replicas(n=3):
@@ -39,12 +40,78 @@ def test_cache_aware_spills_when_queue_outweighs_savings():
     p = plan({"r2": 100}, tokens=1600)  # r2 holds the whole prompt: saves 1600 tokens
     rs[2].pending_prefill_tokens = 5000  # but 5000 tokens of prefill are queued ahead there
     policy = make_policy("cache_aware", miss_weight=2.0)
-    assert policy.choose(rs, p).name in ("r0", "r1")  # 5000 > 2 × 1600
+    assert policy.choose(rs, p).name in ("r0", "r1")  # 5000 > 1600 + 1 × 1600 (the copy)
     rs[2].pending_prefill_tokens = 3000
-    assert policy.choose(rs, p).name == "r2"  # re-prefilling elsewhere costs 2 × 1600
+    assert policy.choose(rs, p).name == "r2"  # re-prefilling elsewhere costs 1600 + 1600
     assert make_policy("cache_aware", miss_weight=1.0).choose(rs, p).name in ("r0", "r1")  # purely greedy
-    assert make_policy("cache_aware").choose(rs, p).name == "r2"  # default 8: stickier
+    assert make_policy("cache_aware").choose(rs, p).name == "r2"  # default: stickier
     assert expected_cost(rs[2], p) == 3000 + 0  # queued + nothing left to prefill
+
+
+def test_duplicate_charge_weighs_a_prefix_by_its_share_of_the_prompt():
+    assert duplicate_charge(0, 1600, 1600) == 1600  # the whole prompt is held elsewhere
+    assert duplicate_charge(0, 160, 1600) == 16  # a 10% prefix (a system prompt): 1/10 of its length
+    assert duplicate_charge(160, 160, 1600) == 0 and duplicate_charge(0, 0, 1600) == 0 and duplicate_charge(0, 0, 0) == 0
+    rs = replicas()
+    # a system prompt on r1 only (10% of the prompt) does not justify waiting behind r1's queue ...
+    rs[1].pending_prefill_tokens = 4000
+    assert make_policy("cache_aware").choose(rs, plan({"r1": 10})).name in ("r0", "r2")
+    # ... while the same queue in front of this conversation's whole history is worth it
+    assert make_policy("cache_aware").choose(rs, plan({"r1": 99})).name == "r1"
+
+
+def test_wait_bound_caps_the_queueing_a_prefix_match_buys():
+    """Invariant: ttft(chosen) <= best ttft + max(queue_slack · mean queue, prompt_slack · prompt),
+    however large the duplicate charge."""
+    rs = replicas(4)
+    p = plan({"r0": 100}, tokens=1600)  # r0 holds all of it: an enormous charge elsewhere
+    rs[0].pending_prefill_tokens = 3000
+    rs[1].pending_prefill_tokens = rs[2].pending_prefill_tokens = rs[3].pending_prefill_tokens = 200
+    # best = 200 + 1600 = 1800 (r1..r3); mean queue = 3600 / 4 = 900; bound = 1800 + max(2250, 800) = 4050
+    assert wait_bound(1800, 900, 1600) == 4050
+    assert ttft_estimate(rs[0], p) == 3000 and make_policy("cache_aware").choose(rs, p).name == "r0"
+    rs[0].pending_prefill_tokens = 8000  # mean queue 2150 → bound 1800 + 5375 = 7175 < 8000: r0 is out
+    assert [r.name for r in admissible(rs, p)] == ["r1", "r2", "r3"]
+    assert make_policy("cache_aware").choose(rs, p).name != "r0"
+    assert wait_bound(0, 0, 0, float("inf"), float("inf")) == float("inf")  # not nan
+    unbounded = CacheAware(queue_slack=float("inf"), prompt_slack=float("inf"))
+    assert unbounded.choose(rs, p).name == "r0"  # without the bound the charge keeps it on r0
+    # the fastest replica is always admissible, so the policy always has a choice
+    for q in (0, 10**6):
+        rs[0].pending_prefill_tokens = q
+        assert admissible(rs, p, queue_slack=0, prompt_slack=0)
+
+
+def test_wait_bound_slacks_come_from_the_routing_config():
+    import yaml
+    from pydantic import ValidationError
+
+    from middleware.config import RoutingConfig
+    from middleware.routing.router import policy_options
+
+    cfg = RoutingConfig(**yaml.safe_load("{policy: cache_aware, queue_slack: .inf, prompt_slack: 0.25}"))
+    policy = make_policy(cfg.policy, **policy_options(cfg))
+    assert policy.queue_slack == float("inf") and policy.prompt_slack == 0.25
+    default = make_policy("cache_aware", **policy_options(RoutingConfig(policy="cache_aware")))
+    assert (default.queue_slack, default.prompt_slack) == (2.5, 0.5)
+    with pytest.raises(ValidationError, match="queue_slack"):
+        RoutingConfig(policy="cache_aware", queue_slack=-1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_cache_aware_choice_respects_the_bound(seed):
+    import random
+
+    rng = random.Random(seed)
+    rs = replicas(4)
+    for r in rs:
+        r.pending_prefill_tokens, r.in_flight = rng.randrange(0, 50_000), rng.randrange(0, 20)
+    p = plan({r.name: rng.randrange(0, 101) for r in rs}, tokens=1600)
+    policy = make_policy("cache_aware")
+    chosen = policy.choose(rs, p)
+    ttft = [ttft_estimate(r, p) for r in rs]
+    mean_queue = sum(r.pending_prefill_tokens + 8 * r.in_flight for r in rs) / 4
+    assert ttft_estimate(chosen, p) <= min(ttft) + max(2.5 * mean_queue, 0.5 * 1600)
 
 
 def test_cache_aware_spreads_cold_requests():

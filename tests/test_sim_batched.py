@@ -205,3 +205,19 @@ def test_cancelled_request_releases_its_place():
 
     stats = asyncio.run(main())
     assert stats["in_flight"] == 0 and stats["pinned_blocks"] == 0
+
+
+def test_render_and_tokenize_give_the_prompt_tokens_like_vllm():
+    """vllm-router asks a worker for a chat prompt's token ids (/v1/chat/completions/render, then
+    /tokenize) before routing on them; both sim models answer in vLLM's shapes."""
+    from engines.sim.engine import SimEngine
+
+    for engine in (SimEngine(1600, prefill_tps=1e6, decode_tps=1e6), BatchedEngine(1600, prefill_tps=1e6, decode_tps=1e6)):
+        client = TestClient(create_sim_app(engine, name="s"))
+        messages = [{"role": "user", "content": "hello"}]
+        ids = client.post("/v1/chat/completions/render", json={"model": "m", "messages": messages}).json()["token_ids"]
+        assert ids == engine.request(messages).tokens and len(ids) == len("<|user|>\nhello\n<|assistant|>\n")
+        tok = client.post("/tokenize", json={"model": "m", "messages": messages}).json()
+        assert tok["tokens"] == ids and tok["count"] == len(ids) and tok["max_model_len"] > 0
+        assert client.post("/tokenize", json={"model": "m", "prompt": "abc"}).json()["tokens"] == [97, 98, 99]
+        assert client.post("/v1/chat/completions/render", json={"messages": []}).status_code == 400

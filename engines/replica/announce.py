@@ -21,6 +21,14 @@ announcer remembers; a forgotten chunk still in the store is announced again whe
 Not seen: evictions by another process sharing the disk tier (its store hears of them, not
 ours). The router then believes this replica holds a chunk it lost: it pays a prefill, never gets
 wrong output, and its own per-replica bound ages the entry out.
+
+Remote medium. With a remote tier (a Redis other replicas share, index.chunks.redis) a chunk can
+leave RAM and disk and still be loadable, from Redis, at network speed. Such a chunk is announced
+as moved: BlockStored with medium "REMOTE" (no token ids: the router knows the block, the applier
+only adds the medium) then BlockRemoved "CPU" (ChunkStore.watch_demoted). When a request uses it
+again it is back in RAM (promotion), announced the other way round. So every announced chunk has
+one medium, the fastest place this replica loads it from, and BlockRemoved for it names that
+medium. Redis's own evictions are not seen, like another process's disk evictions.
 """
 from __future__ import annotations
 
@@ -31,12 +39,14 @@ from typing import Any, Callable, Sequence
 
 from index.hashing import BlockHash
 
+# index.kv_events' MEDIUM_CPU / MEDIUM_REMOTE (equal: tested), not imported: that package pulls in zmq
+LOCAL, REMOTE = "CPU", "REMOTE"
 log = logging.getLogger("kvgate.replica")
 
 ANNOUNCED_MEMORY = 1 << 16  # chunk hashes an engine remembers having announced
 
-StoredCallback = Callable[[list[BlockHash], list[int], BlockHash | None], None]
-RemovedCallback = Callable[[list[BlockHash]], None]
+StoredCallback = Callable[..., None]  # (hashes, token_ids, parent[, medium]): the medium only on a move
+RemovedCallback = Callable[..., None]  # (hashes[, medium]): the medium only for remote-held chunks
 
 
 def emit(callback: Callable[..., None] | None, *args: Any) -> None:
@@ -54,7 +64,8 @@ class Announcer:
     forgotten first, and announced removed) and announces each chain's chunks beyond the
     announced ones, and announced chunks that the store lost.
 
-    Invariant: every hash announced stored and not since announced removed is in `_announced`.
+    Invariant: every hash announced stored and not since announced removed is in `_announced`,
+    mapped to True when it was last announced as held by the remote tier only.
     Thread-safe: the engine's worker stores, and a store eviction may come from any thread that
     writes to the store; events are emitted under the lock, so they leave in a consistent order.
     """
@@ -67,16 +78,21 @@ class Announcer:
         self.on_stored = on_stored
         self.on_removed = on_removed
         self.memory = memory
-        self._announced: OrderedDict[BlockHash, None] = OrderedDict()
+        self._announced: OrderedDict[BlockHash, bool] = OrderedDict()  # hash → remote only
         self._lock = threading.RLock()
 
     def stored(self, hashes: Sequence[BlockHash], tokens: Sequence[int]) -> None:
         """on_stored for the chunks of the chain `hashes` (over `tokens`) not announced before.
-        The chain is walked from its start, so the first new chunk's parent was announced."""
+        The chain is walked from its start, so the first new chunk's parent was announced. Chunks
+        announced as remote-only are local again (a request just used them): moved back."""
         if self.on_stored is None:
             return
         with self._lock:
             announced = self._announced
+            back = [h for h in hashes if announced.get(h)]
+            for h in back:
+                announced[h] = False
+            self._moved(back, LOCAL, REMOTE)
             seen = 0
             while seen < len(hashes) and hashes[seen] in announced:
                 announced.move_to_end(hashes[seen])
@@ -85,30 +101,50 @@ class Announcer:
                 return
             new = list(hashes[seen:])
             for h in new:
-                announced[h] = None
+                announced[h] = False
             ct = self.chunk_tokens
             parent = hashes[seen - 1] if seen else None
             emit(self.on_stored, new, list(tokens[seen * ct : len(hashes) * ct]), parent)
             forgotten = []
             while len(announced) > self.memory:
-                forgotten.append(announced.popitem(last=False)[0])
-            if forgotten:
-                emit(self.on_removed, forgotten)
+                forgotten.append(announced.popitem(last=False))
+            self._removed(forgotten)
+
+    def demoted(self, hashes: Sequence[BlockHash]) -> None:
+        """The store's local tiers lost these chunks but its remote tier holds them: announced
+        chunks move to the remote medium."""
+        with self._lock:
+            moved = [h for h in hashes if h in self._announced and not self._announced[h]]
+            for h in moved:
+                self._announced[h] = True
+            self._moved(moved, REMOTE, LOCAL)
 
     def removed(self, hashes: Sequence[BlockHash]) -> None:
         """The store lost these chunks (no tier holds them): on_removed for the announced ones,
         which are forgotten, so they are announced again if stored again."""
         with self._lock:
-            gone = [h for h in hashes if h in self._announced]
-            for h in gone:
-                del self._announced[h]
-            if gone:
-                emit(self.on_removed, gone)
+            gone = [(h, self._announced.pop(h)) for h in hashes if h in self._announced]
+            self._removed(gone)
 
     def cleared(self) -> None:
         """Forget what was announced and report it removed (e.g. after store.clear())."""
         with self._lock:
-            held = list(self._announced)
+            held = list(self._announced.items())
             self._announced.clear()
-            if held:
-                emit(self.on_removed, held)
+            self._removed(held)
+
+    def _moved(self, hashes: list[BlockHash], to: str, away: str) -> None:
+        """Announce `hashes` (known to the router) as held in medium `to` and no longer in `away`."""
+        if hashes:
+            emit(self.on_stored, hashes, [], None, to)
+            emit(self.on_removed, hashes, away)
+
+    def _removed(self, held: list[tuple[BlockHash, bool]]) -> None:
+        """on_removed for (hash, remote only) pairs: local ones in the default medium, remote
+        ones naming theirs."""
+        local = [h for h, remote in held if not remote]
+        remote = [h for h, is_remote in held if is_remote]
+        if local:
+            emit(self.on_removed, local)
+        if remote:
+            emit(self.on_removed, remote, REMOTE)

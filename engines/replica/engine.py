@@ -96,6 +96,7 @@ class ReplicaEngine:
         self._announcer = Announcer(chunk_tokens, on_stored, on_removed)
         if store is not None and on_removed is not None:
             store.watch_removed(self._announcer.removed)  # chunks no tier holds any more
+            store.watch_demoted(self._announcer.demoted)  # chunks only the remote tier holds
         self._kv = KVIO(model, store, chunk_tokens, self.tails)
         self._counters = Counters()
         runner = ModelRunner(model, tokenizer, self._kv, self._announcer, self._counters,

@@ -37,14 +37,19 @@ def loadable_chunks(prompt_tokens: int, chunk_tokens: int) -> int:
     return max(0, prompt_tokens - 1) // chunk_tokens
 
 
-def concat_chunks(chunks: list[KVChunk], n_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def concat_chunks(chunks: list[KVChunk], n_layers: int,
+                  tail: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the chunks' keys and values joined along the token axis, batch axis added:
-    [1, heads, len(chunks) · chunk_tokens, head_dim] (the layout of a DynamicCache layer)."""
-    return [
-        (torch.cat([ch[i][0] for ch in chunks], dim=1).unsqueeze(0),
-         torch.cat([ch[i][1] for ch in chunks], dim=1).unsqueeze(0))
-        for i in range(n_layers)
-    ]
+    [1, heads, len(chunks) · chunk_tokens (+ tail tokens), head_dim] (the layout of a
+    DynamicCache layer). A `tail` (per layer [1, heads, t, head_dim]) is joined after them in the
+    same copy: one pass over the loaded KV, not one per part."""
+    def joined(i: int, j: int) -> torch.Tensor:
+        parts = [ch[i][j].unsqueeze(0) for ch in chunks]
+        if tail is not None:
+            parts.append(tail[i][j])
+        return torch.cat(parts, dim=2)
+
+    return [(joined(i, 0), joined(i, 1)) for i in range(n_layers)]
 
 
 def slice_chunks(cache: Any, first: int, last: int, chunk_tokens: int) -> list[KVChunk]:
@@ -90,16 +95,21 @@ class KVIO:
 
     def load(self, tokens: list[int]) -> Loaded:
         """The longest stored prefix of `tokens`' full chunks, then the best tail after it
-        (never the whole prompt: one token must be fed)."""
+        (never the whole prompt: one token must be fed), in one DynamicCache."""
+        from transformers import DynamicCache
+
         ct, n = self.chunk_tokens, len(tokens)
         hashes = chunk_hashes(tokens, ct)
-        cache, loaded = self._load_chunks(hashes[: loadable_chunks(n, ct)])
+        chunks = self._read_chunks(hashes[: loadable_chunks(n, ct)])
+        loaded = len(chunks)
         cached = loaded * ct
         tail = self.tails.best(hashes[loaded - 1] if loaded else None, tokens[cached:], n - 1 - cached)
         if tail is not None:
-            cache = self._extend(cache, tail)
             cached += len(tail.tokens)
-        return Loaded(cache, loaded, cached)
+        if not chunks and tail is None:
+            return Loaded(DynamicCache(config=self.model_config), 0, 0)
+        layers = concat_chunks(chunks, self.n_layers, tail.layers if tail is not None else None)
+        return Loaded(DynamicCache(layers, config=self.model_config), loaded, cached)
 
     def save(self, tokens: list[int], cache: Any, loaded: int) -> tuple[int, list[BlockHash]]:
         """Put the full chunks `cache` holds beyond the first `loaded` into the store (`tokens`:
@@ -110,32 +120,18 @@ class KVIO:
         self._keep_tail(tokens, cache)
         return stored, held
 
-    def _load_chunks(self, hashes: list[BlockHash]) -> tuple[Any, int]:
-        """(DynamicCache holding the longest loadable run of `hashes`, chunks loaded)."""
-        from transformers import DynamicCache
-
-        chunks: list[KVChunk] = []
-        if self.store is not None and hashes:
-            k = self.store.longest_prefix(hashes)
-            chunks = self.store.get_many(hashes[:k]) if k else []
-            bad = next((i for i, ch in enumerate(chunks) if not self._fits(ch)), None)
-            if bad is not None:
-                log.warning("KV chunk %d has the wrong shape for this model; using %d chunks", bad, bad)
-                chunks = chunks[:bad]
-        if not chunks:
-            return DynamicCache(config=self.model_config), 0
-        return DynamicCache(concat_chunks(chunks, self.n_layers), config=self.model_config), len(chunks)
-
-    def _extend(self, cache: Any, tail: Tail) -> Any:
-        """A DynamicCache holding `cache`'s KV followed by the tail's."""
-        from transformers import DynamicCache
-
-        if cache.get_seq_length() == 0:
-            layers = [(k.clone(), v.clone()) for k, v in tail.layers]
-        else:
-            layers = [(torch.cat([layer.keys, k], dim=2), torch.cat([layer.values, v], dim=2))
-                      for layer, (k, v) in zip(cache.layers, tail.layers)]
-        return DynamicCache(layers, config=self.model_config)
+    def _read_chunks(self, hashes: list[BlockHash]) -> list[KVChunk]:
+        """The longest loadable run of `hashes` from the store (stops before a chunk of the wrong
+        shape for this model)."""
+        if self.store is None or not hashes:
+            return []
+        k = self.store.longest_prefix(hashes)
+        chunks = self.store.get_many(hashes[:k]) if k else []
+        bad = next((i for i, ch in enumerate(chunks) if not self._fits(ch)), None)
+        if bad is not None:
+            log.warning("KV chunk %d has the wrong shape for this model; using %d chunks", bad, bad)
+            chunks = chunks[:bad]
+        return chunks
 
     def _store(self, tokens: list[int], cache: Any, loaded: int) -> tuple[int, list[BlockHash]]:
         ct = self.chunk_tokens

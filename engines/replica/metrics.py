@@ -21,6 +21,14 @@ are histograms. KV metrics carry `tier` = the chunk store tier's name ("memory",
                                                   the spill tier)
     kvgate_replica_kv_tails_damaged_total{tier}   spilled tails that failed verification
     kvgate_replica_kv_tail_bytes                  RAM held by tails
+    kvgate_replica_kv_remote_up{tier}             1 while the remote tier's Redis answers, 0 while it
+                                                  is down (its reads are misses, its writes skipped)
+    kvgate_replica_kv_remote_errors_total{tier,op}   remote round trips that failed, by operation
+                                                  (get, put, contains, delete, keys, clear, stats)
+    kvgate_replica_kv_remote_skipped_total{tier,op}  remote operations not tried: Redis down and its
+                                                  reconnect backoff not yet over
+For the remote tier (a Redis shared by replicas) bytes, budget_bytes, objects and evictions are
+the Redis instance's own (used_memory, maxmemory, DBSIZE, evicted_keys).
 """
 from __future__ import annotations
 
@@ -91,7 +99,7 @@ def kv_families(stats: dict[str, Any]) -> list[Metric]:
                   {tier: t.get("budget_bytes", 0) for tier, t in tiers.items()}),
         _per_tier(gauge("objects", "Objects the tier holds (KV chunks; on the spill tier also tails)"),
                   {tier: t.get("items", 0) for tier, t in tiers.items()}),
-        failures, tail_hits, tails_damaged,
+        failures, tail_hits, tails_damaged, *remote_families(tiers),
     ]
     for name, (doc, value) in single.items():
         family = counter(name, doc, ())
@@ -102,6 +110,25 @@ def kv_families(stats: dict[str, Any]) -> list[Metric]:
     ram.add_metric([], tails.get("bytes", 0))
     out.append(ram)
     return out
+
+
+def remote_families(tiers: dict[str, dict[str, Any]]) -> list[Metric]:
+    """Health of the tiers that report it (those with "up" in their stats: the remote tier)."""
+    prefix = "kvgate_replica_kv_remote_"
+    up = GaugeMetricFamily(prefix + "up", "1 while the remote KV tier answers, 0 while it is down", labels=["tier"])
+    errors = CounterMetricFamily(prefix + "errors", "Remote KV tier round trips that failed, by operation",
+                                 labels=["tier", "op"])
+    skipped = CounterMetricFamily(prefix + "skipped", "Remote KV tier operations not tried (down, in backoff)",
+                                  labels=["tier", "op"])
+    for tier, t in tiers.items():
+        if "up" not in t:
+            continue
+        up.add_metric([tier], t["up"])
+        for op, n in t.get("errors_by_op", {}).items():
+            errors.add_metric([tier, op], n)
+        for op, n in t.get("skipped_by_op", {}).items():
+            skipped.add_metric([tier, op], n)
+    return [up, errors, skipped]
 
 
 class KVStoreCollector:

@@ -23,7 +23,8 @@ step by step (prefill slices and decode steps; see engines.replica.worker); the 
 tokenizes (in a thread) and relays text pieces, so /health answers during a long prefill.
 
 KV events: with --events-endpoint the replica publishes BlockStored and BlockRemoved in vLLM's
-format (block_size = --chunk-tokens, medium "CPU": its chunk store as a whole) through
+format (block_size = --chunk-tokens, medium "CPU": its chunk store as a whole; "REMOTE" for
+chunks only its --kv-remote Redis still holds) through
 index.kv_events.ZmqEventPublisher; see engines.replica.announce for what is announced, and why a
 chunk is removed only when no tier holds it.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 import time
 import uuid
@@ -237,6 +239,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-tail-mb", type=int, default=256,
                         help="RAM for each conversation's partial last chunk (not in the store), MiB (0 = off)")
     parser.add_argument("--kv-disk-mb", type=int, default=8192, help="disk tier budget, MiB (0 = no disk tier)")
+    parser.add_argument("--kv-remote", default=None, metavar="URL",
+                        help="remote KV tier after RAM and disk: a Redis that replicas on other machines share "
+                             "(redis://HOST:PORT/DB, rediss://..., unix:///PATH); none = no remote tier")
+    parser.add_argument("--kv-remote-password-env", default=None, metavar="NAME",
+                        help="environment variable holding the remote tier's Redis password (never a flag value)")
+    parser.add_argument("--kv-remote-prefix", default="kvgate", help="key prefix in the remote tier's Redis")
+    parser.add_argument("--kv-remote-timeout", type=float, default=2.0,
+                        help="seconds one remote round trip may take before Redis counts as down (misses, backoff)")
+    parser.add_argument("--kv-remote-ttl", type=int, default=0,
+                        help="expiry of remote chunks in seconds, refreshed on every hit (0 = none: maxmemory's LRU)")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per stored KV chunk (= event block_size)")
     parser.add_argument("--events-endpoint", default=None, metavar="tcp://127.0.0.1:PORT",
                         help="publish KV events (vLLM format, ZMQ PUB bound here)")
@@ -249,21 +261,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
-def build_store(kv_dir: Path | None, ram_mb: int, disk_mb: int, namespace: str) -> Any:
-    """A ChunkStore with a RAM and/or a disk tier, or None when there is no --kv-dir or both
-    budgets are 0."""
+def build_store(kv_dir: Path | None, ram_mb: int, disk_mb: int, namespace: str, remote: Any = None) -> Any:
+    """A ChunkStore over a RAM tier, a disk tier (with --kv-dir) and a remote tier (RedisTier), in
+    that order, each where its budget / option allows; None when it would have no tier but RAM
+    (no --kv-dir and no --kv-remote) or none at all."""
     from index.chunks import ChunkStore, DiskTier, MemoryTier
 
     if ram_mb < 0 or disk_mb < 0:
         raise ValueError("--kv-ram-mb and --kv-disk-mb must be >= 0")
-    if kv_dir is None:
+    if kv_dir is None and remote is None:
         return None
     tiers: list[Any] = []
     if ram_mb:
         tiers.append(MemoryTier(ram_mb << 20))
-    if disk_mb:
+    if disk_mb and kv_dir is not None:
         tiers.append(DiskTier(kv_dir, disk_mb << 20))
+    if remote is not None:
+        tiers.append(remote)
     return ChunkStore(tiers, namespace=namespace) if tiers else None
+
+
+def remote_tier(args: argparse.Namespace) -> Any:
+    """The RedisTier of --kv-remote (None without it); ValueError naming the flag on bad values.
+    Redis need not be up: an unreachable one costs misses until it answers."""
+    if not args.kv_remote:
+        return None
+    from index.chunks.redis import RedisTier
+
+    password = None
+    if args.kv_remote_password_env:
+        password = os.environ.get(args.kv_remote_password_env)
+        if password is None:
+            raise ValueError(f"--kv-remote-password-env: environment variable {args.kv_remote_password_env} is not set")
+    if args.kv_remote_ttl < 0:
+        raise ValueError("--kv-remote-ttl must be >= 0")
+    try:
+        return RedisTier(args.kv_remote, prefix=args.kv_remote_prefix, password=password,
+                         timeout_s=args.kv_remote_timeout, ttl_s=args.kv_remote_ttl or None)
+    except ValueError as exc:
+        raise ValueError(f"--kv-remote {args.kv_remote!r} (or its options): {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -286,8 +322,9 @@ def run(args: argparse.Namespace) -> int:
     keep_freed_memory()  # chunk buffers reused, not faulted back in page by page (index.chunks.allocator)
     publisher = store = engine = None
     try:
+        remote = remote_tier(args)  # bad --kv-remote values stop start-up before the model loads
         model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype))
-        store = build_store(args.kv_dir, args.kv_ram_mb, args.kv_disk_mb, model_namespace(model))
+        store = build_store(args.kv_dir, args.kv_ram_mb, args.kv_disk_mb, model_namespace(model), remote)
         callbacks: dict[str, Any] = {}
         if args.events_endpoint:
             import zmq
@@ -310,8 +347,9 @@ def run(args: argparse.Namespace) -> int:
                 closable.close()
         return 2
     name = args.name or f"replica-{args.port}"
-    kv = (f"KV store {args.kv_dir} (RAM {args.kv_ram_mb} MiB, disk {args.kv_disk_mb} MiB, "
-          f"chunks of {args.chunk_tokens} tokens)" if store is not None else "no KV store")
+    kv = (f"KV store {args.kv_dir} (RAM {args.kv_ram_mb} MiB, disk {args.kv_disk_mb} MiB"
+          + (f", remote Redis prefix {args.kv_remote_prefix!r}" if args.kv_remote else "")
+          + f", chunks of {args.chunk_tokens} tokens)" if store is not None else "no KV store")
     events = f", KV events on {publisher.endpoint}" if publisher is not None else ""
     print(f"kvgate replica {name} on http://{args.host}:{args.port}/v1: {engine.namespace}, {kv}{events}", flush=True)
     try:

@@ -30,8 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from index.prompt import PromptHasher
-from index.tokenizer import ChatTokenizer, load_tokenizer
+from index.tokenizer import ChatTokenizer
 from engines.sim.batch_scheduler import BatchScheduler, Seq, StepPlan
 from engines.sim.block_cache import BlockCache
 from engines.sim.engine import (DEFAULT_MAX_TOKENS, EngineBase, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
@@ -81,26 +80,13 @@ class BatchedEngine(EngineBase):
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        if block_size <= 0:
-            raise ValueError("block_size must be positive")
-        if prefill_tps <= 0 or decode_tps <= 0:
-            raise ValueError("prefill_tps and decode_tps must be positive")
-        if capacity_tokens < 0:
-            raise ValueError("capacity_tokens must be >= 0")
-        self.block_size = block_size
-        self.capacity_tokens = capacity_tokens
-        self.prefill_tps = float(prefill_tps)
-        self.decode_tps = float(decode_tps)
+        self._setup(capacity_tokens, block_size, prefill_tps, decode_tps, tokenizer, default_max_tokens,
+                    on_stored, on_removed, on_cleared, clock, sleep)
         token_s = 1.0 / self.prefill_tps
         self.overhead_s = max(0.0, 1.0 / self.decode_tps - token_s) if overhead_s is None else float(overhead_s)
-        self.default_max_tokens = default_max_tokens
-        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-        self.on_stored, self.on_removed, self.on_cleared = on_stored, on_removed, on_cleared
-        self._hasher = PromptHasher(self.tokenizer, block_size)
         self._cache = BlockCache(capacity_tokens // block_size)
         self._sched = BatchScheduler(self._cache, block_size, step_tokens=step_tokens, overhead_s=self.overhead_s,
                                      token_s=token_s, max_running=max_running)
-        self._clock, self._sleep = clock, sleep
         self._counters = _Counters()
         self._events: dict[int, asyncio.Event] = {}
         self._wake: asyncio.Event | None = None

@@ -171,6 +171,28 @@ class EngineBase:
         """Engine-side TTFT (arrival at the engine → first token) of each request since reset."""
         return list(self._counters.ttfts)
 
+    def _setup(self, capacity_tokens: int, block_size: int, prefill_tps: float, decode_tps: float,
+               tokenizer: str | ChatTokenizer, default_max_tokens: int, on_stored: StoredCallback | None,
+               on_removed: RemovedCallback | None, on_cleared: ClearedCallback | None, clock: Clock,
+               sleep: Sleep) -> None:
+        """Check and keep what both timing models take alike (geometry, rates, tokenizer,
+        KV-event callbacks, clock); a ValueError names the bad argument."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if prefill_tps <= 0 or decode_tps <= 0:
+            raise ValueError("prefill_tps and decode_tps must be positive")
+        if capacity_tokens < 0:
+            raise ValueError("capacity_tokens must be >= 0")
+        self.block_size = block_size
+        self.capacity_tokens = capacity_tokens
+        self.prefill_tps = float(prefill_tps)
+        self.decode_tps = float(decode_tps)
+        self.default_max_tokens = default_max_tokens
+        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        self.on_stored, self.on_removed, self.on_cleared = on_stored, on_removed, on_cleared
+        self._hasher = PromptHasher(self.tokenizer, block_size)
+        self._clock, self._sleep = clock, sleep
+
     @staticmethod
     def _emit(callback: Callable[..., None] | None, *args: Any) -> None:
         if callback is None:
@@ -203,26 +225,12 @@ class SimEngine(EngineBase):
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        if block_size <= 0:
-            raise ValueError("block_size must be positive")
-        if prefill_tps <= 0 or decode_tps <= 0:
-            raise ValueError("prefill_tps and decode_tps must be positive")
-        if capacity_tokens < 0 or overhead_s < 0:
-            raise ValueError("capacity_tokens and overhead_s must be >= 0")
-        self.block_size = block_size
-        self.capacity_tokens = capacity_tokens
-        self.prefill_tps = float(prefill_tps)
-        self.decode_tps = float(decode_tps)
+        if overhead_s < 0:
+            raise ValueError("overhead_s must be >= 0")
+        self._setup(capacity_tokens, block_size, prefill_tps, decode_tps, tokenizer, default_max_tokens,
+                    on_stored, on_removed, on_cleared, clock, sleep)
         self.overhead_s = float(overhead_s)
-        self.default_max_tokens = default_max_tokens
-        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-        self.on_stored = on_stored
-        self.on_removed = on_removed
-        self.on_cleared = on_cleared
-        self._hasher = PromptHasher(self.tokenizer, block_size)
         self._cache = PrefixCache(capacity_tokens // block_size)
-        self._clock = clock
-        self._sleep = sleep
         self._counters = _Counters()
         self._queue_len = 0
         self._waiting: dict[object, SimRequest] = {}  # a key per queued request → the request

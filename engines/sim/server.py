@@ -17,6 +17,9 @@ Endpoints
         (choices: []); without it, usage rides on the finish chunk.
         Non-stream responses also carry x-sim-cached-tokens, x-sim-queue-ms, x-sim-prefill-ms
         (the modelled prefill), x-sim-ttft-ms.
+    POST /v1/chat/completions/render ({"token_ids": [...]}) and POST /tokenize ({"count",
+        "max_model_len", "tokens"}): the prompt's token ids, as vLLM serves them to routers that
+        route on tokens (vllm-router asks for them before choosing a worker).
     GET /v1/models, GET /health ({status, name, ...stats}), GET /stats (?ttfts=true adds each
     request's engine-side TTFT since reset: the client's TTFT minus it is the router's part), POST /reset (empty the
     cache and zero the counters between benchmark runs).
@@ -43,6 +46,7 @@ from engines.api import ChatCall, ReplicaHeader, install_error_handler, parse_ch
 from engines.sim.batched import DEFAULT_STEP_TOKENS, BatchedEngine
 from engines.sim.engine import DEFAULT_OVERHEAD_S, PrefillInfo, SimEngine, SimRequest
 
+MAX_MODEL_LEN = 1 << 20  # reported by /tokenize; the simulation has no context limit
 STREAM_PIECES = 16  # decode is streamed in at most this many chunks after the first token
 FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
           "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et")
@@ -95,6 +99,23 @@ def create_sim_app(engine: Engine, name: str = "sim", model: str = "sim") -> Fas
         headers = {"x-sim-cached-tokens": str(info.cached_tokens), "x-sim-queue-ms": _ms(info.queue_s),
                    "x-sim-prefill-ms": _ms(info.prefill_s), "x-sim-ttft-ms": _ms(info.ttft_s)}
         return JSONResponse(payload, headers=headers)
+
+    @app.post("/v1/chat/completions/render")
+    async def render(request: Request) -> dict[str, Any]:
+        """vLLM's render endpoint: the prompt's token ids as this engine tokenizes it (routers
+        that route on token ids, such as vllm-router's cache_aware policy, ask for them)."""
+        call = parse_chat(read_json(await request.body()))
+        return {"token_ids": engine.request(call.messages, 1).tokens}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """vLLM's /tokenize: {"messages": [...]} (rendered as for a chat request) or {"prompt": text}."""
+        body = read_json(await request.body())
+        if isinstance(body, dict) and isinstance(body.get("prompt"), str):
+            tokens = engine.tokenizer.encode(body["prompt"])
+        else:
+            tokens = engine.request(parse_chat(body).messages, 1).tokens
+        return {"count": len(tokens), "max_model_len": MAX_MODEL_LEN, "tokens": tokens}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -8,10 +8,14 @@ hint that a later `get` can contradict, and callers must treat a `get` of None a
 A tier may also offer `watch_evictions(callback)`: `callback(keys)` after its own eviction
 dropped `keys` (MemoryTier and DiskTier do). It is optional, so it is not part of the Protocol;
 ChunkStore uses it when present to tell the engine which chunks no tier holds any more.
+
+A tier whose every call is a network round trip (RedisTier) also implements BatchTier: the
+chunks of one prompt then go in one round trip each way, and ChunkStore uses the batch calls for
+it (isinstance check) instead of one call per chunk.
 """
 from __future__ import annotations
 
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 
 @runtime_checkable
@@ -57,4 +61,21 @@ class StorageTier(Protocol):
 
     def close(self) -> None:
         """Release resources; the tier is not used afterwards."""
+        ...
+
+
+@runtime_checkable
+class BatchTier(StorageTier, Protocol):
+    """A StorageTier with one-round-trip calls over many keys (same failure contract)."""
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """`contains` of each key, in order."""
+        ...
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes]:
+        """The values of the leading run of stored keys: stops at the first missing one."""
+        ...
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[bool]:
+        """`put` of each (key, value), in order."""
         ...

@@ -7,8 +7,11 @@ reusable KV is the longest run of *leading* chunks present. Keys are
 "kv:<namespace>:<hash as 16 hex digits>"; the namespace (model and dtype, e.g.
 "smollm2-135m:float32") keeps different models' KV apart in shared tiers.
 
-Tiers are ordered fastest first (e.g. memory, disk). Writes go to every tier (write-through);
-a read takes the first tier that has the key and copies it into the faster tiers (promotion).
+Tiers are ordered fastest first (e.g. memory, disk, remote). Writes go to every tier
+(write-through); a read takes the first tier that has the key and copies it into the faster tiers
+(promotion: a chunk another replica left in the remote tier lands in this replica's RAM at once
+and on its disk in the background, index.chunks.promoter).
+A BatchTier (index.chunks.base) gets a prompt's chunks in one call each way.
 Every read is verified by the codec (checksum + key); a chunk that fails is counted, logged,
 deleted from every tier and treated as a miss, so the caller recomputes it: wrong KV is never
 returned. `longest_prefix` only asks `contains`, so it is a cheap upper bound that `get_many`
@@ -18,7 +21,8 @@ Removal. `watch_removed(callback)` hears of chunks that NO tier holds any more: 
 own eviction drops a key (tiers with `watch_evictions`), the store checks the other tiers, and
 reports the hash only if none still has it; a damaged chunk dropped everywhere is reported too.
 A chunk evicted from RAM but still on disk is still loadable without a prefill, so it is not
-removed. Not reported: `clear()` (its caller knows) and evictions by another process sharing a
+removed; one still in the remote tier only is reported to `watch_demoted` instead. Not
+reported: `clear()` (its caller knows) and evictions by another process sharing a
 tier (that process's store hears of them, not this one).
 """
 from __future__ import annotations
@@ -27,8 +31,9 @@ import logging
 import threading
 from typing import Any, Callable, Sequence
 
-from index.chunks.base import StorageTier
+from index.chunks.base import BatchTier, StorageTier
 from index.chunks.codec import CorruptChunk, KVChunk, decode_chunk, encode_chunk
+from index.chunks.promoter import Promoter
 from index.hashing import BlockHash, block_hashes
 
 log = logging.getLogger("kvgate.chunks")
@@ -56,6 +61,7 @@ class ChunkStore:
         if not namespace:
             raise ValueError("namespace must be non-empty (e.g. 'model:dtype')")
         self.tiers = list(tiers)
+        self._batch = {t.name for t in tiers if isinstance(t, BatchTier)}  # asked one round trip per prompt
         self.namespace = namespace
         self._prefix = f"kv:{namespace}:"
         self._lock = threading.Lock()  # guards the counters below
@@ -73,6 +79,8 @@ class ChunkStore:
         self._bytes_written = 0
         self._removed = 0  # chunks no tier holds any more after an eviction or a corrupt read
         self._watchers: list[Callable[[list[BlockHash]], None]] = []
+        self._demoted_watchers: list[Callable[[list[BlockHash]], None]] = []
+        self._promoter = Promoter()  # copies of remote hits into the disk tier, off the request path
         for t in self.tiers:
             watch = getattr(t, "watch_evictions", None)
             if watch is not None:
@@ -84,18 +92,33 @@ class ChunkStore:
         raise and must not write to this store."""
         self._watchers.append(callback)
 
+    def watch_demoted(self, callback: Callable[[list[BlockHash]], None]) -> None:
+        """Call `callback(hashes)` with this namespace's chunks that a local tier's eviction left
+        in no local tier but a BatchTier (the remote tier) still holds: loadable, from afar."""
+        self._demoted_watchers.append(callback)
+
     def _tier_evicted(self, keys: list[str]) -> None:
         """A tier evicted `keys`: report the ones of our namespace that no tier still holds."""
         prefix = self._prefix
+        mine = [k for k in keys if k.startswith(prefix)]
+        held = {t.name: t.contains_many(mine) for t in self.tiers if t.name in self._batch} if mine else {}
         gone: list[BlockHash] = []
-        for key in keys:
-            if not key.startswith(prefix) or any(t.contains(key) for t in self.tiers):
+        demoted: list[BlockHash] = []
+        for j, key in enumerate(mine):
+            if any(t.contains(key) for t in self.tiers if t.name not in held):
                 continue
             try:
-                gone.append(int(key[len(prefix):], 16))
+                h = int(key[len(prefix):], 16)
             except ValueError:
                 continue
+            (demoted if any(answers[j] for answers in held.values()) else gone).append(h)
         self._report_removed(gone)
+        if demoted:
+            for watch in self._demoted_watchers:
+                try:
+                    watch(demoted)
+                except Exception:  # a broken listener must not fail a put or a read
+                    log.exception("chunk demotion callback failed")
 
     def _report_removed(self, hashes: list[BlockHash]) -> None:
         if not hashes:
@@ -113,39 +136,70 @@ class ChunkStore:
         return f"{self._prefix}{h:016x}"
 
     def longest_prefix(self, hashes: Sequence[BlockHash]) -> int:
-        """Number of leading chunks present in any tier (no reads, no LRU effect)."""
-        n = 0
-        for h in hashes:
-            key = self.key(h)
-            if not any(t.contains(key) for t in self.tiers):
-                break
-            n += 1
-        return n
+        """Number of leading chunks present in any tier (no reads, no LRU effect). A BatchTier is
+        asked at most once, for every key from the first one the faster tiers lack."""
+        keys = [self.key(h) for h in hashes]
+        asked: dict[str, tuple[int, list[bool]]] = {}  # batch tier → (first index asked, answers)
+
+        def has(t: StorageTier, i: int) -> bool:
+            if t.name not in self._batch:
+                return t.contains(keys[i])
+            if t.name not in asked:
+                asked[t.name] = (i, t.contains_many(keys[i:]))  # type: ignore[attr-defined]
+            first, answers = asked[t.name]
+            return answers[i - first]
+
+        for i in range(len(keys)):
+            if not any(has(t, i) for t in self.tiers):
+                return i
+        return len(keys)
 
     def get_many(self, hashes: Sequence[BlockHash]) -> list[KVChunk]:
         """The longest run of leading chunks that load and verify; stops at the first missing or
-        corrupt one. A hit in a slower tier is copied into the faster ones."""
+        corrupt one. A hit in a slower tier is copied into the faster ones. A BatchTier serves
+        each run of keys that the faster tiers lack with one call."""
+        keys = [self.key(h) for h in hashes]
+        fetched: dict[str, dict[str, bytes]] = {}  # batch tier → values read ahead
+        asked: dict[str, set[str]] = {}  # batch tier → keys already asked (found or not)
+
+        def read(ti: int, i: int) -> bytes | None:
+            t = self.tiers[ti]
+            if t.name not in self._batch:
+                return t.get(keys[i])
+            ahead, tried = fetched.setdefault(t.name, {}), asked.setdefault(t.name, set())
+            if keys[i] not in tried:
+                j = i + 1  # the run ends where a faster tier has the key (it will serve it)
+                while j < len(keys) and not any(f.contains(keys[j]) for f in self.tiers[:ti]):
+                    j += 1
+                ahead.update(zip(keys[i:j], t.get_many(keys[i:j])))  # type: ignore[attr-defined]
+                tried.update(keys[i:j])
+            return ahead.pop(keys[i], None)
+
         out: list[KVChunk] = []
-        for h in hashes:
-            chunk = self._load(self.key(h))
+        for i, key in enumerate(keys):
+            chunk = self._load(key, lambda ti: read(ti, i))
             if chunk is None:
                 break
             out.append(chunk)
         return out
 
-    def _load(self, key: str) -> KVChunk | None:
+    def _load(self, key: str, read: Callable[[int], bytes | None]) -> KVChunk | None:
         for i, tier in enumerate(self.tiers):
             with self._lock:
                 self._queries[tier.name] += 1
             try:
-                data = tier.get(key)
+                data = read(i)
                 if data is None:
                     continue
                 chunk = decode_chunk(data, key)
             except CorruptChunk as e:
                 self._drop_corrupt(key, tier.name, e)
                 return None
-            promoted = [faster.name for faster in self.tiers[:i] if faster.put(key, data)]
+            # the fastest tier at once; from a BatchTier hit, the local tiers between in the background
+            now = self.tiers[: i if tier.name not in self._batch else min(i, 1)]
+            promoted = [faster.name for faster in now if faster.put(key, data)]
+            for later in self.tiers[len(now):i]:
+                self._promoter.submit(lambda t=later: self._promote(t, key, data))
             with self._lock:
                 self._hits[tier.name] += 1
                 self._bytes_read += len(data)
@@ -156,6 +210,16 @@ class ChunkStore:
         with self._lock:
             self._misses += 1
         return None
+
+    def _promote(self, tier: StorageTier, key: str, data: bytes) -> None:
+        """A background copy of a loaded chunk into a slower local tier (the Promoter's thread)."""
+        if tier.put(key, data):
+            with self._lock:
+                self._writes[tier.name] += 1
+
+    def drain(self) -> None:
+        """Wait until the background promotions queued so far are written."""
+        self._promoter.drain()
 
     def _drop_corrupt(self, key: str, tier: str, error: CorruptChunk) -> None:
         # Every copy goes, not only the bad one: the caller recomputes the chunk and put_many
@@ -174,32 +238,48 @@ class ChunkStore:
 
     def put_many(self, hashes: Sequence[BlockHash], chunks: Sequence[KVChunk]) -> int:
         """Store chunk i under hashes[i] in every tier that lacks it (encoding at most once per
-        chunk). Returns how many chunks were in no tier before and are now in at least one.
-        A tier that cannot store (too big, disk full) is skipped, never an exception."""
+        chunk; a BatchTier gets one contains_many and one put_many for all of them). Returns how
+        many chunks were in no tier before and are now in at least one. A tier that cannot store
+        (too big, disk full, Redis down) is skipped, never an exception."""
         if len(hashes) != len(chunks):
             raise ValueError(f"{len(hashes)} hashes for {len(chunks)} chunks")
-        new = puts = failures = written = 0
+        keys = [self.key(h) for h in hashes]
+        present = {t.name: t.contains_many(keys) for t in self.tiers if t.name in self._batch}  # type: ignore[attr-defined]
+        pending: dict[str, list[tuple[int, str, bytes]]] = {name: [] for name in present}
+        stored = [0] * len(keys)
+        everywhere_missing = [False] * len(keys)
+        failures = written = 0
         writes = {t.name: 0 for t in self.tiers}
-        for h, chunk in zip(hashes, chunks):
-            key = self.key(h)
-            missing = [t for t in self.tiers if not t.contains(key)]
+        for i, (key, chunk) in enumerate(zip(keys, chunks)):
+            missing = [t for t in self.tiers if not (present[t.name][i] if t.name in present else t.contains(key))]
             if not missing:
                 continue
+            everywhere_missing[i] = len(missing) == len(self.tiers)
             data = encode_chunk(chunk, key)
-            stored = 0
             for t in missing:
-                if t.put(key, data):
-                    stored += 1
+                if t.name in pending:
+                    pending[t.name].append((i, key, data))
+                elif t.put(key, data):
+                    stored[i] += 1
                     written += len(data)
                     writes[t.name] += 1
                 else:
                     failures += 1
-            puts += stored
-            if stored and len(missing) == len(self.tiers):
-                new += 1
+        for t in self.tiers:
+            items = pending.get(t.name)
+            if not items:
+                continue
+            for (i, _, data), ok in zip(items, t.put_many([(k, d) for _, k, d in items])):  # type: ignore[attr-defined]
+                if ok:
+                    stored[i] += 1
+                    written += len(data)
+                    writes[t.name] += 1
+                else:
+                    failures += 1
+        new = sum(1 for i, n in enumerate(stored) if n and everywhere_missing[i])
         with self._lock:
             self._new += new
-            self._puts += puts
+            self._puts += sum(stored)
             self._put_failures += failures
             self._bytes_written += written
             for name, n in writes.items():
@@ -235,6 +315,7 @@ class ChunkStore:
                 "corrupt": self._corrupt,
                 "corrupt_by_tier": dict(self._corrupt_by_tier),
                 "promotions": self._promotions,
+                "promotions_dropped": self._promoter.dropped,
                 "puts": self._puts,
                 "new_chunks": self._new,
                 "put_failures": self._put_failures,
@@ -251,9 +332,11 @@ class ChunkStore:
         targets = self.tiers if tier is None else [t for t in self.tiers if t.name == tier]
         if not targets:
             raise ValueError(f"no tier named {tier!r}; have {[t.name for t in self.tiers]}")
+        self._promoter.drain()  # so no queued promotion lands after the clear
         for t in targets:
             t.clear()
 
     def close(self) -> None:
+        self._promoter.close()
         for t in self.tiers:
             t.close()

@@ -36,7 +36,7 @@ import numpy as np
 from index.tighten import Mark
 
 # A position in a store's change log, opaque to callers: (next id, delete sequence) for the disk
-# store, a stream id for Redis. Only the store that returned it reads it.
+# store, (epoch token, stream id, sequence number) for Redis. Only the store that returned it reads it.
 Cursor = Any
 
 
@@ -54,6 +54,7 @@ class CacheEntry:
     created: float = field(default_factory=time.time)
     expires: float | None = None
     min_similarity: float | None = None  # per-entry floor raised by wrong-hit feedback (index.tighten)
+    parents: list[str] | None = None  # context: semantic: the earlier user turns this answer followed
 
     def to_bytes(self) -> bytes:
         """Compact JSON (no pickle): the stored form of the entry."""
@@ -74,6 +75,12 @@ class Stored:
     size: int  # bytes the entry holds in the store: what the byte budget counts
 
 
+class LogGap(Exception):
+    """`read_log` cannot say what changed since the cursor (the log was trimmed past it, or the
+    store restarted empty): the reader drops its local view and rebuilds it from `scan`, then
+    follows from a fresh `log_position`."""
+
+
 @runtime_checkable
 class ChangeLog(Protocol):
     """What other processes sharing a store added and deleted (followed by index.follow)."""
@@ -90,7 +97,9 @@ class ChangeLog(Protocol):
         gives them up. It includes this process's own ids (the follower skips them). `deleted`
         lists every id `delete` removed since `since`, by any process, this one included; a log
         may forget deletions older than its retention (the disk store keeps them an hour).
-        Reading never changes what another reader sees."""
+        Reading never changes what another reader sees. Raises LogGap when the log no longer
+        reaches back to `since` and the store can tell (the Redis store can: sequence numbers
+        and an epoch token)."""
         ...
 
 
@@ -136,6 +145,10 @@ class EntryStore(ChangeLog, Protocol):
 
     def load(self, entry_id: int) -> Stored | None:
         """As `get`, with the entry's vector and size: what a follower needs to index it."""
+        ...
+
+    def load_many(self, ids: Sequence[int]) -> list[Stored | None]:
+        """`load` of each id, in order (pipelined where the backend can: catching up on a log)."""
         ...
 
     def vector(self, entry_id: int) -> np.ndarray | None:

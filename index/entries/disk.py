@@ -125,6 +125,9 @@ class DiskEntryStore:
         vector = self._vector(self.cache.get(f"v:{entry_id}"), copy=False)
         return Stored(entry, vector, self._size(raw_len, vector is not None))
 
+    def load_many(self, ids: Sequence[int]) -> list[Stored | None]:
+        return [self.load(i) for i in ids]
+
     def vector(self, entry_id: int) -> np.ndarray | None:
         return self._vector(self.cache.get(f"v:{entry_id}"), copy=True)
 

@@ -13,6 +13,7 @@ from index.kv_events.applier import EventApplier
 from index.kv_events.codec import (
     MEDIUM_CPU,
     MEDIUM_GPU,
+    MEDIUM_REMOTE,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -28,7 +29,7 @@ from index.kv_events.feed import LAG_BUCKETS, EventFeed, FeedStats, order_of
 from index.kv_events.transport import ZmqEventPublisher, ZmqEventSubscriber
 
 __all__ = [
-    "MEDIUM_CPU", "MEDIUM_GPU", "AllBlocksCleared", "BlockRemoved", "BlockStored", "EngineHash", "EventBatch",
+    "MEDIUM_CPU", "MEDIUM_GPU", "MEDIUM_REMOTE", "AllBlocksCleared", "BlockRemoved", "BlockStored", "EngineHash", "EventBatch",
     "KVCacheEvent", "KVEvent", "KVEventBatch", "decode_batch", "encode_batch", "EventApplier",
     "LAG_BUCKETS", "EventFeed", "FeedStats", "order_of", "ZmqEventPublisher", "ZmqEventSubscriber",
 ]

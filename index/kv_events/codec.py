@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 EngineHash = Union[int, bytes]  # vLLM's ExternalBlockHash: the engine's own hash, opaque to us
 # `medium` values: vLLM's block pool says "GPU" (its own prefix cache, whatever the device);
 # offloading connectors name their tier ("CPU", ...). The reference replica says "CPU" for its
-# chunk store as a whole (RAM, then disk): see engines/replica/announce.py.
+# chunk store as a whole (RAM, then disk), and "REMOTE" for chunks it can load only from its
+# remote tier (a Redis other replicas share): see engines/replica/announce.py.
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
+MEDIUM_REMOTE = "REMOTE"
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, frozen=True):

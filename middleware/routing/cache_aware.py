@@ -1,54 +1,123 @@
-"""cache_aware: minimise the request's expected time to first token.
+"""cache_aware: minimise the request's expected time to first token, trading cache hits against
+queueing, with a bound on how much queueing a prefix match may buy.
 
-For each candidate replica r the expected TTFT, in prefill-token units, is
+Per candidate replica r, in prefill tokens (the router knows no prefill rate, so tokens are its
+unit of time), with P = prompt_tokens, m(r) = matched_tokens(r), M = max over candidates of m:
 
-    cost(r) = queued(r) + miss_weight · (prompt_tokens − matched_tokens(r)) + decode_weight · in_flight(r)
+    queue(r) = queued(r) + decode_weight · in_flight(r)            work ahead of us on r
+    ttft(r)  = queue(r) + (P − m(r))                                 ... plus our own prefill
+    cost(r)  = ttft(r) + (miss_weight − 1) · (M − m(r)) · M / P      ... plus the duplicate we make
 
 - queued(r): uncached prompt tokens of requests already sent to r that have not produced their
-  first token — the prefill work ahead of us (engines prefill roughly one batch at a time);
-- prompt_tokens − matched_tokens(r): our own prefill on r, after the longest cached prefix.
-  miss_weight > 1 charges each such token beyond its compute now: re-prefilling a prefix on r
-  also spends r's cache on a duplicate copy, evicting some other prefix a later request would
-  have reused. With 1 the policy is purely greedy for this request's TTFT and scatters prefixes.
-  The default 8 was chosen on the first 800 requests of the Mooncake conversation trace (hit
-  rate 0.155 at 2, 0.173 at 4, 0.181 at 8, 0.183 at 16; p99 TTFT flat) and checked on 1600;
-- decode_weight · in_flight(r): running decodes slow a batched engine down a little; the weight is
-  the prefill-token equivalent of one concurrent decode (default 8).
+  first token (the Router's `pending_prefill_tokens`; `kvgate bench routing` samples it against
+  what the replicas report). decode_weight · in_flight(r): running decodes slow a batched engine
+  a little (default 8 prefill tokens per running request).
+- The duplicate charge: sending the request to r re-prefills the M − m(r) prompt tokens another
+  replica already holds, a second copy that takes cache space a later request would have used.
+  It is weighted by M / P, the share of the prompt that prefix is: a short prefix many prompts
+  share (a system prompt) ends up cached everywhere anyway and costs little to copy, while a
+  prefix that is most of the prompt (this conversation so far) is the session's own, and copying
+  it wastes cache and the hits of its next turns. miss_weight 1 is purely greedy for this request.
 
-Choosing argmin cost(r) is "expected prefill saved − expected queueing cost": a replica holding
-a long prefix wins until the work queued on it outweighs what it saves, so a popular prefix
-spreads to a second replica instead of piling up — the balance sglang's cache_aware policy strikes
-with fixed thresholds (balance_abs/rel, cache_threshold) falls out of one formula here.
-Ties go to the replica with fewer requests in flight, then round robin.
+The rule (`choose`): best = min ttft(r), the fastest this request could start anywhere;
+mean_queue = the mean of queue(r) over the candidates. Admissible are the replicas with
+
+    ttft(r) <= best + max(queue_slack · mean_queue, prompt_slack · P)        (`wait_bound`)
+
+and among them the lowest cost wins (ties: fewer in flight, then round robin).
+
+Invariant: the chosen replica's ttft estimate exceeds the fastest candidate's by at most
+max(queue_slack · mean_queue, prompt_slack · P): a prefix match buys at most that much queueing
+(default 2.5 × the average queue, or half the request's own prefill), however large the
+duplicate charge. The charge decides the common case — a replica holding a long prefix keeps
+its sessions until its queue runs away from the others' — and the bound stops the runaway: a hot
+prefix (a document many sessions share) spreads to a second replica instead of queueing every
+session behind one. An infinite slack (either) gives the unbounded rule.
+
+Defaults (miss_weight 64, queue_slack 2.5, prompt_slack 0.5) were chosen on tuning slices only
+(requests 0–800 of the arena's traces, `kvgate bench routing-model`; docs/BENCHMARKS.md, issue 13),
+never on reported ones.
 """
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from typing import Sequence
 
 from middleware.routing.base import ReplicaState, RoutePlan
 
 DEFAULT_DECODE_WEIGHT = 8.0
-DEFAULT_MISS_WEIGHT = 8.0
+DEFAULT_MISS_WEIGHT = 64.0
+DEFAULT_QUEUE_SLACK = 2.5
+DEFAULT_PROMPT_SLACK = 0.5
+
+
+def queue_ahead(replica: ReplicaState, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:
+    """Work ahead of a new request on `replica`, in prefill tokens (pure)."""
+    return replica.pending_prefill_tokens + decode_weight * replica.in_flight
+
+
+def ttft_estimate(replica: ReplicaState, plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:
+    """This request's time to first token on `replica`, in prefill tokens: queued work, running
+    decodes, its own uncached prefill (pure)."""
+    own = max(0, plan.prompt_tokens - plan.matched_tokens(replica.name))
+    return queue_ahead(replica, decode_weight) + own
+
+
+def duplicate_charge(matched: int, best_match: int, prompt_tokens: int) -> float:
+    """Prompt tokens held elsewhere that this choice would copy, weighted by the share of the
+    prompt they are: (best_match − matched) · best_match / prompt_tokens (pure; 0 for an empty
+    prompt or when this replica holds the longest match)."""
+    if prompt_tokens <= 0 or matched >= best_match:
+        return 0.0
+    return (best_match - matched) * best_match / prompt_tokens
 
 
 def expected_cost(
     replica: ReplicaState, plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT,
-    miss_weight: float = DEFAULT_MISS_WEIGHT,
+    miss_weight: float = DEFAULT_MISS_WEIGHT, best_match: int | None = None,
 ) -> float:
-    """Prefill-token cost of sending `plan` to `replica`: the work queued ahead of it, its own
-    uncached prefill (weighted for the cache space it takes), and running decodes (pure)."""
-    own = plan.prompt_tokens - plan.matched_tokens(replica.name)
-    return replica.pending_prefill_tokens + miss_weight * own + decode_weight * replica.in_flight
+    """ttft estimate + (miss_weight − 1) · duplicate charge (pure). best_match: the longest
+    match among the candidates (default: among every replica in the plan)."""
+    if best_match is None:
+        best_match = max((plan.matched_tokens(name) for name in plan.matched_blocks), default=0)
+    dup = duplicate_charge(plan.matched_tokens(replica.name), best_match, plan.prompt_tokens)
+    return ttft_estimate(replica, plan, decode_weight) + (miss_weight - 1) * dup
+
+
+def wait_bound(best: float, mean_queue: float, prompt_tokens: int, queue_slack: float = DEFAULT_QUEUE_SLACK,
+               prompt_slack: float = DEFAULT_PROMPT_SLACK) -> float:
+    """The largest ttft estimate an admissible replica may have (pure; either slack infinite: no
+    bound at all, even against an empty queue or prompt)."""
+    if math.isinf(queue_slack) or math.isinf(prompt_slack):
+        return math.inf
+    return best + max(queue_slack * mean_queue, prompt_slack * prompt_tokens)
+
+
+def admissible(candidates: Sequence[ReplicaState], plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT,
+               queue_slack: float = DEFAULT_QUEUE_SLACK, prompt_slack: float = DEFAULT_PROMPT_SLACK) -> list[ReplicaState]:
+    """The candidates whose ttft estimate is within `wait_bound` of the fastest, in their order
+    (pure). Never empty for a non-empty input: the fastest always qualifies."""
+    if not candidates:
+        return []
+    ttft = [ttft_estimate(r, plan, decode_weight) for r in candidates]
+    mean_queue = sum(queue_ahead(r, decode_weight) for r in candidates) / len(candidates)
+    bound = wait_bound(min(ttft), mean_queue, plan.prompt_tokens, queue_slack, prompt_slack)
+    return [r for r, t in zip(candidates, ttft) if t <= bound]
 
 
 class CacheAware:
     name = "cache_aware"
 
-    def __init__(self, decode_weight: float = DEFAULT_DECODE_WEIGHT, miss_weight: float = DEFAULT_MISS_WEIGHT) -> None:
+    def __init__(self, decode_weight: float = DEFAULT_DECODE_WEIGHT, miss_weight: float = DEFAULT_MISS_WEIGHT,
+                 queue_slack: float = DEFAULT_QUEUE_SLACK, prompt_slack: float = DEFAULT_PROMPT_SLACK) -> None:
+        if queue_slack < 0 or prompt_slack < 0:
+            raise ValueError("cache_aware queue_slack and prompt_slack must be >= 0")
         self.decode_weight = decode_weight
         self.miss_weight = miss_weight
+        self.queue_slack = queue_slack
+        self.prompt_slack = prompt_slack
         self._tie = itertools.count()
         self._lock = threading.Lock()
 
@@ -56,7 +125,8 @@ class CacheAware:
         with self._lock:
             turn = next(self._tie)
         n = len(candidates)
-        return min(
-            (candidates[(turn + i) % n] for i in range(n)),
-            key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight), r.in_flight),
-        )
+        rotated = [candidates[(turn + i) % n] for i in range(n)]
+        best_match = max(plan.matched_tokens(r.name) for r in rotated)
+        allowed = admissible(rotated, plan, self.decode_weight, self.queue_slack, self.prompt_slack)
+        return min(allowed, key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match),
+                                           r.in_flight))

@@ -1,7 +1,10 @@
 """The Router of one route: prompt → block hashes → prefix matches → policy → replica.
 
 It also keeps the replica states the policies read (in-flight counts, queued prefill tokens,
-health) and, in approximate mode, teaches the PrefixIndex what each replica now caches.
+health) and, in approximate mode, teaches the PrefixIndex what each replica now caches. Load and
+routing decisions go through a RoutingState (middleware/routing/state.py), so that several proxy
+processes in front of the same replicas see each other's load and learn from each other's
+decisions; alone, a LocalState keeps them in this process.
 
 Work that grows with the prompt (rendering, tokenising, hashing) can be done ahead, in a worker
 thread, so the event loop only matches and records: `prepare(messages)` before `plan` of the
@@ -26,6 +29,8 @@ from index.tokenizer import load_tokenizer
 from middleware.config import ReplicaConfig, RoutingConfig
 from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
 from middleware.routing.factory import make_policy
+from middleware.routing.state import RoutingState
+from middleware.routing.state_local import LocalState
 
 log = logging.getLogger("kvgate.router")
 
@@ -45,7 +50,8 @@ PREPARED_MAX = 1024  # prompts hashed ahead and not yet planned (a plan normally
 
 def policy_options(cfg: RoutingConfig) -> dict[str, Any]:
     if cfg.policy == "cache_aware":
-        return {"decode_weight": cfg.decode_weight, "miss_weight": cfg.miss_weight}
+        return {"decode_weight": cfg.decode_weight, "miss_weight": cfg.miss_weight, "queue_slack": cfg.queue_slack,
+                "prompt_slack": cfg.prompt_slack}
     if cfg.policy == "affinity":
         return {"load_factor": cfg.load_factor}
     return {}
@@ -61,6 +67,7 @@ class Router:
         index: PrefixIndex | None = None,
         policy: RoutingPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        state: RoutingState | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a router needs at least one replica")
@@ -77,6 +84,10 @@ class Router:
         # prompts hashed ahead by `prepare`, waiting for `plan` of the same list object (held, so
         # its id cannot be reused meanwhile); bounded in case a plan never comes
         self._prepared: OrderedDict[int, tuple[Sequence[dict[str, Any]], PromptHashes]] = OrderedDict()
+        self._names = frozenset(r.name for r in self.replicas)
+        self.state: RoutingState = state or LocalState([r.name for r in replicas])
+        if cfg.mode == "approximate":
+            self.state.follow(self._apply_peer)
         self._subscribers: list[ZmqEventSubscriber] = []
         if cfg.mode == "precise":
             for r in replicas:
@@ -87,6 +98,17 @@ class Router:
     def close(self) -> None:
         for sub in self._subscribers:
             sub.stop()
+        self.state.close()
+
+    def _apply_peer(self, replica: str, hashes: list[int]) -> None:
+        """Another proxy process routed this chain to `replica` (approximate mode)."""
+        if replica in self._names:
+            self.index.record(replica, hashes)
+
+    def refresh_load(self, replicas: Sequence[ReplicaState] | None = None) -> None:
+        """Copy the shared load (every process's) into the replica states the policies read."""
+        for r in self.replicas if replicas is None else replicas:
+            r.in_flight, r.pending_prefill_tokens = self.state.load(r.name)
 
     # ------------------------------------------------------------------ decisions
     def prepare(self, messages: Sequence[dict[str, Any]]) -> None:
@@ -123,23 +145,27 @@ class Router:
         if not candidates:
             return None
         with self._lock:
+            self.refresh_load(candidates)
             return self.policy.choose(candidates, plan)
 
     # ------------------------------------------------------------------ bookkeeping
     def started(self, replica: ReplicaState, plan: RoutePlan) -> Ticket:
         pending = max(0, plan.prompt_tokens - plan.matched_tokens(replica.name))
         with self._lock:
+            self.state.add_load(replica.name, 1, pending)
             replica.in_flight += 1
             replica.requests += 1
             replica.pending_prefill_tokens += pending
         if self.cfg.mode == "approximate":
             self.index.record(replica.name, plan.hashes)
+            self.state.recorded(replica.name, plan.hashes)
         return Ticket(replica, plan, pending)
 
     def first_token(self, ticket: Ticket) -> None:
         with self._lock:
             if not ticket.first_token_seen:
                 ticket.first_token_seen = True
+                self.state.add_load(ticket.replica.name, 0, -ticket.pending)
                 ticket.replica.pending_prefill_tokens -= ticket.pending
 
     def finished(self, ticket: Ticket, ok: bool, conversation: Sequence[dict[str, Any]] | None = None) -> None:
@@ -147,11 +173,14 @@ class Router:
         prompt + answer (`conversation`) are now in its cache, ready for the next turn."""
         self.first_token(ticket)
         with self._lock:
+            self.state.add_load(ticket.replica.name, -1, 0)
             ticket.replica.in_flight -= 1
             if ok:
                 ticket.replica.healthy, ticket.replica.failures = True, 0
         if ok and conversation is not None and self._records_answers:
-            self.index.record(ticket.replica.name, self._conversation_hashes(ticket.plan, conversation))
+            hashes = self._conversation_hashes(ticket.plan, conversation)
+            self.index.record(ticket.replica.name, hashes)
+            self.state.recorded(ticket.replica.name, hashes)
 
     @property
     def _records_answers(self) -> bool:
@@ -200,6 +229,8 @@ class Router:
         return {sub.applier.replica: sub.feed.stats() for sub in self._subscribers}
 
     def stats(self) -> dict[str, Any]:
+        with self._lock:
+            self.refresh_load()
         return {
             r.name: {"healthy": r.healthy, "in_flight": r.in_flight, "requests": r.requests,
                      "pending_prefill_tokens": r.pending_prefill_tokens, "blocks": self.index.blocks(r.name)}

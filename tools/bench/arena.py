@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -37,6 +36,8 @@ from tools.bench.arena_table import print_tables
 from tools.bench.procs import Proc, free_port, kvgate_argv
 from tools.bench.stats import write_json
 from tools.bench.trace import TraceRequest, load_trace, prompt_text
+from tools.bench.plot import add_plot_option, write_plot
+from middleware.progress import say
 
 TUNE_HIT_TOLERANCE = 0.01
 
@@ -67,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
                    help="extra kvgate routing option for every kvgate policy (repeatable), e.g. miss_weight=1.5")
     p.add_argument("--json", type=Path, default=None)
+    add_plot_option(p)
     p.add_argument("--table", type=Path, nargs="+", default=None, metavar="JSON",
                    help="print markdown tables of earlier results and exit")
 
@@ -203,7 +205,7 @@ def run_arena(args: argparse.Namespace) -> dict[str, Any]:
     for p in policies:
         if p not in (*KVGATE_POLICIES, *ANCHORS):
             raise SystemExit(f"kvgate bench routing: unknown policy {p!r}")
-    log = lambda msg: print(f"[arena] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log = say("arena")
     sl = trace[report[0]:report[1]]
     span = (sl[-1].timestamp_ms - sl[0].timestamp_ms) / 1000
     log(f"report slice {report[0]}:{report[1]}: {len(sl)} requests over {span:.0f}s of trace → {span / args.speed:.0f}s per router")
@@ -262,4 +264,4 @@ def main(args: argparse.Namespace) -> int:
     result = run_arena(args)
     write_json(args.json, result)
     print_tables([result])
-    return 0
+    return write_plot("routing", args.plot, result)

@@ -18,6 +18,7 @@ import httpx
 from engines.sim.engine import PrefixCache, SimEngine
 from tools.bench.stats import pct
 from tools.bench.trace import TraceRequest
+from middleware.progress import Progress
 
 BLOCK_SIZE = 16
 _PENDING = re.compile(r'^kvgate_replica_pending_prefill_tokens\{([^}]*)\}\s+([0-9.eE+-]+)$', re.M)
@@ -83,10 +84,11 @@ def queue_check(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-async def replay(url: str, trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
-                 headers: dict[str, str]) -> dict[str, Any]:
+async def replay(url: str | Sequence[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float,
+                 max_out: int, headers: dict[str, str]) -> dict[str, Any]:
     """Send every request at its (scaled) time from the slice's first; TTFT per request, errors
-    counted, never raised."""
+    counted, never raised. Several `url`s (several proxies): request i goes to url i mod N."""
+    urls = [url] if isinstance(url, str) else list(url)
     ttfts: list[float] = []
     errors: list[str] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
@@ -94,14 +96,20 @@ async def replay(url: str, trace: Sequence[TraceRequest], prompts: Sequence[str]
         start = time.perf_counter()
         t0 = trace[0].timestamp_ms
 
-        async def one(req: TraceRequest, text: str) -> None:
+        async def one(i: int, req: TraceRequest, text: str) -> None:
+            try:
+                await sent_one(i, req, text)
+            finally:
+                bar.update()
+
+        async def sent_one(i: int, req: TraceRequest, text: str) -> None:
             await asyncio.sleep(max(0.0, (req.timestamp_ms - t0) / 1000 / speed - (time.perf_counter() - start)))
             body = {"model": "sim", "messages": [{"role": "user", "content": text}], "stream": True,
                     "max_tokens": max(1, min(req.output_length, max_out))}
             sent = time.perf_counter()
             first = None
             try:
-                async with client.stream("POST", url, json=body, headers=headers) as resp:
+                async with client.stream("POST", urls[i % len(urls)], json=body, headers=headers) as resp:
                     if resp.status_code != 200:
                         errors.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
                         return
@@ -121,12 +129,13 @@ async def replay(url: str, trace: Sequence[TraceRequest], prompts: Sequence[str]
             else:
                 ttfts.append(first)
 
-        await asyncio.gather(*(one(r, p) for r, p in zip(trace, prompts)))
+        with Progress(len(trace), "arena replay", unit="requests") as bar:
+            await asyncio.gather(*(one(i, r, p) for i, (r, p) in enumerate(zip(trace, prompts))))
         wall = time.perf_counter() - start
     return {"ttfts": ttfts, "errors": errors, "wall_s": wall}
 
 
-async def replay_sampled(url: str, trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
+async def replay_sampled(url: str | Sequence[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
                          replica_urls: list[str], proxy_url: str | None, interval: float = 1.0) -> dict[str, Any]:
     """`replay` with `sample_queues` running beside it; adds "queues" (the samples)."""
     stop, samples = asyncio.Event(), []  # type: ignore[var-annotated]
@@ -162,4 +171,5 @@ def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any
         # the engines' own TTFT (arrival at the replica → first token): client TTFT minus this is the router's share
         "engine_ttft_p50_s": pct(engine_t, 0.5), "engine_ttft_p99_s": pct(engine_t, 0.99),
         "engine_ttft_mean_s": statistics.fmean(engine_t) if engine_t else float("nan"),
+        "ttfts_s": sorted(round(x, 4) for x in t),  # every request's client TTFT: the CDF of `kvgate bench plot routing`
     }

@@ -7,10 +7,14 @@ is told, and the parameters tuned for it.
   `none` → `capacity_blocks` unset (an unbounded index); `reported` → the size each replica
   reports in its /stats, the same number the anchors get as `--max-tree-size`.
 - Anchors: sglang-router (`launch --policy cache_aware`) and vllm-router (`--policy
-  cache_aware`, its prefix/cache-aware policy): both keep an approximate radix tree of request
-  text per worker and route to the longest match above `cache_threshold` unless the load
-  (requests in flight) is imbalanced beyond `balance_abs_threshold` and `balance_rel_threshold`.
-  Those three thresholds are what the arena tunes for them (ANCHOR_GRID), on the tuning slice.
+  cache_aware`, its prefix/cache-aware policy): both keep an approximate radix tree per worker
+  and route to the longest match above `cache_threshold` unless the load (requests in flight) is
+  imbalanced beyond `balance_abs_threshold` and `balance_rel_threshold`; below the threshold
+  sglang picks the worker with the smallest tree, vllm-router the least loaded. sglang's tree
+  holds request text; vllm-router's holds token ids, which it asks a worker for
+  (`POST /v1/chat/completions/render`, as vLLM serves it; the sim replicas answer it — without
+  it vllm-router falls back to least-loaded routing). The three thresholds are what the arena
+  tunes for them (ANCHOR_GRID), on the tuning slice.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ KVGATE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "cache_aware_pr
 ANCHORS = ("sglang", "vllm_router")
 ANCHOR_DEFAULTS = {"cache_threshold": 0.3, "balance_abs_threshold": 64, "balance_rel_threshold": 1.5}
 # threshold candidates tried on the tuning slice: defaults, then ever more eager load balancing
-ANCHOR_GRID = "0.3/64/1.5,0.3/16/1.5,0.5/8/1.25,0.3/4/1.1"
+ANCHOR_GRID = "0.3/64/1.5,0.3/16/1.5,0.5/8/1.25"
 HINT_EVICTION_S = 5  # with a capacity hint the anchors' trees are trimmed this often (defaults 60/120 s)
 
 

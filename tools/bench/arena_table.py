@@ -70,7 +70,28 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(head + rows + tail)
 
 
+def summary(results: Sequence[dict[str, Any]]) -> str:
+    """One row per scenario: cache_aware against the anchors (hit rate, TTFT p99, errors), each
+    router's share of the TTFT (client mean − engine mean: means add, percentiles do not), and
+    whether the goal is met."""
+    rows = ["| scenario | hit: kvgate / sglang / vllm | TTFT p99: kvgate / sglang / vllm | kvgate errors "
+            "| router's share of TTFT, mean (client − engine): kvgate / sglang / vllm | goal |", "|---|---|---|---|---|---|"]
+    for r in results:
+        p = r["policies"]
+        ca, sg, vl = (p.get(k, {}) for k in ("cache_aware", "sglang", "vllm_router"))
+        hit = " / ".join(f"{x['hit_rate']:.3f}" if "hit_rate" in x else "–" for x in (ca, sg, vl))
+        p99 = " / ".join(_ms(x["ttft_p99_s"]) if "hit_rate" in x else "–" for x in (ca, sg, vl))
+        share = " / ".join(_ms(x["ttft_mean_s"] - x["engine_ttft_mean_s"]) if "engine_ttft_mean_s" in x else "–"
+                           for x in (ca, sg, vl))
+        met, _ = goal(r)
+        rows.append(f"| {r['scenario']} | {hit} | {p99} | {ca.get('errors', '–')} | {share} | {'met' if met else 'NOT met'} |")
+    return "\n".join(rows) + "\n"
+
+
 def print_tables(results: Sequence[dict[str, Any] | Path]) -> None:
-    for item in results:
-        result = item if isinstance(item, dict) else json.loads(Path(item).read_text())
+    """Each result's table; with several, the summary first."""
+    loaded = [item if isinstance(item, dict) else json.loads(Path(item).read_text()) for item in results]
+    if len(loaded) > 1:
+        print(summary(loaded))
+    for result in loaded:
         print(markdown(result))

@@ -43,6 +43,7 @@ from tools.bench.e2e_capacity import kv_bytes_per_token, kv_working_set, store_c
 from tools.bench.e2e_policy import run_policy
 from tools.bench.e2e_turns import arrivals, openings
 from tools.bench.machine import hardware_info
+from middleware.progress import say
 
 __all__ = ["POLICIES", "add_arguments", "arrivals", "kv_bytes_per_token", "kv_working_set", "main", "run",
            "store_capacity_mb", "validate"]
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every policy of --policies in turn, fresh processes each; returns the JSON-ready result."""
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     threads = args.replica_threads or max(1, (os.cpu_count() or 2) // args.replicas)
-    log = lambda msg: print(f"[e2e] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log = say("e2e")
     t_start = time.perf_counter()
     first = openings(args.conversations, args.opening_min_tokens, args.opening_max_tokens)
     log(f"openings: {[n for _, n in first]} prompt tokens")

@@ -34,7 +34,6 @@ tools.bench.records, the page-cache drop tools.bench.pagecache, the load timings
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -46,7 +45,10 @@ from typing import Any, Sequence
 from tools.bench.kv_loads import READ_BLOCK, time_chunk_loads, time_raw_reads
 from tools.bench.machine import hardware_info
 from tools.bench.pagecache import PageCache, files_under
+from tools.bench.stats import write_json
 from tools.bench.records import fit, history, sentences
+from tools.bench.plot import add_plot_option, write_plot
+from middleware.progress import progress, say
 
 __all__ = ["MODES", "add_arguments", "fit", "history", "main", "mode_summary", "print_summary", "run", "sentences"]
 
@@ -69,6 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: posix_fadvise, then /proc/sys/vm/drop_caches where writable (global: only the "
                         "latter)")
     p.add_argument("--json", type=Path, default=None)
+    add_plot_option(p)
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -102,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from engines.replica.engine import ReplicaEngine
     from engines.replica.model import load_model, model_namespace
 
-    log = lambda msg: print(f"[kv] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log = say("kv")
     if args.threads:
         torch.set_num_threads(args.threads)
     from index.chunks.allocator import keep_freed_memory
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 engine.tails.restore(tails)
 
         runs: dict[str, list[Any]] = {m: [] for m in MODES}
-        for r in range(args.repeats):
+        for r in progress(range(args.repeats), "kv: stored states timed", unit="repeats"):
             for mode in MODES:
                 if mode == "cold":
                     store.clear()
@@ -228,10 +231,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"kvgate bench kv: error: {exc}", file=sys.stderr)
         return 2
     print_summary(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
+    write_json(args.json, result)
+    return write_plot("kv", args.plot, result)
 
 
 def print_summary(result: dict[str, Any]) -> None:

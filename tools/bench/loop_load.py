@@ -12,6 +12,14 @@ Reported per proxy: client TTFT, requests/s, the proxy's CPU seconds per request
 event-loop lag (`kvgate_event_loop_lag_seconds`, scraped at the end). `--anchor-tree DIR` first
 runs the same workload against a proxy started from another source tree (e.g. `git archive` of an
 older commit) so the two are compared within one run.
+
+`--rate R` is the router-overhead figure of issue 13 instead (open loop: a request every 1/R s
+whatever the answers do): one instant backend, one proxy per tokenizer (`--tokenizers`) with it as
+the only replica, and per prompt shape (`--shapes`: `fresh` = a new document every request,
+`continue` = the next turn of one of `--conversations` conversations, the prompt-prefix cache's
+case) the same requests sent to the backend directly and then through the proxy. Added latency =
+proxy − direct, percentile by percentile (TTFT and total), with the proxy's loop lag over its phase
+and the time one fresh prompt takes to render + tokenise + hash in this process (`hash_ms`).
 """
 from __future__ import annotations
 
@@ -46,6 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchor-tree", type=Path, default=None, help="also run a proxy from this source tree, first")
     p.add_argument("--py-spy", type=Path, default=None, metavar="PREFIX",
                    help="record each proxy with py-spy (raw stacks to PREFIX-<label>.txt)")
+    p.add_argument("--rate", type=float, default=0.0, help="open-loop requests/s: the router-overhead figure (0: off)")
+    p.add_argument("--duration-s", type=float, default=15.0, help="--rate: seconds per phase")
+    p.add_argument("--tokenizers", default="smollm2,text", help="--rate: one proxy per routing tokenizer")
+    p.add_argument("--shapes", default="fresh,continue", help="--rate: prompt shapes (fresh | continue)")
+    p.add_argument("--conversations", type=int, default=20, help="--rate, continue: conversations taking turns")
     p.add_argument("--json", type=Path, default=None)
 
 
@@ -175,6 +188,8 @@ def run_one(label: str, tree: Path | None, replicas: list[str], args: argparse.N
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.rate > 0:
+        return run_overhead(args)
     work = Path(tempfile.mkdtemp(prefix="kvgate-loopload-"))
     backends, urls = [], []
     try:
@@ -198,5 +213,147 @@ def main(args: argparse.Namespace) -> int:
         print(f"{name:8s} {r['req_per_s']:7.1f} {r['ttft_p50_ms']:7.0f}ms {r['ttft_p99_ms']:6.0f}ms "
               f"{r['proxy_cpu_ms_per_req']:6.1f}ms {lag['mean_ms']:7.1f}ms {lag['p99_le_ms']:5.0f}ms "
               f"{lag['share_over_10ms']:6.1%} {r['errors']}")
+    write_json(args.json, result)
+    return 0
+
+
+# ------------------------------------------------------------------ --rate: the router-overhead figure
+
+
+class Prompts:
+    """The request bodies of one phase, made before it starts (so making them costs no latency)."""
+
+    def __init__(self, shape: str, args: argparse.Namespace, count: int, seed: int) -> None:
+        rng = random.Random(seed)
+        vocab = [_words(rng, 1) for _ in range(5000)]
+        words = max(1, int(args.prompt_words))
+        self.bodies: list[list[dict[str, str]]] = []
+        if shape == "fresh":
+            for i in range(count):
+                self.bodies.append([{"role": "system", "content": " ".join(rng.choices(vocab, k=words))},
+                                    {"role": "user", "content": f"question {i}?"}])
+            self.warm: list[list[dict[str, str]]] = []
+            return
+        # continue: conversation c's turn t repeats turns 0..t-1 (question + the demo backend's echo)
+        talks = [[{"role": "system", "content": " ".join(rng.choices(vocab, k=words))}] for _ in range(args.conversations)]
+        self.warm = []
+        for c, talk in enumerate(talks):  # turn 0 of each is sent before timing: its cold hash is `fresh`'s case
+            talk.append({"role": "user", "content": f"conversation {c} turn 0?"})
+            self.warm.append(list(talk))
+        for i in range(count):
+            c, talk = i % len(talks), talks[i % len(talks)]
+            turn = (len(talk) - 1) // 2
+            talk.append({"role": "assistant", "content": f"Answer: {talk[-1]['content']}"})
+            talk.append({"role": "user", "content": f"conversation {c} turn {turn}?"})
+            self.bodies.append(list(talk))
+
+
+async def open_loop(url: str, bodies: list[list[dict[str, str]]], rate: float) -> dict[str, Any]:
+    """Request i at t0 + i/rate (whatever the earlier ones are doing); TTFT and total per request."""
+    import aiohttp
+
+    ttft: list[float] = []
+    total: list[float] = []
+    errors: list[str] = []
+
+    async def one(session: Any, messages: list[dict[str, str]], at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        body = {"model": "demo", "messages": messages, "stream": True, "max_tokens": 64}
+        sent, first = time.perf_counter(), None
+        try:
+            async with session.post(url, json=body) as resp:
+                if resp.status != 200:
+                    errors.append(f"HTTP {resp.status}")
+                    return
+                async for line in resp.content:
+                    if first is None and line.startswith(b"data: {") and b'"content"' in line:
+                        first = time.perf_counter() - sent
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            errors.append(type(exc).__name__)
+            return
+        total.append(time.perf_counter() - sent)
+        if first is not None:
+            ttft.append(first)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
+        t0 = time.perf_counter() + 0.2
+        await asyncio.gather(*(one(session, m, t0 + i / rate) for i, m in enumerate(bodies)))
+        wall = time.perf_counter() - t0
+    return {"ttft": ttft, "total": total, "errors": errors, "wall_s": wall}
+
+
+def _summary(run: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"completed": len(run["total"]), "errors": len(run["errors"]),
+                           "req_per_s": len(run["total"]) / run["wall_s"]}
+    for key in ("ttft", "total"):
+        for q in (0.5, 0.9, 0.99):
+            out[f"{key}_p{round(q * 100)}_ms"] = 1000 * pct(run[key], q)
+    return out
+
+
+def hash_ms(tokenizer: str, prompts: Prompts, n: int = 10) -> dict[str, Any]:
+    """Render + tokenise + hash of fresh prompts with the router's own hasher: p50 ms and token count."""
+    from index.prompt import PromptHasher
+    from index.tokenizer import load_tokenizer
+
+    hasher = PromptHasher(load_tokenizer(tokenizer), 16)
+    times, tokens = [], 0
+    for messages in prompts.bodies[:n]:
+        started = time.perf_counter()
+        tokens = hasher.prompt(messages).tokens
+        times.append(time.perf_counter() - started)
+    return {"hash_ms_p50": 1000 * pct(times, 0.5), "tokens": tokens}
+
+
+def run_overhead(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="kvgate-overhead-"))
+    count = int(args.rate * args.duration_s)
+    port = free_port()
+    backend_url = f"http://127.0.0.1:{port}"
+    backend = Proc("demo", kvgate_argv("demo-backend", "--port", str(port)), work)
+    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+                              "machine": {"cpus": os.cpu_count()}, "runs": []}
+    try:
+        backend.wait_http(f"{backend_url}/v1/models")
+        for tokenizer in [t.strip() for t in args.tokenizers.split(",") if t.strip()]:
+            cfg_path = work / f"{tokenizer}.yaml"
+            cfg_path.write_text(yaml.safe_dump(config([backend_url], tokenizer, str(work / f"cache-{tokenizer}"))))
+            proxy_port = free_port()
+            proxy = Proc(f"proxy-{tokenizer}", kvgate_argv("serve", "--config", str(cfg_path), "--port", str(proxy_port),
+                                                           "--log-level", "warning"), work)
+            base = f"http://127.0.0.1:{proxy_port}"
+            try:
+                proxy.wait_http(f"{base}/health")
+                for n, shape in enumerate(s.strip() for s in args.shapes.split(",") if s.strip()):
+                    prompts = Prompts(shape, args, count, seed=100 + n)
+                    row: dict[str, Any] = {"tokenizer": tokenizer, "shape": shape, "rate": args.rate,
+                                           **hash_ms(tokenizer, Prompts("fresh", args, 10, seed=7))}
+                    for label, url in (("direct", backend_url), ("proxy", base)):
+                        # warm-up: connections, lazy imports, and (continue) each conversation's first turn
+                        warm = prompts.warm or Prompts("fresh", args, 8, seed=9).bodies
+                        asyncio.run(open_loop(f"{url}/v1/chat/completions", warm, args.rate))
+                        lag0 = _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
+                        cpu0 = _cpu_s(proxy.proc.pid)
+                        run = asyncio.run(open_loop(f"{url}/v1/chat/completions", prompts.bodies, args.rate))
+                        row[label] = _summary(run)
+                        if label == "proxy":
+                            row["proxy_cpu_ms_per_req"] = 1000 * (_cpu_s(proxy.proc.pid) - cpu0) / max(1, len(run["total"]))
+                            row["loop_lag"] = _lag(lag0, _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text))
+                    row["added_ms"] = {k: row["proxy"][k] - row["direct"][k] for k in row["direct"] if k.endswith("_ms")}
+                    result["runs"].append(row)
+                    print(f"[overhead] {tokenizer} {shape}: added {row['added_ms']} lag {row['loop_lag']}",
+                          file=sys.stderr, flush=True)
+            finally:
+                proxy.stop()
+    finally:
+        backend.stop()
+    print(f"{'tokenizer':9s} {'shape':9s} {'tokens':>6s} {'hash':>7s} {'+ttft p50':>9s} {'p99':>7s} {'+total p50':>10s} "
+          f"{'p99':>7s} {'lag p99≤':>8s} {'cpu/req':>7s} err")
+    for r in result["runs"]:
+        a, lag = r["added_ms"], r["loop_lag"]
+        print(f"{r['tokenizer']:9s} {r['shape']:9s} {r['tokens']:6d} {r['hash_ms_p50']:5.1f}ms {a['ttft_p50_ms']:7.2f}ms "
+              f"{a['ttft_p99_ms']:5.1f}ms {a['total_p50_ms']:8.2f}ms {a['total_p99_ms']:5.1f}ms {lag['p99_le_ms']:6.0f}ms "
+              f"{r['proxy_cpu_ms_per_req']:5.1f}ms {r['proxy']['errors'] + r['direct']['errors']}")
     write_json(args.json, result)
     return 0

@@ -34,7 +34,7 @@ from tools.bench.stats import percentiles_ms, write_json
 
 MODEL = "multiturn-chat"
 KINDS = ("original", "paraphrase")
-CONTEXTS = ("exact", "last_user_only")
+CONTEXTS = ("exact", "last_user_only", "semantic")
 DEFAULT_THRESHOLD = 0.9
 
 

@@ -106,3 +106,20 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of process group `pgid`
+    (a Proc and every child it started: `kvgate serve --workers N`'s workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[2]) == pgid:  # fields[0] is the state: pgrp is the 5th field of stat
+            total += int(fields[11]) + int(fields[12])
+    return total / tick

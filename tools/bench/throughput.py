@@ -7,6 +7,7 @@ same run, one target at a time:
 - `kvgate_relay` / `kvgate_litellm`: one `kvgate serve` process, the backend as the route's only
   replica (cache_aware routing, exact tier on, semantic tier off), misses forwarded by the relay
   (`routing.forward: relay`) or by litellm.acompletion (`routing.forward: litellm`);
+- `kvgate_relay_w2`: the relay with `kvgate serve --workers 2` (one port, routing state shared);
 - `litellm_proxy`: LiteLLM's own proxy (`litellm --config`, one worker, its in-memory cache on);
 - `sglang_router`: `sglang-router launch` (cache_aware), all-miss mix only: it has no cache;
 - `direct`: the backend itself, all-miss mix only: the ceiling of the machine.
@@ -17,31 +18,37 @@ Requests carry one of 8 long system prompts (--system-words) and a fresh questio
 (--question-words; the backend echoes it, so streamed answers are that many chunks); --stream-share
 of them stream. Each cell sends at most --requests requests or runs --duration-s seconds, C at a
 time, from one aiohttp client in this process. Loopback only. The result (`--json`) has one row per
-(mix, concurrency, target) and the ratios the issue's goals are stated in.
+(mix, concurrency, target) and the ratios the issue's goals are stated in. Each row also has the
+CPU milliseconds per completed request, over the timed phase, of the target (its whole process
+group: every worker), of the backend and of this client: on a small machine the three share the
+cores, and these say where they go.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import yaml
 
 from tools.bench.machine import machine_info
-from tools.bench.procs import Proc, free_port, kvgate_argv, sglang_router_bin
+from tools.bench.procs import Proc, free_port, group_cpu_s, kvgate_argv, sglang_router_bin
 from tools.bench.stats import percentiles_ms, write_json
+from middleware.progress import say
 
 SCHEMA = 1
 MODEL = "bench-1"
 MASTER_KEY = "sk-kvgate-bench-0123456789abcdef0123456789abcdef"  # LiteLLM's proxy refuses to start without one
-TARGETS = ("kvgate_relay", "kvgate_litellm", "litellm_proxy", "sglang_router", "direct")
+TARGETS = ("kvgate_relay", "kvgate_relay_w2", "kvgate_litellm", "litellm_proxy", "sglang_router", "direct")
+WORKERS = {"kvgate_relay_w2": 2}  # kvgate targets served by `kvgate serve --workers N`
 MISS_ONLY = frozenset({"sglang_router", "direct"})  # no cache: a hit-heavy mix is an all-miss mix to them
 MIXES = ("hit_heavy", "all_miss")
 SYSTEM_PROMPTS = 8
@@ -106,7 +113,7 @@ def hit_of(target: str, headers: Any) -> bool | None:
 
 
 async def drive(url: str, target: str, work: Workload, mix: str, args: argparse.Namespace,
-                concurrency: int) -> dict[str, Any]:
+                concurrency: int, cpu: Callable[[], dict[str, float]] = dict) -> dict[str, Any]:
     """Warm up, then send one cell's load; latency is send → last byte of the answer."""
     import aiohttp  # LiteLLM's own dependency; a faster client than httpx, so the client costs less CPU
 
@@ -162,9 +169,11 @@ async def drive(url: str, target: str, work: Workload, mix: str, args: argparse.
                 request, repeated = work.next(repeat)
                 await one(session, request, True, repeated)
 
-        started = time.perf_counter()
+        cpu0, started = cpu(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+        cpu1 = cpu()
+    per_request = {f"{k}_cpu_ms_per_req": round(1000 * (cpu1[k] - cpu0[k]) / max(1, counts["ok"]), 2) for k in cpu0}
     p50, p99 = percentiles_ms(latencies)
     done = counts["ok"] + counts["errors"]
     return {"mix": mix, "concurrency": concurrency, "target": target, "requests": done, "errors": counts["errors"],
@@ -172,20 +181,20 @@ async def drive(url: str, target: str, work: Workload, mix: str, args: argparse.
             "p50_ms": p50, "p99_ms": p99,
             "hit_ratio": round(counts["hits"] / counts["ok"], 3) if counts["ok"] and hit_of(target, {}) is not None else None,
             "repeat_ratio": round(counts["repeats"] / counts["ok"], 3) if counts["ok"] else None,
-            "problems": problems}
+            **per_request, "problems": problems}
 
 
 # ------------------------------------------------------------------ servers
-def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str) -> Path:
+def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str, name: str) -> Path:
     config = {
-        "cache_dir": str(work / f"cache-{forward}"),
+        "cache_dir": str(work / f"cache-{name}"),
         "routes": [{"name": "bench", "model": "bench-*", "scope": "shared",
                     "backend": {"model": "openai/fake", "api_key": "none", "timeout": 60},
                     "semantic": {"enabled": False},
                     "replicas": [{"name": "r0", "api_base": f"{backend}/v1"}],
                     "routing": {"policy": "cache_aware", "tokenizer": tokenizer, "forward": forward}}],
     }
-    path = work / f"kvgate-{forward}.yaml"
+    path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -217,9 +226,11 @@ def start(target: str, work: Path, backend: str, args: argparse.Namespace) -> tu
     if target == "direct":
         return None, backend
     if target.startswith("kvgate"):
-        config = kvgate_config(work, backend, target.split("_", 1)[1], args.tokenizer)
-        return Proc(target, kvgate_argv("serve", "--config", str(config), "--port", str(port), "--log-level", "warning"),
-                    work), url
+        forward = target.split("_")[1]
+        config = kvgate_config(work, backend, forward, args.tokenizer, target)
+        workers = ["--workers", str(WORKERS[target])] if target in WORKERS else []
+        return Proc(target, kvgate_argv("serve", "--config", str(config), "--port", str(port), "--log-level", "warning",
+                                        *workers), work), url
     if target == "litellm_proxy":
         binary = litellm_bin()
         if binary is None:
@@ -273,9 +284,12 @@ def goals(table: dict[str, Any]) -> dict[str, bool | None]:
     """The issue's goals, for the relay (None where an anchor did not run)."""
     vs_litellm = [c.get("kvgate_relay/litellm_proxy") for mix in table.values() for c in mix.values()]
     vs_sglang = [c.get("kvgate_relay/sglang_router") for c in table.get("all_miss", {}).values()]
+    w2_sglang = [c.get("kvgate_relay_w2/sglang_router") for c in table.get("all_miss", {}).values()]
     vs_litellm, vs_sglang = [x for x in vs_litellm if x is not None], [x for x in vs_sglang if x is not None]
+    w2_sglang = [x for x in w2_sglang if x is not None]
     return {"relay_at_least_2x_litellm_proxy": all(x >= 2 for x in vs_litellm) if vs_litellm else None,
-            "relay_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in vs_sglang) if vs_sglang else None}
+            "relay_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in vs_sglang) if vs_sglang else None,
+            "relay_w2_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in w2_sglang) if w2_sglang else None}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -287,7 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = [t for t in targets if t not in TARGETS] + [m for m in mixes if m not in MIXES]
     if unknown:
         raise SystemExit(f"kvgate bench throughput: unknown target or mix {unknown}")
-    log = lambda msg: print(f"[throughput] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log = say("throughput")
     backend_port = free_port()
     backend = f"http://127.0.0.1:{backend_port}"
     procs: list[Proc] = [Proc("backend", kvgate_argv("demo-backend", "--port", str(backend_port)), work)]
@@ -315,7 +329,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         continue
                     cell += 1
                     work_load = Workload(f"c{cell}", args, args.seed * 1000 + cell)
-                    row = asyncio.run(drive(f"{urls[target]}/v1/chat/completions", target, work_load, mix, args, concurrency))
+                    target_proc = next((p for p in procs if p.name == target), None)
+                    groups = {"proxy": target_proc, "backend": procs[0]}
+
+                    def cpu() -> dict[str, float]:
+                        used = {k: group_cpu_s(p.proc.pid) for k, p in groups.items() if p is not None}
+                        return {**used, "client": sum(os.times()[:2])}
+
+                    row = asyncio.run(drive(f"{urls[target]}/v1/chat/completions", target, work_load, mix, args,
+                                            concurrency, cpu))
                     rows.append(row)
                     log(f"{mix:9s} c={concurrency:<4d} {target:15s} {row['rps']} req/s p50 {row['p50_ms']} ms "
                         f"p99 {row['p99_ms']} ms errors {row['errors']} hits {row['hit_ratio']}")
@@ -332,11 +354,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     result = run(args)
-    print(f"{'mix':9s} {'conc':>4s} {'target':15s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'hits':>5s} {'errors':>6s}")
+    print(f"{'mix':9s} {'conc':>4s} {'target':15s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'hits':>5s} {'errors':>6s}"
+          "   CPU ms/req: target backend client")
     for r in result["rows"]:
         hits = "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.2f}"
+        cpu = "  ".join(f"{r.get(k + '_cpu_ms_per_req', float('nan')):6.2f}" for k in ("proxy", "backend", "client"))
         print(f"{r['mix']:9s} {r['concurrency']:4d} {r['target']:15s} {r['rps'] or 0:8.1f} {r['p50_ms'] or 0:8.1f} "
-              f"{r['p99_ms'] or 0:8.1f} {hits:>5s} {r['errors']:6d}")
+              f"{r['p99_ms'] or 0:8.1f} {hits:>5s} {r['errors']:6d}   {cpu}")
     for mix, cells in result["ratios"].items():
         for concurrency, values in cells.items():
             print(f"{mix} c={concurrency}: " + "  ".join(f"{k} {v}x" for k, v in values.items()))

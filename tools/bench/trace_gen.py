@@ -38,7 +38,7 @@ class TraceShape:
 
     requests: int = 4000
     seed: int = 0
-    rate: float = 2.5  # mean requests per second over the trace
+    rate: float = 4.5  # mean requests per second over the trace (session starts × mean turns)
     block_tokens: int = 512
     system_prompts: int = 8
     system_blocks: tuple[int, int] = (2, 8)  # each system prefix: uniform whole blocks in [lo, hi]
@@ -145,11 +145,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=d.rate, help="mean requests per second")
     p.add_argument("--block-tokens", type=int, default=d.block_tokens, help="tokens per hash id")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="longest prompt")
+    p.add_argument("--system-prompts", type=int, default=d.system_prompts, help="shared prefixes sessions open with")
+    p.add_argument("--system-blocks", default=f"{d.system_blocks[0]}:{d.system_blocks[1]}", metavar="LO:HI",
+                   help="each shared prefix's length in blocks (uniform); e.g. 60:100 makes a hot shared document")
 
 
 def main(args: argparse.Namespace) -> int:
+    lo, _, hi = args.system_blocks.partition(":")
     shape = TraceShape(requests=args.requests, seed=args.seed, rate=args.rate, block_tokens=args.block_tokens,
-                       max_tokens=args.max_tokens)
+                       max_tokens=args.max_tokens, system_prompts=args.system_prompts, system_blocks=(int(lo), int(hi or lo)))
     rows = generate(shape)
     write_trace(rows, args.out)
     d = describe(rows)

@@ -12,18 +12,21 @@ import numpy as np
 
 from index.embedder import Embedder
 from index.verifier import Verifier
+from middleware.progress import Progress
 from tools.tuning.calibrate import Candidates
 from tools.tuning.equivalence import Equivalence, credited
 
 SEARCH_BLOCK = 1024
 
 
-def embed_all(embedder: Embedder, texts: Sequence[str], progress: Callable[[str], None] = lambda _m: None) -> np.ndarray:
+def embed_all(embedder: Embedder, texts: Sequence[str], desc: str = "embedding", batch: int = 512) -> np.ndarray:
+    """Embed `texts` in batches, with progress (middleware.progress); row i is text i's vector."""
     out = np.empty((len(texts), embedder.dim), dtype=np.float32)
-    for start in range(0, len(texts), 512):
-        chunk = list(texts[start : start + 512])
-        out[start : start + len(chunk)] = embedder.embed(chunk)
-        progress(f"embedded {start + len(chunk)}/{len(texts)}")
+    with Progress(len(texts), desc, unit="texts") as bar:
+        for start in range(0, len(texts), batch):
+            chunk = list(texts[start : start + batch])
+            out[start : start + len(chunk)] = embedder.embed(chunk)
+            bar.update(len(chunk))
     return out
 
 

@@ -15,11 +15,11 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
+from middleware.progress import Progress
 from tools.tuning.synthetic import hard_negatives, symmetric_positives
 
 Example = tuple[str, str, float]  # (cached question, new question, label 1 = same question)
@@ -102,7 +102,6 @@ def train_cross_encoder(
     examples: Sequence[Example],
     base: Path,
     cfg: TrainConfig,
-    progress: Callable[[str], None] = lambda _m: None,
     device: str = "cpu",
 ):  # -> (model, tokenizer); torch types are not imported at module level
     """Fine-tune MiniLM (first `cfg.layers` layers) with one logit and BCE loss; returns the model in eval mode."""
@@ -129,8 +128,8 @@ def train_cross_encoder(
     optim = torch.optim.AdamW(groups, lr=cfg.learning_rate)
     sched = get_linear_schedule_with_warmup(optim, int(cfg.warmup_fraction * total), total)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    started = time.perf_counter()
     step = 0
+    bar = Progress(total, "training the verifier", unit="batches", every_s=30)
     for epoch in range(cfg.epochs):
         running = 0.0
         for batch_ids in _batches(examples, cfg, epoch):
@@ -147,11 +146,11 @@ def train_cross_encoder(
             optim.zero_grad(set_to_none=True)
             running += float(loss.detach())
             step += 1
-            if step % 50 == 0 or step == total:
-                elapsed = time.perf_counter() - started
-                progress(f"epoch {epoch + 1}/{cfg.epochs} step {step}/{total} loss {running / 50:.4f} "
-                         f"({elapsed:.0f}s, ~{elapsed / step * (total - step):.0f}s left)")
+            if step % 50 == 0:
+                bar.update(50, note=f"epoch {epoch + 1}/{cfg.epochs} loss {running / 50:.4f}")
                 running = 0.0
+    bar.update(step % 50)
+    bar.close()
     model.eval()
     return model.to("cpu"), tok
 

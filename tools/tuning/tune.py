@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
+from middleware.progress import say
 from tools.tuning import calibrate
 from tools.tuning.calibrate import Candidates, Point
 from tools.tuning.split import DEFAULT_FRACTIONS, Part, assign_parts, indices
@@ -35,8 +36,7 @@ class TuneError(ValueError):
     """A problem with tune's input, shown to the user as one line."""
 
 
-def progress(message: str) -> None:
-    print(f"[tune] {message}", file=sys.stderr, flush=True)
+progress = say("tune")  # status lines on stderr that keep a progress bar intact
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -154,7 +154,7 @@ def ensure_verifier(
     log(f"training the verifier: {len(examples)} examples ({positives} positive), {cfg.epochs} epoch(s), "
         f"{cfg.layers} layers, {cfg.threads} threads")
     started, cpu_started = time.perf_counter(), time.process_time()
-    model, tok = train_cross_encoder(examples, base, cfg, log)
+    model, tok = train_cross_encoder(examples, base, cfg)
     seconds = round(time.perf_counter() - started, 1)
     cpu = round(time.process_time() - cpu_started, 1)  # all threads; wall time on a busy machine says little
     log(f"trained in {seconds}s ({cpu} CPU-s); exporting to ONNX at {directory}")
@@ -173,7 +173,7 @@ def cache_candidates(
     q1 = [a for a, _, _ in rows]
     q2 = [b for _, b, _ in rows]
     progress(f"{label}: embedding {len(rows)} pairs")
-    v1, v2 = embed_all(embedder, q1), embed_all(embedder, q2)
+    v1, v2 = embed_all(embedder, q1, f"{label}: question1"), embed_all(embedder, q2, f"{label}: question2")
     return build_candidates(q1, q2, [d for *_, d in rows], v1, v2, verifier, k, min(calibrate.COSINE_GRID), progress)
 
 

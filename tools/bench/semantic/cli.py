@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tools.bench.semantic.report import print_pairs_summary, print_proxy_summary, write_json
+from tools.bench.plot import add_plot_option, write_plot
 from tools.tuning.pairs import BenchInputError
 
 DEFAULT_PAIRS_THRESHOLD = 0.9
@@ -29,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--entries", type=int, metavar="N",
                       help="proxy latency mode: pre-fill the scope with N entries, then time requests")
     parser.add_argument("--json", type=Path, metavar="OUT", default=None, help="write the results here (JSON)")
+    add_plot_option(parser)  # --pairs: precision / recall vs threshold
     parser.add_argument("--threshold", type=float, default=None,
                         help=f"cosine similarity for a hit (default {DEFAULT_PAIRS_THRESHOLD} with --pairs, "
                              f"{DEFAULT_PROXY_THRESHOLD} with --entries)")
@@ -81,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
         print(f"results written to {args.json}")
-    return 0
+    return write_plot("semantic", args.plot, result)
 
 
 def _reject_other_mode(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:

@@ -20,6 +20,7 @@ from tools.bench.semantic.report import progress
 from tools.bench.semantic.scoring import TopHit, score, top1_answers
 from tools.bench.semantic.verified_run import verified_result
 from tools.bench.stats import percentiles_ms
+from tools.tuning.candidates import embed_all
 from tools.tuning.pairs import BenchInputError, Pair, read_pairs
 
 EMBED_BATCH = 1024
@@ -29,14 +30,8 @@ SCOPE = "qqp"
 
 
 def embed_batched(embedder: Any, texts: list[str], label: str) -> np.ndarray:
-    """Embed `texts` in batches of EMBED_BATCH with progress lines."""
-    out = np.empty((len(texts), embedder.dim), dtype=np.float32)
-    started = time.perf_counter()
-    for start in range(0, len(texts), EMBED_BATCH):
-        chunk = texts[start : start + EMBED_BATCH]
-        out[start : start + len(chunk)] = embedder.embed(chunk)
-        progress(f"embedded {start + len(chunk)}/{len(texts)} {label} ({time.perf_counter() - started:.1f}s)")
-    return out
+    """Embed `texts` in batches of EMBED_BATCH with progress (tune's loop)."""
+    return embed_all(embedder, texts, f"embedding {label}", EMBED_BATCH)
 
 
 def holdout_pairs(pairs: list[Pair], limit: int | None) -> tuple[list[Pair], dict[str, int]]:

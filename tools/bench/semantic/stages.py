@@ -121,7 +121,7 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     from index.semantic import SemanticIndex
     from index.vectors import ScopeVectors
     from middleware.config import FeedbackConfig
-    from middleware.request_log import RequestLog
+    from middleware.request_log import DiskRequestLog
     from tools.bench.gptcache_anchor import GptcacheEmbedding, open_gptcache, require_gptcache
     from tools.tuning.pairs import BenchInputError
 
@@ -140,7 +140,7 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-stages-") as tmp:
         index = SemanticIndex(Path(tmp) / "index", embedder.dim, max_entries=len(pairs) + 1)
         defaults = FeedbackConfig()
-        requests = RequestLog(Path(tmp) / "requests", defaults.record_ttl, int(defaults.record_max_mb * 2**20))
+        requests = DiskRequestLog(Path(tmp) / "requests", defaults.record_ttl, int(defaults.record_max_mb * 2**20))
         embedding = GptcacheEmbedding(embedder)
         embedding.remember(q1, v1)
         try:

@@ -1,0 +1,29 @@
+"""`kvgate bench loop-load --rate`: the router-overhead run end to end on tiny settings (figures are
+not asserted, the JSON's shape is: every tokenizer × shape row, both phases, the added latency)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from middleware.cli import build_parser
+from tools.bench import loop_load
+
+
+@pytest.mark.slow
+def test_overhead_run_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    argv = ["bench", "loop-load", "--rate", "20", "--duration-s", "0.5", "--prompt-words", "60",
+            "--tokenizers", "text", "--shapes", "fresh,continue", "--conversations", "3", "--json", str(out)]
+    args = build_parser(argv).parse_args(argv)
+    assert loop_load.main(args) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["tokenizer"], r["shape"]) for r in runs] == [("text", "fresh"), ("text", "continue")]
+    for r in runs:
+        assert r["direct"]["completed"] == r["proxy"]["completed"] == 10
+        assert r["direct"]["errors"] == r["proxy"]["errors"] == 0
+        assert r["tokens"] > 60 and r["hash_ms_p50"] > 0 and r["proxy_cpu_ms_per_req"] >= 0
+        assert r["loop_lag"]["samples"] >= 0
+        for key in ("ttft_p50_ms", "ttft_p99_ms", "total_p50_ms", "total_p99_ms"):
+            assert r["added_ms"][key] == pytest.approx(r["proxy"][key] - r["direct"][key])

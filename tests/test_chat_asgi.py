@@ -1,0 +1,66 @@
+"""The lean ASGI path of POST /v1/chat/completions (middleware/chat_asgi.py), on real uvicorn
+servers over the fake backend: it skips FastAPI's middleware stack, and the FastAPI route, reached
+when the app is mounted under a prefix, answers through the same handler."""
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from middleware.config import parse_config
+from middleware.pipeline import Pipeline
+from middleware.proxy import create_app
+from tests.conftest import route_config
+from tools.bench.procs import ServerThread
+
+
+class Spy:
+    """A middleware on FastAPI's stack: the paths it sees are the ones that went through it."""
+
+    def __init__(self, app: Any, seen: list[str]) -> None:
+        self.app, self.seen = app, seen
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.seen.append(scope["path"])
+        await self.app(scope, receive, send)
+
+
+def test_chat_skips_the_fastapi_stack_and_the_mounted_route_delegates(backend, embedder, tmp_path) -> None:
+    raw = route_config(backend.api_base, tmp_path / "c")
+    raw["auth"] = {"keys": ["k"]}
+    config = parse_config(raw)
+    pipeline = Pipeline(config, embedder=embedder)
+    app = create_app(config, pipeline)
+    seen: list[str] = []
+    app.add_middleware(Spy, seen=seen)
+    server = ServerThread(app).start()
+    mounted = ServerThread(Starlette(routes=[Mount("/gw", app=app)])).start()  # shares app.state
+    key = {"authorization": "Bearer k"}
+    body = {"model": "demo-1", "messages": [{"role": "user", "content": "lean path question"}]}
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.post("/v1/chat/completions", json=body).status_code == 401  # the key gate holds
+            first = client.post("/v1/chat/completions", json=body, headers=key)
+            assert first.status_code == 200 and first.headers["x-kvgate-cache"] == "miss"
+            assert first.headers["content-type"] == "application/json"
+            bad = client.post("/v1/chat/completions", content=b"{", headers=key)
+            assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+            stream = client.post("/v1/chat/completions", json={**body, "stream": True}, headers=key)
+            assert stream.status_code == 200 and stream.text.endswith("data: [DONE]\n\n")
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            assert client.get("/v1/models", headers=key).status_code == 200
+            assert "/v1/chat/completions" in client.get("/openapi.json", headers=key).json()["paths"]
+        assert seen == ["/v1/models", "/openapi.json"]  # chat completions never went through FastAPI's stack
+        with httpx.Client(base_url=mounted.url, timeout=30) as client:
+            again = client.post("/gw/v1/chat/completions", json=body, headers=key)
+            assert again.status_code == 200 and again.headers["x-kvgate-cache"] == "exact"
+            assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+            assert client.post("/gw/v1/chat/completions", json=body).status_code == 401
+        assert "/gw/v1/chat/completions" in seen  # this one took the FastAPI route, to the same handler
+    finally:
+        mounted.stop()
+        server.stop()
+        pipeline.close()

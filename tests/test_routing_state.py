@@ -1,0 +1,73 @@
+"""RoutingState: the local one, and the workers' one (shared memory + ZMQ ipc), two hubs for two workers."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from middleware.config import ReplicaConfig, RoutingConfig
+from middleware.routing.router import Router
+from middleware.routing.state_local import LocalState
+from middleware.routing.state_workers import WorkerHub, WorkersLayout
+
+REPLICAS = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
+
+
+@pytest.fixture()
+def hubs():
+    layout = WorkersLayout.create([("chat", ["r0", "r1"])], workers=2)
+    made = [WorkerHub(layout, w) for w in range(2)]
+    yield made
+    for hub in made:
+        hub.close()
+    layout.remove()
+
+
+def _router(hub: WorkerHub) -> Router:
+    cfg = RoutingConfig(policy="cache_aware", tokenizer="text", block_size=4)
+    return Router(REPLICAS, cfg, state=hub.state("chat", ["r0", "r1"]))
+
+
+def test_local_state_sums_this_process_only() -> None:
+    state = LocalState(["a", "b"])
+    state.add_load("a", 2, 100)
+    state.add_load("a", -1, -40)
+    assert state.load("a") == (1, 60) and state.load("b") == (0, 0)
+
+
+def test_load_seen_by_one_worker_includes_the_others(hubs) -> None:
+    one, two = _router(hubs[0]), _router(hubs[1])
+    msgs = [{"role": "user", "content": "x" * 64}]
+    plan = one.plan(msgs)
+    ticket = one.started(one.replicas[0], plan)
+    assert two.stats()["r0"]["in_flight"] == 1
+    assert two.stats()["r0"]["pending_prefill_tokens"] == plan.prompt_tokens
+    # the other worker's choice avoids the loaded replica although it sent nothing itself
+    assert two.choose(two.plan([{"role": "user", "content": "y" * 64}])).name == "r1"
+    one.first_token(ticket)
+    assert two.stats()["r0"]["pending_prefill_tokens"] == 0
+    one.finished(ticket, ok=True)
+    assert two.stats()["r0"]["in_flight"] == 0
+
+
+def test_a_decision_in_one_worker_teaches_the_other(hubs) -> None:
+    one, two = _router(hubs[0]), _router(hubs[1])
+    time.sleep(0.3)  # the subscribers connect (a PUB drops for peers not yet connected)
+    msgs = [{"role": "user", "content": "a shared system prompt " * 8}]
+    plan = one.plan(msgs)
+    one.finished(one.started(one.replicas[1], plan), ok=True)
+    deadline = time.time() + 5
+    while hubs[1].received == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    follow_up = two.plan(msgs)
+    assert follow_up.matched_blocks["r1"] == len(plan.hashes) > 0 and follow_up.matched_blocks["r0"] == 0
+    assert two.choose(follow_up).name == "r1"
+
+
+def test_a_worker_outside_the_layout_is_refused() -> None:
+    layout = WorkersLayout.create([("chat", ["r0"])], workers=1)
+    try:
+        with pytest.raises(ValueError, match="worker 1 outside"):
+            WorkerHub(layout, 1)
+    finally:
+        layout.remove()

@@ -1,0 +1,230 @@
+"""`kvgate bench trust`: wrong-hit rate and hit rate of static thresholds vs `semantic.max_error_rate`.
+
+Method (tools/bench/trust_stream.py builds the stream): every distinct question of the chosen
+slice of --pairs, in a seeded shuffle, goes through the real pipeline (Pipeline.complete: real
+LiteLLM to a deterministic OpenAI-compatible server on 127.0.0.1 that answers each question with
+its class's canonical answer; real FAISS; embeddings of the real MiniLM, computed once and kept in
+the benchmark embedding cache, tools/bench/embed_cache.py). Requests carry temperature 0, so an
+exploration's verdict is "the normalised answers are equal". One fresh cache per setting: each
+static threshold of the sweep, then each δ. Per setting: hits, wrong hits (served answer of
+another class), backend calls (misses + explorations, counted by the server). The wrong-hit
+rate is wrong hits per query (vCache's error rate); its 95% upper bound is Wilson's. The
+comparisons of explorations run on the pipeline's background worker; the replay waits for them
+after each query so that a run is reproducible.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from fastapi import FastAPI, Request
+
+from index.trust import wilson_upper
+from tools.bench.stats import write_json
+from tools.bench.trust_stream import SLICES, Stream, build_stream, slice_pairs
+from tools.tuning.pairs import BenchInputError, read_pairs
+
+MODEL = "trust-bench"
+DEFAULT_THRESHOLDS = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98)
+DEFAULT_DELTAS = (0.01, 0.02, 0.05)
+
+
+class TableEmbedder:
+    """The real embedder's vectors of the stream's questions, looked up by text (computed once and
+    cached on disk); any other text goes to the real embedder."""
+
+    def __init__(self, real: Any, texts: Sequence[str], vectors: np.ndarray) -> None:
+        self.name, self.dim, self._real = real.name, real.dim, real
+        self._rows = {t: i for i, t in enumerate(texts)}
+        self._vectors = vectors
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if all(t in self._rows for t in texts):
+            return self._vectors[[self._rows[t] for t in texts]]
+        return self._real.embed(list(texts))
+
+
+def backend_app(answer_of: dict[str, str]) -> Any:
+    """A deterministic OpenAI-compatible server: the last user turn's class answer; counts calls."""
+    app = FastAPI()
+    app.state.calls = 0
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        app.state.calls += 1
+        question = next((m["content"] for m in reversed(body["messages"]) if m.get("role") == "user"), "")
+        text = answer_of.get(question, "Unknown question")
+        return {"id": f"chatcmpl-{app.state.calls}", "object": "chat.completion", "created": int(time.time()),
+                "model": body.get("model", "fake"),
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}
+
+    return app
+
+
+def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: str, app: Any) -> dict[str, Any]:
+    """One setting: a fresh cache, the whole stream; counts from the pipeline's answers."""
+    from middleware.answers import answer_text
+    from middleware.config import parse_config
+    from middleware.pipeline import Pipeline
+
+    with tempfile.TemporaryDirectory(prefix="kvgate-trust-") as tmp:
+        config = parse_config({"cache_dir": tmp, "routes": [{
+            "name": "trust", "model": MODEL, "ttl": None, "semantic": semantic,
+            "backend": {"model": "openai/fake", "api_base": api_base, "api_key": "sk-fake"}}]})
+        pipeline = Pipeline(config, embedder=embedder)
+        calls_before = app.state.calls
+        hits = wrong = 0
+        started = time.perf_counter()
+        try:
+            for question in stream.questions:
+                result = pipeline.complete({"model": MODEL, "temperature": 0,
+                                            "messages": [{"role": "user", "content": question}]})
+                if result.info.cache != "miss":
+                    hits += 1
+                    wrong += answer_text(result.response.model_dump()) != stream.answer_of[question]
+                if pipeline.trust is not None:
+                    pipeline.trust.drain()
+        finally:
+            pipeline.close()
+    n = len(stream.questions)
+    return {"hits": hits, "wrong_hits": wrong, "hit_rate": round(hits / n, 5), "error_rate": round(wrong / n, 5),
+            "error_rate_ci_high": round(wilson_upper(wrong, n), 5), "precision": round(1 - wrong / hits, 4) if hits else None,
+            "backend_calls": app.state.calls - calls_before, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def best_within(static: list[dict[str, Any]], delta: float) -> dict[str, Any]:
+    """The static threshold with the most hits whose measured wrong-hit rate is ≤ δ (None if none)."""
+    within = [s for s in static if s["error_rate"] <= delta]
+    best = max(within, key=lambda s: (s["hit_rate"], -s["threshold"]), default=None)
+    if best is None:
+        return {"max_error_rate": delta, "threshold": None, "hit_rate": 0.0, "error_rate": None}
+    return {"max_error_rate": delta, "threshold": best["threshold"], "hit_rate": best["hit_rate"],
+            "error_rate": best["error_rate"]}
+
+
+def run(path: Path, deltas: Sequence[float], thresholds: Sequence[float], which: str, limit: int | None, seed: int,
+        progress: Callable[[str], None] = lambda _m: None, model: str = "minilm") -> dict[str, Any]:
+    from index.embedder import make_embedder
+    from tools.bench.embed_cache import cache_key, cached_embeddings
+    from tools.bench.procs import ServerThread
+
+    pairs, skipped = read_pairs(path, None)
+    chosen = slice_pairs(pairs, which)[:limit]
+    stream = build_stream(chosen, seed)
+    real = make_embedder("onnx", model=model)  # type: ignore[arg-type]
+    texts = sorted(stream.questions)
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    vectors, cache = cached_embeddings(texts, real, cache_key(digest, real.name), progress)
+    embedder = TableEmbedder(real, texts, vectors)
+    app = backend_app(stream.answer_of)
+    server = ServerThread(app).start()
+    static, verified = [], []
+    try:
+        api_base = f"{server.url}/v1"
+        for t in thresholds:
+            row = {"threshold": t, **replay(stream, {"threshold": t}, embedder, api_base, app)}
+            static.append(row)
+            progress(f"static {t}: hit rate {row['hit_rate']:.4f}, wrong-hit rate {row['error_rate']:.4f} ({row['seconds']}s)")
+        for d in deltas:
+            row = {"max_error_rate": d, **replay(stream, {"max_error_rate": d}, embedder, api_base, app)}
+            verified.append(row)
+            progress(f"δ {d}: hit rate {row['hit_rate']:.4f}, wrong-hit rate {row['error_rate']:.4f} "
+                     f"(≤ {row['error_rate_ci_high']:.4f}), backend calls {row['backend_calls']} ({row['seconds']}s)")
+    finally:
+        server.stop()
+    return {"mode": "trust", "embedder": model, "pairs_file": str(path), "slice": which, "limit": limit, "seed": seed,
+            "pairs_used": len(chosen), "rows_skipped": skipped, "embedding_cache": cache.state,
+            "queries": len(stream.questions), "classes": stream.classes,
+            "static": static, "verified": verified, "best_static_within": [best_within(static, d) for d in deltas]}
+
+
+def plot(result: dict[str, Any], out: Path) -> None:
+    """Hit rate vs wrong-hit rate: the static sweep as a curve, each δ as a point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4), dpi=90)
+    static = sorted(result["static"], key=lambda s: s["error_rate"])
+    ax.plot([s["error_rate"] for s in static], [s["hit_rate"] for s in static], "o-", color="grey",
+            label="static threshold")
+    for s in static:
+        ax.annotate(f"{s['threshold']:.2f}", (s["error_rate"], s["hit_rate"]), fontsize=6, xytext=(3, -6),
+                    textcoords="offset points")
+    for v in result["verified"]:
+        ax.errorbar([v["error_rate"]], [v["hit_rate"]], xerr=[[0], [v["error_rate_ci_high"] - v["error_rate"]]],
+                    fmt="s", label=f"max_error_rate {v['max_error_rate']}")
+        ax.axvline(v["max_error_rate"], ls=":", lw=0.7, color="black")
+    ax.set_xlabel("wrong-hit rate (wrong hits / queries)")
+    ax.set_ylabel("hit rate")
+    ax.set_title(f"bench trust: {Path(result['pairs_file']).name}, {result['slice']} slice, {result['queries']} queries, "
+                 f"{result.get('embedder', 'minilm')}",
+                 fontsize=8)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchInputError(f"{name} must be comma-separated numbers, got {text!r}") from None
+    if not values or not all(0.0 < v < 1.0 for v in values):
+        raise BenchInputError(f"{name} values must be between 0 and 1 (exclusive), got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pairs", type=Path, required=True, metavar="FILE.csv",
+                        help="labelled pairs (question1, question2, is_duplicate)")
+    parser.add_argument("--max-error-rate", default=",".join(map(str, DEFAULT_DELTAS)), metavar="D1,D2,...",
+                        help="the δ values to run (semantic.max_error_rate)")
+    parser.add_argument("--thresholds", default=",".join(map(str, DEFAULT_THRESHOLDS)), metavar="T1,T2,...",
+                        help="the static threshold sweep")
+    parser.add_argument("--slice", choices=SLICES, default="reported",
+                        help="usable rows: odd numbers = reported (default), even = tuning, or all")
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N pairs of the slice")
+    parser.add_argument("--seed", type=int, default=0, help="stream shuffle seed")
+    parser.add_argument("--embedder", choices=["minilm", "mpnet"], default="minilm", help="the judge (embedder.model)")
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the results here (JSON)")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="hit rate vs wrong-hit rate plot")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run and print a summary; 0 on success, 2 on bad input (message on stderr)."""
+    from index.mpnet_files import MpnetMissing
+
+    try:
+        deltas = _floats(args.max_error_rate, "--max-error-rate")
+        thresholds = _floats(args.thresholds, "--thresholds")
+        if args.limit is not None and args.limit < 1:
+            raise BenchInputError(f"--limit must be at least 1, got {args.limit}")
+        result = run(args.pairs, deltas, thresholds, args.slice, args.limit, args.seed,
+                     lambda m: print(m, file=sys.stderr, flush=True), args.embedder)
+    except (BenchInputError, MpnetMissing) as exc:
+        print(f"kvgate bench trust: error: {exc}", file=sys.stderr)
+        return 2
+    from tools.bench.machine import machine_info
+
+    result["machine"] = machine_info()
+    write_json(args.json, result)
+    if args.plot is not None:
+        plot(result, args.plot)
+    for best, v in zip(result["best_static_within"], result["verified"]):
+        ratio = v["hit_rate"] / best["hit_rate"] if best["hit_rate"] else float("inf")
+        print(f"δ={v['max_error_rate']}: verified hit rate {v['hit_rate']:.4f} wrong {v['error_rate']:.4f} "
+              f"(95% ≤ {v['error_rate_ci_high']:.4f}); best static within δ: t={best['threshold']} "
+              f"hit rate {best['hit_rate']:.4f} → ×{ratio:.2f}")
+    return 0

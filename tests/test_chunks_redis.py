@@ -275,6 +275,30 @@ def test_promoter_runs_in_order_drops_when_full_and_drains() -> None:
     assert done == [1, 2, 4] and not p.submit(lambda: None)
 
 
+def test_held_copies_wait_for_the_release_or_at_most_max_hold() -> None:
+    import threading
+    import time
+
+    from index.chunks.promoter import Promoter
+
+    ran = threading.Event()
+    p = Promoter(max_hold_s=30)
+    p.hold(True)  # the replica is prefilling
+    assert p.submit(ran.set)
+    assert not ran.wait(0.5)  # held: not run yet
+    p.hold(False)
+    assert ran.wait(10)
+    p.close()
+
+    ran.clear()
+    p = Promoter(max_hold_s=0.3)
+    p.hold(True)  # never released: the copy still runs once it has waited max_hold_s
+    t0 = time.monotonic()
+    assert p.submit(ran.set) and ran.wait(10)
+    assert time.monotonic() - t0 >= 0.25
+    p.close()
+
+
 def test_a_remote_only_store_reads_without_writing_back(redis_server: Any) -> None:
     store = ChunkStore([CountingTier(redis_server.url)], NS)
     hs = [7, 8]

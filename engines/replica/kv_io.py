@@ -25,6 +25,7 @@ import torch
 
 from index.chunks import ChunkStore, KVChunk, chunk_hashes
 from index.hashing import BlockHash
+from engines.replica.kv_cache import growing_cache
 from engines.replica.model import kv_geometry
 from engines.replica.tails import Tail, TailCache
 
@@ -37,19 +38,10 @@ def loadable_chunks(prompt_tokens: int, chunk_tokens: int) -> int:
     return max(0, prompt_tokens - 1) // chunk_tokens
 
 
-def concat_chunks(chunks: list[KVChunk], n_layers: int,
-                  tail: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the chunks' keys and values joined along the token axis, batch axis added:
-    [1, heads, len(chunks) · chunk_tokens (+ tail tokens), head_dim] (the layout of a
-    DynamicCache layer). A `tail` (per layer [1, heads, t, head_dim]) is joined after them in the
-    same copy: one pass over the loaded KV, not one per part."""
-    def joined(i: int, j: int) -> torch.Tensor:
-        parts = [ch[i][j].unsqueeze(0) for ch in chunks]
-        if tail is not None:
-            parts.append(tail[i][j])
-        return torch.cat(parts, dim=2)
-
-    return [(joined(i, 0), joined(i, 1)) for i in range(n_layers)]
+def chunk_parts(chunks: list[KVChunk]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Stored chunks (per layer (keys, values) [heads, chunk_tokens, head_dim]) as cache parts:
+    per layer [1, heads, chunk_tokens, head_dim] views (no copy)."""
+    return [[(k.unsqueeze(0), v.unsqueeze(0)) for k, v in chunk] for chunk in chunks]
 
 
 def slice_chunks(cache: Any, first: int, last: int, chunk_tokens: int) -> list[KVChunk]:
@@ -93,11 +85,10 @@ class KVIO:
             return n
         return n - self.store.longest_prefix(chunk_hashes(tokens, ct)[: loadable_chunks(n, ct)]) * ct
 
-    def load(self, tokens: list[int]) -> Loaded:
+    def load(self, tokens: list[int], reserve: int = 0) -> Loaded:
         """The longest stored prefix of `tokens`' full chunks, then the best tail after it
-        (never the whole prompt: one token must be fed), in one DynamicCache."""
-        from transformers import DynamicCache
-
+        (never the whole prompt: one token must be fed), in one cache (engines.replica.kv_cache)
+        with room for the prompt's other tokens and `reserve` more."""
         ct, n = self.chunk_tokens, len(tokens)
         hashes = chunk_hashes(tokens, ct)
         chunks = self._read_chunks(hashes[: loadable_chunks(n, ct)])
@@ -106,10 +97,9 @@ class KVIO:
         tail = self.tails.best(hashes[loaded - 1] if loaded else None, tokens[cached:], n - 1 - cached)
         if tail is not None:
             cached += len(tail.tokens)
-        if not chunks and tail is None:
-            return Loaded(DynamicCache(config=self.model_config), 0, 0)
-        layers = concat_chunks(chunks, self.n_layers, tail.layers if tail is not None else None)
-        return Loaded(DynamicCache(layers, config=self.model_config), loaded, cached)
+        parts = chunk_parts(chunks) + ([list(tail.layers)] if tail is not None else [])
+        # one copy of the loaded KV, into the buffers the request then grows in
+        return Loaded(growing_cache(self.model_config, n - cached + reserve, parts), loaded, cached)
 
     def save(self, tokens: list[int], cache: Any, loaded: int) -> tuple[int, list[BlockHash]]:
         """Put the full chunks `cache` holds beyond the first `loaded` into the store (`tokens`:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from engines.replica.attention import use_gqa_attention
 from index.tokenizer import model_cache_dir, smollm2_gguf_path, smollm2_tokenizer_dir
 
 log = logging.getLogger("kvgate.replica.model")
@@ -108,6 +109,7 @@ def load_model(spec: str | Path = "smollm2", dtype: torch.dtype = torch.float32)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"tokenizer in {path} has no chat template")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    use_gqa_attention(model)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer

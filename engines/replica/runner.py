@@ -82,7 +82,7 @@ class ModelRunner:
     def begin(self, job: Job) -> Run:
         """Load the job's longest stored prefix (never the whole prompt: one token must be fed)."""
         started = time.perf_counter()
-        loaded = self.kv.load(job.tokens)
+        loaded = self.kv.load(job.tokens, reserve=job.max_tokens)
         return Run(job=job, started=started, cache=loaded.cache, loaded=loaded.chunks, cached=loaded.cached,
                    pos=loaded.cached, load_s=time.perf_counter() - started, gen=generator(job.params),
                    detok=Detokenizer(self.tokenizer), stops=StopMatcher(job.params.stop))
@@ -142,6 +142,11 @@ class ModelRunner:
                           stored_chunks=stored, queue_s=run.started - job.arrived, load_s=run.load_s,
                           prefill_s=run.prefill_s, ttft_s=run.ttft_s, decode_s=decode_s, store_s=store_s,
                           token_ids=tuple(answer))
+
+    def hold_background(self, held: bool) -> None:
+        """Hold the store's background copies while a prompt is prefilled (index.chunks.promoter)."""
+        if self.kv.store is not None:
+            self.kv.store.hold_background(held)
 
     def _accept(self, run: Run, token: int) -> bool:
         """Take a sampled token: EOS, stop string, max_tokens or a cancel end the run (the token

@@ -50,6 +50,8 @@ class Runner(Protocol):
 
     def finish(self, run: Run) -> Completion: ...
 
+    def hold_background(self, held: bool) -> None: ...
+
 
 class Worker:
     """Owns the queue of submitted jobs and the thread that runs them through `runner`."""
@@ -91,12 +93,16 @@ class Worker:
         urgent prefilling request, one decode step per decoding request, repeat."""
         runs: list[Run] = []
         waiting: list[tuple[Job, int]] = []  # (job, estimated prefill tokens), not started yet
+        held = False  # the store's background copies wait while a prompt is being prefilled
         while True:
             if self._admit(waiting, block=not runs and not waiting):
                 break
             waiting = [w for w in waiting if not self._drop_if_cancelled(w[0])]
             decoding = [r for r in runs if r.decoding]
             pick = self._pick_prefill(runs, waiting)
+            if (pick is not None) != held:  # before a start: its load queues the copies
+                held = pick is not None
+                self.runner.hold_background(held)
             if isinstance(pick, Job):
                 waiting = [w for w in waiting if w[0] is not pick]
                 pick = self._start(pick, runs)
@@ -106,6 +112,7 @@ class Worker:
             for run in decoding:
                 self._step(runs, run, self.runner.decode_step)
         self._running = 0
+        self.runner.hold_background(False)
         for run in list(runs):  # close(): what has started ends as cancelled, its computed chunks kept
             run.job.cancelled.set()
             self._step(runs, run, self.runner.decode_step)

@@ -5,6 +5,11 @@ and into the disk tier by this one worker thread: that copy only matters once RA
 the chunk, and writing ~12 MB files while the request waits for its first token cost more than
 the Redis read itself (docs/BENCHMARKS.md, issue 14). The queue is bounded; a copy that does not
 fit is dropped (counted) — the chunk is still in RAM and in the tier it came from.
+
+The copies also wait while their owner holds them (`hold`): a replica holds them while it
+prefills, so a request's first token does not share two cores with 12 MB file writes (measured:
+~0.1 s of a warm TTFT, docs/BENCHMARKS.md issue 14). A copy held longer than MAX_HOLD_S runs
+anyway, so a replica that is never idle still fills its disk tier.
 """
 from __future__ import annotations
 
@@ -16,13 +21,17 @@ from typing import Callable
 log = logging.getLogger("kvgate.chunks")
 
 QUEUE_DEPTH = 64  # pending copies (~12 MB each for SmolLM2 float32 chunks: ≤ ~750 MB held)
+MAX_HOLD_S = 2.0  # the longest a copy waits for its owner's hold to end
 
 
 class Promoter:
     """One daemon thread running submitted copies in order. Thread-safe; `drain()` waits until
     every copy submitted before it has run; after `close()` submissions are refused."""
 
-    def __init__(self, depth: int = QUEUE_DEPTH) -> None:
+    def __init__(self, depth: int = QUEUE_DEPTH, max_hold_s: float = MAX_HOLD_S) -> None:
+        self._open = threading.Event()  # set: copies may run; cleared by hold()
+        self._open.set()
+        self.max_hold_s = max_hold_s
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=depth)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -51,11 +60,19 @@ class Promoter:
             try:
                 if job is None:
                     return
+                self._open.wait(self.max_hold_s)
                 job()
             except Exception:  # a failed copy costs a slower later read, never the request
                 log.exception("background chunk promotion failed")
             finally:
                 self._jobs.task_done()
+
+    def hold(self, held: bool) -> None:
+        """While held, queued copies wait (each at most max_hold_s); any thread."""
+        if held:
+            self._open.clear()
+        else:
+            self._open.set()
 
     def drain(self) -> None:
         """Wait for every queued copy to finish."""
@@ -67,6 +84,7 @@ class Promoter:
         with self._lock:
             self._closed = True
             thread = self._thread
+        self._open.set()
         if thread is not None:
             self._jobs.put(None)
             thread.join()

@@ -217,6 +217,10 @@ class ChunkStore:
             with self._lock:
                 self._writes[tier.name] += 1
 
+    def hold_background(self, held: bool) -> None:
+        """Hold (or let go) the background promotions while the owner is busy (see Promoter.hold)."""
+        self._promoter.hold(held)
+
     def drain(self) -> None:
         """Wait until the background promotions queued so far are written."""
         self._promoter.drain()

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--anchor-tree", type=Path, default=None, help="also run a proxy from this source tree, first")
     p.add_argument("--py-spy", type=Path, default=None, metavar="PREFIX",
-                   help="record each proxy with py-spy (raw stacks to PREFIX-<label>.txt)")
+                   help="record each proxy with py-spy (raw stacks to PREFIX-<label>.txt; --rate: PREFIX-<tokenizer>-<shape>.txt, proxy phase only)")
     p.add_argument("--rate", type=float, default=0.0, help="open-loop requests/s: the router-overhead figure (0: off)")
     p.add_argument("--duration-s", type=float, default=15.0, help="--rate: seconds per phase")
     p.add_argument("--tokenizers", default="smollm2,text", help="--rate: one proxy per routing tokenizer")
@@ -150,6 +150,19 @@ def _lag(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
             "share_over_10ms": 1 - next((n for le, n in buckets if le == 0.01), 0.0) / count if count else float("nan")}
 
 
+def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling `pid` at 200 Hz into `out` (raw collapsed stacks) until _stop_spy."""
+    return subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+                             "--rate", "200", "--format", "raw", "--nonblocking", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_spy(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(2)  # SIGINT: py-spy writes what it has
+        spy.wait(timeout=60)
+
+
 def run_one(label: str, tree: Path | None, replicas: list[str], args: argparse.Namespace, work: Path) -> dict[str, Any]:
     port = free_port()
     cfg_path = work / f"{label}.yaml"
@@ -163,10 +176,7 @@ def run_one(label: str, tree: Path | None, replicas: list[str], args: argparse.N
         base = f"http://127.0.0.1:{port}"
         proxy.wait_http(f"{base}/health")
         if args.py_spy is not None:
-            out = Path(f"{args.py_spy}-{label}.txt")
-            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proxy.proc.pid),
-                                    "--rate", "200", "--format", "raw", "--nonblocking", "-o", str(out)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = _spy(proxy.proc.pid, Path(f"{args.py_spy}-{label}.txt"))
         # warm-up: LiteLLM's lazy imports (its tokenizer for cost, ~1 s) on the first requests stay out of the figures
         asyncio.run(drive(f"{base}/v1/chat/completions", argparse.Namespace(**{**vars(args), "requests": 4, "concurrency": 2}),
                           seed=1))
@@ -176,9 +186,7 @@ def run_one(label: str, tree: Path | None, replicas: list[str], args: argparse.N
         cpu = _cpu_s(proxy.proc.pid) - cpu0
         lag = _lag(lag0, _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text))
     finally:
-        if spy is not None:
-            spy.send_signal(2)  # SIGINT: py-spy writes what it has
-            spy.wait(timeout=60)
+        _stop_spy(spy)
         proxy.stop()
     t = run["ttfts"]
     return {"tree": str(tree) if tree else "this", "completed": len(t), "errors": len(run["errors"]),
@@ -335,7 +343,12 @@ def run_overhead(args: argparse.Namespace) -> int:
                         asyncio.run(open_loop(f"{url}/v1/chat/completions", warm, args.rate))
                         lag0 = _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
                         cpu0 = _cpu_s(proxy.proc.pid)
-                        run = asyncio.run(open_loop(f"{url}/v1/chat/completions", prompts.bodies, args.rate))
+                        spy = (_spy(proxy.proc.pid, Path(f"{args.py_spy}-{tokenizer}-{shape}.txt"))
+                               if args.py_spy is not None and label == "proxy" else None)
+                        try:
+                            run = asyncio.run(open_loop(f"{url}/v1/chat/completions", prompts.bodies, args.rate))
+                        finally:
+                            _stop_spy(spy)
                         row[label] = _summary(run)
                         if label == "proxy":
                             row["proxy_cpu_ms_per_req"] = 1000 * (_cpu_s(proxy.proc.pid) - cpu0) / max(1, len(run["total"]))

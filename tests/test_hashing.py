@@ -64,3 +64,36 @@ def test_stable_across_processes():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=__file__.rsplit("/tests/", 1)[0])
     assert out.stdout.strip() == str(block_hashes(list(range(64)), 16))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "a", "b\n", "é", "<|im"]), max_size=30))
+def test_chat_segments_split_before_each_boundary_keeping_it(pieces):
+    """HFChatTokenizer.segments: the rendered text cut before every boundary token, which starts
+    the next segment; no empty segment; joined they give the text back."""
+    import re
+
+    from index.tokenizer import HFChatTokenizer
+
+    class Rendered:
+        all_special_tokens = ["<|im_start|>", "<|im_end|>"]
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return messages[0]["content"]
+
+    text = "".join(pieces)
+    segments = HFChatTokenizer(Rendered(), "t").segments([{"role": "user", "content": text}])
+    assert segments == [s for s in re.split("(?=<\\|im_start\\|>)", text) if s]
+    assert "".join(segments) == text
+
+
+def test_chat_tokenizer_encode_matches_the_tokenizers_own_call():
+    """HFChatTokenizer.encode takes the Rust tokenizer's encode directly: the same ids as
+    transformers' __call__ without special tokens, on chat pieces, unicode and long text."""
+    from index.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    assert tok._rust is not None
+    for text in ["<|im_start|>user\nwhat about é, 日本語 and emoji 🙂?<|im_end|>\n", "<|im_start|>assistant\n",
+                 " leading space", "", "tabs\tand\nnewlines  ", "word and more " * 500]:
+        assert tok.encode(text) == list(tok._tok(text, add_special_tokens=False)["input_ids"])

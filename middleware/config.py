@@ -87,8 +87,8 @@ class RoutingConfig(_Strict):
     seed: str = Field("kvgate", description="hash seed; must match the replicas' (precise mode)")
     mode: Literal["approximate", "precise"] = "approximate"
     capacity_blocks: int | None = Field(
-        None, gt=0, description="approximate: default per-replica cache size in blocks (none = unlimited); precise: "
-                                "the prefix index's per-replica memory bound (default EVENT_FED_CAPACITY, 262144)")
+        None, gt=0, description="per-replica blocks the prefix index keeps (LRU). approximate: the engine's cache "
+                                "size to mirror; precise: a memory bound. Default EVENT_FED_CAPACITY (262144) in both")
     decode_weight: float = Field(8.0, ge=0, description="cache_aware: prefill tokens one running request costs")
     miss_weight: float = Field(64.0, ge=1.0, description="cache_aware: charge for copying a prefix another replica holds, "
                                                           "per token, weighted by its share of the prompt")
@@ -105,10 +105,14 @@ class RoutingConfig(_Strict):
                              "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")
 
     @model_validator(mode="after")
-    def _precise_is_bounded(self) -> "RoutingConfig":
-        """Precise mode's index follows the engines' own evictions, but lost removal events must
-        not make it grow without end: it gets a bound by default (index.prefix.EVENT_FED_CAPACITY)."""
-        if self.mode == "precise" and self.capacity_blocks is None:
+    def _index_is_bounded(self) -> "RoutingConfig":
+        """The prefix index never grows without end: precise mode follows the engines' own
+        evictions, but lost removal events must not pile up; approximate mode records every
+        routed prompt, and fresh long prompts would add blocks forever (measured: 600 fresh
+        27k-token prompts took one unbounded index past 1M blocks, and the insert that grew its
+        tables stalled the proxy for ~0.8 s, docs/BENCHMARKS.md issue 13). Default bound:
+        index.prefix.EVENT_FED_CAPACITY, far above what an engine caches."""
+        if self.capacity_blocks is None:
             self.capacity_blocks = EVENT_FED_CAPACITY
         return self
 

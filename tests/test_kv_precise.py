@@ -180,10 +180,11 @@ def test_bounded_index_and_map_under_random_event_streams(ops, cap, per_block) -
     assert idx.blocks("b") == 0
 
 
-def test_precise_config_is_bounded_by_default() -> None:
+def test_the_prefix_index_is_bounded_by_default_in_both_modes() -> None:
     assert RoutingConfig(mode="precise").capacity_blocks == EVENT_FED_CAPACITY
     assert RoutingConfig(mode="precise", capacity_blocks=1000).capacity_blocks == 1000
-    assert RoutingConfig().capacity_blocks is None  # approximate: unlimited unless configured
+    assert RoutingConfig().capacity_blocks == EVENT_FED_CAPACITY  # approximate too: never unbounded
+    assert RoutingConfig(capacity_blocks=1000).capacity_blocks == 1000
 
 
 def test_precise_router_index_and_applier_are_bounded_by_default() -> None:

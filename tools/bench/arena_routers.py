@@ -4,7 +4,7 @@ is told, and the parameters tuned for it.
 - kvgate policies run as `kvgate serve` with both cache tiers off (every request is routed),
   tokenizer `text`, block 16, approximate mode with `record_answers` at its default. What it
   knows of the replicas' cache size is the arena's capacity hint, nothing else:
-  `none` → `capacity_blocks` unset (an unbounded index); `reported` → the size each replica
+  `none` → `capacity_blocks` unset (the default bound, 262,144 blocks); `reported` → the size each replica
   reports in its /stats, the same number the anchors get as `--max-tree-size`.
 - Anchors: sglang-router (`launch --policy cache_aware`) and vllm-router (`--policy
   cache_aware`, its prefix/cache-aware policy): both keep an approximate radix tree per worker

@@ -108,9 +108,9 @@ class RoutingConfig(_Strict):
     def _index_is_bounded(self) -> "RoutingConfig":
         """The prefix index never grows without end: precise mode follows the engines' own
         evictions, but lost removal events must not pile up; approximate mode records every
-        routed prompt, and fresh long prompts would add blocks forever (measured: 600 fresh
-        27k-token prompts took one unbounded index past 1M blocks, and the insert that grew its
-        tables stalled the proxy for ~0.8 s, docs/BENCHMARKS.md issue 13). Default bound:
+        routed prompt, and fresh long prompts would add blocks forever (a micro-probe: 600
+        prompts of 1,700 blocks took an unbounded index past 1M blocks, and the insert that grew
+        its tables took ~0.8 s, holding the proxy's GIL; docs/BENCHMARKS.md issue 13). Default bound:
         index.prefix.EVENT_FED_CAPACITY, far above what an engine caches."""
         if self.capacity_blocks is None:
             self.capacity_blocks = EVENT_FED_CAPACITY

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-
-import orjson
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import orjson
 
 from middleware.config import Config, RouteConfig
 from middleware.errors import BadRequest, ModelNotFound

@@ -2,10 +2,13 @@
 
 transformers' "sdpa" attention repeats every KV head for each query head it serves before a
 prefill forward that carries a mask (SmolLM2: 3 KV heads → 9, a copy of the layer's whole K and V
-on every forward). After a long prefix is loaded from the store, that copy grows with the loaded
-context and cost ~65% of the forward that feeds a follow-up's few new tokens (py-spy/torch
-profiler, docs/BENCHMARKS.md, issue 14). torch's SDPA takes the KV heads as they are
-(`enable_gqa=True`, the CPU flash kernel included), so this implementation passes them through.
+on every forward, growing with the loaded context). torch's SDPA takes the KV heads as they are
+(`enable_gqa=True`, the CPU flash kernel included), so this implementation passes them through;
+forwards of few queries (a follow-up's new tokens, a decode step) run as two batched matmuls over
+the KV heads instead. A torch-profiler run of the 22-token forward after 1,989 loaded tokens,
+taken while other work shared the CPU, put most of that forward in the repeat copies; on an idle
+machine the forward's gain was within noise, and the end-to-end figures (docs/BENCHMARKS.md,
+issue 14, runs 11–18) do not separate it from the other changes made with it.
 
 Invariant: the same attention for every forward of a replica, cold or warm, so a run that loads
 KV from the store and a cold run go through the same kernels (engines.replica.runner's
@@ -26,8 +29,7 @@ def _grouped_math_attention(query: torch.Tensor, key: torch.Tensor, value: torch
                             mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask)·v with each KV head's query heads stacked along the query axis:
     two batched matmuls over the KV heads as they are (no copy of K or V, strided views welcome).
-    For few queries (a follow-up's new tokens, a decode step) this beats the flash kernel, whose
-    per-call cost is for long query spans. Returns [b, q, heads, d]."""
+    Returns [b, q, heads, d]."""
     b, heads, q, d = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
     group = heads // kv_heads

@@ -28,6 +28,18 @@ Two ways to feed it:
 Holders are kept as an int bitmask (one bit per replica): intersecting is one `&`, and small ints
 are cached by CPython, so 1M blocks cost one dict entry each in the global table plus one entry
 in the holding replica's LRU.
+
+No single table is large. A Python dict under steady churn (a block in, a block out) rebuilds its
+whole table every so often, in one C call that holds the GIL: at 262k blocks that stalled the
+proxy's event loop ~18 ms for a dict and up to ~84 ms for an OrderedDict (micro-probe,
+docs/BENCHMARKS.md issue 13). So the holder table is HOLDER_SHARDS dicts picked by the hash's low
+bits, and a replica whose capacity is at least 2 × LRU_SHARD_BLOCKS keeps its LRU as a power of
+two of OrderedDicts picked by other bits of the hash, each with an equal share of the capacity
+and evicting its own least recently used. Hashes are uniform, so each shard holds a random slice
+of the blocks and its oldest block is among the globally oldest; the order is exact LRU only for
+a single shard (capacities below 2 × LRU_SHARD_BLOCKS, e.g. every test of the exact order). A
+shard may then evict a chain's block while another keeps a later one: `match` stops at the first
+miss, so such an orphan costs space, never a wrong match.
 """
 from __future__ import annotations
 
@@ -43,6 +55,19 @@ from index.hashing import BlockHash
 # offload maybe 10x), so it only matters when removal events are lost. A full replica costs about
 # 200 bytes per block here plus the EventApplier's mapping (~50 MB per replica at the bound).
 EVENT_FED_CAPACITY = 1 << 18
+HOLDER_SHARDS = 64  # holder dicts, by hash & 63: each ~1/64 of the blocks (see the module docstring)
+LRU_SHARD_BLOCKS = 8192  # a replica's LRU is split into shards of about this many blocks
+
+
+def lru_shards(capacity: int | None) -> int:
+    """How many LRU shards a replica of this capacity gets: the largest power of two k with
+    k × LRU_SHARD_BLOCKS ≤ capacity (1 when unbounded or smaller: the exact LRU order)."""
+    if capacity is None:
+        return 1
+    k = 1
+    while 2 * k * LRU_SHARD_BLOCKS <= capacity:
+        k *= 2
+    return k
 
 
 @dataclass
@@ -50,16 +75,34 @@ class _Replica:
     name: str
     bit: int  # 1 << slot
     capacity: int | None
-    # LRU order: first = least recently used. Values unused (OrderedDict as an ordered set).
-    lru: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
+    # LRU order per shard: first = least recently used. Values unused (OrderedDict as an ordered set).
+    shards: list[OrderedDict[BlockHash, None]] = field(default_factory=list)
+    caps: list[int | None] = field(default_factory=list)  # each shard's share of the capacity
     evictions: int = 0
+
+    def __post_init__(self) -> None:
+        k = lru_shards(self.capacity)
+        self.shards = [OrderedDict() for _ in range(k)]
+        cap = self.capacity
+        self.caps = [None] * k if cap is None else [cap // k + (i < cap % k) for i in range(k)]
+
+    def shard(self, h: BlockHash) -> OrderedDict[BlockHash, None]:
+        # bits 6.. of the hash: independent of the holder shard (bits 0-5)
+        return self.shards[(h >> 6) & (len(self.shards) - 1)]
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    def __contains__(self, h: BlockHash) -> bool:
+        return h in self.shard(h)
 
 
 class PrefixIndex:
     """Block hash → replicas holding it, with per-replica LRU capacity.
 
-    Invariant: `self._holders[h]` has bit b set exactly when `h` is in the LRU of the replica
-    owning bit b; hashes held by no replica are absent (no zero masks are stored).
+    Invariant: `self._holders[h & (HOLDER_SHARDS - 1)][h]` has bit b set exactly when `h` is in
+    the LRU of the replica owning bit b; hashes held by no replica are absent (no zero masks are
+    stored). Every LRU shard holds at most its share of the replica's capacity after each call.
 
     Thread-safe: every public method takes one lock (events arrive on a subscriber thread while
     the router matches on another).
@@ -75,7 +118,7 @@ class PrefixIndex:
         self._touch_on_match = touch_on_match
         self._replicas: dict[str, _Replica] = {}
         self._by_slot: dict[int, _Replica] = {}  # slot index -> replica, for decoding masks
-        self._holders: dict[BlockHash, int] = {}
+        self._holders: list[dict[BlockHash, int]] = [{} for _ in range(HOLDER_SHARDS)]
         self._lock = threading.Lock()
 
     # -- replicas ---------------------------------------------------------------------------
@@ -142,11 +185,12 @@ class PrefixIndex:
         """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
         with self._lock:
             rep = self._get(replica)
-            lru, holders, keep = rep.lru, self._holders, ~rep.bit
+            holders, keep = self._holders, ~rep.bit
             for h in hashes:
+                lru = rep.shard(h)
                 if h in lru:
                     del lru[h]
-                    self._unset(holders, h, keep)
+                    self._unset(holders[h & (HOLDER_SHARDS - 1)], h, keep)
 
     def cleared(self, replica: str) -> None:
         """The engine reports its whole prefix cache reset."""
@@ -168,13 +212,13 @@ class PrefixIndex:
         with self._lock:
             result = dict.fromkeys(self._replicas, 0)
             by_slot = self._by_slot
-            get = self._holders.get
+            holders = self._holders
             active = 0
             for rep in self._replicas.values():
                 active |= rep.bit
             i = 0
             for h in hashes:
-                still = get(h, 0) & active
+                still = holders[h & (HOLDER_SHARDS - 1)].get(h, 0) & active
                 if still != active:
                     self._settle(result, by_slot, active & ~still, i)
                     active = still
@@ -190,12 +234,12 @@ class PrefixIndex:
     def blocks(self, replica: str) -> int:
         """Number of blocks the index believes `replica` holds."""
         with self._lock:
-            return len(self._get(replica).lru)
+            return len(self._get(replica))
 
     def holds(self, replica: str, h: BlockHash) -> bool:
         """Whether the index believes `replica` holds block `h` (no LRU effect)."""
         with self._lock:
-            return h in self._get(replica).lru
+            return h in self._get(replica)
 
     def capacity(self, replica: str) -> int | None:
         """`replica`'s bound in blocks (None = unbounded)."""
@@ -208,10 +252,10 @@ class PrefixIndex:
         with self._lock:
             reps = self._replicas.values()
             return {
-                "blocks": {r.name: len(r.lru) for r in reps},
+                "blocks": {r.name: len(r) for r in reps},
                 "evictions": {r.name: r.evictions for r in reps},
                 "capacity": {r.name: r.capacity for r in reps},
-                "unique_blocks": len(self._holders),
+                "unique_blocks": sum(len(d) for d in self._holders),
             }
 
     # -- internals (lock held) --------------------------------------------------------------
@@ -223,40 +267,50 @@ class PrefixIndex:
             raise KeyError(f"unknown replica {name!r}") from None
 
     def _insert(self, rep: _Replica, hashes: Iterable[BlockHash]) -> None:
-        lru, holders, bit = rep.lru, self._holders, rep.bit
-        move = lru.move_to_end
+        holders, bit, shards = self._holders, rep.bit, rep.shards
+        smask, hmask = len(shards) - 1, HOLDER_SHARDS - 1
         for h in hashes:
+            lru = shards[(h >> 6) & smask]
             if h in lru:
-                move(h)
+                lru.move_to_end(h)
             else:
                 lru[h] = None
-                holders[h] = holders.get(h, 0) | bit
+                table = holders[h & hmask]
+                table[h] = table.get(h, 0) | bit
 
     def _touch(self, matched: dict[str, int], hashes: Sequence[BlockHash]) -> None:
         """Mark each replica's first matched[name] hashes most recently used, last to first."""
         for name, n in matched.items():
             if n:
-                move = self._replicas[name].lru.move_to_end
+                rep = self._replicas[name]
                 for i in range(n - 1, -1, -1):
-                    move(hashes[i])
+                    rep.shard(hashes[i]).move_to_end(hashes[i])
 
     def _evict_over_capacity(self, rep: _Replica) -> list[BlockHash]:
-        if rep.capacity is None or len(rep.lru) <= rep.capacity:
+        if rep.capacity is None:
             return []
-        lru, holders, keep = rep.lru, self._holders, ~rep.bit
+        holders, keep, hmask = self._holders, ~rep.bit, HOLDER_SHARDS - 1
         evicted: list[BlockHash] = []
-        while len(lru) > rep.capacity:
-            h, _ = lru.popitem(last=False)
-            self._unset(holders, h, keep)
-            evicted.append(h)
+        for lru, cap in zip(rep.shards, rep.caps):
+            over = len(lru) - cap  # type: ignore[operator]  # bounded replicas have int caps
+            for _ in range(over):
+                h, _ = lru.popitem(last=False)
+                table = holders[h & hmask]
+                mask = table[h] & keep
+                if mask:
+                    table[h] = mask
+                else:
+                    del table[h]
+                evicted.append(h)
         rep.evictions += len(evicted)
         return evicted
 
     def _drop_all(self, rep: _Replica) -> None:
         holders, keep = self._holders, ~rep.bit
-        for h in rep.lru:
-            self._unset(holders, h, keep)
-        rep.lru.clear()
+        for lru in rep.shards:
+            for h in lru:
+                self._unset(holders[h & (HOLDER_SHARDS - 1)], h, keep)
+            lru.clear()
 
     @staticmethod
     def _unset(holders: dict[BlockHash, int], h: BlockHash, keep: int) -> None:

@@ -82,7 +82,9 @@ class RoutingConfig(_Strict):
     """How a miss picks a replica. See middleware/routing/*.py for each policy's rule."""
 
     policy: Literal["round_robin", "least_loaded", "cache_aware", "affinity"] = "cache_aware"
-    block_size: int = Field(16, gt=0, le=4096, description="tokens per hashed block (characters with tokenizer: text)")
+    block_size: int = Field(None, gt=0, le=4096,  # type: ignore[assignment]  # always set by _defaults
+                            description="tokens per hashed block (characters with tokenizer: text). Default 16; "
+                                        "64 characters for tokenizer text in approximate mode")
     tokenizer: str = Field("text", description="smollm2 | text | path to a local HF tokenizer dir")
     seed: str = Field("kvgate", description="hash seed; must match the replicas' (precise mode)")
     mode: Literal["approximate", "precise"] = "approximate"
@@ -103,6 +105,17 @@ class RoutingConfig(_Strict):
     forward: Literal["relay", "litellm"] = Field(
         "relay", description="proxy misses: relay = pass the replica's own bytes through (httpx, OpenAI-compatible "
                              "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")
+
+    @model_validator(mode="after")
+    def _block_size_default(self) -> "RoutingConfig":
+        """16 tokens, vLLM's block, by default. With the `text` tokenizer a block counts
+        characters, and 16 characters is only ~4 tokens of English: approximate mode's default
+        is then 64 characters (~16 tokens), a quarter of the blocks to hash, record and match per
+        prompt (docs/BENCHMARKS.md issue 13, router overhead). Precise mode keeps 16: its hashes
+        must cut the tokens where the engine's do."""
+        if self.block_size is None:
+            self.block_size = 64 if self.tokenizer == "text" and self.mode == "approximate" else 16
+        return self
 
     @model_validator(mode="after")
     def _index_is_bounded(self) -> "RoutingConfig":

@@ -28,7 +28,6 @@ litellm.suppress_debug_info = True  # its banners go to stdout; our errors say w
 from litellm.types.utils import ModelResponseStream  # noqa: E402
 
 from index.embedder import Embedder, make_embedder  # noqa: E402
-from index.observations.disk import DiskObservationStore  # noqa: E402
 from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
 from index.tighten import threshold_for  # noqa: E402
 from index.verifier import Verifier, VerifierMissing, load_verifier  # noqa: E402
@@ -44,7 +43,7 @@ from middleware.parents import PARENT_SEARCH_K, PARENT_THRESHOLD, same_parents  
 from middleware.outcome import CacheInfo, Hit, Lookup, Result, Tier  # noqa: E402,F401  (CacheInfo, Result: public here too)
 from middleware.relay import DONE, Relay, Relayed  # noqa: E402
 from middleware.request_log import RequestLog, RequestRecord  # noqa: E402
-from middleware.store import open_stores  # noqa: E402
+from middleware.store import open_observations, open_stores  # noqa: E402
 from middleware.routing.router import Router  # noqa: E402
 from middleware.routing.state import StateFactory  # noqa: E402
 from middleware.routing.state_redis import shared_routing  # noqa: E402
@@ -106,7 +105,7 @@ class Pipeline:
         # routes with semantic.max_error_rate: verified outcomes live next to the entries (shared, kept)
         self.trust: TrustGate | None = None
         if any(r.semantic.enabled and self.semantic[r.name].max_error_rate is not None for r in config.routes):
-            self.trust = TrustGate(DiskObservationStore(config.cache_dir / "observations"), self._embed_many,
+            self.trust = TrustGate(open_observations(config, stores.link), self._embed_many,
                                    lambda route, ok: self.metrics.exploration_verdicts.labels(
                                        route, "agree" if ok else "differ").inc())
         self._sync = SyncAdapter()  # the sync face's own loop, started by the first `complete`
@@ -462,4 +461,4 @@ def _router_for(route: RouteConfig, state: StateFactory | None) -> Router | None
     if not route.replicas:
         return None
     shared = state(route.name, [r.name for r in route.replicas]) if state is not None else None
-    return Router(route.replicas, route.routing, state=shared)
+    return Router(route.replicas, route.routing, state=shared, defer_records=True)

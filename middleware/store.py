@@ -17,6 +17,9 @@ import redis
 from index.entries.base import EntryStore
 from index.entries.disk import DiskEntryStore
 from index.entries.redis import RedisEntryStore
+from index.observations.base import ObservationStore
+from index.observations.disk import DiskObservationStore
+from index.observations.redis import RedisObservationStore
 from index.redis_link import LinkSettings, RedisLink
 from middleware.config import Config
 from middleware.errors import ConfigError
@@ -56,6 +59,14 @@ def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
     entries = RedisEntryStore(link, dim, st.key_prefix, st.log_max) if with_entries else None
     requests = RedisRequestLog(link, st.key_prefix, config.feedback.record_ttl)
     return Stores(entries, requests, st.follow_interval_s, link)
+
+
+def open_observations(config: Config, link: RedisLink | None) -> ObservationStore:
+    """Where `semantic.max_error_rate` routes keep their verified outcomes: beside the entries
+    (`<cache_dir>/observations` locally, the same Redis as the entries with `store: redis`)."""
+    if link is None:
+        return DiskObservationStore(config.cache_dir / "observations")
+    return RedisObservationStore(link, config.store.key_prefix)
 
 
 def _password(name: str | None) -> str | None:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from engines.demo import Calls, create_fake_app
+from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import TextTokenizer
 from middleware.config import ReplicaConfig, RoutingConfig, parse_config
@@ -96,6 +97,41 @@ def test_prepared_answer_records_what_finished_would_compute():
     assert books[0] == books[1]
 
 
+class ThreadNoting(PrefixIndex):
+    """The real index, noting the thread of each record."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: list[str] = []
+
+    def record(self, replica: str, hashes: Sequence[int]) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return super().record(replica, hashes)
+
+
+def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them():
+    reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
+    cfg = RoutingConfig(tokenizer="text", block_size=16)
+    index = ThreadNoting(cfg.capacity_blocks)
+    r, inline = Router(reps, cfg, index=index, defer_records=True), router()
+    answer = {"role": "assistant", "content": "a long answer " * 30}
+    try:
+        for turn in range(1, 6):
+            msgs = chat(turn)
+            r.prepare(msgs)  # hashes and matches after settling the records before it
+            plan, same = r.plan(msgs), inline.plan(msgs)
+            # the previous turns' records, made off this thread, are seen as an inline router sees its own
+            assert plan.matched_blocks == same.matched_blocks and (turn == 1 or plan.matched_blocks["r2"] > 0)
+            ticket = r.started(r.replicas[2], plan)
+            r.finished(ticket, True, [*msgs, answer])
+            inline.finished(inline.started(inline.replicas[2], same), True, [*msgs, answer])
+        r.settle()
+        assert index.threads and all(name.startswith("kvgate-index") for name in index.threads)
+        assert len(index.threads) == 10  # started and finished of five turns, none lost
+    finally:
+        r.close()
+
+
 def test_a_different_answer_than_prepared_is_hashed_afresh():
     r = router()
     msgs = chat(1)
@@ -163,3 +199,11 @@ def test_prompt_work_never_runs_on_the_event_loop(embedder, tmp_path):
         pipeline.close()
         for r in replicas:
             r.stop()
+
+
+def test_block_size_default_depends_on_tokenizer_and_mode():
+    # text counts characters: 64 of them ≈ an engine's 16-token block, a quarter of the blocks to walk
+    assert RoutingConfig().block_size == 64 and RoutingConfig(tokenizer="text").block_size == 64
+    assert RoutingConfig(mode="precise").block_size == 16  # precise: must cut where the engine cuts
+    assert RoutingConfig(tokenizer="smollm2").block_size == 16
+    assert RoutingConfig(block_size=16).block_size == 16 and RoutingConfig(block_size=256, mode="precise").block_size == 256

@@ -310,3 +310,63 @@ def test_matches_brute_force_model(ops, cap, touch) -> None:
     probe = list(range(16))
     assert idx.match(probe) == model.match(probe, touch)
     assert idx.stats()["unique_blocks"] == len(set().union(*model.lru.values()))
+
+
+# -- property: a sharded LRU (large capacities) agrees with a per-shard brute-force model --------
+
+POOL = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(1, 17)]  # 16 hashes spread over the shard bits
+pool_st = st.lists(st.sampled_from(POOL), max_size=8)
+sharded_op_st = st.one_of(
+    st.tuples(st.just("record"), st.sampled_from(REPLICAS), pool_st),
+    st.tuples(st.just("removed"), st.sampled_from(REPLICAS), pool_st),
+    st.tuples(st.just("match"), st.just(""), pool_st),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(sharded_op_st, max_size=60), st.sampled_from([4, 6, 9]))
+def test_sharded_lru_matches_a_per_shard_model(ops, cap) -> None:
+    """With LRU_SHARD_BLOCKS = 2, a capacity of 4..9 is 2 or 4 shards: each keeps exact LRU order
+    within its share of the capacity, the holder table stays exact, and match stops at the first
+    miss even where a shard evicted a chain's block another shard still follows."""
+    import index.prefix as prefix
+
+    saved, prefix.LRU_SHARD_BLOCKS = prefix.LRU_SHARD_BLOCKS, 2
+    try:
+        k = prefix.lru_shards(cap)
+        idx = PrefixIndex(capacity_blocks=cap)
+        for r in REPLICAS:
+            idx.add_replica(r)
+    finally:
+        prefix.LRU_SHARD_BLOCKS = saved
+    assert k in (2, 4)
+    shard_caps = [cap // k + (i < cap % k) for i in range(k)]
+    model = {r: [[] for _ in range(k)] for r in REPLICAS}  # per replica, per shard, LRU order
+    of = lambda h: (h >> 6) & (k - 1)  # noqa: E731
+    for op, r, hs in ops:
+        if op == "record":
+            for h in reversed(hs):
+                lru = model[r][of(h)]
+                if h in lru:
+                    lru.remove(h)
+                lru.append(h)
+            evicted = []
+            for lru, c in zip(model[r], shard_caps):
+                while len(lru) > c:
+                    evicted.append(lru.pop(0))
+            assert idx.record(r, hs) == evicted
+        elif op == "removed":
+            idx.removed(r, hs)
+            model[r] = [[h for h in lru if h not in hs] for lru in model[r]]
+        else:
+            held = {name: set().union(*map(set, shards)) for name, shards in model.items()}
+            expect = {}
+            for name in REPLICAS:
+                n = 0
+                while n < len(hs) and hs[n] in held[name]:
+                    n += 1
+                expect[name] = n
+            assert idx.match(hs) == expect
+        for name in REPLICAS:
+            assert idx.blocks(name) == sum(map(len, model[name])) <= cap
+    assert idx.stats()["unique_blocks"] == len(set().union(*(set().union(*map(set, s)) for s in model.values())))

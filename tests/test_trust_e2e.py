@@ -149,5 +149,17 @@ def test_bench_trust_json_fields(tmp_path, capsys):
     (best,) = result["best_static_within"]
     assert set(best) == {"max_error_rate", "threshold", "hit_rate", "error_rate"}
     assert (tmp_path / "p.png").stat().st_size > 0
+    # 2 of the 6 questions have a class asked before: no judge can hit more than 2/6 + δ
+    assert result["ceiling"] == {"repeat_rate": round(2 / 6, 5),
+                                 "max_hit_rate_within": [{"max_error_rate": 0.05, "hit_rate": round(2 / 6 + 0.05, 5)}]}
+    # the same stream with the cache and the observations on a real Redis the run starts: the same counts
+    on_redis = tmp_path / "trust_redis.json"
+    assert cli_main(["bench", "trust", "--pairs", str(pairs), "--slice", "all", "--thresholds", "0.8,0.95",
+                     "--max-error-rate", "0.05", "--store", "redis", "--json", str(on_redis)]) == 0
+    counted = ("hits", "wrong_hits", "backend_calls")
+    redis_result = json.loads(on_redis.read_text())
+    assert redis_result["store"] == "redis"
+    for a, b in zip(result["static"] + result["verified"], redis_result["static"] + redis_result["verified"]):
+        assert {k: a[k] for k in counted} == {k: b[k] for k in counted}
     assert cli_main(["bench", "trust", "--pairs", str(pairs), "--max-error-rate", "2"]) == 2
     assert "--max-error-rate" in capsys.readouterr().err

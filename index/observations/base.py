@@ -4,10 +4,11 @@ Per cache entry, the observations `(similarity, correct?)` of queries compared w
 exploration's verdict, or feedback); per route, a bounded pool of every observation of that route
 (the fallback rule of entries that have few of their own). Like the EntryStore it is the shared
 truth: every process that opens the same store sees the same observations, and they survive
-restarts. A Redis implementation (the scale-out store) keeps the same rules:
-  - `add` is atomic per entry list (read-modify-write in a transaction; a Lua script on Redis);
+restarts. Both implementations (disk.py: one cache dir; redis.py: the scale-out store, shared by
+proxies on several machines) keep the same rules:
+  - `add` is atomic per entry list (a diskcache transaction; MULTI/EXEC on Redis);
   - lists are bounded: an entry keeps its last `per_entry` observations, a route its last
-    `per_route` (a ring);
+    `per_route`;
   - `count(route)` only grows: a reader refits its cached rule when it moved;
   - storage trouble raises one of `failures`; callers treat it as "no observations".
 """

@@ -6,10 +6,16 @@ routing decisions go through a RoutingState (middleware/routing/state.py), so th
 processes in front of the same replicas see each other's load and learn from each other's
 decisions; alone, a LocalState keeps them in this process.
 
-Work that grows with the prompt (rendering, tokenising, hashing) can be done ahead, in a worker
-thread, so the event loop only matches and records: `prepare(messages)` before `plan` of the
-same messages list, `prepare_answer(plan, ...)` before `finished`. Both are optional; without
-them `plan` and `finished` compute the same hashes themselves.
+Work that grows with the prompt (rendering, tokenising, hashing, matching) can be done ahead, in
+a worker thread, so the event loop only chooses: `prepare(messages)` before `plan` of the same
+messages list, `prepare_answer(plan, ...)` before `finished`. Both are optional; without them
+`plan` and `finished` compute the same hashes themselves.
+
+With `defer_records=True` (the proxy's routers) the approximate-mode records of `started` and
+`finished` (a touch per block of the prompt: milliseconds for a long one) run on one
+background thread, in order, instead of on the caller's (the event loop). Reads see every
+record submitted before them: `prepare` and `plan` wait for the pending ones before matching
+(`settle`), so a next turn routed right after its previous answer finds that answer's blocks.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -68,6 +75,7 @@ class Router:
         policy: RoutingPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         state: RoutingState | None = None,
+        defer_records: bool = False,
     ) -> None:
         if not replicas:
             raise ValueError("a router needs at least one replica")
@@ -83,7 +91,11 @@ class Router:
         self._lock = threading.Lock()
         # prompts hashed ahead by `prepare`, waiting for `plan` of the same list object (held, so
         # its id cannot be reused meanwhile); bounded in case a plan never comes
-        self._prepared: OrderedDict[int, tuple[Sequence[dict[str, Any]], PromptHashes]] = OrderedDict()
+        self._prepared: OrderedDict[int, tuple[Sequence[dict[str, Any]], PromptHashes, dict[str, int]]] = OrderedDict()
+        # approximate mode's records, off the caller's thread (see the module docstring)
+        self._recorder = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-index")
+                          if defer_records and cfg.mode == "approximate" else None)
+        self._last_record: Future[None] | None = None
         self._names = frozenset(r.name for r in self.replicas)
         self.state: RoutingState = state or LocalState([r.name for r in replicas])
         if cfg.mode == "approximate":
@@ -96,6 +108,8 @@ class Router:
                     self._subscribers.append(ZmqEventSubscriber(r.events, applier).start())
 
     def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.shutdown(wait=True)
         for sub in self._subscribers:
             sub.stop()
         self.state.close()
@@ -112,25 +126,51 @@ class Router:
 
     # ------------------------------------------------------------------ decisions
     def prepare(self, messages: Sequence[dict[str, Any]]) -> None:
-        """Hash a prompt ahead of its `plan` (thread-safe; meant for a worker thread)."""
+        """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread)."""
         prompt = self.hasher.prompt(messages)
+        self.settle()
+        matched = self.index.match(prompt.hashes)
         with self._lock:
-            self._prepared[id(messages)] = (messages, prompt)
+            self._prepared[id(messages)] = (messages, prompt, matched)
             while len(self._prepared) > PREPARED_MAX:
                 self._prepared.popitem(last=False)
 
-    def _take_prepared(self, messages: Sequence[dict[str, Any]]) -> PromptHashes | None:
+    def _take_prepared(self, messages: Sequence[dict[str, Any]]) -> tuple[PromptHashes, dict[str, int]] | None:
         with self._lock:
             held = self._prepared.pop(id(messages), None)
-        return held[1] if held is not None and held[0] is messages else None
+        return (held[1], held[2]) if held is not None and held[0] is messages else None
+
+    def settle(self) -> None:
+        """Wait until the records submitted so far are in the index (at once when not deferred)."""
+        last = self._last_record
+        if last is not None:
+            last.result()
 
     def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None) -> RoutePlan:
-        prompt = self._take_prepared(messages) or self.hasher.prompt(messages)
+        ready = self._take_prepared(messages)
+        if ready is None:
+            prompt = self.hasher.prompt(messages)
+            self.settle()
+            ready = (prompt, self.index.match(prompt.hashes))
+        prompt, matched = ready
         if session is None and messages:
             first = messages[0].get("content")
             session = first if isinstance(first, str) else None
-        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, self.index.match(prompt.hashes), session,
-                         prompt=prompt)
+        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, matched, session, prompt=prompt)
+
+    def _record(self, replica: str, hashes: list[int]) -> None:
+        """Approximate mode: `replica` now caches this chain (in order, off this thread if deferred)."""
+        if self._recorder is None:
+            self._apply_record(replica, hashes)
+        else:
+            self._last_record = self._recorder.submit(self._apply_record, replica, hashes)
+
+    def _apply_record(self, replica: str, hashes: list[int]) -> None:
+        try:
+            self.index.record(replica, hashes)
+            self.state.recorded(replica, hashes)
+        except Exception:  # a record lost costs a worse route later, never the request
+            log.exception("route record for replica %s failed", replica)
 
     def candidates(self, exclude: set[str] = frozenset()) -> list[ReplicaState]:
         """Healthy replicas, plus down ones whose cool-down passed (half-open). If every replica
@@ -157,8 +197,7 @@ class Router:
             replica.requests += 1
             replica.pending_prefill_tokens += pending
         if self.cfg.mode == "approximate":
-            self.index.record(replica.name, plan.hashes)
-            self.state.recorded(replica.name, plan.hashes)
+            self._record(replica.name, plan.hashes)
         return Ticket(replica, plan, pending)
 
     def first_token(self, ticket: Ticket) -> None:
@@ -178,9 +217,7 @@ class Router:
             if ok:
                 ticket.replica.healthy, ticket.replica.failures = True, 0
         if ok and conversation is not None and self._records_answers:
-            hashes = self._conversation_hashes(ticket.plan, conversation)
-            self.index.record(ticket.replica.name, hashes)
-            self.state.recorded(ticket.replica.name, hashes)
+            self._record(ticket.replica.name, self._conversation_hashes(ticket.plan, conversation))
 
     @property
     def _records_answers(self) -> bool:

@@ -69,16 +69,21 @@ def backend_app(answer_of: dict[str, str]) -> Any:
     return app
 
 
-def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: str, app: Any) -> dict[str, Any]:
-    """One setting: a fresh cache, the whole stream; counts from the pipeline's answers."""
+def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: str, app: Any,
+           store: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One setting: a fresh cache (a fresh dir, or `store` with its own key prefix), the whole
+    stream; counts from the pipeline's answers."""
     from middleware.answers import answer_text
     from middleware.config import parse_config
     from middleware.pipeline import Pipeline
 
     with tempfile.TemporaryDirectory(prefix="kvgate-trust-") as tmp:
-        config = parse_config({"cache_dir": tmp, "routes": [{
+        raw: dict[str, Any] = {"cache_dir": tmp, "routes": [{
             "name": "trust", "model": MODEL, "ttl": None, "semantic": semantic,
-            "backend": {"model": "openai/fake", "api_base": api_base, "api_key": "sk-fake"}}]})
+            "backend": {"model": "openai/fake", "api_base": api_base, "api_key": "sk-fake"}}]}
+        if store is not None:
+            raw["store"] = store
+        config = parse_config(raw)
         pipeline = Pipeline(config, embedder=embedder)
         calls_before = app.state.calls
         hits = wrong = 0
@@ -110,11 +115,28 @@ def best_within(static: list[dict[str, Any]], delta: float) -> dict[str, Any]:
             "error_rate": best["error_rate"]}
 
 
+def ceiling(queries: int, classes: int, deltas: Sequence[float]) -> dict[str, Any]:
+    """What no judge can beat on this stream: only a query whose class was asked before can hit
+    correctly, so correct hits ≤ queries − classes, and a run that keeps its wrong-hit rate ≤ δ
+    hits at most (queries − classes)/queries + δ."""
+    repeat = (queries - classes) / queries if queries else 0.0
+    return {"repeat_rate": round(repeat, 5),
+            "max_hit_rate_within": [{"max_error_rate": d, "hit_rate": round(repeat + d, 5)} for d in deltas]}
+
+
+def _store(kind: str, url: str | None, n: int) -> dict[str, Any] | None:
+    """The `store:` of setting n: None (local dirs), or the run's Redis under a prefix of its own."""
+    if kind == "local":
+        return None
+    return {"backend": "redis", "url": url, "key_prefix": f"kvgate-trust-{n}:", "follow_interval_s": 0.1}
+
+
 def run(path: Path, deltas: Sequence[float], thresholds: Sequence[float], which: str, limit: int | None, seed: int,
-        progress: Callable[[str], None] = lambda _m: None, model: str = "minilm") -> dict[str, Any]:
+        progress: Callable[[str], None] = lambda _m: None, model: str = "minilm", store: str = "local") -> dict[str, Any]:
     from index.embedder import make_embedder
     from tools.bench.embed_cache import cache_key, cached_embeddings
     from tools.bench.procs import ServerThread
+    from tools.redis_proc import RedisServer
 
     pairs, skipped = read_pairs(path, None)
     chosen = slice_pairs(pairs, which)[:limit]
@@ -126,23 +148,29 @@ def run(path: Path, deltas: Sequence[float], thresholds: Sequence[float], which:
     embedder = TableEmbedder(real, texts, vectors)
     app = backend_app(stream.answer_of)
     server = ServerThread(app).start()
+    redis_server = RedisServer().start() if store == "redis" else None
+    url = redis_server.url if redis_server is not None else None
     static, verified = [], []
     try:
         api_base = f"{server.url}/v1"
-        for t in thresholds:
-            row = {"threshold": t, **replay(stream, {"threshold": t}, embedder, api_base, app)}
+        for n, t in enumerate(thresholds):
+            row = {"threshold": t, **replay(stream, {"threshold": t}, embedder, api_base, app, _store(store, url, n))}
             static.append(row)
             progress(f"static {t}: hit rate {row['hit_rate']:.4f}, wrong-hit rate {row['error_rate']:.4f} ({row['seconds']}s)")
-        for d in deltas:
-            row = {"max_error_rate": d, **replay(stream, {"max_error_rate": d}, embedder, api_base, app)}
+        for n, d in enumerate(deltas, start=len(thresholds)):
+            row = {"max_error_rate": d, **replay(stream, {"max_error_rate": d}, embedder, api_base, app,
+                                                  _store(store, url, n))}
             verified.append(row)
             progress(f"δ {d}: hit rate {row['hit_rate']:.4f}, wrong-hit rate {row['error_rate']:.4f} "
                      f"(≤ {row['error_rate_ci_high']:.4f}), backend calls {row['backend_calls']} ({row['seconds']}s)")
     finally:
         server.stop()
-    return {"mode": "trust", "embedder": model, "pairs_file": str(path), "slice": which, "limit": limit, "seed": seed,
-            "pairs_used": len(chosen), "rows_skipped": skipped, "embedding_cache": cache.state,
+        if redis_server is not None:
+            redis_server.stop()
+    return {"mode": "trust", "embedder": model, "store": store, "pairs_file": str(path), "slice": which, "limit": limit,
+            "seed": seed, "pairs_used": len(chosen), "rows_skipped": skipped, "embedding_cache": cache.state,
             "queries": len(stream.questions), "classes": stream.classes,
+            "ceiling": ceiling(len(stream.questions), stream.classes, deltas),
             "static": static, "verified": verified, "best_static_within": [best_within(static, d) for d in deltas]}
 
 
@@ -198,6 +226,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N pairs of the slice")
     parser.add_argument("--seed", type=int, default=0, help="stream shuffle seed")
     parser.add_argument("--embedder", choices=["minilm", "mpnet"], default="minilm", help="the judge (embedder.model)")
+    parser.add_argument("--store", choices=["local", "redis"], default="local",
+                        help="where the cache and the observations live (redis: a redis-server the run starts)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the results here (JSON)")
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="hit rate vs wrong-hit rate plot")
 
@@ -212,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
         if args.limit is not None and args.limit < 1:
             raise BenchInputError(f"--limit must be at least 1, got {args.limit}")
         result = run(args.pairs, deltas, thresholds, args.slice, args.limit, args.seed,
-                     lambda m: print(m, file=sys.stderr, flush=True), args.embedder)
+                     lambda m: print(m, file=sys.stderr, flush=True), args.embedder, args.store)
     except (BenchInputError, MpnetMissing) as exc:
         print(f"kvgate bench trust: error: {exc}", file=sys.stderr)
         return 2
@@ -222,9 +252,9 @@ def main(args: argparse.Namespace) -> int:
     write_json(args.json, result)
     if args.plot is not None:
         plot(result, args.plot)
-    for best, v in zip(result["best_static_within"], result["verified"]):
+    for best, v, top in zip(result["best_static_within"], result["verified"], result["ceiling"]["max_hit_rate_within"]):
         ratio = v["hit_rate"] / best["hit_rate"] if best["hit_rate"] else float("inf")
         print(f"δ={v['max_error_rate']}: verified hit rate {v['hit_rate']:.4f} wrong {v['error_rate']:.4f} "
               f"(95% ≤ {v['error_rate_ci_high']:.4f}); best static within δ: t={best['threshold']} "
-              f"hit rate {best['hit_rate']:.4f} → ×{ratio:.2f}")
+              f"hit rate {best['hit_rate']:.4f} → ×{ratio:.2f}; no judge can pass {top['hit_rate']:.4f} here")
     return 0

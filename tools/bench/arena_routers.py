@@ -2,10 +2,11 @@
 is told, and the parameters tuned for it.
 
 - kvgate policies run as `kvgate serve` with both cache tiers off (every request is routed),
-  tokenizer `text`, block 16, approximate mode with `record_answers` at its default. What it
+  tokenizer `text`, approximate mode at its defaults (blocks of 64 characters since 2026-11-23,
+  16 before; precise mode: the replicas' 16), `record_answers` at its default. What it
   knows of the replicas' cache size is the arena's capacity hint, nothing else:
   `none` → `capacity_blocks` unset (the default bound, 262,144 blocks); `reported` → the size each replica
-  reports in its /stats, the same number the anchors get as `--max-tree-size`.
+  reports in its /stats (in our blocks), the same number the anchors get as `--max-tree-size`.
 - Anchors: sglang-router (`launch --policy cache_aware`) and vllm-router (`--policy
   cache_aware`, its prefix/cache-aware policy): both keep an approximate radix tree per worker
   and route to the longest match above `cache_threshold` unless the load (requests in flight) is
@@ -77,11 +78,15 @@ def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list
                   capacity_blocks: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """`kvgate serve` config for one policy: both cache tiers off; approximate mode told only the
     capacity hint (None: capacity_blocks unset); `cache_aware_precise` follows KV events."""
+    from middleware.config import RoutingConfig
+
     precise = policy == "cache_aware_precise"
-    routing: dict[str, Any] = {"policy": "cache_aware" if precise else policy, "block_size": BLOCK_SIZE,
+    routing: dict[str, Any] = {"policy": "cache_aware" if precise else policy,
                                "tokenizer": "text", "max_attempts": 2, "mode": "precise" if precise else "approximate"}
-    if capacity_blocks is not None and not precise:
-        routing["capacity_blocks"] = capacity_blocks
+    if precise:  # the replicas' blocks; approximate mode keeps its own default (64 characters with text)
+        routing["block_size"] = BLOCK_SIZE
+    if capacity_blocks is not None and not precise:  # the hint is in the replicas' blocks: the same tokens in ours
+        routing["capacity_blocks"] = max(1, capacity_blocks * BLOCK_SIZE // RoutingConfig(tokenizer="text").block_size)
     routing.update(extra or {})
     replica_cfg = [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)]
     if precise:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, Sequence
 
 import httpx
@@ -207,3 +208,54 @@ def test_block_size_default_depends_on_tokenizer_and_mode():
     assert RoutingConfig(mode="precise").block_size == 16  # precise: must cut where the engine cuts
     assert RoutingConfig(tokenizer="smollm2").block_size == 16
     assert RoutingConfig(block_size=16).block_size == 16 and RoutingConfig(block_size=256, mode="precise").block_size == 256
+
+
+def test_a_record_after_close_is_applied_inline_not_raised():
+    reps = [ReplicaConfig(name="r0", api_base="http://127.0.0.1:9000/v1")]
+    r = Router(reps, RoutingConfig(tokenizer="text"), defer_records=True)
+    plan = r.plan(chat(1))
+    ticket = r.started(r.replicas[0], plan)
+    r.close()  # the proxy shuts down while this request is still streaming
+    r.finished(ticket, True, [*chat(1), {"role": "assistant", "content": "done " * 40}])
+    assert r.index.match(plan.hashes)["r0"] == len(plan.hashes)
+
+
+class SlowIndex(PrefixIndex):
+    """The real index, whose records wait for a gate (a recorder that has fallen behind)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.threads: list[str] = []
+
+    def record(self, replica: str, hashes: Sequence[int]) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        if threading.current_thread().name.startswith("kvgate-index"):
+            self.gate.wait(10)
+        return super().record(replica, hashes)
+
+
+def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):
+    import middleware.routing.router as router_module
+
+    monkeypatch.setattr(router_module, "MAX_PENDING_RECORDS", 4)
+    reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
+    cfg = RoutingConfig(tokenizer="text")
+    index = SlowIndex(cfg.capacity_blocks)
+    r = Router(reps, cfg, index=index, defer_records=True)
+    try:
+        plans = [r.plan(chat(t)) for t in range(1, 8)]
+        for plan in plans:
+            r.started(r.replicas[0], plan)  # 4 queue behind the stuck recorder, 3 are applied inline
+        assert index.threads.count("MainThread") == 3
+        msgs = chat(9)
+        started = time.perf_counter()
+        r.prepare(msgs)  # waits at most SETTLE_WAIT_S for the stuck records, then matches what is in
+        assert time.perf_counter() - started < 1.0
+        assert r.plan(msgs).matched_blocks["r0"] > 0  # the inline records are seen
+        index.gate.set()
+        assert r.settle(5.0)
+        assert sum(name.startswith("kvgate-index") for name in index.threads) == 4
+    finally:
+        index.gate.set()
+        r.close()

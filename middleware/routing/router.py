@@ -13,9 +13,13 @@ messages list, `prepare_answer(plan, ...)` before `finished`. Both are optional;
 
 With `defer_records=True` (the proxy's routers) the approximate-mode records of `started` and
 `finished` (a touch per block of the prompt: milliseconds for a long one) run on one
-background thread, in order, instead of on the caller's (the event loop). Reads see every
-record submitted before them: `prepare` and `plan` wait for the pending ones before matching
-(`settle`), so a next turn routed right after its previous answer finds that answer's blocks.
+background thread, in order, instead of on the caller's (the event loop). `prepare` waits up to
+SETTLE_WAIT_S for the records submitted before it (`settle`), so a next turn routed right after
+its previous answer normally finds that answer's blocks; the wait is bounded because under
+overload an unbounded one made every request queue behind the recorder (the arena's conv ×20
+batched: TTFT p50 6.4 s unbounded, 1.16 s bounded, the replicas' own 0.5–0.6 s; docs/BENCHMARKS.md
+issue 13). Past MAX_PENDING_RECORDS
+queued records the caller applies its own inline, so the index never falls far behind.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -53,6 +57,8 @@ class Ticket:
 
 
 PREPARED_MAX = 1024  # prompts hashed ahead and not yet planned (a plan normally follows at once)
+SETTLE_WAIT_S = 0.005  # how long `prepare` waits for the records before it (see the module docstring)
+MAX_PENDING_RECORDS = 64  # deferred records queued before a caller applies its own inline
 
 
 def policy_options(cfg: RoutingConfig) -> dict[str, Any]:
@@ -96,6 +102,8 @@ class Router:
         self._recorder = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-index")
                           if defer_records and cfg.mode == "approximate" else None)
         self._last_record: Future[None] | None = None
+        self._pending_records = 0  # submitted, not yet applied (under _pending_lock)
+        self._pending_lock = threading.Lock()
         self._names = frozenset(r.name for r in self.replicas)
         self.state: RoutingState = state or LocalState([r.name for r in replicas])
         if cfg.mode == "approximate":
@@ -128,7 +136,7 @@ class Router:
     def prepare(self, messages: Sequence[dict[str, Any]]) -> None:
         """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread)."""
         prompt = self.hasher.prompt(messages)
-        self.settle()
+        self.settle(SETTLE_WAIT_S)
         matched = self.index.match(prompt.hashes)
         with self._lock:
             self._prepared[id(messages)] = (messages, prompt, matched)
@@ -140,17 +148,19 @@ class Router:
             held = self._prepared.pop(id(messages), None)
         return (held[1], held[2]) if held is not None and held[0] is messages else None
 
-    def settle(self) -> None:
-        """Wait until the records submitted so far are in the index (at once when not deferred)."""
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until the records submitted so far are in the index, at most `timeout` seconds
+        (None: however long). True when they are (at once when not deferred)."""
         last = self._last_record
-        if last is not None:
-            last.result()
+        if last is None:
+            return True
+        done, _ = wait([last], timeout=timeout)
+        return bool(done)
 
     def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None) -> RoutePlan:
         ready = self._take_prepared(messages)
-        if ready is None:
+        if ready is None:  # not prepared: computed here, on the caller's thread, without waiting
             prompt = self.hasher.prompt(messages)
-            self.settle()
             ready = (prompt, self.index.match(prompt.hashes))
         prompt, matched = ready
         if session is None and messages:
@@ -160,10 +170,25 @@ class Router:
 
     def _record(self, replica: str, hashes: list[int]) -> None:
         """Approximate mode: `replica` now caches this chain (in order, off this thread if deferred)."""
-        if self._recorder is None:
+        if self._recorder is not None:
+            with self._pending_lock:
+                queued = self._pending_records < MAX_PENDING_RECORDS
+                self._pending_records += queued
+            if queued:
+                try:
+                    self._last_record = self._recorder.submit(self._deferred_record, replica, hashes)
+                    return
+                except RuntimeError:  # closed: a request finishing while the proxy shuts down
+                    with self._pending_lock:
+                        self._pending_records -= 1
+        self._apply_record(replica, hashes)
+
+    def _deferred_record(self, replica: str, hashes: list[int]) -> None:
+        try:
             self._apply_record(replica, hashes)
-        else:
-            self._last_record = self._recorder.submit(self._apply_record, replica, hashes)
+        finally:
+            with self._pending_lock:
+                self._pending_records -= 1
 
     def _apply_record(self, replica: str, hashes: list[int]) -> None:
         try:

@@ -185,12 +185,12 @@ class PrefixIndex:
         """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
         with self._lock:
             rep = self._get(replica)
-            holders, keep = self._holders, ~rep.bit
+            keep = ~rep.bit
             for h in hashes:
                 lru = rep.shard(h)
                 if h in lru:
                     del lru[h]
-                    self._unset(holders[h & (HOLDER_SHARDS - 1)], h, keep)
+                    self._unset(h, keep)
 
     def cleared(self, replica: str) -> None:
         """The engine reports its whole prefix cache reset."""
@@ -289,36 +289,32 @@ class PrefixIndex:
     def _evict_over_capacity(self, rep: _Replica) -> list[BlockHash]:
         if rep.capacity is None:
             return []
-        holders, keep, hmask = self._holders, ~rep.bit, HOLDER_SHARDS - 1
+        keep = ~rep.bit
         evicted: list[BlockHash] = []
         for lru, cap in zip(rep.shards, rep.caps):
             over = len(lru) - cap  # type: ignore[operator]  # bounded replicas have int caps
             for _ in range(over):
                 h, _ = lru.popitem(last=False)
-                table = holders[h & hmask]
-                mask = table[h] & keep
-                if mask:
-                    table[h] = mask
-                else:
-                    del table[h]
+                self._unset(h, keep)
                 evicted.append(h)
         rep.evictions += len(evicted)
         return evicted
 
     def _drop_all(self, rep: _Replica) -> None:
-        holders, keep = self._holders, ~rep.bit
+        keep = ~rep.bit
         for lru in rep.shards:
             for h in lru:
-                self._unset(holders[h & (HOLDER_SHARDS - 1)], h, keep)
+                self._unset(h, keep)
             lru.clear()
 
-    @staticmethod
-    def _unset(holders: dict[BlockHash, int], h: BlockHash, keep: int) -> None:
-        mask = holders[h] & keep
+    def _unset(self, h: BlockHash, keep: int) -> None:
+        """Clear the bits outside `keep` from h's holder mask; drop h when no holder is left."""
+        table = self._holders[h & (HOLDER_SHARDS - 1)]
+        mask = table[h] & keep
         if mask:
-            holders[h] = mask
+            table[h] = mask
         else:
-            del holders[h]
+            del table[h]
 
     @staticmethod
     def _settle(result: dict[str, int], by_slot: dict[int, _Replica], mask: int, n: int) -> None:

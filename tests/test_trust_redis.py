@@ -15,20 +15,8 @@ from index.redis_link import LinkSettings, RedisLink
 from index.trust import Observation
 from middleware.config import parse_config
 from tests.conftest import Proxy
-from tools.bench.procs import ServerThread
-from tools.bench.trust import backend_app
+from tests.test_trust_e2e import PARIS, same_answers, trust_config  # noqa: F401  (same_answers: a fixture)
 from tools.redis_proc import RedisServer
-
-PARIS = "Paris is the capital of France."
-QUESTIONS = {"What is the capital of France?": PARIS, "Tell me the capital city of France": PARIS,
-             "Which city is the capital of France?": PARIS}
-
-
-@pytest.fixture(scope="module")
-def same_answers():
-    server = ServerThread(backend_app(QUESTIONS)).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["disk", "redis"])
@@ -87,9 +75,7 @@ def test_redis_store_failures_raise_a_declared_failure(redis_server: RedisServer
 
 
 def trust_redis_config(api_base: str, cache_dir: Path, url: str) -> dict:
-    return {"cache_dir": str(cache_dir), "store": {"backend": "redis", "url": url, "follow_interval_s": 0.1},
-            "routes": [{"name": "chat", "model": "demo-*", "semantic": {"max_error_rate": 0.05},
-                        "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"}}]}
+    return {**trust_config(api_base, cache_dir), "store": {"backend": "redis", "url": url, "follow_interval_s": 0.1}}
 
 
 def test_two_proxies_judge_from_one_record(embedder, same_answers, redis_server: RedisServer, tmp_path: Path) -> None:

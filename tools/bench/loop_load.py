@@ -68,17 +68,14 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(n))
 
 
-def config(replicas: list[str], tokenizer: str, cache_dir: str, block_size: int | None = 16) -> dict[str, Any]:
-    routing: dict[str, Any] = {"policy": "cache_aware", "tokenizer": tokenizer, "record_answers": True}
-    if block_size is not None:  # None: the route's default for this tokenizer
-        routing["block_size"] = block_size
+def config(replicas: list[str], tokenizer: str, cache_dir: str, block_size: int = 16) -> dict[str, Any]:
     return {
         "cache_dir": cache_dir,
         "routes": [{
             "name": "load", "model": "*", "backend": {"model": "openai/demo", "api_key": "none", "timeout": 120},
             "exact": True, "semantic": {"enabled": False},
             "replicas": [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)],
-            "routing": routing,
+            "routing": {"policy": "cache_aware", "tokenizer": tokenizer, "block_size": block_size, "record_answers": True},
         }],
         "server": {"max_body_bytes": 64 * 1024 * 1024},
     }
@@ -305,15 +302,12 @@ def _summary(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def hash_ms(tokenizer: str, prompts: Prompts, n: int = 10, block_size: int | None = None) -> dict[str, Any]:
+def hash_ms(tokenizer: str, prompts: Prompts, block_size: int, n: int = 10) -> dict[str, Any]:
     """Render + tokenise + hash of fresh prompts with the router's own hasher: p50 ms and token count."""
     from index.prompt import PromptHasher
     from index.tokenizer import load_tokenizer
 
-    from middleware.config import RoutingConfig
-
-    size = block_size if block_size is not None else RoutingConfig(tokenizer=tokenizer).block_size
-    hasher = PromptHasher(load_tokenizer(tokenizer), size)
+    hasher = PromptHasher(load_tokenizer(tokenizer), block_size)
     times, tokens = [], 0
     for messages in prompts.bodies[:n]:
         started = time.perf_counter()
@@ -336,8 +330,9 @@ def run_overhead(args: argparse.Namespace) -> int:
         backend.wait_http(f"{backend_url}/v1/models")
         for tokenizer in [t.strip() for t in args.tokenizers.split(",") if t.strip()]:
             cfg_path = work / f"{tokenizer}.yaml"
+            block_size = args.block_size or RoutingConfig(tokenizer=tokenizer).block_size  # the route's default
             cfg_path.write_text(yaml.safe_dump(config([backend_url], tokenizer, str(work / f"cache-{tokenizer}"),
-                                                        args.block_size)))
+                                                        block_size)))
             proxy_port = free_port()
             proxy = Proc(f"proxy-{tokenizer}", kvgate_argv("serve", "--config", str(cfg_path), "--port", str(proxy_port),
                                                            "--log-level", "warning"), work)
@@ -347,8 +342,8 @@ def run_overhead(args: argparse.Namespace) -> int:
                 for n, shape in enumerate(s.strip() for s in args.shapes.split(",") if s.strip()):
                     prompts = Prompts(shape, args, count, seed=100 + n)
                     row: dict[str, Any] = {"tokenizer": tokenizer, "shape": shape, "rate": args.rate,
-                                           "block_size": args.block_size or RoutingConfig(tokenizer=tokenizer).block_size,
-                                           **hash_ms(tokenizer, Prompts("fresh", args, 10, seed=7), block_size=args.block_size)}
+                                           "block_size": block_size,
+                                           **hash_ms(tokenizer, Prompts("fresh", args, 10, seed=7), block_size)}
                     for label, url in (("direct", backend_url), ("proxy", base)):
                         # warm-up: connections, lazy imports, and (continue) each conversation's first turn
                         warm = prompts.warm or Prompts("fresh", args, 8, seed=9).bodies

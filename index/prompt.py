@@ -7,6 +7,10 @@ Two caches, both keyed by content digests (never by object identity):
   hashing from there: block_hashes(a + b) == block_hashes(a) + block_hashes(tail + b, parent)
   (see index.hashing), so resuming gives exactly the hashes of a full recomputation.
 
+A third, lighter memory serves a caller deciding *where* to hash (middleware.offload):
+`uncached_chars(messages)` says how many characters follow the longest leading run of messages
+this hasher has hashed before, from digests of the raw messages (no rendering, no tokenising).
+
 `prompt()` also hands back the chain states it passed (`PromptHashes.states`): a caller that will
 soon hash a longer conversation starting with the same segments (the router: prompt + answer)
 passes them as `known` and resumes from there even if the shared caches evicted them meanwhile.
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from index.hashing import DEFAULT_SEED, BlockHash, block_hashes
-from index.tokenizer import ChatTokenizer
+from index.tokenizer import ChatTokenizer, content_text
 
 
 class _LRU(OrderedDict):
@@ -65,6 +69,7 @@ class PromptHasher:
         self.extra = tuple(extra)
         self._segments = _LRU(cache_size)
         self._chains = _LRU(cache_size)
+        self._seen = _LRU(cache_size)  # running digests of leading message runs hashed so far
         self._lock = threading.Lock()
 
     def tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
@@ -110,7 +115,22 @@ class PromptHasher:
             states[digests[k]] = state
             with self._lock:
                 self._chains.put(digests[k], state)
+        runs = message_runs(messages)
+        with self._lock:
+            for run in runs:
+                self._seen.put(run, True)
         return PromptHashes(hashes, len(hashes) * self.block_size + len(tail), states)
+
+    def uncached_chars(self, messages: Sequence[dict[str, Any]]) -> int:
+        """Characters of content after the longest leading run of `messages` that an earlier
+        `prompt()` call hashed (all of them for a new conversation): the part a `prompt()` of
+        these messages would tokenise anew, estimated without rendering or tokenising.
+
+        Invariant: 0 ≤ result ≤ total content characters; the total when nothing was seen."""
+        runs = message_runs(messages)
+        with self._lock:
+            known = next((k + 1 for k in range(len(runs) - 1, -1, -1) if runs[k] in self._seen), 0)
+        return sum(len(content_text(m.get("content"))) for m in messages[known:])
 
     def _encode(self, segment: str) -> list[int]:
         with self._lock:
@@ -120,3 +140,19 @@ class PromptHasher:
             with self._lock:
                 self._segments.put(segment, ids)
         return ids
+
+
+def message_runs(messages: Sequence[dict[str, Any]]) -> list[bytes]:
+    """Running digests of the leading runs of raw messages: entry k covers messages[:k+1].
+
+    Invariant: two message lists share entry k exactly when (barring a hash collision) their
+    first k+1 messages have the same roles and content texts; O(characters) at C speed."""
+    out: list[bytes] = []
+    d = b""
+    for m in messages:
+        h = hashlib.sha256(d)
+        h.update(f"{m.get('role', 'user')}\0".encode("utf-8", "surrogatepass"))
+        h.update(content_text(m.get("content")).encode("utf-8", "surrogatepass"))
+        d = h.digest()
+        out.append(d)
+    return out

@@ -34,7 +34,8 @@ class ChatTokenizer(Protocol):
         ...
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's content as the text the chat renderings use (text parts joined by newlines)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -45,7 +46,7 @@ def _content_text(content: Any) -> str:
 def render_transcript(messages: Sequence[dict[str, Any]]) -> list[str]:
     """Model-free rendering used by the `text` tokenizer and the simulated replica:
     one segment per message, `<|role|>\\ncontent\\n`, then `<|assistant|>\\n`."""
-    parts = [f"<|{m.get('role', 'user')}|>\n{_content_text(m.get('content'))}\n" for m in messages]
+    parts = [f"<|{m.get('role', 'user')}|>\n{content_text(m.get('content'))}\n" for m in messages]
     parts.append("<|assistant|>\n")
     return parts
 
@@ -75,7 +76,7 @@ class HFChatTokenizer:
         self._boundary: str | None = next((t for t in specials if "start" in t), specials[0] if specials else None)
 
     def render(self, messages: Sequence[dict[str, Any]]) -> str:
-        clean = [{"role": m.get("role", "user"), "content": _content_text(m.get("content"))} for m in messages]
+        clean = [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in messages]
         return self._tok.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
 
     def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError, ConfigError  # noqa: E402
 from middleware.feedback import FeedbackOutcome, give_feedback  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
+from middleware.offload import INLINE_TOTAL_CHARS, new_chars_limit, prompt_chars, runs_inline  # noqa: E402
 from middleware.parents import PARENT_SEARCH_K, PARENT_THRESHOLD, same_parents  # noqa: E402
 from middleware.outcome import CacheInfo, Hit, Lookup, Result, Tier  # noqa: E402,F401  (CacheInfo, Result: public here too)
 from middleware.relay import DONE, Relay, Relayed  # noqa: E402
@@ -95,6 +96,10 @@ class Pipeline:
         self.metrics.entries.set_function(lambda: len(self.index))
         self.metrics.cache_bytes.set_function(lambda: self.index.bytes)
         self.backends = {route.name: Backend(route, _router_for(route, routing_state), self.metrics) for route in config.routes}
+        # per route: the prompt size up to which its cache steps run on the event loop (middleware.offload)
+        self._inline_chars = {r.name: new_chars_limit(local_stores=stores.link is None, semantic=r.semantic.enabled,
+                                                      tokenizer=r.routing.tokenizer if r.replicas else None)
+                              for r in config.routes}
         self.relay = Relay()  # the proxy's pass-through to OpenAI-compatible replicas (middleware.relay)
         self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
         for name, router in self.routers.items():
@@ -250,37 +255,58 @@ class Pipeline:
         """With `raw` (the proxy), a miss on a relayed route comes back as the replica's bytes."""
         started = time.perf_counter()
         # what grows with the prompt (canonical keys, the exact-tier read, embedding + search, the
-        # routing hashes) runs in one worker-thread hop: the event loop only passes bytes along
-        view, found, served = await asyncio.to_thread(self._look_up, kwargs, tenant, control, started)
+        # routing hashes) runs in one worker-thread hop, unless it is small and bounded
+        # (middleware.offload): then the hops would cost more than the work
+        inline = self._inline(kwargs)
+        if inline:
+            view, found, served = self._look_up(kwargs, tenant, control, started, prepare=False)
+        else:
+            view, found, served = await asyncio.to_thread(self._look_up, kwargs, tenant, control, started)
         if served is not None:
             return served
         backend = self.backends[view.route.name]
         wire = self.relay.model_for(backend, view) if raw else None
         if wire is not None:
-            return await self._relayed(view, wire, found, started)
+            return await self._relayed(view, wire, found, started, inline)
         call = await self._counted(view, backend.acall(view))
         info = CacheInfo("miss", view.route.name, replica=call.replica, exploration=found.explore)
         if view.stream:
-            return Result(info, stream=self._tee(view, info, call, found.vector, started))
+            return Result(info, stream=self._tee(view, info, call, found.vector, started, inline))
         payload = call.response.model_dump()
         answer = answer_text(payload)
         try:
-            await asyncio.to_thread(self._record, view, info, call, answer, payload, found.vector, started)
+            await _step(inline, self._record, view, info, call, answer, payload, found.vector, started)
         finally:  # after `_record` worked out the answer's routing hashes: recording them is cheap
             backend.done(call, True, view, answer)
         tag(call.response, info)
         return Result(info, response=call.response)
 
+    def _inline(self, kwargs: dict[str, Any]) -> bool:
+        """Whether this request's cache steps run on the event loop (middleware.offload)."""
+        model, messages = kwargs.get("model"), kwargs.get("messages")
+        route = self.config.match(model) if isinstance(model, str) else None
+        total = prompt_chars(messages)
+        if route is None or total < 0:  # the view refuses it at once, wherever it runs
+            return True
+        limit = self._inline_chars[route.name]
+        if limit is None or total > INLINE_TOTAL_CHARS:  # decided before digesting a long prompt
+            return False
+        router = self.backends[route.name].router
+        new = router.hasher.uncached_chars(messages) if router is not None else total
+        return runs_inline(total, new, limit)
+
     def _look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
-                 started: float) -> tuple[RequestView, Lookup, Result | None]:
-        """(view, lookup, the served hit or None); on a miss, the router's hashes are ready."""
+                 started: float, prepare: bool = True) -> tuple[RequestView, Lookup, Result | None]:
+        """(view, lookup, the served hit or None). With `prepare` (a worker thread), a miss's
+        routing hashes are ready for the plan; inline, the plan hashes the small prompt itself
+        and never waits for deferred records."""
         view = self.view(kwargs, tenant, control)
         hit = self.lookup_exact(view)
         found = Lookup(hit) if hit else self.lookup_semantic(view)
         if found.hit:
             return view, found, self._served_hit(view, found.hit, started)
         router = self.backends[view.route.name].router
-        if router is not None:
+        if router is not None and prepare:
             router.prepare(view.messages)  # the backend's plan of these messages picks it up
         return view, found, None
 
@@ -305,7 +331,8 @@ class Pipeline:
         return call
 
     async def _tee(
-        self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float
+        self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float,
+        inline: bool = False,
     ) -> AsyncIterator[ModelResponseStream]:
         backend, chunks, ok = self.backends[view.route.name], [], False
         try:
@@ -324,7 +351,7 @@ class Pipeline:
                 backend.done(call, False, view, None)
         answer = streamed_text(chunks)
         try:
-            await asyncio.to_thread(self._record_stream, view, info, call, answer, chunks, vector, started)
+            await _step(inline, self._record_stream, view, info, call, answer, chunks, vector, started)
         finally:  # also when the client leaves meanwhile: the replica's books must balance
             backend.done(call, True, view, answer)
 
@@ -333,24 +360,25 @@ class Pipeline:
         payload = assemble(chunks, view.messages) if self.stores(view) else None  # LiteLLM may count prompt tokens
         self._record(view, info, call, answer, payload, vector, started)
 
-    async def _relayed(self, view: RequestView, wire: str, found: Lookup, started: float) -> Result:
+    async def _relayed(self, view: RequestView, wire: str, found: Lookup, started: float, inline: bool) -> Result:
         backend = self.backends[view.route.name]
         vector = found.vector
         relayed = await self._counted(view, self.relay.open(backend, view, wire))
         info = CacheInfo("miss", view.route.name, replica=relayed.call.replica, exploration=found.explore)
         if view.stream:  # its first event is in: the client's first bytes go out now
             self.metrics.ttft.labels(view.route.name, "miss").observe(time.perf_counter() - started)
-            return Result(info, raw=self._relay_tee(view, info, relayed, vector, started))
+            return Result(info, raw=self._relay_tee(view, info, relayed, vector, started, inline))
         assert relayed.payload is not None
         answer = answer_text(relayed.payload)
         try:
-            await asyncio.to_thread(self._record, view, info, relayed.call, answer, relayed.payload, vector, started)
+            await _step(inline, self._record, view, info, relayed.call, answer, relayed.payload, vector, started)
         finally:
             backend.done(relayed.call, True, view, answer)
         return Result(info, raw=relayed.body)
 
     async def _relay_tee(
-        self, view: RequestView, info: CacheInfo, relayed: Relayed, vector: np.ndarray | None, started: float
+        self, view: RequestView, info: CacheInfo, relayed: Relayed, vector: np.ndarray | None, started: float,
+        inline: bool,
     ) -> AsyncIterator[bytes]:
         """A relayed stream's bytes; the answer is stored before [DONE] reaches the client."""
         backend = self.backends[view.route.name]
@@ -363,7 +391,7 @@ class Pipeline:
                 backend.done(relayed.call, False, view, None)
         if relayed.ok:
             try:
-                await asyncio.to_thread(self._record_relayed, view, info, relayed, vector, started)
+                await _step(inline, self._record_relayed, view, info, relayed, vector, started)
             finally:  # also when the client leaves meanwhile: the replica's books must balance
                 backend.done(relayed.call, True, view, relayed.text)
         yield DONE
@@ -436,6 +464,14 @@ class Pipeline:
         self.metrics.lookup_latency.labels(route, tier).observe(time.perf_counter() - started)
         if hit:
             self.metrics.hits.labels(route, tier).inc()
+
+
+async def _step(inline: bool, fn: Callable[..., None], *args: Any) -> None:
+    """`fn(*args)` here when the request runs inline, else in a worker thread."""
+    if inline:
+        fn(*args)
+    else:
+        await asyncio.to_thread(fn, *args)
 
 
 def _load_verifier(config: Config, position: int) -> Verifier:

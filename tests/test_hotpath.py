@@ -15,9 +15,10 @@ from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import TextTokenizer
 from middleware.config import ReplicaConfig, RoutingConfig, parse_config
+from middleware.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
 from middleware.pipeline import Pipeline
 from middleware.proxy import OFF_LOOP_BODY_BYTES, _parse_body, create_app
-from middleware.routing.router import Router
+from middleware.routing.router import INLINE_RECORD_BLOCKS, Router
 from middleware.schema import ChatCompletionRequest
 from tools.bench.procs import ServerThread
 
@@ -110,15 +111,22 @@ class ThreadNoting(PrefixIndex):
         return super().record(replica, hashes)
 
 
+def long_chat(turns: int) -> list[dict[str, Any]]:
+    """chat(turns) behind a system prompt long enough that every chain is past INLINE_RECORD_BLOCKS."""
+    msgs = chat(turns)
+    return [{"role": "system", "content": "You are terse. " * 160}, *msgs[1:]]
+
+
 def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them():
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
     cfg = RoutingConfig(tokenizer="text", block_size=16)
     index = ThreadNoting(cfg.capacity_blocks)
     r, inline = Router(reps, cfg, index=index, defer_records=True), router()
     answer = {"role": "assistant", "content": "a long answer " * 30}
+    assert len(r.plan(long_chat(1)).hashes) > INLINE_RECORD_BLOCKS
     try:
         for turn in range(1, 6):
-            msgs = chat(turn)
+            msgs = long_chat(turn)
             r.prepare(msgs)  # hashes and matches after settling the records before it
             plan, same = r.plan(msgs), inline.plan(msgs)
             # the previous turns' records, made off this thread, are seen as an inline router sees its own
@@ -129,6 +137,31 @@ def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them
         r.settle()
         assert index.threads and all(name.startswith("kvgate-index") for name in index.threads)
         assert len(index.threads) == 10  # started and finished of five turns, none lost
+    finally:
+        r.close()
+
+
+def test_a_short_chain_is_recorded_on_the_callers_thread_unless_records_are_queued():
+    reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
+    cfg = RoutingConfig(tokenizer="text", block_size=16)
+    index = ThreadNoting(cfg.capacity_blocks)
+    r = Router(reps, cfg, index=index, defer_records=True)
+    short = [{"role": "user", "content": "a short question"}]
+    caller = threading.current_thread().name
+    try:
+        plan = r.plan(short)
+        assert 0 < len(plan.hashes) <= INLINE_RECORD_BLOCKS
+        r.started(r.replicas[0], plan)  # nothing queued: applied here, at once
+        assert index.threads == [caller] and r.index.match(plan.hashes)["r0"] == len(plan.hashes)
+        gate = threading.Event()
+        index.record = lambda replica, hashes, _orig=index.record: (gate.wait(5), _orig(replica, hashes))[1]  # type: ignore[method-assign]
+        long = r.plan(long_chat(1))
+        r.started(r.replicas[1], long)  # a long chain: queued behind the gate
+        r.started(r.replicas[1], r.plan([{"role": "user", "content": "another short one"}]))  # queued behind it, in order
+        gate.set()
+        r.settle()
+        assert index.threads[1:] and all(name.startswith("kvgate-index") for name in index.threads[1:])
+        assert len(index.threads) == 3
     finally:
         r.close()
 
@@ -165,7 +198,9 @@ def test_fast_parse_equals_json(raw):
 
 
 # ------------------------------------------------------------------ through the proxy
-def test_prompt_work_never_runs_on_the_event_loop(embedder, tmp_path):
+def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
+    """A long prompt (or a long new turn) is rendered and tokenised in worker threads; a small one
+    on the event loop, where the hops would cost more than the work (middleware.offload)."""
     replicas = [ServerThread(create_fake_app(Calls())).start() for _ in range(2)]
     config = parse_config({
         "cache_dir": str(tmp_path / "cache"),
@@ -180,21 +215,27 @@ def test_prompt_work_never_runs_on_the_event_loop(embedder, tmp_path):
     tok = Recording()
     pipeline.routers["local"].hasher.tokenizer = tok
     server = ServerThread(create_app(config, pipeline)).start()
+    loop_thread = server.thread.name
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             for stream in (False, True):
                 msgs = [*chat(3), {"role": "assistant", "content": "hm"}, {"role": "user", "content": f"{stream}?"}]
+                assert prompt_chars(msgs) < INLINE_NEW_CHARS_TEXT
                 big = [*msgs[:-1], {"role": "user", "content": f"long {stream} " + "y" * OFF_LOOP_BODY_BYTES}]
-                for body in ({"model": "smollm2", "messages": msgs, "stream": stream},
-                             {"model": "smollm2", "messages": big, "stream": stream}):
+                # under the total bound, but a new turn past the text tokenizer's new-characters bound
+                new_turn = [*msgs[:-1], {"role": "user", "content": f"new {stream} " + "z" * (2 * INLINE_NEW_CHARS_TEXT)}]
+                for body, on_loop in (({"model": "smollm2", "messages": msgs, "stream": stream}, True),
+                                      ({"model": "smollm2", "messages": big, "stream": stream}, False),
+                                      ({"model": "smollm2", "messages": new_turn, "stream": stream}, False)):
+                    before = len(tok.calls)
                     resp = client.post("/v1/chat/completions", json=body)
                     assert resp.status_code == 200, resp.text
                     assert resp.headers["x-kvgate-cache"] == "miss"
+                    threads = {name for _, name in tok.calls[before:]}
+                    assert threads == {loop_thread} if on_loop else (threads and loop_thread not in threads), threads
+                    # a prompt's segments are rendered once for its plan and once for prompt + answer
+                    assert sum(1 for what, _ in tok.calls[before:] if what == "segments") == 2
             assert client.get("/health").status_code == 200
-        # every render / tokenisation of a prompt (and of prompt + answer) ran in a worker thread
-        assert tok.calls and server.thread.name not in {name for _, name in tok.calls}
-        # and a prompt's segments were rendered once for its plan and once for prompt + answer
-        assert sum(1 for what, _ in tok.calls if what == "segments") == 2 * 4
     finally:
         server.stop()
         pipeline.close()
@@ -240,15 +281,15 @@ def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):
 
     monkeypatch.setattr(router_module, "MAX_PENDING_RECORDS", 4)
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
-    cfg = RoutingConfig(tokenizer="text")
+    cfg = RoutingConfig(tokenizer="text", block_size=16)
     index = SlowIndex(cfg.capacity_blocks)
     r = Router(reps, cfg, index=index, defer_records=True)
     try:
-        plans = [r.plan(chat(t)) for t in range(1, 8)]
+        plans = [r.plan(long_chat(t)) for t in range(1, 8)]  # chains too long to skip the queue
         for plan in plans:
             r.started(r.replicas[0], plan)  # 4 queue behind the stuck recorder, 3 are applied inline
         assert index.threads.count("MainThread") == 3
-        msgs = chat(9)
+        msgs = long_chat(9)
         started = time.perf_counter()
         r.prepare(msgs)  # waits at most SETTLE_WAIT_S for the stuck records, then matches what is in
         assert time.perf_counter() - started < 1.0

@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-share", type=float, default=0.5)
     p.add_argument("--system-words", type=int, default=400, help="words of each long system prompt")
     p.add_argument("--question-words", type=int, default=16, help="words of each question (= streamed chunks)")
-    p.add_argument("--tokenizer", default="smollm2", help="kvgate's routing tokenizer (smollm2 | text)")
+    p.add_argument("--tokenizer", default="text",
+                   help="kvgate's routing tokenizer (text: the config default, characters like sglang-router's tree | smollm2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=None, help="configs, logs and caches (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None)

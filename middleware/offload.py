@@ -1,0 +1,70 @@
+"""Which requests' cache work runs on the event loop, and which in a worker thread.
+
+A hop to a worker thread is not free: in a proxy relaying all-miss traffic (2.5 KB prompts, the
+`text` tokenizer), the lookup and the record of each miss in worker threads cost ~5 ms of CPU per
+request against ~2.3 ms run inline (the threads and the event loop contend for the GIL on every
+hand-off; docs/BENCHMARKS.md, "Small requests on the event loop"). Work that grows with the prompt
+must still stay off the loop. So a request runs its cache steps inline only when they are cheap
+*and bounded*: local stores (no network round trip), no embedding (no semantic tier), and a prompt
+small enough that tokenising and hashing it costs well under a millisecond with its route's
+tokenizer. Everything else hops, as before.
+
+Pure functions; the limits are measured costs, stated where they are defined.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+# The cold cost of hashing a prompt (index.prompt.PromptHasher, nothing cached) on the 2-core dev
+# machine: `text` ~0.11 ms per 1,000 characters, smollm2 (HF tokenizer + chat template) ~1.7 ms per
+# 1,000. A prompt whose leading messages were hashed before resumes from there (the conversation's
+# earlier turns, a shared system prompt): only its new characters are tokenised. The limits keep
+# the inline work under ~0.5 ms: new characters by the route's tokenizer, and the whole prompt
+# (what is digested at C speed for the keys, and the bound under which the proxy parses bodies
+# inline) by INLINE_TOTAL_CHARS.
+INLINE_TOTAL_CHARS = 64 * 1024
+INLINE_NEW_CHARS_TEXT = 4096
+INLINE_NEW_CHARS_HF = 256
+
+
+def prompt_chars(messages: Any) -> int:
+    """Characters of text in `messages` (string contents and text parts), without copying them;
+    -1 when `messages` is not a list of dicts (validation rejects it, cheaply, wherever it runs).
+
+    Invariant: O(number of messages and parts), never O(characters)."""
+    if not isinstance(messages, list):
+        return -1
+    total = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            return -1
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                total += len(text) if isinstance(text, str) else 0
+    return total
+
+
+def new_chars_limit(*, local_stores: bool, semantic: bool, tokenizer: str | None) -> int | None:
+    """The most *new* prompt characters (not hashed before) for which a route's cache work may
+    run on the event loop; None: never (always a worker thread).
+
+    `tokenizer`: the route's routing tokenizer (None: the route has no replicas, hashes nothing
+    but its keys). Invariant: None when a step could wait on the network (a Redis store) or
+    embed (a semantic tier); otherwise the limit of the route's tokenizer."""
+    if not local_stores or semantic:
+        return None
+    if tokenizer is None:
+        return INLINE_TOTAL_CHARS
+    return INLINE_NEW_CHARS_TEXT if tokenizer == "text" else INLINE_NEW_CHARS_HF
+
+
+def runs_inline(total_chars: int, new_chars: int, limit: int | None) -> bool:
+    """Whether a request's cache steps run on the event loop: its route allows it, and both its
+    prompt (`total_chars`) and the part of it not hashed before (`new_chars`) are small.
+
+    Invariant: False whenever limit is None or total_chars > INLINE_TOTAL_CHARS."""
+    return limit is not None and total_chars <= INLINE_TOTAL_CHARS and new_chars <= limit

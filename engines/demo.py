@@ -77,6 +77,9 @@ def create_fake_app(calls: Calls | None = None, break_streams_after: int | None 
         if sleep:
             await asyncio.sleep(float(sleep.group(1)))
         answer = f"Answer: {question}" if "[[fixed]]" in question else f"Answer {n}: {question}"
+        long = re.search(r"\[\[long=([0-9]+)\]\]", question)
+        if long:  # an answer far longer than its question
+            answer += " padding" * (int(long.group(1)) // 8)
         finish = "length" if "[[length]]" in question else "stop"
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer.split()),

@@ -7,7 +7,8 @@ hand-off; docs/BENCHMARKS.md, "Small requests on the event loop"). Work that gro
 must still stay off the loop. So a request runs its cache steps inline only when they are cheap
 *and bounded*: local stores (no network round trip), no embedding (no semantic tier), and a prompt
 small enough that tokenising and hashing it costs well under a millisecond with its route's
-tokenizer. Everything else hops, as before.
+tokenizer; the step after the answer also needs the answer (hashed after the prompt for the
+router's records) within the same bound. Everything else hops, as before.
 
 Pure functions; the limits are measured costs, stated where they are defined.
 """

@@ -275,7 +275,8 @@ class Pipeline:
         payload = call.response.model_dump()
         answer = answer_text(payload)
         try:
-            await _step(inline, self._record, view, info, call, answer, payload, found.vector, started)
+            await _step(self._inline_record(inline, view, answer), self._record, view, info, call, answer, payload,
+                        found.vector, started)
         finally:  # after `_record` worked out the answer's routing hashes: recording them is cheap
             backend.done(call, True, view, answer)
         tag(call.response, info)
@@ -294,6 +295,11 @@ class Pipeline:
         router = self.backends[route.name].router
         new = router.hasher.uncached_chars(messages) if router is not None else total
         return runs_inline(total, new, limit)
+
+    def _inline_record(self, inline: bool, view: RequestView, answer: str | None) -> bool:
+        """Whether an inline request's record step stays inline: its answer, hashed after the
+        prompt for the router's records, is held to the same new-characters bound."""
+        return inline and len(answer or "") <= (self._inline_chars[view.route.name] or 0)
 
     def _look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
                  started: float, prepare: bool = True) -> tuple[RequestView, Lookup, Result | None]:
@@ -351,7 +357,8 @@ class Pipeline:
                 backend.done(call, False, view, None)
         answer = streamed_text(chunks)
         try:
-            await _step(inline, self._record_stream, view, info, call, answer, chunks, vector, started)
+            await _step(self._inline_record(inline, view, answer), self._record_stream, view, info, call, answer, chunks,
+                        vector, started)
         finally:  # also when the client leaves meanwhile: the replica's books must balance
             backend.done(call, True, view, answer)
 
@@ -371,7 +378,8 @@ class Pipeline:
         assert relayed.payload is not None
         answer = answer_text(relayed.payload)
         try:
-            await _step(inline, self._record, view, info, relayed.call, answer, relayed.payload, vector, started)
+            await _step(self._inline_record(inline, view, answer), self._record, view, info, relayed.call, answer,
+                        relayed.payload, vector, started)
         finally:
             backend.done(relayed.call, True, view, answer)
         return Result(info, raw=relayed.body)
@@ -391,7 +399,8 @@ class Pipeline:
                 backend.done(relayed.call, False, view, None)
         if relayed.ok:
             try:
-                await _step(inline, self._record_relayed, view, info, relayed, vector, started)
+                await _step(self._inline_record(inline, view, relayed.text), self._record_relayed, view, info, relayed,
+                            vector, started)
             finally:  # also when the client leaves meanwhile: the replica's books must balance
                 backend.done(relayed.call, True, view, relayed.text)
         yield DONE

@@ -118,3 +118,47 @@ def test_inline_and_offloaded_requests_give_the_same_cache_behaviour(embedder, t
         server.stop()
         pipeline.close()
         replica.stop()
+
+
+def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_path):
+    """The record step hashes the answer after the prompt (the router's records): an answer past
+    the new-characters bound sends it to a worker thread, though the lookup ran inline."""
+    replica = ServerThread(create_fake_app(Calls())).start()
+    config = parse_config({
+        "cache_dir": str(tmp_path / "cache"),
+        "routes": [{
+            "name": "r", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
+            "semantic": {"enabled": False},
+            "replicas": [{"name": "r0", "api_base": f"{replica.url}/v1"}],
+            "routing": {"tokenizer": "text"},
+        }],
+    })
+    pipeline = Pipeline(config, embedder=embedder)
+    steps: list[tuple[str, str]] = []
+    for name in ("_look_up", "_record"):
+        real = getattr(pipeline, name)
+
+        def noting(*args, _real=real, _name=name, **kwargs):  # the real step, noting its thread
+            steps.append((_name, threading.current_thread().name))
+            return _real(*args, **kwargs)
+
+        setattr(pipeline, name, noting)
+    server = ServerThread(create_app(config, pipeline)).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for stream in (False, True):
+                for size, record_inline in ((0, True), (3 * INLINE_NEW_CHARS_TEXT, False)):
+                    steps.clear()
+                    body = {"model": "smollm2", "stream": stream,
+                            "messages": [{"role": "user", "content": f"tell me more [[long={size}]] {stream}"}]}
+                    resp = client.post("/v1/chat/completions", json=body)
+                    assert resp.status_code == 200 and resp.headers["x-kvgate-cache"] == "miss", resp.text
+                    assert len(resp.text) > size
+                    on_loop = {name: thread == server.thread.name for name, thread in steps}
+                    assert on_loop == {"_look_up": True, "_record": record_inline}, steps
+                    again = client.post("/v1/chat/completions", json=body)
+                    assert again.headers["x-kvgate-cache"] == "exact"  # stored either way
+    finally:
+        server.stop()
+        pipeline.close()
+        replica.stop()

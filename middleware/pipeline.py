@@ -338,7 +338,7 @@ class Pipeline:
 
     async def _tee(
         self, view: RequestView, info: CacheInfo, call: Call, vector: np.ndarray | None, started: float,
-        inline: bool = False,
+        inline: bool,
     ) -> AsyncIterator[ModelResponseStream]:
         backend, chunks, ok = self.backends[view.route.name], [], False
         try:

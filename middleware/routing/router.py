@@ -18,10 +18,10 @@ SETTLE_WAIT_S for the records submitted before it (`settle`), so a next turn rou
 its previous answer normally finds that answer's blocks; the wait is bounded because under
 overload an unbounded one made every request queue behind the recorder (the arena's conv ×20
 batched: TTFT p50 6.4 s unbounded, 1.16 s bounded, the replicas' own 0.5–0.6 s; docs/BENCHMARKS.md
-issue 13). Past MAX_PENDING_RECORDS
-queued records the caller applies its own inline, so the index never falls far behind. A short
-chain (≤ INLINE_RECORD_BLOCKS) with nothing queued before it is applied at once on the caller's
-thread: still in order, and cheaper than the hand-off (~0.6 µs per block).
+issue 13). Past MAX_PENDING_RECORDS queued records the caller applies its own inline, so the
+index never falls far behind. A short chain (≤ INLINE_RECORD_BLOCKS) with nothing queued before
+it is applied at once on the caller's thread: still in order, and cheaper than the hand-off
+(~0.6 µs per block).
 """
 from __future__ import annotations
 

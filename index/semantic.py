@@ -16,10 +16,11 @@ writes no-ops, counted (`stats()["storage_errors"]`) and logged once per streak 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +31,8 @@ from index.entries.base import CacheEntry, EntryStore
 from index.entries.disk import DiskEntryStore
 from index.eviction import LruEviction
 from index.follow import Follower
-from index.softfail import SoftFailures
+from index.id_blocks import IdBlocks
+from index.softfail import Batch, SoftFailures, soft_transaction
 from index.tighten import Mark, floor_from_marks, floor_of, raise_floor
 from index.vectors import ScopedVectors
 
@@ -66,6 +68,8 @@ class SemanticIndex:
         self._lock = threading.RLock()  # guards the local view: vectors and eviction (the entries it knows)
         # other processes on this store: read before loading, so nothing lands unseen between
         self._follow = Follower(self.entries, follow_interval_s) if follow_interval_s is not None else None
+        # the store's id counter is a write of its own: busy processes reserve ids a block at a time
+        self._ids = IdBlocks(self.entries.allocate, self._follow.mine if self._follow is not None else None)
         # a store out of reach at start-up (on_error: degrade) serves misses; the first poll that
         # reaches it rebuilds the view
         self._guarded("lookup", None, self._start)
@@ -144,9 +148,7 @@ class SemanticIndex:
     def _add(self, scope: str, response: dict[str, Any], exact_key: str | None, text: str,
              vector: np.ndarray | None, ttl: float | None, route: str, model: str,
              parents: list[str] | None = None) -> CacheEntry:
-        (entry_id,) = self.entries.allocate(1)
-        if self._follow is not None:
-            self._follow.mine([entry_id])
+        entry_id = self._ids.take()
         now = time.time()
         entry = CacheEntry(entry_id, scope, response, exact_key, text, route, model, now, now + ttl if ttl else None,
                            parents=parents)
@@ -161,6 +163,15 @@ class SemanticIndex:
             self._admit(entry, vec, self.entries.put(entry, vec, ttl))
             self._evict_over_budget()
         return entry
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Stores and deletes made inside commit together at its end (one transaction where the
+        store has them); a failure to begin or commit is counted as a failed store, never raised.
+        The local view's lock is taken first, as every writer here does, so no thread holding it
+        waits on this transaction while it waits on them."""
+        with self._lock, soft_transaction(self.entries.batch, self._soft, "store", self.entries.failures) as batch:
+            yield batch
 
     def add_many_vectors(self, scope: str, items: list[tuple[dict[str, Any], str, np.ndarray]]) -> None:
         """Bulk insert of semantic-only entries (benchmarks, warm-up): (response, text, vector)."""

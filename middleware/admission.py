@@ -27,13 +27,12 @@ ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 class AdmissionGate:
     """Refuses (429, OpenAI error JSON, `Retry-After`) chat completions beyond `limit` in flight."""
 
-    def __init__(self, app: ASGIApp, limit: int, on_change: Callable[[int], None] | None = None,
-                 on_reject: Callable[[], None] | None = None, paths: frozenset[str] = GATED_PATHS) -> None:
+    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[], None] | None = None,
+                 paths: frozenset[str] = GATED_PATHS) -> None:
         self.app = app
         self.limit = limit
-        self.in_flight = 0
+        self.in_flight = 0  # read by the in-flight gauge when scraped: nothing to do per request
         self.paths = paths
-        self._on_change = on_change or (lambda n: None)
         self._on_reject = on_reject or (lambda: None)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -48,9 +47,7 @@ class AdmissionGate:
             await response(scope, receive, send)
             return
         self.in_flight += 1
-        self._on_change(self.in_flight)
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
-            self._on_change(self.in_flight)

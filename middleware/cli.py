@@ -41,7 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
         from middleware.workers import Supervisor
 
         return Supervisor(args.config, config, host, port, args.workers, options).run()
-    uvicorn.run(create_app(config), host=host, port=port, **options)
+    uvicorn.run(create_app(config, server_process=True), host=host, port=port, **options)
     return 0
 
 

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from litellm.types.utils import ModelResponseStream  # noqa: E402
 
 from index.embedder import Embedder, make_embedder  # noqa: E402
 from index.semantic import CacheEntry, SemanticIndex  # noqa: E402
+from index.softfail import Batch  # noqa: E402
 from index.tighten import threshold_for  # noqa: E402
 from index.verifier import Verifier, VerifierMissing, load_verifier  # noqa: E402
 from middleware.answers import (  # noqa: E402
@@ -38,6 +39,7 @@ from middleware.backend import Backend, Call  # noqa: E402
 from middleware.config import Config, RouteConfig  # noqa: E402
 from middleware.errors import BackendError, ConfigError  # noqa: E402
 from middleware.feedback import FeedbackOutcome, give_feedback  # noqa: E402
+from middleware.group_commit import GroupCommit, Settle  # noqa: E402
 from middleware.metrics import Metrics  # noqa: E402
 from middleware.offload import INLINE_TOTAL_CHARS, new_chars_limit, prompt_chars, runs_inline  # noqa: E402
 from middleware.parents import PARENT_SEARCH_K, PARENT_THRESHOLD, same_parents  # noqa: E402
@@ -101,6 +103,7 @@ class Pipeline:
                                                       tokenizer=r.routing.tokenizer if r.replicas else None)
                               for r in config.routes}
         self.relay = Relay()  # the proxy's pass-through to OpenAI-compatible replicas (middleware.relay)
+        self.commits = GroupCommit(self._write_batch)  # inline record steps, a batch per loop turn
         self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
         for name, router in self.routers.items():
             for replica in router.replicas:
@@ -215,12 +218,14 @@ class Pipeline:
         """Whether this request's answer will be written anywhere."""
         return not view.control.no_store and (view.route.exact or (view.route.semantic.enabled and view.query_text is not None))
 
-    def store(self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None) -> CacheEntry | None:
-        """Write an answer (exact + semantic); skipped on no-store or an unfinished answer."""
+    def store(self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None) -> tuple[bool, CacheEntry | None]:
+        """Write an answer (exact + semantic); skipped on no-store or an unfinished answer.
+        (written?, the entry or None when the write failed); the caller counts the outcome once
+        the write has committed (`_settle`)."""
         route = view.route.name
         if not self.stores(view) or not cacheable(response):
             self.metrics.stores.labels(route, "skipped").inc()
-            return None
+            return False, None
         sem = view.route.semantic
         semantic = sem.enabled and view.query_text is not None
         model = self.backends[route].model_for(view)
@@ -244,8 +249,7 @@ class Pipeline:
             parents=list(view.parents) if view.parents is not None else None,
         )
         # None: the cache could not write (disk full, damaged store); the answer is served anyway
-        self.metrics.stores.labels(route, "stored" if entry is not None else "failed").inc()
-        return entry
+        return True, entry
 
     # ------------------------------------------------------------------ async face
     async def acomplete(
@@ -275,7 +279,7 @@ class Pipeline:
         payload = call.response.model_dump()
         answer = answer_text(payload)
         try:
-            await _step(self._inline_record(inline, view, answer), self._record, view, info, call, answer, payload,
+            await self._step(self._inline_record(inline, view, answer), self._record, view, info, call, answer, payload,
                         found.vector, started)
         finally:  # after `_record` worked out the answer's routing hashes: recording them is cheap
             backend.done(call, True, view, answer)
@@ -295,6 +299,20 @@ class Pipeline:
         router = self.backends[route.name].router
         new = router.hasher.uncached_chars(messages) if router is not None else total
         return runs_inline(total, new, limit)
+
+    async def _step(self, inline: bool, fn: Callable[..., Settle], *args: Any) -> None:
+        """`fn(*args)` on the loop, committed with the other inline steps of this turn
+        (middleware.group_commit), when the request runs inline; else in a worker thread."""
+        if inline:
+            await self.commits.run(fn, *args)
+        else:
+            settle = await asyncio.to_thread(fn, *args)
+            settle(False)  # its writes committed one by one
+
+    @contextlib.contextmanager
+    def _write_batch(self) -> Iterator[Batch]:
+        with self.index.batch() as batch, self.requests.batch():
+            yield batch  # a lost request-log batch is the log's to count: the answers' fate is the index's
 
     def _inline_record(self, inline: bool, view: RequestView, answer: str | None) -> bool:
         """Whether an inline request's record step stays inline: its answer, hashed after the
@@ -317,15 +335,22 @@ class Pipeline:
         return view, found, None
 
     def _record(self, view: RequestView, info: CacheInfo, call: Call, answer: str | None,
-                payload: dict[str, Any] | None, vector: np.ndarray | None, started: float) -> None:
-        """After a complete answer, in a worker thread: the routing hashes of prompt + answer
-        (for backend.done), the cache write, the request-log record, the metrics."""
+                payload: dict[str, Any] | None, vector: np.ndarray | None, started: float) -> Settle:
+        """After a complete answer, in a worker thread or a group commit: the routing hashes of
+        prompt + answer (for backend.done), the cache write, the request-log record, the
+        metrics; what it returns counts the write once its fate is known."""
         router = self.backends[view.route.name].router
         if router is not None and call.ticket is not None and answer is not None:
             router.prepare_answer(call.ticket.plan, [*view.messages, {"role": "assistant", "content": answer}])
-        entry = self.store(view, payload, vector) if payload else None
+        written, entry = self.store(view, payload, vector) if payload else (False, None)
         self._finish(view, info, entry, started)
         self._explored(view, info.exploration, answer)
+        route = view.route.name
+
+        def settle(lost: bool) -> None:  # `lost`: the write's transaction failed to commit
+            if written:
+                self.metrics.stores.labels(route, "stored" if entry is not None and not lost else "failed").inc()
+        return settle
 
     async def _counted(self, view: RequestView, pending: Any) -> Any:
         try:
@@ -357,15 +382,15 @@ class Pipeline:
                 backend.done(call, False, view, None)
         answer = streamed_text(chunks)
         try:
-            await _step(self._inline_record(inline, view, answer), self._record_stream, view, info, call, answer, chunks,
+            await self._step(self._inline_record(inline, view, answer), self._record_stream, view, info, call, answer, chunks,
                         vector, started)
         finally:  # also when the client leaves meanwhile: the replica's books must balance
             backend.done(call, True, view, answer)
 
     def _record_stream(self, view: RequestView, info: CacheInfo, call: Call, answer: str,
-                       chunks: list[ModelResponseStream], vector: np.ndarray | None, started: float) -> None:
+                       chunks: list[ModelResponseStream], vector: np.ndarray | None, started: float) -> Settle:
         payload = assemble(chunks, view.messages) if self.stores(view) else None  # LiteLLM may count prompt tokens
-        self._record(view, info, call, answer, payload, vector, started)
+        return self._record(view, info, call, answer, payload, vector, started)
 
     async def _relayed(self, view: RequestView, wire: str, found: Lookup, started: float, inline: bool) -> Result:
         backend = self.backends[view.route.name]
@@ -378,7 +403,7 @@ class Pipeline:
         assert relayed.payload is not None
         answer = answer_text(relayed.payload)
         try:
-            await _step(self._inline_record(inline, view, answer), self._record, view, info, relayed.call, answer,
+            await self._step(self._inline_record(inline, view, answer), self._record, view, info, relayed.call, answer,
                         relayed.payload, vector, started)
         finally:
             backend.done(relayed.call, True, view, answer)
@@ -399,16 +424,16 @@ class Pipeline:
                 backend.done(relayed.call, False, view, None)
         if relayed.ok:
             try:
-                await _step(self._inline_record(inline, view, relayed.text), self._record_relayed, view, info, relayed,
+                await self._step(self._inline_record(inline, view, relayed.text), self._record_relayed, view, info, relayed,
                             vector, started)
             finally:  # also when the client leaves meanwhile: the replica's books must balance
                 backend.done(relayed.call, True, view, relayed.text)
         yield DONE
 
     def _record_relayed(self, view: RequestView, info: CacheInfo, relayed: Relayed, vector: np.ndarray | None,
-                        started: float) -> None:
+                        started: float) -> Settle:
         payload = relayed.answer(view.messages) if self.stores(view) else None  # may rebuild tool calls
-        self._record(view, info, relayed.call, relayed.text, payload, vector, started)
+        return self._record(view, info, relayed.call, relayed.text, payload, vector, started)
 
     # ------------------------------------------------------------------ sync face
     def complete(
@@ -475,12 +500,6 @@ class Pipeline:
             self.metrics.hits.labels(route, tier).inc()
 
 
-async def _step(inline: bool, fn: Callable[..., None], *args: Any) -> None:
-    """`fn(*args)` here when the request runs inline, else in a worker thread."""
-    if inline:
-        fn(*args)
-    else:
-        await asyncio.to_thread(fn, *args)
 
 
 def _load_verifier(config: Config, position: int) -> Verifier:

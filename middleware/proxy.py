@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from middleware.admission import AdmissionGate
+from middleware.heap import settle_heap
 from middleware.auth import KeyGate
 from middleware.chat_asgi import ChatHandler, Delegate, LeanApp, too_large
 from middleware.config import Config
@@ -64,16 +65,21 @@ def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[
 
 
 def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_state: StateFactory | None = None,
-               worker: int | None = None) -> FastAPI:
+               worker: int | None = None, server_process: bool = False) -> FastAPI:
     """Build the app; the pipeline (embedder + index) is created at start-up unless given.
     `routing_state` and `worker`: this process is worker `worker` of `kvgate serve --workers N`
-    (its responses say so in `x-kvgate-worker`, its /health in `worker`)."""
+    (its responses say so in `x-kvgate-worker`, its /health in `worker`). `server_process`: the
+    process is the server's own (`kvgate serve`), so its garbage collector is set for it
+    (middleware.heap) once the pipeline is up."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = pipeline is None
         app.state.pipeline = pipeline or Pipeline(config, routing_state=routing_state)
         pipe = app.state.pipeline
+        pipe.metrics.in_flight.set_function(lambda: admission.in_flight)
+        if server_process:
+            settle_heap()
         tasks = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in pipe.routers.values()]
         tasks.append(asyncio.create_task(watch_loop_lag(pipe.metrics.loop_lag.observe)))
         # /health and /metrics read the disk (the index catches up with other processes): in a
@@ -96,9 +102,9 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
     chat = ChatHandler(app, config, worker, tenant_of, parse_json)
     # chat completions take the lean path (middleware/chat_asgi.py) through the same key gate, and
     # the admission gate inside it: a caller without a key is refused before it is counted
-    app.lean = KeyGate(AdmissionGate(chat, limit=config.server.max_in_flight,
-                                     on_change=lambda n: _metrics(app).in_flight.set(n),
-                                     on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc()), keys=keys)
+    admission = AdmissionGate(chat, limit=config.server.max_in_flight,
+                              on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
+    app.lean = KeyGate(admission, keys=keys)
 
     def authorise(request: Request) -> str:
         token = bearer(request)

@@ -2,7 +2,7 @@
 
 LiteLLM turns every streamed chunk into its response objects and back into JSON; for a replica
 that already speaks OpenAI's format (vLLM, SGLang, our replicas) that work buys nothing. The relay
-sends the request with one pooled HTTP client (aiohttp, see `Transport`) and hands the replica's SSE events to the client
+sends the request with one pooled HTTP client (middleware.http1) and hands the replica's SSE events to the client
 as they arrive, parsing only what the cache and the router need: the first content token
 (`Router.first_token`), the text and finish reason (the stored answer, approximate mode's
 `record_answers`), the usage, and error events. A non-streamed answer goes through as the
@@ -24,10 +24,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
-import aiohttp
 import orjson
 
 from middleware.backend import Backend, Call
+from middleware.http1 import Pool, Response
 from middleware.relay_events import ReplicaError, SseParser
 from middleware.request import RequestView
 from middleware.resume import Diverged
@@ -60,33 +60,6 @@ def _replica_error(status: int, body: bytes) -> ReplicaError:
     return ReplicaError(f"replica answered {status}: {text}", status)
 
 
-class Transport:
-    """The relay's HTTP client: one aiohttp session, connections pooled per replica.
-
-    aiohttp rather than httpx: httpcore's pool scans every pooled connection (a select() on each
-    idle one) whenever a request is added or removed, so its cost grows with the concurrency; on
-    the all-miss load of `kvgate bench throughput` the relay made 1.6x (32 clients) to 2x (128)
-    the requests/s on aiohttp than on httpx (docs/BENCHMARKS.md). LiteLLM sends on aiohttp too."""
-
-    def __init__(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
-
-    async def send(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> aiohttp.ClientResponse:
-        """POST `body`; `timeout` bounds the connect and every wait for the next bytes. A response
-        read to its end gives its connection back to the pool by itself; `close()` drops one that
-        was not (a stream the client walked away from)."""
-        limits = aiohttp.ClientTimeout(total=None, connect=timeout, sock_connect=timeout, sock_read=timeout)
-        try:
-            response = await self.session.post(url, data=body, headers=headers, timeout=limits)
-        except aiohttp.ServerDisconnectedError:  # a pooled connection the replica had just closed: once more
-            response = await self.session.post(url, data=body, headers=headers, timeout=limits)
-        return response
-
-    async def aclose(self) -> None:
-        await self.session.close()
-
-
 @dataclass
 class Relayed:
     """A relayed call that has answered: a JSON body, or an open stream and its first events."""
@@ -97,7 +70,7 @@ class Relayed:
     payload: dict[str, Any] | None = None
     parser: SseParser | None = None
     head: bytes = b""  # the first events, already read (the client's headers wait for them)
-    response: aiohttp.ClientResponse | None = None
+    response: Response | None = None
     chunks: AsyncIterator[bytes] | None = None
     ok: bool = False  # the stream reached its end
 
@@ -120,7 +93,7 @@ class Relay:
     uses it: the proxy's)."""
 
     def __init__(self) -> None:
-        self._client: Transport | None = None
+        self._client: Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def model_for(self, backend: Backend, view: RequestView) -> str | None:
@@ -129,10 +102,12 @@ class Relay:
             return None
         return wire_model(backend.model_for(view))
 
-    def client(self) -> Transport:
+    def client(self) -> Pool:
+        """The pool of this loop (connections belong to the loop that made them). `timeout` of a
+        request bounds its connect and every wait for the replica's next bytes."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            self._client, self._loop = Transport(), loop
+            self._client, self._loop = Pool(KEEPALIVE_S), loop
         return self._client
 
     async def aclose(self) -> None:
@@ -222,7 +197,7 @@ class Relay:
         relayed.response = response
         if response.status >= 400:
             raise _replica_error(response.status, await response.read())
-        relayed.chunks = response.content.iter_any().__aiter__()
+        relayed.chunks = response.chunks()
         if not first:
             return
         parser, head = relayed.parser, []
@@ -235,9 +210,9 @@ class Relay:
             head.append(parser.feed(data))
         relayed.head = b"".join(head)
 
-    async def _send(self, request: tuple[bytes, dict[str, str], float], attempt: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _send(self, request: tuple[bytes, dict[str, str], float], attempt: dict[str, Any]) -> Response:
         body, headers, timeout = request
-        return await self.client().send(f"{attempt['api_base'].rstrip('/')}/chat/completions", body,
+        return await self.client().post(f"{attempt['api_base'].rstrip('/')}/chat/completions", body,
                                         {**headers, "authorization": f"Bearer {attempt['api_key']}"}, timeout)
 
     @staticmethod

@@ -12,6 +12,7 @@ only ids, the tenant hash, the scope hash and the similarity.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -19,17 +20,20 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import diskcache
 
 from index.recover import open_cache
-from index.softfail import SoftFailures
+from index.softfail import Batch, SoftFailures, soft_transaction
 
 log = logging.getLogger("kvgate.request_log")
 
 REQUEST_ID_PREFIX = "kvg-"
+STORAGE_FAILURES = (sqlite3.Error, OSError, diskcache.Timeout)
 
 
 def new_request_id() -> str:
@@ -69,6 +73,11 @@ class RequestLog(Protocol):
         """The record of a request id, or None when unknown, expired, evicted or unreadable."""
         ...
 
+    def batch(self) -> AbstractContextManager[Any]:
+        """Records made inside commit together at its end, where the store has transactions
+        (one commit costs more than the writes in it); a failed commit is counted, never raised."""
+        ...
+
     def stats(self) -> dict[str, int]:
         ...
 
@@ -87,22 +96,27 @@ class DiskRequestLog:
         self._soft = SoftFailures(log, f"request log {directory}")
         # Writers of this process take turns here: threads that met in SQLite's write lock would
         # back off in sleeps of up to 100 ms (its busy handler) while holding a worker thread.
-        self._write = threading.Lock()
+        self._write = threading.RLock()  # reentrant: `record` inside `batch`
 
     def record(self, request_id: str, record: RequestRecord) -> None:
         try:
             with self._write:
                 self._disk.set(request_id, record.to_bytes(), expire=self.ttl)
-        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+        except STORAGE_FAILURES as exc:
             self._soft.failed("record", exc)
             return
         self._soft.succeeded("record")
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Batch]:
+        with self._write, soft_transaction(self._disk.transact, self._soft, "record", STORAGE_FAILURES) as batch:
+            yield batch
 
     def get(self, request_id: str) -> RequestRecord | None:
         """The record of a request id, or None when unknown, expired or culled."""
         try:
             raw = self._disk.get(request_id) if request_id.startswith(REQUEST_ID_PREFIX) else None
-        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+        except STORAGE_FAILURES as exc:
             self._soft.failed("lookup", exc)
             return None
         if raw is None:

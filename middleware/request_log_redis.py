@@ -7,7 +7,10 @@ record reads as unknown. Storage trouble is counted and never raised (index.soft
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+from contextlib import AbstractContextManager
+from typing import Any
 
 import redis
 
@@ -51,6 +54,9 @@ class RedisRequestLog:
             return RequestRecord.from_bytes(unseal(raw))
         except (Damaged, ValueError, TypeError):  # damaged: treated as unknown
             return None
+
+    def batch(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # each record is one SET: nothing to group
 
     def stats(self) -> dict[str, int]:
         return {"storage_errors": self._soft.total}

@@ -59,7 +59,7 @@ def run_worker(config_path: Path, worker: int, layout: WorkersLayout, sock: sock
     config = load_config(config_path)
     hub = WorkerHub(layout, worker)
     try:
-        app = create_app(config, routing_state=hub.state, worker=worker)
+        app = create_app(config, routing_state=hub.state, worker=worker, server_process=True)
         server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options))
         server.run(sockets=[sock])
     finally:

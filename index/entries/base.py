@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -131,6 +132,11 @@ class EntryStore(ChangeLog, Protocol):
         once it returns, `read_log` lists the id as added (XADD after the write on Redis; the
         disk store lists every allocated id). Returns the bytes the entry holds, the same figure
         `load` reports for it later."""
+        ...
+
+    def batch(self) -> AbstractContextManager[Any]:
+        """Writes made inside (puts, deletes) commit together at its end where the store has
+        transactions; the caller counts a failure to begin or commit (`failures`)."""
         ...
 
     def put_many(self, items: Sequence[tuple[CacheEntry, np.ndarray]]) -> list[int]:

@@ -23,7 +23,9 @@ import logging
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import diskcache
 import numpy as np
@@ -72,12 +74,20 @@ class DiskEntryStore:
     def put(self, entry: CacheEntry, vector: np.ndarray | None = None, ttl: float | None = None) -> int:
         return self._put(entry, vector, ttl)
 
+    def batch(self) -> AbstractContextManager[Any]:
+        return self.cache.transact()
+
     def put_many(self, items: Sequence[tuple[CacheEntry, np.ndarray]]) -> list[int]:
         with self.cache.transact():
-            return [self._put(entry, vector, None) for entry, vector in items]
+            return [self._put_rows(entry, vector, None) for entry, vector in items]
 
     def _put(self, entry: CacheEntry, vector: np.ndarray | None, ttl: float | None) -> int:
-        # vector before entry, entry before exact pointer: a reader never sees a half entry
+        # one transaction (a commit costs more than the writes in it); vector before entry, entry
+        # before exact pointer all the same, so no reader sees a half entry
+        with self.cache.transact():
+            return self._put_rows(entry, vector, ttl)
+
+    def _put_rows(self, entry: CacheEntry, vector: np.ndarray | None, ttl: float | None) -> int:
         if vector is not None:
             self.cache.set(f"v:{entry.id}", np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes(),
                            expire=ttl)

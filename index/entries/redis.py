@@ -22,10 +22,12 @@ All commands go through index.redis_link (StoreDown while Redis is out of reach,
 """
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -141,6 +143,9 @@ class RedisEntryStore:
         args, size = self._put_args(entry, vector, ttl)
         self.link.run("store", lambda r: self._put_script(keys=self._put_keys(entry), args=args))
         return size
+
+    def batch(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # each put is one script call already
 
     def put_many(self, items: Sequence[tuple[CacheEntry, np.ndarray]]) -> list[int]:
         sizes: list[int] = []

@@ -1,0 +1,234 @@
+"""The relay's HTTP/1.1 client (middleware.http1) against real sockets on 127.0.0.1: servers that
+answer in each framing, close idle connections, break mid-body, send garbage or nothing."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from middleware.http1 import HIGH_WATER, Pool, request_head, target_of
+
+Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes | None:
+    """One request's body (None at EOF)."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    return await reader.readexactly(length)
+
+
+class Server:
+    """A scripted HTTP server: `behaviour(reader, writer, n)` answers the n-th request of the
+    connection (0-based) and says whether to keep the connection."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.connections = 0
+        self.bodies: list[bytes] = []
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1/chat/completions"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        n = 0
+        try:
+            while (body := await read_request(reader)) is not None:
+                self.bodies.append(body)
+                if not await self.behaviour(reader, writer, n):
+                    break
+                n += 1
+        finally:
+            writer.close()
+
+
+def fixed(body: bytes, status: int = 200) -> Behaviour:
+    async def answer(reader, writer, n):
+        writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body))
+        await writer.drain()
+        return True
+    return answer
+
+
+def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro_fn())
+
+
+def test_targets_and_heads_are_well_framed():
+    assert target_of("http://127.0.0.1:8000/v1/chat/completions?x=1") == ("http", "127.0.0.1", 8000, "/v1/chat/completions?x=1")
+    assert target_of("https://api.example/v1") == ("https", "api.example", 443, "/v1")
+    with pytest.raises(ValueError):
+        target_of("ftp://host/x")
+    head = request_head(("http", "::1", 8000, "/v1"), 5, {"content-type": "application/json"})
+    assert head == b"POST /v1 HTTP/1.1\r\nhost: [::1]:8000\r\ncontent-length: 5\r\ncontent-type: application/json\r\n\r\n"
+    for bad in ({"x-a": "1\r\nx-injected: 2"}, {"x\nb": "1"}, {"x:b": "1"}, {"x-a": "\0"}):
+        with pytest.raises(ValueError):
+            request_head(("http", "h", 80, "/"), 0, bad)
+
+
+def test_a_kept_alive_connection_carries_the_next_requests():
+    async def main() -> None:
+        server = Server(fixed(b'{"ok": true}'))
+        async with server as url:
+            pool = Pool(keepalive_s=30)
+            for i in range(3):
+                response = await pool.post(url, b'{"i": %d}' % i, {"content-type": "application/json"}, 5)
+                assert response.status == 200 and await response.read() == b'{"ok": true}'
+            assert server.connections == 1 and server.bodies == [b'{"i": 0}', b'{"i": 1}', b'{"i": 2}']
+            await pool.aclose()
+    run(main)
+
+
+def test_chunked_bodies_come_decoded_and_in_order():
+    async def chunked(reader, writer, n):
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server = Server(chunked)
+        async with server as url:
+            pool = Pool(keepalive_s=30)
+            pieces = [p async for p in (await pool.post(url, b"{}", {}, 5)).chunks()]
+            assert b"".join(pieces) == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n" and len(pieces) >= 2  # as they came
+            assert await (await pool.post(url, b"{}", {}, 5)).read() == b"".join(pieces)
+            assert server.connections == 1  # read to its end: the connection went back to the pool
+            await pool.aclose()
+    run(main)
+
+
+def test_a_body_that_ends_with_the_connection_is_whole_and_not_reused():
+    async def until_close(reader, writer, n):
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        server = Server(until_close)
+        async with server as url:
+            pool = Pool(keepalive_s=30)
+            for _ in range(2):
+                assert await (await pool.post(url, b"{}", {}, 5)).read() == b"all of it"
+            assert server.connections == 2
+            await pool.aclose()
+    run(main)
+
+
+def test_a_pooled_connection_the_server_closed_is_retried_on_a_new_one():
+    async def once(reader, writer, n):  # answers, then drops the connection without saying so
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        server = Server(once)
+        async with server as url:
+            pool = Pool(keepalive_s=30)
+            assert await (await pool.post(url, b"{}", {}, 5)).read() == b"ok"
+            await asyncio.sleep(0.05)  # the close may or may not have reached the pool yet
+            assert await (await pool.post(url, b"{}", {}, 5)).read() == b"ok"
+            assert server.connections == 2
+            await pool.aclose()
+    run(main)
+
+
+def test_failures_raise_what_the_relay_fails_over_on():
+    async def garbage(reader, writer, n):
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def silent(reader, writer, n):
+        await asyncio.sleep(5)
+        return False
+
+    async def cut(reader, writer, n):  # promises 100 bytes, sends 10, closes
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        pool = Pool(keepalive_s=30)
+        async with Server(garbage) as url:
+            with pytest.raises(ConnectionError):
+                await pool.post(url, b"{}", {}, 5)
+        async with Server(silent) as url:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(asyncio.TimeoutError):
+                await pool.post(url, b"{}", {}, 0.2)
+            assert loop.time() - started < 2
+        async with Server(cut) as url:
+            response = await pool.post(url, b"{}", {}, 5)
+            with pytest.raises(ConnectionError):
+                await response.read()
+            response.close()
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(ConnectionError):  # refused
+            await pool.post(f"http://127.0.0.1:{port}/v1", b"{}", {}, 5)
+        await pool.aclose()
+    run(main)
+
+
+def test_a_slow_reader_pauses_the_socket_and_gets_every_byte():
+    size = 8 * HIGH_WATER
+
+    async def big(reader, writer, n):
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with Server(big) as url:
+            pool = Pool(keepalive_s=30)
+            response = await pool.post(url, b"{}", {}, 5)
+            conn = response._conn
+            got, paused = 0, False
+            async for piece in response.chunks():
+                got += len(piece)
+                await asyncio.sleep(0.02)  # the replica outruns this reader
+                paused = paused or (conn is not None and conn._paused)
+            assert got == size and paused
+            await pool.aclose()
+    run(main)
+
+
+def test_a_response_left_unread_drops_its_connection():
+    async def slow(reader, writer, n):
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"x" * 1000)
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(b"x" * 99_000)
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server = Server(slow)
+        async with server as url:
+            pool = Pool(keepalive_s=30)
+            response = await pool.post(url, b"{}", {}, 5)
+            response.close()  # a client that walked away mid-stream
+            assert await (await pool.post(url, b"{}", {}, 5)).read() == b"x" * 100_000
+            assert server.connections == 2
+            await pool.aclose()
+    run(main)

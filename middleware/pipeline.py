@@ -221,7 +221,7 @@ class Pipeline:
     def store(self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None) -> tuple[bool, CacheEntry | None]:
         """Write an answer (exact + semantic); skipped on no-store or an unfinished answer.
         (written?, the entry or None when the write failed); the caller counts the outcome once
-        the write has committed (`_settle`)."""
+        the write has committed (the `settle` that `_record` returns)."""
         route = view.route.name
         if not self.stores(view) or not cacheable(response):
             self.metrics.stores.labels(route, "skipped").inc()
@@ -280,7 +280,7 @@ class Pipeline:
         answer = answer_text(payload)
         try:
             await self._step(self._inline_record(inline, view, answer), self._record, view, info, call, answer, payload,
-                        found.vector, started)
+                             found.vector, started)
         finally:  # after `_record` worked out the answer's routing hashes: recording them is cheap
             backend.done(call, True, view, answer)
         tag(call.response, info)
@@ -382,8 +382,8 @@ class Pipeline:
                 backend.done(call, False, view, None)
         answer = streamed_text(chunks)
         try:
-            await self._step(self._inline_record(inline, view, answer), self._record_stream, view, info, call, answer, chunks,
-                        vector, started)
+            await self._step(self._inline_record(inline, view, answer), self._record_stream, view, info, call, answer,
+                             chunks, vector, started)
         finally:  # also when the client leaves meanwhile: the replica's books must balance
             backend.done(call, True, view, answer)
 

@@ -52,12 +52,17 @@ class Server:
             writer.close()
 
 
-def fixed(body: bytes, status: int = 200) -> Behaviour:
+def sends(data: bytes, keep: bool = True) -> Behaviour:
+    """Answers every request with `data` as is; `keep`: the connection stays open after it."""
     async def answer(reader, writer, n):
-        writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body))
+        writer.write(data)
         await writer.drain()
-        return True
+        return keep
     return answer
+
+
+def fixed(body: bytes, status: int = 200) -> Behaviour:
+    return sends(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body))
 
 
 def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
@@ -112,59 +117,33 @@ def test_chunked_bodies_come_decoded_and_in_order():
     run(main)
 
 
-def test_a_body_that_ends_with_the_connection_is_whole_and_not_reused():
-    async def until_close(reader, writer, n):
-        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
-        await writer.drain()
-        return False
-
+@pytest.mark.parametrize("answer, body", [
+    # a body that ends with the connection: whole, and the connection is not reused
+    (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it", b"all of it"),
+    # answers, then drops the connection without saying so: the pooled one is retried on a new one
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", b"ok"),
+])
+def test_a_connection_the_server_closes_after_answering_is_not_used_again(answer, body):
     async def main() -> None:
-        server = Server(until_close)
+        server = Server(sends(answer, keep=False))
         async with server as url:
             pool = Pool(keepalive_s=30)
-            for _ in range(2):
-                assert await (await pool.post(url, b"{}", {}, 5)).read() == b"all of it"
-            assert server.connections == 2
-            await pool.aclose()
-    run(main)
-
-
-def test_a_pooled_connection_the_server_closed_is_retried_on_a_new_one():
-    async def once(reader, writer, n):  # answers, then drops the connection without saying so
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-        await writer.drain()
-        return False
-
-    async def main() -> None:
-        server = Server(once)
-        async with server as url:
-            pool = Pool(keepalive_s=30)
-            assert await (await pool.post(url, b"{}", {}, 5)).read() == b"ok"
+            assert await (await pool.post(url, b"{}", {}, 5)).read() == body
             await asyncio.sleep(0.05)  # the close may or may not have reached the pool yet
-            assert await (await pool.post(url, b"{}", {}, 5)).read() == b"ok"
+            assert await (await pool.post(url, b"{}", {}, 5)).read() == body
             assert server.connections == 2
             await pool.aclose()
     run(main)
 
 
 def test_failures_raise_what_the_relay_fails_over_on():
-    async def garbage(reader, writer, n):
-        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
-        await writer.drain()
-        return True
-
     async def silent(reader, writer, n):
         await asyncio.sleep(5)
         return False
 
-    async def cut(reader, writer, n):  # promises 100 bytes, sends 10, closes
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
-        await writer.drain()
-        return False
-
     async def main() -> None:
         pool = Pool(keepalive_s=30)
-        async with Server(garbage) as url:
+        async with Server(sends(b"SSH-2.0-OpenSSH\r\n\r\n")) as url:
             with pytest.raises(ConnectionError):
                 await pool.post(url, b"{}", {}, 5)
         async with Server(silent) as url:
@@ -173,7 +152,7 @@ def test_failures_raise_what_the_relay_fails_over_on():
             with pytest.raises(asyncio.TimeoutError):
                 await pool.post(url, b"{}", {}, 0.2)
             assert loop.time() - started < 2
-        async with Server(cut) as url:
+        async with Server(sends(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789", keep=False)) as url:  # 10 of 100
             response = await pool.post(url, b"{}", {}, 5)
             with pytest.raises(ConnectionError):
                 await response.read()

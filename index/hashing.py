@@ -15,11 +15,13 @@ every machine (no Python `hash()`, no pickling).
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
 from typing import Iterable, Sequence
 
 BlockHash = int  # 64-bit unsigned
 DEFAULT_SEED = "kvgate"
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def seed_hash(seed: str = DEFAULT_SEED) -> BlockHash:
@@ -39,8 +41,25 @@ def _extra_prefix(extra: Sequence[str | int]) -> bytes:
 def hash_block(parent: BlockHash, tokens: Sequence[int], extra: Sequence[str | int] = ()) -> BlockHash:
     """H(parent, extra, tokens). Tokens are packed as uint32 little-endian; extra keys (model,
     LoRA id, …) are length-prefixed so no two (extra, tokens) pairs share an encoding."""
-    data = parent.to_bytes(8, "little") + _extra_prefix(extra) + array("I", tokens).tobytes()
+    data = parent.to_bytes(8, "little") + _extra_prefix(extra) + pack_tokens(tokens)
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
+
+
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """Token ids as the hashes read them: uint32 little-endian, 4 bytes each."""
+    packed = array("I", tokens)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_tokens(packed: bytes) -> list[int]:
+    """The inverse of pack_tokens."""
+    ids = array("I")
+    ids.frombytes(packed)
+    if _BIG_ENDIAN:
+        ids.byteswap()
+    return ids.tolist()
 
 
 def block_hashes(
@@ -52,25 +71,53 @@ def block_hashes(
 ) -> list[BlockHash]:
     """Hashes of every full block of `tokens`, chained from `parent` (default: the seed).
 
-    Equal to folding hash_block over the blocks; packs the tokens once instead of per block.
-    Resuming is exact: block_hashes(a + b) == block_hashes(a) + block_hashes(b, parent=last of a)
+    Equal to folding hash_block over the blocks. Resuming is exact:
+    block_hashes(a + b) == block_hashes(a) + block_hashes(b, parent=last of a)
     whenever len(a) is a multiple of block_size.
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")
-    h = seed_hash(seed) if parent is None else parent
     n_full = len(tokens) // block_size
-    if n_full == 0:
-        return []
-    packed = array("I", tokens[: n_full * block_size]).tobytes()
-    ex = _extra_prefix(extra)
+    packed = pack_tokens(tokens[: n_full * block_size]) if n_full else b""
+    return digests_to_hashes(packed_block_digests(packed, block_size, parent, extra, seed))
+
+
+def packed_block_digests(
+    packed: bytes | memoryview,
+    block_size: int,
+    parent: BlockHash | bytes | None = None,
+    extra: Sequence[str | int] = (),
+    seed: str = DEFAULT_SEED,
+) -> bytes:
+    """block_hashes over tokens already packed (pack_tokens), as their 8-byte little-endian
+    digests end to end: digest i = the bytes of hash i. The partial tail is not hashed.
+
+    `parent` is a hash or its 8-byte digest. Invariant:
+    digests_to_hashes(packed_block_digests(pack_tokens(t), b, p)) == block_hashes(t, b, p).
+    """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    if parent is None:
+        parent = seed_hash(seed)
+    h = parent if isinstance(parent, bytes) else parent.to_bytes(8, "little")
     step = 4 * block_size
-    sha, from_bytes = hashlib.sha256, int.from_bytes
-    out: list[BlockHash] = []
-    for off in range(0, n_full * step, step):
-        h = from_bytes(sha(h.to_bytes(8, "little") + ex + packed[off : off + step]).digest()[:8], "little")
+    end = len(packed) - len(packed) % step
+    ex = _extra_prefix(extra)
+    sha = hashlib.sha256
+    out = []
+    for off in range(0, end, step):  # the hot loop: bytes in, bytes out, no int conversions
+        h = sha(h + ex + packed[off : off + step]).digest()[:8]
         out.append(h)
-    return out
+    return b"".join(out)
+
+
+def digests_to_hashes(digests: bytes) -> list[BlockHash]:
+    """8-byte little-endian digests end to end → their hashes as ints."""
+    hashes = array("Q")
+    hashes.frombytes(digests)
+    if _BIG_ENDIAN:
+        hashes.byteswap()
+    return hashes.tolist()
 
 
 def text_tokens(text: str) -> list[int]:

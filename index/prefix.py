@@ -236,6 +236,11 @@ class PrefixIndex:
         with self._lock:
             return len(self._get(replica))
 
+    def held(self, h: BlockHash) -> bool:
+        """Whether any replica holds block `h`. Lock-free (one dict lookup, atomic under the GIL):
+        a hint for where hashing may stop (index.prompt), which `Router.prepare` re-checks."""
+        return h in self._holders[h & (HOLDER_SHARDS - 1)]
+
     def holds(self, replica: str, h: BlockHash) -> bool:
         """Whether the index believes `replica` holds block `h` (no LRU effect)."""
         with self._lock:

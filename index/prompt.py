@@ -11,6 +11,14 @@ A third, lighter memory serves a caller deciding *where* to hash (middleware.off
 `uncached_chars(messages)` says how many characters follow the longest leading run of messages
 this hasher has hashed before, from digests of the raw messages (no rendering, no tokenising).
 
+A router only needs a prompt's hashes up to the first block no replica holds (a prefix match
+stops there), so `prompt(until=...)` may stop hashing early and leave the rest to
+`PromptHashes.complete()`, which a background thread runs before recording the chain: a fresh
+27k-character prompt is matched after hashing ~16 blocks instead of ~420.
+
+Token ids are kept packed (uint32 bytes, index.hashing.pack_tokens) and chains as digest bytes,
+so copying, caching and resuming them is C-speed work.
+
 `prompt()` also hands back the chain states it passed (`PromptHashes.states`): a caller that will
 soon hash a longer conversation starting with the same segments (the router: prompt + answer)
 passes them as `known` and resumes from there even if the shared caches evicted them meanwhile.
@@ -20,10 +28,10 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
-from index.hashing import DEFAULT_SEED, BlockHash, block_hashes
+from index.hashing import DEFAULT_SEED, BlockHash, digests_to_hashes, packed_block_digests, unpack_tokens
 from index.tokenizer import ChatTokenizer, content_text
 
 
@@ -45,17 +53,71 @@ class _LRU(OrderedDict):
             self.popitem(last=False)
 
 
-ChainState = tuple[tuple[BlockHash, ...], tuple[int, ...]]  # (block hashes so far, unhashed tail tokens)
+# (the block hashes so far as 8-byte digests end to end, the unhashed tail's packed tokens): bytes,
+# so a state is copied, stored and freed at C speed however long the conversation
+ChainState = tuple[bytes, bytes]
 
 
-@dataclass(frozen=True)
+STOP_CHECK_BLOCKS = 16  # with `until`, hashing checks whether to go on once per this many blocks
+
+
+@dataclass
+class _Rest:
+    """What a partial prompt left unhashed: the chain so far, the unhashed packed tokens, the
+    segments after them (running digest, packed tokens), the message runs to mark as seen."""
+
+    hasher: "PromptHasher"
+    chain: bytes
+    tail: bytes
+    segments: list[tuple[bytes, bytes]]
+    runs: list[bytes]
+
+
 class PromptHashes:
     """A prompt's block hashes and token count, plus the chain state after each of its segment
-    runs this call hashed or resumed from (key: the run's running digest)."""
+    runs this call hashed or resumed from (key: the run's running digest).
 
-    hashes: list[BlockHash]
-    tokens: int
-    states: Mapping[bytes, ChainState] = field(default_factory=dict, repr=False)
+    Hashed with `until` (PromptHasher.prompt), it may be *partial*: `hashes` then holds the
+    leading blocks up to one that `until` refused, `tokens` still counts the whole prompt, and
+    `complete()` hashes the rest (once; thread-safe), after which it is what an eager call gives.
+    """
+
+    def __init__(self, hashes: list[BlockHash], tokens: int, states: dict[bytes, ChainState] | None = None,
+                 rest: _Rest | None = None) -> None:
+        self.hashes = hashes
+        self.tokens = tokens
+        self.states: dict[bytes, ChainState] = states if states is not None else {}
+        self._rest = rest
+        self._lock = threading.Lock() if rest is not None else None
+
+    @property
+    def partial(self) -> bool:
+        return self._rest is not None
+
+    @property
+    def blocks(self) -> int:
+        """Full blocks of the whole prompt (the length of `hashes` once complete)."""
+        return self.tokens // self._block_size if self._rest is not None else len(self.hashes)
+
+    @property
+    def _block_size(self) -> int:
+        assert self._rest is not None
+        return self._rest.hasher.block_size
+
+    def complete(self) -> "PromptHashes":
+        """Hash what `until` left (nothing when it left nothing), store the chain states in the
+        hasher's cache as an eager call would have; returns self."""
+        if self._lock is None:
+            return self
+        with self._lock:
+            rest = self._rest
+            if rest is not None:
+                self.hashes = rest.hasher._finish(rest, self.states)
+                self._rest = None
+        return self
+
+    def __repr__(self) -> str:
+        return f"PromptHashes(blocks={len(self.hashes)}{'+' if self.partial else ''}, tokens={self.tokens})"
 
 
 class PromptHasher:
@@ -73,19 +135,23 @@ class PromptHasher:
         self._lock = threading.Lock()
 
     def tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        out: list[int] = []
-        for seg in self.tokenizer.segments(messages):
-            out.extend(self._encode(seg))
-        return out
+        return unpack_tokens(b"".join(self._encode(seg) for seg in self.tokenizer.segments(messages)))
 
     def hashes(self, messages: Sequence[dict[str, Any]]) -> tuple[list[BlockHash], int]:
         """(block hashes of the rendered prompt, its token count)."""
         out = self.prompt(messages)
         return out.hashes, out.tokens
 
-    def prompt(self, messages: Sequence[dict[str, Any]], known: PromptHashes | None = None) -> PromptHashes:
+    def prompt(self, messages: Sequence[dict[str, Any]], known: PromptHashes | None = None,
+               until: Callable[[BlockHash], bool] | None = None) -> PromptHashes:
         """The prompt's hashes, resuming from the longest run of leading segments whose chain
-        state is in `known` (an earlier prompt of the same conversation) or in the cache."""
+        state is in `known` (an earlier prompt of the same conversation) or in the cache.
+
+        With `until`, hashing stops (leaving a partial result, see PromptHashes) once the last
+        block of a stretch of STOP_CHECK_BLOCKS fails `until`: a router asks "does any replica
+        hold this block?", and a prefix match cannot go past a block nobody holds."""
+        if known is not None:
+            known.complete()
         segments = self.tokenizer.segments(messages)
         digests = []
         d = hashlib.sha256(f"{self.block_size}:{self.seed}:{self.extra}".encode()).digest()
@@ -94,32 +160,70 @@ class PromptHasher:
             digests.append(d)
         pinned = known.states if known is not None else {}
         # resume from the longest run of segments already hashed
-        start, hashes, tail = 0, [], []
+        start, digests_so_far, tail = 0, b"", b""
         states: dict[bytes, ChainState] = {}
         with self._lock:
             for k in range(len(digests) - 1, -1, -1):
                 state = pinned.get(digests[k]) or self._chains.get_touch(digests[k])
                 if state is not None:
                     start = k + 1
-                    hashes, tail = list(state[0]), list(state[1])
+                    digests_so_far, tail = state
                     states[digests[k]] = state
                     break
+        left: list[tuple[bytes, bytes]] = []  # segments after a stop: hashed by complete()
         for k in range(start, len(segments)):
-            tail.extend(self._encode(segments[k]))
-            full = len(tail) - len(tail) % self.block_size
-            if full:
-                parent = hashes[-1] if hashes else None
-                hashes.extend(block_hashes(tail[:full], self.block_size, parent, self.extra, self.seed))
-                tail = tail[full:]
-            state = (tuple(hashes), tuple(tail))
+            if left:
+                left.append((digests[k], self._encode(segments[k])))
+                continue
+            tail += self._encode(segments[k])
+            digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until)
+            if stopped:
+                left.append((digests[k], b""))  # its unhashed blocks are in `tail`
+                continue
+            state = (digests_so_far, tail)
             states[digests[k]] = state
             with self._lock:
                 self._chains.put(digests[k], state)
         runs = message_runs(messages)
+        tokens = (len(digests_so_far) // 8) * self.block_size + (len(tail) + sum(len(p) for _, p in left)) // 4
+        if left:
+            rest = _Rest(self, digests_so_far, tail, left, runs)
+            return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest)
+        self._mark_seen(runs)
+        return PromptHashes(digests_to_hashes(digests_so_far), tokens, states)
+
+    def _advance(self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None) -> tuple[bytes, bytes, bool]:
+        """Hash the full blocks of `tail` onto `chain`: (chain, the unhashed rest of `tail`,
+        whether `until` stopped it early)."""
+        step = 4 * self.block_size
+        full = len(tail) - len(tail) % step
+        stretch = full if until is None else step * STOP_CHECK_BLOCKS
+        view = memoryview(tail)
+        done = 0
+        while done < full:
+            end = min(full, done + stretch)
+            chain += packed_block_digests(view[done:end], self.block_size, chain[-8:] if chain else None, self.extra,
+                                          self.seed)
+            done = end
+            if until is not None and done < full and not until(int.from_bytes(chain[-8:], "little")):
+                return chain, tail[done:], True
+        return chain, tail[done:], False
+
+    def _finish(self, rest: _Rest, states: dict[bytes, ChainState]) -> list[BlockHash]:
+        """complete()'s work: hash the segments a stop left, as the eager loop would have."""
+        chain, tail = rest.chain, rest.tail
+        for digest, packed in rest.segments:
+            chain, tail, _ = self._advance(chain, tail + packed, None)
+            states[digest] = (chain, tail)
+            with self._lock:
+                self._chains.put(digest, (chain, tail))
+        self._mark_seen(rest.runs)
+        return digests_to_hashes(chain)
+
+    def _mark_seen(self, runs: list[bytes]) -> None:
         with self._lock:
             for run in runs:
                 self._seen.put(run, True)
-        return PromptHashes(hashes, len(hashes) * self.block_size + len(tail), states)
 
     def uncached_chars(self, messages: Sequence[dict[str, Any]]) -> int:
         """Characters of content after the longest leading run of `messages` that an earlier
@@ -132,11 +236,12 @@ class PromptHasher:
             known = next((k + 1 for k in range(len(runs) - 1, -1, -1) if runs[k] in self._seen), 0)
         return sum(len(content_text(m.get("content"))) for m in messages[known:])
 
-    def _encode(self, segment: str) -> list[int]:
+    def _encode(self, segment: str) -> bytes:
+        """The segment's token ids, packed (index.hashing.pack_tokens)."""
         with self._lock:
             ids = self._segments.get_touch(segment)
         if ids is None:
-            ids = self.tokenizer.encode(segment)
+            ids = self.tokenizer.packed(segment)
             with self._lock:
                 self._segments.put(segment, ids)
         return ids

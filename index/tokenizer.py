@@ -9,11 +9,12 @@ turns) and pay only for the new turn.
 from __future__ import annotations
 
 import importlib.util
-from array import array
 import logging
 import os
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
+
+from index.hashing import pack_tokens, unpack_tokens
 
 log = logging.getLogger("kvgate.tokenizer")
 
@@ -31,6 +32,10 @@ class ChatTokenizer(Protocol):
 
     def encode(self, segment: str) -> list[int]:
         """Token ids of one segment; concatenating the segments' ids = ids of the whole prompt."""
+        ...
+
+    def packed(self, segment: str) -> bytes:
+        """encode(segment) as index.hashing.pack_tokens packs it (what the block hashes read)."""
         ...
 
 
@@ -60,7 +65,10 @@ class TextTokenizer:
         return render_transcript(messages)
 
     def encode(self, segment: str) -> list[int]:
-        return list(array("I", segment.encode("utf-32-le")))  # = [ord(c) for c in segment], faster
+        return unpack_tokens(self.packed(segment))  # = [ord(c) for c in segment], faster
+
+    def packed(self, segment: str) -> bytes:
+        return segment.encode("utf-32-le")  # code points as uint32 little-endian: pack_tokens, at C speed
 
 
 class HFChatTokenizer:
@@ -92,6 +100,9 @@ class HFChatTokenizer:
         if self._rust is not None:  # the fast tokenizer's own encode: the same ids, half the time per call
             return self._rust.encode(segment, add_special_tokens=False).ids
         return list(self._tok(segment, add_special_tokens=False)["input_ids"])
+
+    def packed(self, segment: str) -> bytes:
+        return pack_tokens(self.encode(segment))
 
     def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         return self.encode(self.render(messages))

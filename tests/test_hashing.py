@@ -7,7 +7,18 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.hashing import block_hashes, common_prefix_len, hash_block, seed_hash
+from index.hashing import (
+    block_hashes,
+    common_prefix_len,
+    digests_to_hashes,
+    hash_block,
+    pack_tokens,
+    packed_block_digests,
+    seed_hash,
+    unpack_tokens,
+)
+from index.prompt import PromptHasher
+from index.tokenizer import TextTokenizer
 
 tokens = st.lists(st.integers(0, 2**32 - 1), max_size=200)
 
@@ -57,6 +68,40 @@ def test_only_full_blocks_extra_keys_and_seed():
     assert block_hashes([1] * 16, 16, extra=("lora-a",)) != block_hashes([1] * 16, 16)
     assert block_hashes([1] * 16, 16, seed="other") != block_hashes([1] * 16, 16)
     assert hash_block(seed_hash(), [1, 2]) != hash_block(seed_hash(), [2, 1])
+
+
+def test_hashes_are_the_ones_earlier_versions_wrote():
+    """Chunks on disk and in Redis are keyed by these: the scheme must never drift."""
+    assert block_hashes(list(range(64)), 16) == [
+        6877071744155751715, 8223139665013800787, 17151805118127067295, 16759691945055215955]
+    text = [ord(c) for c in "héllo wörld, 🙂 twenty-four chars!"]
+    assert block_hashes(text, 8, extra=("m", 3)) == [
+        3148698562844123075, 15979847942193214104, 15142781145999798721, 15742930476255675572]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens, st.integers(1, 16), st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+       st.lists(st.text(max_size=3), max_size=2))
+def test_packed_digests_are_block_hashes(toks, bs, parent, extra):
+    assert unpack_tokens(pack_tokens(toks)) == toks
+    digests = packed_block_digests(pack_tokens(toks), bs, parent, extra)
+    assert len(digests) == 8 * (len(toks) // bs)
+    assert digests_to_hashes(digests) == block_hashes(toks, bs, parent, extra)
+    if parent is not None:  # a parent given as its digest is the same parent
+        assert packed_block_digests(pack_tokens(toks), bs, parent.to_bytes(8, "little"), extra) == digests
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=6), st.integers(1, 12))
+def test_prompt_hashes_are_block_hashes_of_the_prompts_tokens(turns, bs):
+    """However much of a conversation the hasher resumes from, its hashes are the full computation's."""
+    hasher = PromptHasher(TextTokenizer(), bs)
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    for k in range(1, len(messages) + 1):  # the conversation growing turn by turn
+        out = hasher.prompt(messages[:k])
+        ids = [ord(c) for c in "".join(TextTokenizer().segments(messages[:k]))]
+        assert hasher.tokens(messages[:k]) == ids
+        assert out.hashes == block_hashes(ids, bs) and out.tokens == len(ids)
 
 
 def test_stable_across_processes():

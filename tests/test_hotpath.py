@@ -34,10 +34,10 @@ class Recording(TextTokenizer):
         self.calls.append(("segments", threading.current_thread().name))
         return super().segments(messages)
 
-    def encode(self, segment: str) -> list[int]:
+    def packed(self, segment: str) -> bytes:  # what the router's hasher encodes with
         self.calls.append(("encode", threading.current_thread().name))
         self.encoded.append(segment)
-        return super().encode(segment)
+        return super().packed(segment)
 
 
 def chat(turns: int) -> list[dict[str, Any]]:
@@ -59,6 +59,62 @@ def test_resuming_from_known_states_gives_the_full_computation():
     assert hasher.prompt([*prompt, answer], known).hashes == fresh[0]
     # only the answer and the new generation prompt were tokenised: the prompt resumed from `known`
     assert tok.encoded == TextTokenizer().segments([*prompt, answer])[-2:]
+
+
+def test_a_prompt_stopped_early_completes_to_the_eager_result():
+    """`until` stops hashing at a block it refuses; complete() then gives exactly the eager
+    hashes, token count and cached chain states (the next turn resumes from them)."""
+    prompt = [*chat(3), {"role": "assistant", "content": "the final answer " * 25}]
+    eager = PromptHasher(TextTokenizer(), 16).prompt(prompt)
+    hasher = PromptHasher(TextTokenizer(), 16)
+    asked: list[int] = []
+    lazy = hasher.prompt(prompt, until=lambda h: asked.append(h) is not None)  # refuses every block
+    assert lazy.partial and lazy.tokens == eager.tokens and lazy.blocks == len(eager.hashes)
+    assert asked and len(lazy.hashes) < len(eager.hashes) and lazy.hashes == eager.hashes[: len(lazy.hashes)]
+    assert asked[0] == lazy.hashes[-1]  # stopped at the first block it asked about
+    assert hasher.uncached_chars(prompt) > 0  # not "seen" until its chain states exist
+    assert lazy.complete() is lazy and not lazy.partial
+    assert lazy.hashes == eager.hashes and lazy.states == eager.states
+    assert hasher.uncached_chars(prompt) == 0
+    tok = Recording()
+    hasher.tokenizer = tok
+    assert hasher.prompt(prompt).hashes == eager.hashes and tok.encoded == []  # resumed from the cache
+    # a stretch that `until` accepts is not a stop: accepting everything is the eager result
+    assert not PromptHasher(TextTokenizer(), 16).prompt(prompt, until=lambda h: True).partial
+
+
+def test_a_prepared_match_is_the_full_match_even_when_records_land_after_hashing():
+    r = router(record_answers=True)
+    msgs = long_chat(2)
+    full = PromptHasher(TextTokenizer(), 16).hashes(msgs)[0]
+    r.index.record("r2", full)
+    r._recorder = object()  # type: ignore[assignment]  # prepare hashes lazily, as with deferred records
+    r.index.held = lambda h: False  # type: ignore[method-assign]  # as if the record landed after hashing
+    r.prepare(msgs)
+    plan = r.plan(msgs)
+    assert plan.matched_blocks["r2"] == len(full) and plan.prompt is not None and not plan.prompt.partial
+
+
+def test_a_fresh_prompt_is_matched_on_its_first_blocks_and_recorded_whole():
+    idx = ThreadNoting(None)
+    reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
+    r = Router(reps, RoutingConfig(tokenizer="text", block_size=16), index=idx, defer_records=True)
+    try:
+        msgs = long_chat(1)
+        full = PromptHasher(TextTokenizer(), 16).hashes(msgs)[0]
+        r.prepare(msgs)
+        plan = r.plan(msgs)
+        assert plan.prompt is not None and plan.prompt.partial and len(plan.hashes) < len(full)
+        assert plan.matched_blocks == {"r0": 0, "r1": 0} and plan.prompt_tokens == len("".join(
+            TextTokenizer().segments(msgs)))
+        r.started(r.replicas[1], plan)
+        assert r.settle(10.0)
+        assert idx.threads and all(t.startswith("kvgate-index") for t in idx.threads)  # hashed and recorded there
+        assert r.index.match(full) == {"r0": 0, "r1": len(full)} and plan.prompt.hashes == full
+        r.prepare(msgs)  # the same prompt again: matched in full on r1
+        assert r.plan(msgs).matched_blocks["r1"] == len(full)
+    finally:
+        r.close()
 
 
 # ------------------------------------------------------------------ Router.prepare / prepare_answer

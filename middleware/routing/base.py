@@ -27,6 +27,8 @@ class ReplicaState:
 class RoutePlan:
     """One request, ready for a policy: its prefix hashes and what each replica holds of them."""
 
+    # the prompt's leading block hashes: all of them, or (a partial `prompt`, see Router.prepare)
+    # up to a block no replica held, past which no match goes; `prompt.complete()` has them all
     hashes: list[int]
     prompt_tokens: int
     block_size: int

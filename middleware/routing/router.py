@@ -137,10 +137,17 @@ class Router:
 
     # ------------------------------------------------------------------ decisions
     def prepare(self, messages: Sequence[dict[str, Any]]) -> None:
-        """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread)."""
-        prompt = self.hasher.prompt(messages)
+        """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread).
+
+        With deferred records, hashing stops soon after a block no replica holds (a match
+        cannot pass it); the recorder hashes the rest before recording the chain (`started`), off
+        the request's path. If a record lands meanwhile and some replica holds every block hashed
+        so far, the rest is hashed here and matched again, so the match is always the full one."""
+        prompt = self.hasher.prompt(messages, until=self.index.held if self._recorder is not None else None)
         self.settle(SETTLE_WAIT_S)
         matched = self.index.match(prompt.hashes)
+        if prompt.partial and max(matched.values(), default=0) >= len(prompt.hashes):
+            matched = self.index.match(prompt.complete().hashes)
         with self._lock:
             self._prepared[id(messages)] = (messages, prompt, matched)
             while len(self._prepared) > PREPARED_MAX:
@@ -171,13 +178,15 @@ class Router:
             session = first if isinstance(first, str) else None
         return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, matched, session, prompt=prompt)
 
-    def _record(self, replica: str, hashes: list[int]) -> None:
-        """Approximate mode: `replica` now caches this chain (in order, off this thread if deferred)."""
+    def _record(self, replica: str, hashes: list[int] | PromptHashes) -> None:
+        """Approximate mode: `replica` now caches this chain (in order, off this thread if deferred).
+        A partial prompt's chain is hashed to its end by whoever applies the record."""
         if self._recorder is not None:
+            blocks = hashes.blocks if isinstance(hashes, PromptHashes) else len(hashes)
             with self._pending_lock:
                 # a short chain with nothing before it in the queue stays in order applied here
                 queued = (self._pending_records < MAX_PENDING_RECORDS
-                          and (self._pending_records > 0 or len(hashes) > INLINE_RECORD_BLOCKS))
+                          and (self._pending_records > 0 or blocks > INLINE_RECORD_BLOCKS))
                 self._pending_records += queued
             if queued:
                 try:
@@ -188,15 +197,16 @@ class Router:
                         self._pending_records -= 1
         self._apply_record(replica, hashes)
 
-    def _deferred_record(self, replica: str, hashes: list[int]) -> None:
+    def _deferred_record(self, replica: str, hashes: list[int] | PromptHashes) -> None:
         try:
             self._apply_record(replica, hashes)
         finally:
             with self._pending_lock:
                 self._pending_records -= 1
 
-    def _apply_record(self, replica: str, hashes: list[int]) -> None:
+    def _apply_record(self, replica: str, chain: list[int] | PromptHashes) -> None:
         try:
+            hashes = chain.complete().hashes if isinstance(chain, PromptHashes) else chain
             self.index.record(replica, hashes)
             self.state.recorded(replica, hashes)
         except Exception:  # a record lost costs a worse route later, never the request
@@ -227,7 +237,7 @@ class Router:
             replica.requests += 1
             replica.pending_prefill_tokens += pending
         if self.cfg.mode == "approximate":
-            self._record(replica.name, plan.hashes)
+            self._record(replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes)
         return Ticket(replica, plan, pending)
 
     def first_token(self, ticket: Ticket) -> None:

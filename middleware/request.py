@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import orjson
 
@@ -142,10 +142,26 @@ def _drop_none(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """A part already written as canonical JSON (`canonical_list`): digest uses its text as is."""
+
+    text: str
+
+
+def canonical_list(rendered: Sequence[str]) -> Rendered:
+    """The canonical JSON of a list from its items' canonical JSON texts.
+
+    Invariant: canonical_list([canonical_json(x) for x in xs]).text == canonical_json(xs), since
+    both writers join list items with a bare comma; so a conversation's messages are written
+    once and shared by the exact key (all of them) and the scope (the earlier ones)."""
+    return Rendered("[" + ",".join(rendered) + "]")
+
+
 def digest(*parts: Any) -> str:
     """sha256 over the canonical JSON of `parts`; equal inputs ⇔ equal digests (up to sha256).
     Each part is written on its own (see canonical_json), joined as json.dumps joins a list."""
-    text = "[" + ",".join(canonical_json(p) for p in (KEY_VERSION, *parts)) + "]"
+    text = "[" + ",".join(p.text if isinstance(p, Rendered) else canonical_json(p) for p in (KEY_VERSION, *parts)) + "]"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -204,18 +220,19 @@ def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: 
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
 
-    exact_key = digest("exact", route.name, model, messages, params, cache_tenant)
+    rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
+    exact_key = digest("exact", route.name, model, canonical_list(rendered), params, cache_tenant)
     last = messages[-1]
     query = text_of(last.get("content")) if last.get("role") == "user" else None
-    earlier = messages[:-1]
+    earlier = list(range(len(messages) - 1))  # indexes of the earlier messages in the scope
     parents = None
     if route.semantic.context == "semantic":  # earlier user turns are judged per entry, not hashed
-        texts = [text_of(m.get("content")) for m in earlier if m.get("role") == "user"]
+        texts = [text_of(messages[i].get("content")) for i in earlier if messages[i].get("role") == "user"]
         query = query if all(t is not None for t in texts) else None  # non-text history: exact tier only
         parents = tuple(t for t in texts if t is not None)
-        earlier = [m for m in earlier if m.get("role") in SYSTEM_ROLES]
+        earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
     elif route.semantic.context == "last_user_only":
-        earlier = [m for m in earlier if m.get("role") in SYSTEM_ROLES]
-    scope = digest("scope", route.name, model, params, earlier, cache_tenant)
+        earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
+    scope = digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), cache_tenant)
     return RequestView(route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control,
                        parents)

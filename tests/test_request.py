@@ -136,3 +136,33 @@ def test_canonical_json_is_json_dumps_byte_for_byte(value):
             digest("x", value)
         return
     assert digest("x", value) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_json_like, max_size=5))
+def test_a_list_from_its_items_texts_is_the_lists_canonical_json(items):
+    """build_view writes each message once and joins them for both keys: the same text, so the same keys."""
+    from middleware.request import canonical_list, digest
+
+    joined = canonical_list([canonical_json(x) for x in items])
+    assert joined.text == canonical_json(items)
+    try:
+        assert digest("x", joined, 1) == digest("x", items, 1)
+    except UnicodeEncodeError:  # a lone surrogate: no key either way
+        pass
+
+
+@pytest.mark.parametrize("context", ["exact", "last_user_only", "semantic"])
+def test_view_keys_are_the_digests_of_the_messages(context):
+    """The keys build_view writes from per-message texts equal the digests of the lists (keys made before stay valid)."""
+    from middleware.request import digest
+
+    cfg = parse_config({"routes": [{"name": "r", "model": "*", "backend": {"model": "openai/x"},
+                                    "semantic": {"context": context}}]})
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello", "name": None}, {"role": "user", "content": "2+2?"}]
+    view = build_view(cfg, {"model": "m", "messages": messages, "temperature": 0.5}, "t", CacheControl())
+    clean = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    assert view.exact_key == digest("exact", "r", "m", clean, view.params, "t")  # the tenant: scope "tenant" by default
+    earlier = clean[:-1] if context == "exact" else clean[:1]
+    assert view.scope == digest("scope", "r", "m", view.params, earlier, "t")

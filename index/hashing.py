@@ -53,13 +53,18 @@ def pack_tokens(tokens: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
+def _unpack(code: str, packed: bytes) -> list[int]:
+    """Little-endian unsigned ints of array type `code` ("I": 4 bytes, "Q": 8), end to end."""
+    values = array(code)
+    values.frombytes(packed)
+    if _BIG_ENDIAN:
+        values.byteswap()
+    return values.tolist()
+
+
 def unpack_tokens(packed: bytes) -> list[int]:
     """The inverse of pack_tokens."""
-    ids = array("I")
-    ids.frombytes(packed)
-    if _BIG_ENDIAN:
-        ids.byteswap()
-    return ids.tolist()
+    return _unpack("I", packed)
 
 
 def block_hashes(
@@ -113,11 +118,7 @@ def packed_block_digests(
 
 def digests_to_hashes(digests: bytes) -> list[BlockHash]:
     """8-byte little-endian digests end to end → their hashes as ints."""
-    hashes = array("Q")
-    hashes.frombytes(digests)
-    if _BIG_ENDIAN:
-        hashes.byteswap()
-    return hashes.tolist()
+    return _unpack("Q", digests)
 
 
 def text_tokens(text: str) -> list[int]:

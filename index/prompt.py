@@ -97,12 +97,7 @@ class PromptHashes:
     @property
     def blocks(self) -> int:
         """Full blocks of the whole prompt (the length of `hashes` once complete)."""
-        return self.tokens // self._block_size if self._rest is not None else len(self.hashes)
-
-    @property
-    def _block_size(self) -> int:
-        assert self._rest is not None
-        return self._rest.hasher.block_size
+        return self.tokens // self._rest.hasher.block_size if self._rest is not None else len(self.hashes)
 
     def complete(self) -> "PromptHashes":
         """Hash what `until` left (nothing when it left nothing), store the chain states in the
@@ -180,17 +175,19 @@ class PromptHasher:
             if stopped:
                 left.append((digests[k], b""))  # its unhashed blocks are in `tail`
                 continue
-            state = (digests_so_far, tail)
-            states[digests[k]] = state
-            with self._lock:
-                self._chains.put(digests[k], state)
+            self._keep(states, digests[k], (digests_so_far, tail))
         runs = message_runs(messages)
         tokens = (len(digests_so_far) // 8) * self.block_size + (len(tail) + sum(len(p) for _, p in left)) // 4
-        if left:
-            rest = _Rest(self, digests_so_far, tail, left, runs)
-            return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest)
-        self._mark_seen(runs)
-        return PromptHashes(digests_to_hashes(digests_so_far), tokens, states)
+        rest = _Rest(self, digests_so_far, tail, left, runs) if left else None
+        if rest is None:
+            self._mark_seen(runs)
+        return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest)
+
+    def _keep(self, states: dict[bytes, ChainState], digest: bytes, state: ChainState) -> None:
+        """The chain state after a segment run: in this prompt's states and the shared cache."""
+        states[digest] = state
+        with self._lock:
+            self._chains.put(digest, state)
 
     def _advance(self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None) -> tuple[bytes, bytes, bool]:
         """Hash the full blocks of `tail` onto `chain`: (chain, the unhashed rest of `tail`,
@@ -214,9 +211,7 @@ class PromptHasher:
         chain, tail = rest.chain, rest.tail
         for digest, packed in rest.segments:
             chain, tail, _ = self._advance(chain, tail + packed, None)
-            states[digest] = (chain, tail)
-            with self._lock:
-                self._chains.put(digest, (chain, tail))
+            self._keep(states, digest, (chain, tail))
         self._mark_seen(rest.runs)
         return digests_to_hashes(chain)
 

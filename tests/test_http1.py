@@ -52,11 +52,16 @@ class Server:
             writer.close()
 
 
-def sends(data: bytes, keep: bool = True) -> Behaviour:
-    """Answers every request with `data` as is; `keep`: the connection stays open after it."""
+def sends(*steps: bytes | float, keep: bool = True) -> Behaviour:
+    """Answers every request with `steps` as is: bytes are written (and drained), a number is a
+    pause in seconds between them; `keep`: the connection stays open after it."""
     async def answer(reader, writer, n):
-        writer.write(data)
-        await writer.drain()
+        for step in steps:
+            if isinstance(step, bytes):
+                writer.write(step)
+                await writer.drain()
+            else:
+                await asyncio.sleep(step)
         return keep
     return answer
 
@@ -95,15 +100,10 @@ def test_a_kept_alive_connection_carries_the_next_requests():
 
 
 def test_chunked_bodies_come_decoded_and_in_order():
-    async def chunked(reader, writer, n):
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        for piece in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
-            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-            await writer.drain()
-            await asyncio.sleep(0.01)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return True
+    steps: list[bytes | float] = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"]
+    for piece in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
+        steps += [b"%x\r\n%s\r\n" % (len(piece), piece), 0.01]
+    chunked = sends(*steps, b"0\r\n\r\n")
 
     async def main() -> None:
         server = Server(chunked)
@@ -193,13 +193,7 @@ def test_a_slow_reader_pauses_the_socket_and_gets_every_byte():
 
 
 def test_a_response_left_unread_drops_its_connection():
-    async def slow(reader, writer, n):
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"x" * 1000)
-        await writer.drain()
-        await asyncio.sleep(0.2)
-        writer.write(b"x" * 99_000)
-        await writer.drain()
-        return True
+    slow = sends(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"x" * 1000, 0.2, b"x" * 99_000)
 
     async def main() -> None:
         server = Server(slow)

@@ -30,6 +30,31 @@ def test_routing_arena_tiny(tmp_path):
     assert "router_estimate_mean" in r["policies"]["cache_aware"]["queued_check"]
 
 
+def test_routing_arena_with_several_client_processes(tmp_path):
+    """--clients 2: the requests are split between two load-generator processes on one schedule;
+    every request is still sent once and measured once."""
+    out = tmp_path / "arena.json"
+    rc = main(["bench", "routing", "--trace", str(TRACE), "--limit", "30", "--speed", "40", "--replicas", "2",
+               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware", "--clients", "2", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["clients"] == 2
+    for name in ("round_robin", "cache_aware"):
+        p = r["policies"][name]
+        assert p["errors"] == 0 and p["completed"] == 30 and sum(p["requests_per_replica"]) == 30, p
+        assert len(p["ttfts_s"]) == 30 and min(p["ttfts_s"]) > 0
+    assert r["policies"]["round_robin"]["requests_per_replica"] == [15, 15]
+
+
+def test_routing_arena_refuses_no_clients(capsys):
+    try:
+        main(["bench", "routing", "--trace", str(TRACE), "--clients", "0"])
+    except SystemExit as exc:
+        assert "--clients must be at least 1" in str(exc)
+    else:
+        raise AssertionError("--clients 0 was accepted")
+
+
 def test_routing_arena_tunes_on_its_own_slice_batched(tmp_path, capsys):
     """Tuning runs on the tuning slice only; the pick is reported; the batched model serves;
     --table prints the JSON's table."""

@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-tps", type=float, default=None, help="per replica; default 12k × speed")
     p.add_argument("--decode-tps", type=float, default=None, help="per request; default 60 × speed")
     p.add_argument("--max-output-tokens", type=int, default=256, help="cap on a request's output_length")
+    p.add_argument("--clients", type=int, default=1, metavar="N",
+                   help="load-generator processes (request i from process i mod N); >1 keeps one Python loop "
+                        "reading every stream from delaying the TTFT it measures")
     p.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
     p.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
                    help="extra kvgate routing option for every kvgate policy (repeatable), e.g. miss_weight=1.5")
@@ -151,7 +154,7 @@ class Arena:
             warm_up(f"http://127.0.0.1:{port}/v1/chat/completions", self.urls)
             run = asyncio.run(replay_sampled(f"http://127.0.0.1:{port}/v1/chat/completions", self.trace[lo:hi],
                                              self.prompts[lo:hi], self.args.speed, self.args.max_output_tokens, self.urls,
-                                             proxy_url))
+                                             proxy_url, clients=self.args.clients))
         finally:
             router.stop()
         summary = summarise(run, replica_stats(self.urls))
@@ -215,6 +218,7 @@ def run_arena(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "scenario": args.scenario or f"{args.trace.stem} ×{args.speed:g}, {args.sim_model}",
         "trace": str(args.trace), "sim_model": args.sim_model, "speed": args.speed, "replicas": args.replicas,
+        "clients": args.clients,
         "capacity_tokens": args.capacity_tokens, "capacity_hint": args.capacity_hint,
         "step_tokens": args.step_tokens if args.sim_model == "batched" else None,
         "prefill_tps": arena.prefill, "decode_tps": arena.decode, "block_size": BLOCK_SIZE,
@@ -261,6 +265,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.trace is None:
         raise SystemExit("kvgate bench routing: --trace is required (or --table JSON...)")
+    if args.clients < 1:
+        raise SystemExit(f"kvgate bench routing: --clients must be at least 1, got {args.clients}")
     result = run_arena(args)
     write_json(args.json, result)
     print_tables([result])

@@ -8,9 +8,13 @@ same engine. Percentiles are tools/bench/stats.py's `pct` (nearest rank), everyw
 from __future__ import annotations
 
 import asyncio
+import io
+import multiprocessing
 import re
 import statistics
+import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Sequence
 
 import httpx
@@ -21,6 +25,7 @@ from tools.bench.trace import TraceRequest
 from middleware.progress import Progress
 
 BLOCK_SIZE = 16
+CLIENT_START_S = 3.0  # lead time for `clients` > 1: spawned processes import httpx and the trace code
 _PENDING = re.compile(r'^kvgate_replica_pending_prefill_tokens\{([^}]*)\}\s+([0-9.eE+-]+)$', re.M)
 
 
@@ -85,16 +90,42 @@ def queue_check(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def replay(url: str | Sequence[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float,
-                 max_out: int, headers: dict[str, str]) -> dict[str, Any]:
+                 max_out: int, headers: dict[str, str], clients: int = 1) -> dict[str, Any]:
     """Send every request at its (scaled) time from the slice's first; TTFT per request, errors
-    counted, never raised. Several `url`s (several proxies): request i goes to url i mod N."""
+    counted, never raised. Several `url`s (several proxies): request i goes to url i mod N.
+
+    `clients` > 1 spreads the requests over that many load-generator processes (request i to
+    process i mod clients), so that reading hundreds of streams in one Python event loop does
+    not delay the TTFT it measures; every process keeps the same schedule."""
     urls = [url] if isinstance(url, str) else list(url)
+    t0 = trace[0].timestamp_ms
+    if clients <= 1:
+        return await _replay_part(urls, trace, prompts, speed, max_out, headers, time.perf_counter(), t0, (0, 1), True)
+    print(f"[arena replay] {len(trace)} requests from {clients} client processes", file=sys.stderr, flush=True)
+    start = time.perf_counter() + CLIENT_START_S  # the processes' imports happen before it
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = await asyncio.gather(*(loop.run_in_executor(
+            pool, _run_part, urls, list(trace), list(prompts), speed, max_out, headers, start, t0, (k, clients))
+            for k in range(clients)))
+    return {"ttfts": [x for p in parts for x in p["ttfts"]], "errors": [e for p in parts for e in p["errors"]],
+            "wall_s": max(p["wall_s"] for p in parts)}
+
+
+def _run_part(*args: Any) -> dict[str, Any]:
+    """One load-generator process (no progress bar: several would interleave)."""
+    return asyncio.run(_replay_part(*args, progress=False))
+
+
+async def _replay_part(urls: list[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float,
+                       max_out: int, headers: dict[str, str], start: float, t0: float, part: tuple[int, int],
+                       progress: bool) -> dict[str, Any]:
+    """Requests i with i mod part[1] == part[0], each sent at `start` + its scaled offset from
+    `t0` (perf_counter: CLOCK_MONOTONIC, one clock for every process on the machine)."""
     ttfts: list[float] = []
     errors: list[str] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        start = time.perf_counter()
-        t0 = trace[0].timestamp_ms
 
         async def one(i: int, req: TraceRequest, text: str) -> None:
             try:
@@ -129,19 +160,21 @@ async def replay(url: str | Sequence[str], trace: Sequence[TraceRequest], prompt
             else:
                 ttfts.append(first)
 
-        with Progress(len(trace), "arena replay", unit="requests") as bar:
-            await asyncio.gather(*(one(i, r, p) for i, (r, p) in enumerate(zip(trace, prompts))))
+        mine = [(i, r, p) for i, (r, p) in enumerate(zip(trace, prompts)) if i % part[1] == part[0]]
+        with Progress(len(mine), "arena replay", unit="requests", stream=None if progress else io.StringIO()) as bar:
+            await asyncio.gather(*(one(i, r, p) for i, r, p in mine))
         wall = time.perf_counter() - start
     return {"ttfts": ttfts, "errors": errors, "wall_s": wall}
 
 
 async def replay_sampled(url: str | Sequence[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
-                         replica_urls: list[str], proxy_url: str | None, interval: float = 1.0) -> dict[str, Any]:
+                         replica_urls: list[str], proxy_url: str | None, interval: float = 1.0,
+                         clients: int = 1) -> dict[str, Any]:
     """`replay` with `sample_queues` running beside it; adds "queues" (the samples)."""
     stop, samples = asyncio.Event(), []  # type: ignore[var-annotated]
     sampler = asyncio.ensure_future(sample_queues(replica_urls, proxy_url, interval, stop, samples))
     try:
-        run = await replay(url, trace, prompts, speed, max_out, {"authorization": "Bearer arena"})
+        run = await replay(url, trace, prompts, speed, max_out, {"authorization": "Bearer arena"}, clients)
     finally:
         stop.set()
         await sampler

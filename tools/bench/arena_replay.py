@@ -99,14 +99,15 @@ async def replay(url: str | Sequence[str], trace: Sequence[TraceRequest], prompt
     not delay the TTFT it measures; every process keeps the same schedule."""
     urls = [url] if isinstance(url, str) else list(url)
     t0 = trace[0].timestamp_ms
+    items = list(enumerate(zip(trace, prompts)))
     if clients <= 1:
-        return await _replay_part(urls, trace, prompts, speed, max_out, headers, time.perf_counter(), t0, (0, 1), True)
+        return await _replay_part(urls, items, speed, max_out, headers, time.perf_counter(), t0, True)
     print(f"[arena replay] {len(trace)} requests from {clients} client processes", file=sys.stderr, flush=True)
     start = time.perf_counter() + CLIENT_START_S  # the processes' imports happen before it
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("spawn")) as pool:
         parts = await asyncio.gather(*(loop.run_in_executor(
-            pool, _run_part, urls, list(trace), list(prompts), speed, max_out, headers, start, t0, (k, clients))
+            pool, _run_part, urls, items[k::clients], speed, max_out, headers, start, t0)
             for k in range(clients)))
     return {"ttfts": [x for p in parts for x in p["ttfts"]], "errors": [e for p in parts for e in p["errors"]],
             "wall_s": max(p["wall_s"] for p in parts)}
@@ -117,11 +118,11 @@ def _run_part(*args: Any) -> dict[str, Any]:
     return asyncio.run(_replay_part(*args, progress=False))
 
 
-async def _replay_part(urls: list[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float,
-                       max_out: int, headers: dict[str, str], start: float, t0: float, part: tuple[int, int],
+async def _replay_part(urls: list[str], items: list[tuple[int, tuple[TraceRequest, str]]], speed: float,
+                       max_out: int, headers: dict[str, str], start: float, t0: float,
                        progress: bool) -> dict[str, Any]:
-    """Requests i with i mod part[1] == part[0], each sent at `start` + its scaled offset from
-    `t0` (perf_counter: CLOCK_MONOTONIC, one clock for every process on the machine)."""
+    """The requests `items` ((index in the slice, (request, prompt))), each sent at `start` + its
+    scaled offset from `t0` (perf_counter: CLOCK_MONOTONIC, one clock for every process here)."""
     ttfts: list[float] = []
     errors: list[str] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
@@ -160,9 +161,8 @@ async def _replay_part(urls: list[str], trace: Sequence[TraceRequest], prompts: 
             else:
                 ttfts.append(first)
 
-        mine = [(i, r, p) for i, (r, p) in enumerate(zip(trace, prompts)) if i % part[1] == part[0]]
-        with Progress(len(mine), "arena replay", unit="requests", stream=None if progress else io.StringIO()) as bar:
-            await asyncio.gather(*(one(i, r, p) for i, r, p in mine))
+        with Progress(len(items), "arena replay", unit="requests", stream=None if progress else io.StringIO()) as bar:
+            await asyncio.gather(*(one(i, r, p) for i, (r, p) in items))
         wall = time.perf_counter() - start
     return {"ttfts": ttfts, "errors": errors, "wall_s": wall}
 

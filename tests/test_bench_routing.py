@@ -43,7 +43,37 @@ def test_routing_arena_with_several_client_processes(tmp_path):
         p = r["policies"][name]
         assert p["errors"] == 0 and p["completed"] == 30 and sum(p["requests_per_replica"]) == 30, p
         assert len(p["ttfts_s"]) == 30 and min(p["ttfts_s"]) > 0
+        assert 0 <= p["client_lag_p99_s"] <= p["client_lag_max_s"]  # both processes' probes, pooled
     assert r["policies"]["round_robin"]["requests_per_replica"] == [15, 15]
+
+
+def _stream_events() -> bytes:
+    chunk = {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "finish_reason": None}]}
+    return (b": keep-alive\n\n" + b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+            + b'data: {"error":{"message":"replica gone"}}\n\n')
+
+
+def test_stream_scan_finds_content_and_errors_whatever_the_chunking():
+    """The load generator reads raw bytes: the first content and an in-band error are found at
+    the same byte however the stream is cut."""
+    from tools.bench.stream_client import StreamScan
+
+    data = _stream_events()
+    content_end = data.index(b'"content"') + len(b'"content"')
+    error_end = data.index(b'data: {"error"') + len(b'data: {"error"')
+    for size in (1, 2, 3, 7, 13, 64, len(data)):
+        scan, seen_at, error_at = StreamScan(), None, None
+        for start in range(0, len(data), size):
+            piece = data[start:start + size]
+            if scan.feed(piece) and seen_at is None:
+                seen_at = start + len(piece)
+            if scan.error is not None and error_at is None:
+                error_at = start + len(piece)
+        assert seen_at == min(len(data), -(-content_end // size) * size), size
+        assert error_at == min(len(data), -(-error_end // size) * size), size
+        assert scan.error.startswith('data: {"error"')
+    quiet = StreamScan()
+    assert not quiet.feed(b": keep-alive\n\n") and quiet.error is None
 
 
 def test_routing_arena_refuses_no_clients(capsys):

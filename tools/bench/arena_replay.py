@@ -1,7 +1,9 @@
 """The routing arena's measurements: replay a slice of a trace through one router, sample the
 queues while it runs, summarise, and the LRU ceilings of the slice.
 
-TTFT is the time to the first content chunk as the client sees it, router included. Hit rate,
+TTFT is the time to the first content chunk as the client sees it, router included, read with
+tools/bench/stream_client.py's client (the same for every router); each load-generator process
+also reports its own event-loop lag (`client_lag_p99_s`), a delay it adds to the TTFTs it measures. Hit rate,
 request counts and queues come from the replicas' own /stats, so every router is judged by the
 same engine. Percentiles are tools/bench/stats.py's `pct` (nearest rank), everywhere.
 """
@@ -18,11 +20,14 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Sequence
 
 import httpx
+import orjson
 
 from engines.sim.engine import PrefixCache, SimEngine
-from tools.bench.stats import pct
-from tools.bench.trace import TraceRequest
+from middleware.http1 import Pool
 from middleware.progress import Progress
+from tools.bench.stats import pct
+from tools.bench.stream_client import loop_lag, timed_stream
+from tools.bench.trace import TraceRequest
 
 BLOCK_SIZE = 16
 CLIENT_START_S = 3.0  # lead time for `clients` > 1: spawned processes import httpx and the trace code
@@ -110,7 +115,7 @@ async def replay(url: str | Sequence[str], trace: Sequence[TraceRequest], prompt
             pool, _run_part, urls, items[k::clients], speed, max_out, headers, start, t0)
             for k in range(clients)))
     return {"ttfts": [x for p in parts for x in p["ttfts"]], "errors": [e for p in parts for e in p["errors"]],
-            "wall_s": max(p["wall_s"] for p in parts)}
+            "wall_s": max(p["wall_s"] for p in parts), "client_lag": [x for p in parts for x in p["client_lag"]]}
 
 
 def _run_part(*args: Any) -> dict[str, Any]:
@@ -125,46 +130,33 @@ async def _replay_part(urls: list[str], items: list[tuple[int, tuple[TraceReques
     scaled offset from `t0` (perf_counter: CLOCK_MONOTONIC, one clock for every process here)."""
     ttfts: list[float] = []
     errors: list[str] = []
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+    client = Pool(keepalive_s=3.0)  # the same client for every router (tools/bench/stream_client.py)
 
-        async def one(i: int, req: TraceRequest, text: str) -> None:
-            try:
-                await sent_one(i, req, text)
-            finally:
-                bar.update()
-
-        async def sent_one(i: int, req: TraceRequest, text: str) -> None:
+    async def one(i: int, req: TraceRequest, text: str) -> None:
+        try:
             await asyncio.sleep(max(0.0, (req.timestamp_ms - t0) / 1000 / speed - (time.perf_counter() - start)))
-            body = {"model": "sim", "messages": [{"role": "user", "content": text}], "stream": True,
-                    "max_tokens": max(1, min(req.output_length, max_out))}
-            sent = time.perf_counter()
-            first = None
-            try:
-                async with client.stream("POST", urls[i % len(urls)], json=body, headers=headers) as resp:
-                    if resp.status_code != 200:
-                        errors.append(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
-                        return
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        if '"error"' in line[:20]:
-                            errors.append(line[:200])
-                            return
-                        if first is None and '"content"' in line:
-                            first = time.perf_counter() - sent
-            except httpx.HTTPError as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
-                return
-            if first is None:
-                errors.append("stream ended without content")
-            else:
-                ttfts.append(first)
+            body = orjson.dumps({"model": "sim", "messages": [{"role": "user", "content": text}], "stream": True,
+                                 "max_tokens": max(1, min(req.output_length, max_out))})
+            got = await timed_stream(client, urls[i % len(urls)], body, headers, 600.0)
+            if got.error is not None:
+                errors.append(got.error)
+            elif got.ttft is not None:
+                ttfts.append(got.ttft)
+        finally:
+            bar.update()
 
+    lag: list[float] = []
+    stop = asyncio.Event()
+    probe = asyncio.ensure_future(loop_lag(stop, lag))
+    try:
         with Progress(len(items), "arena replay", unit="requests", stream=None if progress else io.StringIO()) as bar:
             await asyncio.gather(*(one(i, r, p) for i, (r, p) in items))
         wall = time.perf_counter() - start
-    return {"ttfts": ttfts, "errors": errors, "wall_s": wall}
+    finally:
+        stop.set()
+        await probe
+        await client.aclose()
+    return {"ttfts": ttfts, "errors": errors, "wall_s": wall, "client_lag": lag}
 
 
 async def replay_sampled(url: str | Sequence[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
@@ -204,5 +196,7 @@ def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any
         # the engines' own TTFT (arrival at the replica → first token): client TTFT minus this is the router's share
         "engine_ttft_p50_s": pct(engine_t, 0.5), "engine_ttft_p99_s": pct(engine_t, 0.99),
         "engine_ttft_mean_s": statistics.fmean(engine_t) if engine_t else float("nan"),
-        "ttfts_s": sorted(round(x, 4) for x in t),  # every request's client TTFT: the CDF of `kvgate bench plot routing`
+        "ttfts_s": sorted(round(x, 4) for x in t),
+        # the load generator's own event-loop lag (50 ms ticks): an upper bound on what it adds to a TTFT
+        "client_lag_p99_s": pct(run.get("client_lag") or [0.0], 0.99), "client_lag_max_s": max(run.get("client_lag") or [0.0]),  # every request's client TTFT: the CDF of `kvgate bench plot routing`
     }

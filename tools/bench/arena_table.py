@@ -47,12 +47,12 @@ def markdown(result: dict[str, Any]) -> str:
             + f", prefill {result['prefill_tps']:,.0f} tok/s, speed ×{result['speed']:g}, capacity hint "
             f"{result.get('capacity_hint', 'exact')}.", "",
             "| router | hit rate | TTFT p50 | TTFT p99 | TTFT mean | engine TTFT p50 / p99 | imbalance | errors "
-            "| queued: router est. / replica |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| queued: router est. / replica | load generator lag p99 / max |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for name, s in result["policies"].items():
         if "hit_rate" not in s:
-            rows.append(f"| {name} | skipped: {s.get('skipped', '?')} | | | | | | | |")
+            rows.append(f"| {name} | skipped: {s.get('skipped', '?')} | | | | | | | | |")
             continue
         label = ANCHOR_NAMES.get(name, f"kvgate {name}")
         if name in chosen:
@@ -62,8 +62,9 @@ def markdown(result: dict[str, Any]) -> str:
                   else (f"– / {q['replica_queued_mean']:,.0f}" if q else ""))
         bold = "**" if name == "cache_aware" else ""
         engine = (f"{_ms(s['engine_ttft_p50_s'])} / {_ms(s['engine_ttft_p99_s'])}" if "engine_ttft_p50_s" in s else "")
+        lag = (f"{_ms(s['client_lag_p99_s'])} / {_ms(s['client_lag_max_s'])}" if "client_lag_p99_s" in s else "–")
         rows.append(f"| {bold}{label}{bold} | {s['hit_rate']:.3f} | {_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | "
-                    f"{_ms(s['ttft_mean_s'])} | {engine} | {s['imbalance']:.2f} | {s['errors']} | {queued} |")
+                    f"{_ms(s['ttft_mean_s'])} | {engine} | {s['imbalance']:.2f} | {s['errors']} | {queued} | {lag} |")
     met, lines = goal(result)
     tail = ["", f"Ceilings on this slice: one unlimited LRU {result['ceiling_infinite']:.3f}, one LRU of the total capacity "
             f"{result['ceiling_lru']:.3f}.", "", f"Goal {'met' if met else 'NOT met'}: " + "; ".join(lines) + ".", ""]

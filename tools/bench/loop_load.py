@@ -37,11 +37,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from middleware.http1 import Pool
 from tools.bench.procs import Proc, free_port, kvgate_argv
 from tools.bench.stats import pct, write_json
+from tools.bench.stream_client import timed_stream
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -259,37 +262,29 @@ class Prompts:
 
 
 async def open_loop(url: str, bodies: list[list[dict[str, str]]], rate: float) -> dict[str, Any]:
-    """Request i at t0 + i/rate (whatever the earlier ones are doing); TTFT and total per request."""
-    import aiohttp
-
+    """Request i at t0 + i/rate (whatever the earlier ones are doing); TTFT and total per request,
+    read with the same client for the backend and the proxy (tools/bench/stream_client.py)."""
     ttft: list[float] = []
     total: list[float] = []
     errors: list[str] = []
+    client = Pool(keepalive_s=3.0)
 
-    async def one(session: Any, messages: list[dict[str, str]], at: float) -> None:
+    async def one(messages: list[dict[str, str]], at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        body = {"model": "demo", "messages": messages, "stream": True, "max_tokens": 64}
-        sent, first = time.perf_counter(), None
-        try:
-            async with session.post(url, json=body) as resp:
-                if resp.status != 200:
-                    errors.append(f"HTTP {resp.status}")
-                    return
-                async for line in resp.content:
-                    if first is None and line.startswith(b"data: {") and b'"content"' in line:
-                        first = time.perf_counter() - sent
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            errors.append(type(exc).__name__)
+        body = orjson.dumps({"model": "demo", "messages": messages, "stream": True, "max_tokens": 64})
+        got = await timed_stream(client, url, body, {}, 300.0)
+        if got.error is not None:
+            errors.append(got.error)
             return
-        total.append(time.perf_counter() - sent)
-        if first is not None:
-            ttft.append(first)
+        total.append(got.total)
+        ttft.append(got.ttft)
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
+    try:
         t0 = time.perf_counter() + 0.2
-        await asyncio.gather(*(one(session, m, t0 + i / rate) for i, m in enumerate(bodies)))
+        await asyncio.gather(*(one(m, t0 + i / rate) for i, m in enumerate(bodies)))
         wall = time.perf_counter() - t0
+    finally:
+        await client.aclose()
     return {"ttft": ttft, "total": total, "errors": errors, "wall_s": wall}
 
 

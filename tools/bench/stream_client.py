@@ -1,0 +1,86 @@
+"""The load generators' streaming client: one POST, its answer read as raw bytes, the time to the
+first content. Every router (and the direct backend) is measured with it, so what the client
+itself costs is the same for all; it is the relay's own HTTP/1.1 client (middleware.http1,
+httptools), a third of httpx's or aiohttp's CPU per request. A Python load generator's own
+event-loop lag delays every TTFT it measures: `loop_lag` samples it so a run can report it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from middleware.http1 import Pool
+
+
+class StreamScan:
+    """What the load generator reads from a streamed answer, found in the raw bytes as they come
+    (no line splitting or decoding per event).
+
+    Invariant: `feed` returns True from the first call whose bytes complete a `"content"` key of
+    an event, whatever the chunking; `error` is set once an event starts with `{"error"`."""
+
+    CONTENT = b'"content"'
+    ERROR = b'data: {"error"'
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self._content = False
+        self._tail = b""
+
+    def feed(self, data: bytes) -> bool:
+        window = self._tail + data
+        if not self._content and self.CONTENT in window:
+            self._content = True
+        if self.error is None and (at := window.find(self.ERROR)) >= 0:
+            self.error = window[at:at + 200].decode(errors="replace")
+        self._tail = window[-(len(self.ERROR) - 1):]
+        return self._content
+
+
+@dataclass
+class Timed:
+    """One streamed request as the client saw it: seconds to the first content and to the end
+    (None when it did not get there), and the error when it failed."""
+
+    ttft: float | None = None
+    total: float | None = None
+    error: str | None = None
+
+
+async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Timed:
+    """POST `body` (JSON, streamed answer) and read it to its end; never raises for the server's
+    failures (status, in-band error event, connection, timeout), which come back in `error`."""
+    out, scan = Timed(), StreamScan()
+    sent = time.perf_counter()
+    try:
+        resp = await client.post(url, body, {**headers, "content-type": "application/json"}, timeout)
+        try:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
+                return out
+            async for data in resp.chunks():
+                seen = scan.feed(data)
+                if scan.error is not None:
+                    out.error = scan.error
+                    return out
+                if out.ttft is None and seen:
+                    out.ttft = time.perf_counter() - sent
+        finally:
+            resp.close()
+    except (ConnectionError, asyncio.TimeoutError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+        return out
+    out.total = time.perf_counter() - sent
+    if out.ttft is None:
+        out.error = "stream ended without content"
+    return out
+
+
+async def loop_lag(stop: asyncio.Event, into: list[float], tick: float = 0.05) -> None:
+    """Until `stop`: how late a `tick`-second sleep of this event loop wakes, appended to `into`
+    (the load generator's own lag, a delay it adds to every TTFT it measures)."""
+    while not stop.is_set():
+        before = time.perf_counter()
+        await asyncio.sleep(tick)
+        into.append(max(0.0, time.perf_counter() - before - tick))

@@ -24,13 +24,14 @@ import orjson
 
 from engines.sim.engine import PrefixCache, SimEngine
 from middleware.http1 import Pool
+from middleware.loop_lag import watch_loop_lag
 from middleware.progress import Progress
 from tools.bench.stats import pct
-from tools.bench.stream_client import loop_lag, timed_stream
+from tools.bench.stream_client import timed_stream
 from tools.bench.trace import TraceRequest
 
 BLOCK_SIZE = 16
-CLIENT_START_S = 3.0  # lead time for `clients` > 1: spawned processes import httpx and the trace code
+CLIENT_START_S = 3.0  # lead time for `clients` > 1: spawned processes import the client and the trace code
 _PENDING = re.compile(r'^kvgate_replica_pending_prefill_tokens\{([^}]*)\}\s+([0-9.eE+-]+)$', re.M)
 
 
@@ -146,15 +147,13 @@ async def _replay_part(urls: list[str], items: list[tuple[int, tuple[TraceReques
             bar.update()
 
     lag: list[float] = []
-    stop = asyncio.Event()
-    probe = asyncio.ensure_future(loop_lag(stop, lag))
+    probe = asyncio.ensure_future(watch_loop_lag(lag.append))
     try:
         with Progress(len(items), "arena replay", unit="requests", stream=None if progress else io.StringIO()) as bar:
             await asyncio.gather(*(one(i, r, p) for i, (r, p) in items))
         wall = time.perf_counter() - start
     finally:
-        stop.set()
-        await probe
+        probe.cancel()
         await client.aclose()
     return {"ttfts": ttfts, "errors": errors, "wall_s": wall, "client_lag": lag}
 
@@ -196,7 +195,7 @@ def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any
         # the engines' own TTFT (arrival at the replica → first token): client TTFT minus this is the router's share
         "engine_ttft_p50_s": pct(engine_t, 0.5), "engine_ttft_p99_s": pct(engine_t, 0.99),
         "engine_ttft_mean_s": statistics.fmean(engine_t) if engine_t else float("nan"),
-        "ttfts_s": sorted(round(x, 4) for x in t),
+        "ttfts_s": sorted(round(x, 4) for x in t),  # every request's client TTFT: the CDF of `kvgate bench plot routing`
         # the load generator's own event-loop lag (50 ms ticks): an upper bound on what it adds to a TTFT
-        "client_lag_p99_s": pct(run.get("client_lag") or [0.0], 0.99), "client_lag_max_s": max(run.get("client_lag") or [0.0]),  # every request's client TTFT: the CDF of `kvgate bench plot routing`
+        "client_lag_p99_s": pct(run.get("client_lag") or [0.0], 0.99), "client_lag_max_s": max(run.get("client_lag") or [0.0]),
     }

@@ -3,7 +3,7 @@ first content. Every router (and the direct backend) is measured with it, so wha
 itself costs is the same for all; it is the relay's own HTTP/1.1 client (middleware.http1,
 httptools: 70–81 µs of CPU per non-streamed POST against aiohttp's 182–275 µs, docs/BENCHMARKS.md).
 A Python load generator's own event-loop lag delays every TTFT it measures (with httpx, 164 ms
-at p99 in the arena at ×20): `loop_lag` samples it so a run can report it.
+at p99 in the arena at ×20): the arena samples it with middleware.loop_lag's watcher and reports it.
 """
 from __future__ import annotations
 
@@ -77,11 +77,3 @@ async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, s
         out.error = "stream ended without content"
     return out
 
-
-async def loop_lag(stop: asyncio.Event, into: list[float], tick: float = 0.05) -> None:
-    """Until `stop`: how late a `tick`-second sleep of this event loop wakes, appended to `into`
-    (the load generator's own lag, a delay it adds to every TTFT it measures)."""
-    while not stop.is_set():
-        before = time.perf_counter()
-        await asyncio.sleep(tick)
-        into.append(max(0.0, time.perf_counter() - before - tick))

@@ -57,6 +57,8 @@ from index.hashing import BlockHash
 EVENT_FED_CAPACITY = 1 << 18
 HOLDER_SHARDS = 64  # holder dicts, by hash & 63: each ~1/64 of the blocks (see the module docstring)
 LRU_SHARD_BLOCKS = 8192  # a replica's LRU is split into shards of about this many blocks
+# successor table value of a block that recorded chains have continued in two different ways
+_FORKED = object()
 
 
 def lru_shards(capacity: int | None) -> int:
@@ -119,6 +121,8 @@ class PrefixIndex:
         self._replicas: dict[str, _Replica] = {}
         self._by_slot: dict[int, _Replica] = {}  # slot index -> replica, for decoding masks
         self._holders: list[dict[BlockHash, int]] = [{} for _ in range(HOLDER_SHARDS)]
+        # block → the one block recorded after it, or _FORKED once two different ones were (`forked`)
+        self._successors: list[dict[BlockHash, object]] = [{} for _ in range(HOLDER_SHARDS)]
         self._lock = threading.Lock()
 
     # -- replicas ---------------------------------------------------------------------------
@@ -164,13 +168,15 @@ class PrefixIndex:
         """
         with self._lock:
             rep = self._get(replica)
+            self._link(hashes)
             self._insert(rep, reversed(hashes))
             return self._evict_over_capacity(rep)
 
     # -- precise mode (engine events) -------------------------------------------------------
 
-    def stored(self, replica: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
-        """The engine reports these blocks stored on `replica`.
+    def stored(self, replica: str, hashes: Sequence[BlockHash], parent: BlockHash | None = None) -> list[BlockHash]:
+        """The engine reports these blocks stored on `replica`, after block `parent` (None: the
+        chain's first block, or a parent unknown here).
 
         Same bookkeeping as `record` (the engine reports evictions itself, so the replica's
         capacity is a memory bound above the engine's size, in case removal events are lost).
@@ -178,6 +184,8 @@ class PrefixIndex:
         """
         with self._lock:
             rep = self._get(replica)
+            held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
+            self._link([parent, *hashes] if held_parent else hashes)  # type: ignore[list-item]
             self._insert(rep, reversed(hashes))
             return self._evict_over_capacity(rep)
 
@@ -241,6 +249,14 @@ class PrefixIndex:
         a hint for where hashing may stop (index.prompt), which `Router.prepare` re-checks."""
         return h in self._holders[h & (HOLDER_SHARDS - 1)]
 
+    def forked(self, h: BlockHash) -> bool:
+        """Whether chains recorded or stored through block `h` went on from it in at least two
+        different ways: a prefix that more than one conversation extends (a shared document or
+        system prompt), as opposed to one conversation's own history, which only its next turn
+        extends. Forgotten with the block. Lock-free (one dict lookup, atomic under the GIL).
+        Precise mode sees the links within each stored batch and to its `parent`."""
+        return self._successors[h & (HOLDER_SHARDS - 1)].get(h) is _FORKED
+
     def holds(self, replica: str, h: BlockHash) -> bool:
         """Whether the index believes `replica` holds block `h` (no LRU effect)."""
         with self._lock:
@@ -270,6 +286,19 @@ class PrefixIndex:
             return self._replicas[name]
         except KeyError:
             raise KeyError(f"unknown replica {name!r}") from None
+
+    def _link(self, hashes: Sequence[BlockHash]) -> None:
+        """Note each block's successor in this chain; a second, different one marks it forked.
+        Invariant: every key of the successor tables is a held block (`_insert` follows; `_unset`
+        drops a block's entry with its last holder)."""
+        successors, hmask = self._successors, HOLDER_SHARDS - 1
+        for prev, h in zip(hashes, hashes[1:]):
+            table = successors[prev & hmask]
+            seen = table.get(prev)
+            if seen is None:
+                table[prev] = h
+            elif seen is not _FORKED and seen != h:
+                table[prev] = _FORKED
 
     def _insert(self, rep: _Replica, hashes: Iterable[BlockHash]) -> None:
         holders, bit, shards = self._holders, rep.bit, rep.shards
@@ -320,6 +349,7 @@ class PrefixIndex:
             table[h] = mask
         else:
             del table[h]
+            self._successors[h & (HOLDER_SHARDS - 1)].pop(h, None)
 
     @staticmethod
     def _settle(result: dict[str, int], by_slot: dict[int, _Replica], mask: int, n: int) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,6 +98,9 @@ class RoutingConfig(_Strict):
     queue_slack: float = Field(2.5, ge=0, description="cache_aware: a prefix match may buy at most max(queue_slack × "
                                                       "mean queue, prompt_slack × prompt) of queueing (.inf: no bound)")
     prompt_slack: float = Field(0.5, ge=0, description="cache_aware: see queue_slack")
+    session_slack: float = Field(math.inf, ge=0, description="cache_aware: queue_slack for a match that is one "
+                                                             "conversation's own history (no other request continued "
+                                                             "that prefix differently); .inf (default): not bounded")
     record_answers: bool = Field(True, description="approximate mode: the engine caches generated tokens too (vLLM does)")
     load_factor: float = Field(1.25, ge=1.0, description="affinity: bound on load vs the mean")
     max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")

@@ -117,6 +117,23 @@ def test_a_fresh_prompt_is_matched_on_its_first_blocks_and_recorded_whole():
         r.close()
 
 
+def test_plan_says_whether_the_longest_match_is_a_shared_prefix():
+    """Router.plan: shared_prefix is false while the matched prefix is one conversation's own
+    (only its turns went on from it), true once another conversation continued it differently."""
+    r = router()
+    doc = "a document several conversations read. " * 8
+    one = [{"role": "user", "content": doc + "question one?"}]
+    r.index.record("r1", r.plan(one).hashes)
+    follow = [*one, {"role": "assistant", "content": "an answer."}, {"role": "user", "content": "and then?"}]
+    plan = r.plan(follow)
+    assert plan.matched_blocks["r1"] > 0 and not plan.shared_prefix
+    r.index.record("r2", r.plan([{"role": "user", "content": doc + "another question entirely?"}]).hashes)
+    other = r.plan([{"role": "user", "content": doc + "Zebras? (its first letter differs from both)"}])
+    assert max(other.matched_blocks.values()) > 0 and other.shared_prefix
+    assert not r.plan(follow).shared_prefix  # its match still ends inside its own history
+    assert not r.plan([{"role": "user", "content": "nothing anyone sent"}]).shared_prefix
+
+
 # ------------------------------------------------------------------ Router.prepare / prepare_answer
 def router(**cfg: Any) -> Router:
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]

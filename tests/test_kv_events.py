@@ -271,9 +271,13 @@ def test_applier_root_and_continued_chain() -> None:
     assert [ap.our_hash(h) for h in (101, 102, 103, 104, 105)] == ours
     assert idx.match(ours + block_hashes(t + toks(1, 900), BS)[5:]) == {"r": 5}
 
+    assert not any(idx.forked(h) for h in ours)  # one chain: every block continued one way
+    ap.apply(BlockStored([106], 103, toks(1, 900), BS, None, "GPU"))  # another request after block 3
+    assert idx.forked(ours[2]) and not idx.forked(ours[1])  # a prefix two continuations share
+
     ap.apply(BlockRemoved([104, 999], "GPU"))  # 999 unknown: ignored
     assert idx.match(ours) == {"r": 3}
-    assert ap.our_hash(104) is None and ap.stats()["mapped"] == 4
+    assert ap.our_hash(104) is None and ap.stats()["mapped"] == 5
     ap.apply(AllBlocksCleared())
     assert idx.match(ours) == {"r": 0} and ap.stats()["mapped"] == 0
 

@@ -238,6 +238,29 @@ def test_concurrent_writers_and_readers() -> None:
     assert idx.match(c) == {"a": 512, "b": 512}
 
 
+def test_forked_tells_a_shared_prefix_from_one_conversations_history() -> None:
+    idx = PrefixIndex(capacity_blocks=6)
+    idx.add_replica("a")
+    idx.add_replica("b")
+    doc, turn1, turn2 = [1, 2, 3], [1, 2, 3, 10, 11], [1, 2, 3, 10, 11, 12]
+    idx.record("a", turn1)
+    idx.record("a", turn2)  # the same conversation's next turn extends it the same way
+    assert not any(idx.forked(h) for h in turn2)
+    idx.record("a", turn1)  # recorded again: still one way on
+    assert not idx.forked(3)
+    idx.record("b", doc + [20])  # a second conversation continues the document differently
+    assert idx.forked(3) and not idx.forked(2) and not idx.forked(11)
+    idx.record("a", [30, 31, 32, 33, 34, 35])  # a's capacity (6) pushes the conversation out of a
+    assert idx.forked(3)  # b still holds block 3
+    idx.cleared("b")
+    assert idx.match(doc) == {"a": 0, "b": 0} and not idx.forked(3)  # forgotten with the block
+    idx.stored("b", [1, 2, 3, 40])
+    idx.stored("b", [41], parent=3)  # precise mode: an event's blocks after a parent block
+    assert idx.forked(3)
+    idx.stored("b", [50], parent=99)  # a parent nobody holds is not remembered
+    assert not idx.forked(99) and idx.match([99]) == {"a": 0, "b": 0}
+
+
 # -- property: agrees with a brute-force model --------------------------------------------
 
 REPLICAS = ("r0", "r1", "r2")
@@ -257,6 +280,15 @@ class Model:
     def __init__(self, caps: dict[str, int | None]) -> None:
         self.caps = caps
         self.lru: dict[str, list[int]] = {r: [] for r in caps}
+        self.successors: dict[int, set[int]] = {}  # block → blocks recorded right after it
+
+    def link(self, hs: list[int]) -> None:
+        for a, b in zip(hs, hs[1:]):
+            self.successors.setdefault(a, set()).add(b)
+
+    def forget_unheld(self) -> None:
+        held = set().union(*self.lru.values())
+        self.successors = {h: s for h, s in self.successors.items() if h in held}
 
     def touch(self, r: str, hs: list[int]) -> list[int]:
         lru = self.lru[r]
@@ -295,6 +327,7 @@ def test_matches_brute_force_model(ops, cap, touch) -> None:
     model = Model(caps)
     for op, r, hs in ops:
         if op in ("record", "stored"):
+            model.link(hs)
             assert getattr(idx, op)(r, hs) == model.touch(r, hs)
         elif op == "removed":
             idx.removed(r, hs)
@@ -307,6 +340,8 @@ def test_matches_brute_force_model(ops, cap, touch) -> None:
         for name in REPLICAS:
             assert idx.blocks(name) == len(model.lru[name])
             assert cap is None or name != "r0" or idx.blocks(name) <= cap
+        model.forget_unheld()
+        assert [idx.forked(h) for h in range(16)] == [len(model.successors.get(h, ())) >= 2 for h in range(16)]
     probe = list(range(16))
     assert idx.match(probe) == model.match(probe, touch)
     assert idx.stats()["unique_blocks"] == len(set().union(*model.lru.values()))

@@ -82,6 +82,27 @@ def test_wait_bound_caps_the_queueing_a_prefix_match_buys():
         assert admissible(rs, p, queue_slack=0, prompt_slack=0)
 
 
+def test_a_conversations_own_history_is_bounded_by_session_slack():
+    """A match no other request continued differently (plan.shared_prefix false) is this
+    conversation's history: with session_slack ∞ (the default) the bound does not apply to it;
+    with a finite one it applies with session_slack as the queue slack."""
+    rs = replicas(4)
+    rs[0].pending_prefill_tokens = 8000  # as above: beyond the bound of a shared prefix
+    rs[1].pending_prefill_tokens = rs[2].pending_prefill_tokens = rs[3].pending_prefill_tokens = 200
+    shared = RoutePlan(list(range(100)), 1600, 16, {"r0": 100}, shared_prefix=True)
+    own = RoutePlan(list(range(100)), 1600, 16, {"r0": 100}, shared_prefix=False)
+    assert make_policy("cache_aware").choose(rs, shared).name != "r0"
+    assert make_policy("cache_aware").choose(rs, own).name == "r0"
+    # mean queue 2150: ttft(r0) 8000 <= 1800 + 4 × 2150 with session_slack 4, not with 2.5
+    assert make_policy("cache_aware", session_slack=4).choose(rs, own).name == "r0"
+    assert make_policy("cache_aware", session_slack=2.5).choose(rs, own).name != "r0"
+    # a cold prompt has no history to keep: bounded as before whatever its flag says
+    rs[0].pending_prefill_tokens = 0
+    assert make_policy("cache_aware").choose(rs, RoutePlan([], 1600, 16, {}, shared_prefix=False)).name
+    with pytest.raises(ValueError, match="session_slack"):
+        CacheAware(session_slack=-1)
+
+
 def test_wait_bound_slacks_come_from_the_routing_config():
     import yaml
     from pydantic import ValidationError
@@ -93,7 +114,11 @@ def test_wait_bound_slacks_come_from_the_routing_config():
     policy = make_policy(cfg.policy, **policy_options(cfg))
     assert policy.queue_slack == float("inf") and policy.prompt_slack == 0.25
     default = make_policy("cache_aware", **policy_options(RoutingConfig(policy="cache_aware")))
-    assert (default.queue_slack, default.prompt_slack) == (2.5, 0.5)
+    assert (default.queue_slack, default.prompt_slack, default.session_slack) == (2.5, 0.5, float("inf"))
+    assert make_policy("cache_aware", **policy_options(RoutingConfig(policy="cache_aware", session_slack=3))
+                       ).session_slack == 3
+    with pytest.raises(ValidationError, match="session_slack"):
+        RoutingConfig(policy="cache_aware", session_slack=-1)
     with pytest.raises(ValidationError, match="queue_slack"):
         RoutingConfig(policy="cache_aware", queue_slack=-1)
 

@@ -151,7 +151,8 @@ class EventApplier:
         bit = self._bit(ev.medium or MEDIUM_GPU)
         for engine_h, our_h in zip(ev.block_hashes, ours):
             self._map(engine_h, our_h, bit)
-        evicted = self.index.stored(self.replica, ours)
+        parent = self._ours.get(ev.parent_block_hash) if ev.parent_block_hash is not None else None
+        evicted = self.index.stored(self.replica, ours, parent=None if parent is None else parent[0])
         for our_h in evicted:  # the index's bound dropped them: forget their engine hashes too
             self._unmap_our(our_h)
         self._counts["stored"] += len(ours)

@@ -34,6 +34,10 @@ class RoutePlan:
     block_size: int
     matched_blocks: dict[str, int] = field(default_factory=dict)  # replica → leading blocks held
     session: str | None = None  # user / session id for affinity
+    # whether the longest match ends at a block that recorded chains continued in two different
+    # ways (a document or system prompt several conversations share: PrefixIndex.forked), rather
+    # than one conversation's own history; cache_aware bounds the queueing the two may buy apart
+    shared_prefix: bool = True
     # the router's own: the prompt's chain states (prompt + answer resumes from them), and the
     # hashes of prompt + answer once worked out off the event loop (Router.prepare_answer)
     prompt: PromptHashes | None = field(default=None, repr=False)

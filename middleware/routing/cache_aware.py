@@ -27,16 +27,25 @@ mean_queue = the mean of queue(r) over the candidates. Admissible are the replic
 and among them the lowest cost wins (ties: fewer in flight, then round robin).
 
 Invariant: the chosen replica's ttft estimate exceeds the fastest candidate's by at most
-max(queue_slack · mean_queue, prompt_slack · P): a prefix match buys at most that much queueing
+max(queue_slack · mean_queue, prompt_slack · P) (queue_slack → session_slack for a conversation's
+own history, below): a prefix match buys at most that much queueing
 (default 2.5 × the average queue, or half the request's own prefill), however large the
 duplicate charge. The charge decides the common case — a replica holding a long prefix keeps
 its sessions until its queue runs away from the others' — and the bound stops the runaway: a hot
 prefix (a document many sessions share) spreads to a second replica instead of queueing every
 session behind one. An infinite slack (either) gives the unbounded rule.
 
-Defaults (miss_weight 64, queue_slack 2.5, prompt_slack 0.5) were chosen on tuning slices only
-(requests 0–800 of the arena's traces, `kvgate bench routing-model`; docs/BENCHMARKS.md, issue 13),
-never on reported ones.
+Which matches the bound applies to (`session_slack`): the bound exists for a prefix many
+conversations share, where spreading it to a second replica relieves every later conversation.
+A conversation's own history is different: moving it re-prefills all of it for one request's
+sake and relieves nobody after it. So when the longest match ends at a block that no other
+request has continued differently (`RoutePlan.shared_prefix` false: PrefixIndex.forked), the
+bound uses session_slack as its queue slack instead; .inf (the default) leaves such a match
+unbounded, and the duplicate charge alone decides.
+
+Defaults (miss_weight 64, queue_slack 2.5, prompt_slack 0.5, session_slack ∞) were chosen on
+tuning slices only (requests 0–800 of the arena's traces, `kvgate bench routing-model` and
+`kvgate bench routing --tune-slice`; docs/BENCHMARKS.md, issue 13), never on reported ones.
 """
 from __future__ import annotations
 
@@ -51,6 +60,7 @@ DEFAULT_DECODE_WEIGHT = 8.0
 DEFAULT_MISS_WEIGHT = 64.0
 DEFAULT_QUEUE_SLACK = 2.5
 DEFAULT_PROMPT_SLACK = 0.5
+DEFAULT_SESSION_SLACK = math.inf
 
 
 def queue_ahead(replica: ReplicaState, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:
@@ -111,13 +121,15 @@ class CacheAware:
     name = "cache_aware"
 
     def __init__(self, decode_weight: float = DEFAULT_DECODE_WEIGHT, miss_weight: float = DEFAULT_MISS_WEIGHT,
-                 queue_slack: float = DEFAULT_QUEUE_SLACK, prompt_slack: float = DEFAULT_PROMPT_SLACK) -> None:
-        if queue_slack < 0 or prompt_slack < 0:
-            raise ValueError("cache_aware queue_slack and prompt_slack must be >= 0")
+                 queue_slack: float = DEFAULT_QUEUE_SLACK, prompt_slack: float = DEFAULT_PROMPT_SLACK,
+                 session_slack: float = DEFAULT_SESSION_SLACK) -> None:
+        if queue_slack < 0 or prompt_slack < 0 or session_slack < 0:
+            raise ValueError("cache_aware queue_slack, prompt_slack and session_slack must be >= 0")
         self.decode_weight = decode_weight
         self.miss_weight = miss_weight
         self.queue_slack = queue_slack
         self.prompt_slack = prompt_slack
+        self.session_slack = session_slack
         self._tie = itertools.count()
         self._lock = threading.Lock()
 
@@ -127,6 +139,7 @@ class CacheAware:
         n = len(candidates)
         rotated = [candidates[(turn + i) % n] for i in range(n)]
         best_match = max(plan.matched_tokens(r.name) for r in rotated)
-        allowed = admissible(rotated, plan, self.decode_weight, self.queue_slack, self.prompt_slack)
+        queue_slack = self.queue_slack if plan.shared_prefix or best_match == 0 else self.session_slack
+        allowed = admissible(rotated, plan, self.decode_weight, queue_slack, self.prompt_slack)
         return min(allowed, key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match),
                                            r.in_flight))

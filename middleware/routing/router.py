@@ -67,7 +67,7 @@ INLINE_RECORD_BLOCKS = 128  # a chain this short is applied at once when nothing
 def policy_options(cfg: RoutingConfig) -> dict[str, Any]:
     if cfg.policy == "cache_aware":
         return {"decode_weight": cfg.decode_weight, "miss_weight": cfg.miss_weight, "queue_slack": cfg.queue_slack,
-                "prompt_slack": cfg.prompt_slack}
+                "prompt_slack": cfg.prompt_slack, "session_slack": cfg.session_slack}
     if cfg.policy == "affinity":
         return {"load_factor": cfg.load_factor}
     return {}
@@ -176,7 +176,10 @@ class Router:
         if session is None and messages:
             first = messages[0].get("content")
             session = first if isinstance(first, str) else None
-        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, matched, session, prompt=prompt)
+        best = max(matched.values(), default=0)
+        shared = best > 0 and self.index.forked(prompt.hashes[best - 1])
+        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, matched, session, shared_prefix=shared,
+                         prompt=prompt)
 
     def _record(self, replica: str, hashes: list[int] | PromptHashes) -> None:
         """Approximate mode: `replica` now caches this chain (in order, off this thread if deferred).

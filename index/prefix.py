@@ -27,7 +27,8 @@ Two ways to feed it:
 
 Holders are kept as an int bitmask (one bit per replica): intersecting is one `&`, and small ints
 are cached by CPython, so 1M blocks cost one dict entry each in the global table plus one entry
-in the holding replica's LRU.
+in the holding replica's LRU, and one in the successor table (`forked`: which blocks several
+conversations continue, for cache_aware's wait bound), sharded the same way.
 
 No single table is large. A Python dict under steady churn (a block in, a block out) rebuilds its
 whole table every so often, in one C call that holds the GIL: at 262k blocks that stalled the

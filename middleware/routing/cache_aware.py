@@ -41,7 +41,7 @@ A conversation's own history is different: moving it re-prefills all of it for o
 sake and relieves nobody after it. So when the longest match ends at a block that no other
 request has continued differently (`RoutePlan.shared_prefix` false: PrefixIndex.forked), the
 bound uses session_slack as its queue slack instead; .inf (the default) leaves such a match
-unbounded, and the duplicate charge alone decides.
+unbounded, and the cost (ttft estimate + duplicate charge) alone decides.
 
 Defaults (miss_weight 64, queue_slack 2.5, prompt_slack 0.5, session_slack ∞) were chosen on
 tuning slices only (requests 0–800 of the arena's traces, `kvgate bench routing-model` and

@@ -258,6 +258,13 @@ class PrefixIndex:
         Precise mode sees the links within each stored batch and to its `parent`."""
         return self._successors[h & (HOLDER_SHARDS - 1)].get(h) is _FORKED
 
+    def shared_match(self, hashes: Sequence[BlockHash], matched: dict[str, int]) -> bool:
+        """Whether the longest match in `matched` (as `match` gave it for `hashes`) ends at a
+        `forked` block: a prefix several conversations share, not one conversation's own history.
+        False without a match."""
+        best = max(matched.values(), default=0)
+        return best > 0 and self.forked(hashes[best - 1])
+
     def holds(self, replica: str, h: BlockHash) -> bool:
         """Whether the index believes `replica` holds block `h` (no LRU effect)."""
         with self._lock:

@@ -176,10 +176,8 @@ class Router:
         if session is None and messages:
             first = messages[0].get("content")
             session = first if isinstance(first, str) else None
-        best = max(matched.values(), default=0)
-        shared = best > 0 and self.index.forked(prompt.hashes[best - 1])
-        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, matched, session, shared_prefix=shared,
-                         prompt=prompt)
+        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, matched, session,
+                         shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt)
 
     def _record(self, replica: str, hashes: list[int] | PromptHashes) -> None:
         """Approximate mode: `replica` now caches this chain (in order, off this thread if deferred).

@@ -120,9 +120,8 @@ def simulate(requests: Sequence[ModelRequest], policy: RoutingPolicy | SglangRul
             else:
                 states[i].in_flight -= 1
         matched = index.match(req.hashes)
-        best = max(matched.values(), default=0)  # as Router.plan: is the longest match a shared prefix?
         plan = RoutePlan(list(req.hashes), req.prompt_tokens, BLOCK, matched,
-                         shared_prefix=best > 0 and index.forked(req.hashes[best - 1]))
+                         shared_prefix=index.shared_match(req.hashes, matched))  # as Router.plan
         i = int(policy.choose(states, plan).name[1:])
         pending = max(0, req.prompt_tokens - plan.matched_tokens(f"r{i}"))
         states[i].pending_prefill_tokens += pending

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from middleware.cli import main
@@ -35,7 +36,8 @@ def test_routing_arena_with_several_client_processes(tmp_path):
     every request is still sent once and measured once."""
     out = tmp_path / "arena.json"
     rc = main(["bench", "routing", "--trace", str(TRACE), "--limit", "30", "--speed", "40", "--replicas", "2",
-               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware", "--clients", "2", "--json", str(out)])
+               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware", "--clients", "2",
+               "--per-request", "--json", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["clients"] == 2
@@ -44,6 +46,13 @@ def test_routing_arena_with_several_client_processes(tmp_path):
         assert p["errors"] == 0 and p["completed"] == 30 and sum(p["requests_per_replica"]) == 30, p
         assert len(p["ttfts_s"]) == 30 and min(p["ttfts_s"]) > 0
         assert 0 <= p["client_lag_p99_s"] <= p["client_lag_max_s"]  # both processes' probes, pooled
+        # --per-request: every request once, read from the replica's own answer (its name, its usage)
+        rows = p["per_request"]
+        assert [i for i, *_ in rows] == list(range(30)) and all(c is not None and c >= 0 for _, _, c, _ in rows)
+        served = Counter(n for _, n, _, _ in rows)
+        assert sorted(served.values()) == sorted(c for c in p["requests_per_replica"] if c)
+        assert set(served) <= {"r0", "r1"}
+    assert sum(c for _, _, c, _ in r["policies"]["cache_aware"]["per_request"]) > 0
     assert r["policies"]["round_robin"]["requests_per_replica"] == [15, 15]
 
 

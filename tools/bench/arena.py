@@ -70,6 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
     p.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
                    help="extra kvgate routing option for every kvgate policy (repeatable), e.g. miss_weight=1.5")
+    p.add_argument("--per-request", action="store_true",
+                   help="also keep each request's replica, cached tokens and TTFT under policies.<name>.per_request")
     p.add_argument("--json", type=Path, default=None)
     add_plot_option(p)
     p.add_argument("--table", type=Path, nargs="+", default=None, metavar="JSON",
@@ -154,7 +156,7 @@ class Arena:
             warm_up(f"http://127.0.0.1:{port}/v1/chat/completions", self.urls)
             run = asyncio.run(replay_sampled(f"http://127.0.0.1:{port}/v1/chat/completions", self.trace[lo:hi],
                                              self.prompts[lo:hi], self.args.speed, self.args.max_output_tokens, self.urls,
-                                             proxy_url, clients=self.args.clients))
+                                             proxy_url, clients=self.args.clients, per_request=self.args.per_request))
         finally:
             router.stop()
         summary = summarise(run, replica_stats(self.urls))

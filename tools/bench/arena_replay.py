@@ -27,7 +27,7 @@ from middleware.http1 import Pool
 from middleware.loop_lag import watch_loop_lag
 from middleware.progress import Progress
 from tools.bench.stats import pct
-from tools.bench.stream_client import timed_stream
+from tools.bench.stream_client import answered, timed_stream
 from tools.bench.trace import TraceRequest
 
 BLOCK_SIZE = 16
@@ -96,53 +96,62 @@ def queue_check(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def replay(url: str | Sequence[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float,
-                 max_out: int, headers: dict[str, str], clients: int = 1) -> dict[str, Any]:
+                 max_out: int, headers: dict[str, str], clients: int = 1, per_request: bool = False) -> dict[str, Any]:
     """Send every request at its (scaled) time from the slice's first; TTFT per request, errors
     counted, never raised. Several `url`s (several proxies): request i goes to url i mod N.
 
     `clients` > 1 spreads the requests over that many load-generator processes (request i to
     process i mod clients), so that reading hundreds of streams in one Python event loop does
-    not delay the TTFT it measures; every process keeps the same schedule."""
+    not delay the TTFT it measures; every process keeps the same schedule. `per_request` adds
+    "per_request": [index in the slice, replica, cached tokens, TTFT] of each answered request
+    (read from a sim replica's answer: a diagnostic of where a router's hits went)."""
     urls = [url] if isinstance(url, str) else list(url)
     t0 = trace[0].timestamp_ms
     items = list(enumerate(zip(trace, prompts)))
     if clients <= 1:
-        return await _replay_part(urls, items, speed, max_out, headers, time.perf_counter(), t0, True)
+        return await _replay_part(urls, items, speed, max_out, headers, time.perf_counter(), t0, True, per_request)
     print(f"[arena replay] {len(trace)} requests from {clients} client processes", file=sys.stderr, flush=True)
     start = time.perf_counter() + CLIENT_START_S  # the processes' imports happen before it
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("spawn")) as pool:
         parts = await asyncio.gather(*(loop.run_in_executor(
-            pool, _run_part, urls, items[k::clients], speed, max_out, headers, start, t0)
+            pool, _run_part, urls, items[k::clients], speed, max_out, headers, start, t0, False, per_request)
             for k in range(clients)))
     return {"ttfts": [x for p in parts for x in p["ttfts"]], "errors": [e for p in parts for e in p["errors"]],
-            "wall_s": max(p["wall_s"] for p in parts), "client_lag": [x for p in parts for x in p["client_lag"]]}
+            "wall_s": max(p["wall_s"] for p in parts), "client_lag": [x for p in parts for x in p["client_lag"]],
+            "per_request": sorted(x for p in parts for x in p["per_request"])}
 
 
 def _run_part(*args: Any) -> dict[str, Any]:
     """One load-generator process (no progress bar: several would interleave)."""
-    return asyncio.run(_replay_part(*args, progress=False))
+    return asyncio.run(_replay_part(*args))
 
 
 async def _replay_part(urls: list[str], items: list[tuple[int, tuple[TraceRequest, str]]], speed: float,
                        max_out: int, headers: dict[str, str], start: float, t0: float,
-                       progress: bool) -> dict[str, Any]:
+                       progress: bool, per_request: bool = False) -> dict[str, Any]:
     """The requests `items` ((index in the slice, (request, prompt))), each sent at `start` + its
     scaled offset from `t0` (perf_counter: CLOCK_MONOTONIC, one clock for every process here)."""
     ttfts: list[float] = []
     errors: list[str] = []
+    answers: list[tuple[int, str | None, int | None, float]] = []
     client = Pool(keepalive_s=3.0)  # the same client for every router (tools/bench/stream_client.py)
 
     async def one(i: int, req: TraceRequest, text: str) -> None:
         try:
             await asyncio.sleep(max(0.0, (req.timestamp_ms - t0) / 1000 / speed - (time.perf_counter() - start)))
-            body = orjson.dumps({"model": "sim", "messages": [{"role": "user", "content": text}], "stream": True,
-                                 "max_tokens": max(1, min(req.output_length, max_out))})
-            got = await timed_stream(client, urls[i % len(urls)], body, headers, 600.0)
+            call: dict[str, Any] = {"model": "sim", "messages": [{"role": "user", "content": text}], "stream": True,
+                                    "max_tokens": max(1, min(req.output_length, max_out))}
+            if per_request:  # the usage chunk, which a router may drop when the client did not ask for it
+                call["stream_options"] = {"include_usage": True}
+            body = orjson.dumps(call)
+            got = await timed_stream(client, urls[i % len(urls)], body, headers, 600.0, keep=per_request)
             if got.error is not None:
                 errors.append(got.error)
             elif got.ttft is not None:
                 ttfts.append(got.ttft)
+                if per_request:
+                    answers.append((i, *answered(got), round(got.ttft, 4)))
         finally:
             bar.update()
 
@@ -155,17 +164,17 @@ async def _replay_part(urls: list[str], items: list[tuple[int, tuple[TraceReques
     finally:
         probe.cancel()
         await client.aclose()
-    return {"ttfts": ttfts, "errors": errors, "wall_s": wall, "client_lag": lag}
+    return {"ttfts": ttfts, "errors": errors, "wall_s": wall, "client_lag": lag, "per_request": sorted(answers)}
 
 
 async def replay_sampled(url: str | Sequence[str], trace: Sequence[TraceRequest], prompts: Sequence[str], speed: float, max_out: int,
                          replica_urls: list[str], proxy_url: str | None, interval: float = 1.0,
-                         clients: int = 1) -> dict[str, Any]:
+                         clients: int = 1, per_request: bool = False) -> dict[str, Any]:
     """`replay` with `sample_queues` running beside it; adds "queues" (the samples)."""
     stop, samples = asyncio.Event(), []  # type: ignore[var-annotated]
     sampler = asyncio.ensure_future(sample_queues(replica_urls, proxy_url, interval, stop, samples))
     try:
-        run = await replay(url, trace, prompts, speed, max_out, {"authorization": "Bearer arena"}, clients)
+        run = await replay(url, trace, prompts, speed, max_out, {"authorization": "Bearer arena"}, clients, per_request)
     finally:
         stop.set()
         await sampler
@@ -198,4 +207,5 @@ def summarise(run: dict[str, Any], stats: list[dict[str, Any]]) -> dict[str, Any
         "ttfts_s": sorted(round(x, 4) for x in t),  # every request's client TTFT: the CDF of `kvgate bench plot routing`
         # the load generator's own event-loop lag (50 ms ticks): an upper bound on what it adds to a TTFT
         "client_lag_p99_s": pct(run.get("client_lag") or [0.0], 0.99), "client_lag_max_s": max(run.get("client_lag") or [0.0]),
+        **({"per_request": run["per_request"]} if run.get("per_request") else {}),
     }

@@ -8,6 +8,7 @@ at p99 in the arena at ×20): the arena samples it with middleware.loop_lag's wa
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
 
@@ -47,11 +48,26 @@ class Timed:
     ttft: float | None = None
     total: float | None = None
     error: str | None = None
+    head: bytes = b""  # with keep=True: the answer's first and last KEEP bytes (which replica, its usage)
+    tail: bytes = b""
 
 
-async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Timed:
+KEEP = 512
+
+
+def answered(t: Timed) -> tuple[str | None, int | None]:
+    """(replica, cached prompt tokens) of a sim replica's streamed answer kept with keep=True: the
+    answer starts with "[name]" (engines/sim/server.py's answer_words) and its usage ends it."""
+    name = re.search(rb'"content":\s*"\[([^\]"]+)\]', t.head)
+    cached = re.findall(rb'"cached_tokens":\s*(\d+)', t.tail)
+    return (name.group(1).decode() if name else None, int(cached[-1]) if cached else None)
+
+
+async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, str], timeout: float,
+                       keep: bool = False) -> Timed:
     """POST `body` (JSON, streamed answer) and read it to its end; never raises for the server's
-    failures (status, in-band error event, connection, timeout), which come back in `error`."""
+    failures (status, in-band error event, connection, timeout), which come back in `error`.
+    `keep` also keeps the answer's first and last KEEP bytes (`answered` reads them)."""
     out, scan = Timed(), StreamScan()
     sent = time.perf_counter()
     try:
@@ -62,6 +78,10 @@ async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, s
                 return out
             async for data in resp.chunks():
                 seen = scan.feed(data)
+                if keep:
+                    if len(out.head) < KEEP:
+                        out.head += data[:KEEP - len(out.head)]
+                    out.tail = (out.tail + data)[-KEEP:]
                 if scan.error is not None:
                     out.error = scan.error
                     return out

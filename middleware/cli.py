@@ -136,6 +136,7 @@ BENCHES = {
     "route-overhead": ("route_overhead", "routing decision time (tokenize+hash+match+choose)"),
     "soak": ("soak", "bounded load through kvgate serve: errors, RSS, fds, cache budget"),
     "routing": ("arena", "the routing arena: kvgate policies vs sglang-router and vllm-router on a replayed trace"),
+    "routing-hits": ("arena_hits", "where each router's prefix hits went, from a `bench routing --per-request` result"),
     "routing-model": ("arena_model", "the routing arena in virtual time: routing rules compared in seconds, deterministic"),
     "gen-trace": ("trace_gen", "write a seeded long-prompt multi-turn trace (Mooncake format) for the arena"),
     "loop-load": ("loop_load", "long streamed prompts through kvgate serve: event-loop lag, proxy CPU per request"),

@@ -5,6 +5,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from middleware.cli import main
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake_conversation_trace.jsonl"
@@ -53,6 +55,18 @@ def test_routing_arena_with_several_client_processes(tmp_path):
         assert sorted(served.values()) == sorted(c for c in p["requests_per_replica"] if c)
         assert set(served) <= {"r0", "r1"}
     assert sum(c for _, _, c, _ in r["policies"]["cache_aware"]["per_request"]) > 0
+    # bench routing-hits rebuilds each replica's cache from those rows; the request-level flips add
+    # up to the two routers' hit-rate gap
+    hits = tmp_path / "hits.json"
+    assert main(["bench", "routing-hits", str(out), "--json", str(hits)]) == 0
+    h = json.loads(hits.read_text())["results"][0]
+    for name in ("round_robin", "cache_aware"):
+        s = h["routers"][name]
+        assert s["hit_rate"] == pytest.approx(r["policies"][name]["hit_rate"])
+        assert 0 <= s["reconstructed_hit_rate"] <= 1 and s["routed_away"] >= 0 and s["held_nowhere"] >= 0
+    f = h["vs_cache_aware"]["round_robin"]
+    gap = r["policies"]["round_robin"]["hit_rate"] - r["policies"]["cache_aware"]["hit_rate"]
+    assert f["theirs_more"] - f["theirs_fewer"] == pytest.approx(gap, abs=1e-9)
     assert r["policies"]["round_robin"]["requests_per_replica"] == [15, 15]
 
 

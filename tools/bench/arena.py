@@ -224,7 +224,7 @@ def run_arena(args: argparse.Namespace) -> dict[str, Any]:
         "capacity_tokens": args.capacity_tokens, "capacity_hint": args.capacity_hint,
         "step_tokens": args.step_tokens if args.sim_model == "batched" else None,
         "prefill_tps": arena.prefill, "decode_tps": arena.decode, "block_size": BLOCK_SIZE,
-        "max_output_tokens": args.max_output_tokens, "report_slice": f"{report[0]}:{report[1]}",
+        "max_output_tokens": args.max_output_tokens, "block_tokens": args.block_tokens, "report_slice": f"{report[0]}:{report[1]}",
         "tune_slice": f"{tune_slice[0]}:{tune_slice[1]}" if tune_slice else None,
         "requests": len(sl), "prompt_tokens_total": sum(len(p) for p in prompts),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import diskcache
 
 from index.recover import open_cache
+from index.wal import WalCheckpointer
 from index.softfail import Batch, SoftFailures, soft_transaction
 
 log = logging.getLogger("kvgate.request_log")
@@ -93,6 +94,7 @@ class DiskRequestLog:
         Path(directory).mkdir(parents=True, exist_ok=True)
         # a damaged database is moved aside; a full disk makes records no-ops (logged once), never errors
         self._disk = open_cache(Path(directory), log, size_limit=int(max_bytes), eviction_policy="least-recently-stored")
+        self._wal = WalCheckpointer(Path(directory) / diskcache.core.DBNAME, log)  # checkpoints off the request path
         self._soft = SoftFailures(log, f"request log {directory}")
         # Writers of this process take turns here: threads that met in SQLite's write lock would
         # back off in sleeps of up to 100 ms (its busy handler) while holding a worker thread.
@@ -134,4 +136,5 @@ class DiskRequestLog:
         return {"storage_errors": self._soft.total}
 
     def close(self) -> None:
+        self._wal.close()
         self._disk.close()

@@ -41,7 +41,10 @@ def test_full_disk_fails_writes_softly(tmp_path: Path) -> None:
     proxy, chunks = result["proxy"], result["chunks"]
     assert proxy["errors"] == 0 and proxy["wrong"] == 0  # every request answered, correctly
     assert proxy["stores_failed_softly"] > 0  # the disk really was full
-    assert proxy["warnings_logged"] <= 2  # once per store (responses, request log), not per request
+    # once per store (responses, request log) and per failure that follows a recovery, not per
+    # request: a store can work again for a moment while the disk is full (a checkpoint frees log pages)
+    assert proxy["warnings_logged"] <= 2 + proxy["recoveries_logged"]
+    assert proxy["warnings_logged"] <= proxy["stores_failed_softly"] / 10
     assert proxy["stored_after_space_freed"] > 0 and proxy["recovery_logged"]
     assert chunks["disk_write_errors"] == chunks["puts"] and chunks["served_correct"] == chunks["puts"]
     assert chunks["warnings_logged"] == 1

@@ -34,6 +34,7 @@ from index.entries.base import CacheEntry, Stored
 from index.recover import open_cache
 from index.sealed import SealedDisk
 from index.tighten import Mark, decode_marks, encode_marks
+from index.wal import WalCheckpointer
 
 log = logging.getLogger("kvgate.semantic")
 DELETE_LOG_TTL_S = 3600.0
@@ -61,6 +62,8 @@ class DiskEntryStore:
         self.failures: tuple[type[BaseException], ...] = (sqlite3.Error, OSError, diskcache.Timeout)
         # eviction is the caller's (LRU, budgets, TTL heap); diskcache must never drop entries on its own
         self.cache = open_cache(self.directory, log, eviction_policy="none", size_limit=2**62, disk=SealedDisk)
+        # answers are stored before a stream's [DONE]: the WAL's checkpoints happen off that path
+        self._wal = WalCheckpointer(self.directory / diskcache.core.DBNAME, log)
 
     @property
     def damaged(self) -> int:
@@ -189,6 +192,7 @@ class DiskEntryStore:
         return int(self.cache.volume())
 
     def close(self) -> None:
+        self._wal.close()
         self.cache.close()
 
     # ---------------------------------------------------------------- internals

@@ -243,6 +243,7 @@ def disk_full(work: Path, size_mb: int = 4, requests: int = 120) -> dict[str, An
             "stored_after_space_freed": int(after.get(stored, 0) - full_metrics.get(stored, 0)),
             "warnings_logged": text.count("further failures are counted"),
             "recovery_logged": "store works again" in text,
+            "recoveries_logged": text.count("works again"),  # a store that flaps warns once per episode
         }
         result["chunks"] = _chunks_on_full_disk(mnt)
     finally:

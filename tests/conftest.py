@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -20,6 +21,16 @@ from middleware.pipeline import Pipeline
 from middleware.proxy import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll `cond` every 10 ms until it holds or `timeout` s pass; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
 
 
 @pytest.fixture(scope="session")

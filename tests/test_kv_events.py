@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
 
 from typing import Any, Union
 
@@ -27,21 +26,13 @@ from index.kv_events import (
     order_of,
 )
 from index.prefix import PrefixIndex
+from tests.conftest import wait_until
 
 BS = 16
 
 
 def toks(n_blocks: int, start: int = 0) -> list[int]:
     return list(range(start, start + n_blocks * BS))
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 # -- wire format --------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -15,6 +14,7 @@ from index.redis_link import LinkSettings, RedisLink
 from middleware.config import ConfigError, ReplicaConfig, RoutingConfig, SharedRoutingConfig, load_config
 from middleware.routing.router import Router
 from middleware.routing.state_redis import RedisRoutingHub, sum_loads
+from tests.conftest import wait_until
 
 REPLICAS = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
 CFG = SharedRoutingConfig(sync_s=0.05, load_ttl_s=0.6)
@@ -41,15 +41,6 @@ def _router(hub: RedisRoutingHub) -> Router:
     return Router(REPLICAS, cfg, state=hub.state("chat", ["r0", "r1"]))
 
 
-def _until(cond: Callable[[], bool], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
-
-
 STALENESS = 2 * CFG.sync_s + 2 * 0.2 + 0.5  # two syncs + two op timeouts, plus slack for a busy machine
 
 
@@ -59,7 +50,7 @@ def test_a_decision_in_one_proxy_steers_the_other(proxies) -> None:
     plan = one.plan(chat)
     ticket = one.started(one.replicas[1], plan)
     one.finished(ticket, ok=True, conversation=[*chat, {"role": "assistant", "content": "the answer " * 6}])
-    assert _until(lambda: proxies[1].received >= 2, 5.0)
+    assert wait_until(lambda: proxies[1].received >= 2, 5.0)
     follow_up = [*chat, {"role": "assistant", "content": "the answer " * 6}, {"role": "user", "content": "and then?"}]
     fplan = two.plan(follow_up)
     assert fplan.matched_blocks["r1"] > len(plan.hashes) and fplan.matched_blocks["r0"] == 0
@@ -72,12 +63,12 @@ def test_the_other_proxy_sees_in_flight_within_the_bound(proxies) -> None:
     plan = one.plan([{"role": "user", "content": "x" * 64}])
     ticket = one.started(one.replicas[0], plan)
     assert one.stats()["r0"]["in_flight"] == 1  # its own change, at once
-    assert _until(lambda: two.stats()["r0"] == {**two.stats()["r0"], "in_flight": 1,
+    assert wait_until(lambda: two.stats()["r0"] == {**two.stats()["r0"], "in_flight": 1,
                                                    "pending_prefill_tokens": plan.prompt_tokens}, STALENESS)
     # B's choice avoids the replica A loaded, though B sent nothing itself
     assert two.choose(two.plan([{"role": "user", "content": "y" * 64}])).name == "r1"
     one.finished(ticket, ok=True)
-    assert _until(lambda: two.stats()["r0"]["in_flight"] == 0 and two.stats()["r0"]["pending_prefill_tokens"] == 0,
+    assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 0 and two.stats()["r0"]["pending_prefill_tokens"] == 0,
                   STALENESS)
 
 
@@ -101,10 +92,10 @@ def test_a_dead_proxys_load_expires(proxies, redis_server) -> None:
     proc = subprocess.Popen([sys.executable, "-c", DEAD_PROXY, redis_server.url], stdout=subprocess.PIPE, env=env)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"pushed"
-        assert _until(lambda: two.stats()["r0"]["in_flight"] == 3, STALENESS)
+        assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 3, STALENESS)
         proc.send_signal(signal.SIGKILL)  # no goodbye: its hash must expire by itself
         proc.wait(5)
-        assert _until(lambda: two.stats()["r0"]["in_flight"] == 0, CFG.load_ttl_s + STALENESS)
+        assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 0, CFG.load_ttl_s + STALENESS)
         assert two.stats()["r0"]["pending_prefill_tokens"] == 0
     finally:
         proc.kill()
@@ -114,7 +105,7 @@ def test_a_dead_proxys_load_expires(proxies, redis_server) -> None:
 def test_redis_killed_routing_goes_on_locally_then_sharing_resumes(proxies, redis_server) -> None:
     one, two = _router(proxies[0]), _router(proxies[1])
     t1 = one.started(one.replicas[0], one.plan([{"role": "user", "content": "before " * 10}]))
-    assert _until(lambda: two.stats()["r0"]["in_flight"] == 1, STALENESS)
+    assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 1, STALENESS)
     assert redis_server.proc is not None
     redis_server.proc.kill()
     redis_server.proc.wait(5)
@@ -122,7 +113,7 @@ def test_redis_killed_routing_goes_on_locally_then_sharing_resumes(proxies, redi
     chat = [{"role": "user", "content": "during the outage " * 6}]
     ticket = two.started(two.choose(two.plan(chat)), two.plan(chat))
     two.finished(ticket, ok=True)
-    assert _until(lambda: two.stats()["r0"]["in_flight"] == 0, CFG.load_ttl_s + STALENESS)  # A's load: stale, dropped
+    assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 0, CFG.load_ttl_s + STALENESS)  # A's load: stale, dropped
     assert one.stats()["r0"]["in_flight"] == 1  # A's own count is never stale
     assert proxies[0]._link.errors.get("routing_push", 0) > 0 and not proxies[0]._link.up
     one.finished(t1, ok=True)
@@ -131,10 +122,10 @@ def test_redis_killed_routing_goes_on_locally_then_sharing_resumes(proxies, redi
     received = proxies[1].received
     later = [{"role": "user", "content": "after the restart " * 6}]
     one.finished(one.started(one.replicas[1], one.plan(later)), ok=True)
-    assert _until(lambda: proxies[1].received > received, 5.0)
+    assert wait_until(lambda: proxies[1].received > received, 5.0)
     assert two.plan(later).matched_blocks["r1"] > 0
     t2 = one.started(one.replicas[0], one.plan([{"role": "user", "content": "load again " * 8}]))
-    assert _until(lambda: two.stats()["r0"]["in_flight"] == 1, 5.0)
+    assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 1, 5.0)
     one.finished(t2, ok=True)
     assert proxies[0]._link.up
 
@@ -143,12 +134,12 @@ def test_a_proxy_that_starts_late_learns_the_recent_history(proxies, redis_serve
     one, _two = _router(proxies[0]), _router(proxies[1])
     chat = [{"role": "user", "content": "an old conversation " * 6}]
     one.finished(one.started(one.replicas[1], one.plan(chat)), ok=True)
-    assert _until(lambda: proxies[1].received >= 1, 5.0)  # in the stream by now
+    assert wait_until(lambda: proxies[1].received >= 1, 5.0)  # in the stream by now
     link = _link(redis_server.url)
     late = RedisRoutingHub(link, "t:", CFG)
     try:
         three = _router(late)
-        assert _until(lambda: late.received >= 1, 5.0)
+        assert wait_until(lambda: late.received >= 1, 5.0)
         assert three.choose(three.plan(chat)).name == "r1"
     finally:
         late.close()
@@ -182,9 +173,9 @@ def test_pipelines_on_a_redis_store_share_their_routing_view(redis_server, tmp_p
         a, b = one.routers["chat"], two.routers["chat"]
         chat = [{"role": "user", "content": "through the pipeline " * 6}]
         ticket = a.started(a.replicas[1], a.plan(chat))
-        assert _until(lambda: b.stats()["r1"]["in_flight"] == 1, STALENESS)
+        assert wait_until(lambda: b.stats()["r1"]["in_flight"] == 1, STALENESS)
         a.finished(ticket, ok=True)
-        assert _until(lambda: b.plan(chat).matched_blocks["r1"] > 0, 5.0)
+        assert wait_until(lambda: b.plan(chat).matched_blocks["r1"] > 0, 5.0)
     finally:
         one.close()
         two.close()

@@ -6,15 +6,7 @@ import sqlite3
 import time
 
 from index.wal import WalCheckpointer
-
-
-def _wait(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
+from tests.conftest import wait_until
 
 
 def test_checkpointer_moves_the_log_into_the_database(tmp_path):
@@ -28,7 +20,7 @@ def test_checkpointer_moves_the_log_into_the_database(tmp_path):
     assert db.stat().st_size < 64 * 16384  # the rows are in the WAL, not yet in the database
     wal = WalCheckpointer(db, logging.getLogger("test"), interval_s=0.02)
     try:
-        assert _wait(lambda: wal.rounds >= 2)
+        assert wait_until(lambda: wal.rounds >= 2, 10.0)
         assert db.stat().st_size >= 64 * 16384  # checkpointed while the writer's connection stayed open
         writer.execute("INSERT INTO t VALUES (?)", (b"y",))  # and the writer never waited on it
         assert writer.execute("SELECT count(*) FROM t").fetchone()[0] == 65

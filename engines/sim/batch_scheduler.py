@@ -34,7 +34,7 @@ from typing import Deque
 
 from index.hashing import BlockHash
 from engines.sim.block_cache import BlockCache
-from engines.sim.engine import SimRequest
+from engines.sim.engine import SimRequest, matchable
 
 
 @dataclass(eq=False)
@@ -164,8 +164,7 @@ class BatchScheduler:
 
     def _admit(self, s: Seq, now: float) -> None:
         bs = self.block_size
-        matchable = min(len(s.req.hashes), max(0, s.req.prompt_tokens - 1) // bs)
-        n = self.cache.match(s.req.hashes[:matchable])
+        n = self.cache.match(matchable(s.req.hashes, s.req.prompt_tokens, bs))
         self.cache.pin(s.req.hashes[:n])
         s.pinned, s.cached, s.computed, s.admitted_at = n, n * bs, n * bs, now
 
@@ -238,6 +237,6 @@ class BatchScheduler:
         """Uncached prompt tokens not yet computed: waiting requests (minus what the cache would
         give them now) and the rest of running prefills."""
         bs = self.block_size
-        waiting = sum(s.req.prompt_tokens - bs * self.cache.match(
-            s.req.hashes[: min(len(s.req.hashes), max(0, s.req.prompt_tokens - 1) // bs)]) for s in self.waiting)
+        waiting = sum(s.req.prompt_tokens - bs * self.cache.match(matchable(s.req.hashes, s.req.prompt_tokens, bs))
+                      for s in self.waiting)
         return waiting + sum(s.req.prompt_tokens - s.computed for s in self.running if s.prefilling)

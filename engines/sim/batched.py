@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator
 from index.tokenizer import ChatTokenizer
 from engines.sim.batch_scheduler import BatchScheduler, Seq, StepPlan
 from engines.sim.block_cache import BlockCache
-from engines.sim.engine import (DEFAULT_MAX_TOKENS, EngineBase, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
+from engines.sim.engine import (DEFAULT_MAX_TOKENS, matchable, EngineBase, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
                                 Step, StoredCallback)
 from engines.sim.prefix_cache import consecutive_runs
 
@@ -101,8 +101,7 @@ class BatchedEngine(EngineBase):
 
     def lookup(self, req: SimRequest) -> int:
         """Tokens that would be served from cache if req were admitted now (no state change)."""
-        matchable = min(len(req.hashes), max(0, req.prompt_tokens - 1) // self.block_size)
-        return self._cache.match(req.hashes[:matchable]) * self.block_size
+        return self._cache.match(matchable(req.hashes, req.prompt_tokens, self.block_size)) * self.block_size
 
     async def generate(self, req: SimRequest, pieces: int = 1) -> AsyncIterator[Step]:
         """Queue, prefill in chunks, decode one token per step. Yields the first token at TTFT,

@@ -88,6 +88,13 @@ def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
     return "".join(_transcript_segments(messages))
 
 
+
+def matchable(hashes: Sequence[BlockHash], prompt_tokens: int, block_size: int) -> Sequence[BlockHash]:
+    """The blocks of a prompt that a prefix cache may serve (pure). Invariant: at most
+    (prompt_tokens − 1) // block_size of them, since vLLM recomputes the last prompt token even
+    on a full hit, so it never comes from cache."""
+    return hashes[: max(0, prompt_tokens - 1) // block_size]
+
 @dataclass(frozen=True)
 class SimRequest:
     """A prompt as the engine sees it: token ids, their full-block hashes, the answer length."""
@@ -244,7 +251,7 @@ class SimEngine(EngineBase):
 
     def lookup(self, req: SimRequest) -> int:
         """Tokens that would be served from cache if req's prefill started now (no state change)."""
-        return self._cache.match(req.hashes[: self._matchable_blocks(req)]) * self.block_size
+        return self._cache.match(matchable(req.hashes, req.prompt_tokens, self.block_size)) * self.block_size
 
     def prefill_seconds(self, prompt_tokens: int, cached_tokens: int) -> float:
         """The modelled prefill time: overhead + uncached tokens / prefill rate."""
@@ -330,10 +337,6 @@ class SimEngine(EngineBase):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _matchable_blocks(self, req: SimRequest) -> int:
-        # vLLM recomputes the last prompt token even on a full hit, so it cannot come from cache
-        return min(len(req.hashes), max(0, req.prompt_tokens - 1) // self.block_size)
-
     def _prefill_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
         if self._lock is None or self._lock_loop is not loop:
@@ -370,7 +373,7 @@ class SimEngine(EngineBase):
 
     def _admit(self, req: SimRequest) -> int:
         """Cache lookup + insert at prefill start; returns cached tokens and emits events."""
-        cached = self._cache.match(req.hashes[: self._matchable_blocks(req)]) * self.block_size
+        cached = self._cache.match(matchable(req.hashes, req.prompt_tokens, self.block_size)) * self.block_size
         new, evicted = self._cache.insert(req.hashes)
         c = self._counters
         c.prompt_tokens += req.prompt_tokens

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from engines.sim.engine import PrefixCache
+from engines.sim.engine import PrefixCache, matchable
 from tools.bench.arena_model import BLOCK, prepare
+from tools.bench.arena_replay import pooled_hits
 from tools.bench.stats import write_json
 
 
@@ -36,20 +37,6 @@ class Row:
     cached: int
 
 
-def matchable(hashes: Sequence[int], prompt_tokens: int) -> Sequence[int]:
-    """The blocks a cache can serve: a fully cached prompt still computes its last token."""
-    return hashes[: max(0, (prompt_tokens - 1) // BLOCK)]
-
-
-def pooled_hits(requests: Sequence[Any], capacity_blocks: int) -> list[int]:
-    """Cached tokens of each request in one LRU of `capacity_blocks`, in order (the ceiling_lru model)."""
-    cache, out = PrefixCache(capacity_blocks), []
-    for r in requests:
-        out.append(cache.match(matchable(r.hashes, r.prompt_tokens)) * BLOCK)
-        cache.insert(list(r.hashes))
-    return out
-
-
 def split(requests: Sequence[Any], rows: Sequence[Row], capacity_blocks: int, pooled: Sequence[int]) -> dict[str, Any]:
     """One router's rows replayed through per-replica LRUs in arrival order.
 
@@ -59,7 +46,7 @@ def split(requests: Sequence[Any], rows: Sequence[Row], capacity_blocks: int, po
     reported = rebuilt = away = nowhere = away_n = nowhere_n = 0
     for row in sorted(rows, key=lambda x: x.index):
         r = requests[row.index]
-        m = matchable(r.hashes, r.prompt_tokens)
+        m = matchable(r.hashes, r.prompt_tokens, BLOCK)
         best = max((c.match(m) for c in caches.values()), default=0) * BLOCK
         here = caches[row.replica].match(m) * BLOCK
         caches[row.replica].insert(list(r.hashes))

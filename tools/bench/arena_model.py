@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from engines.sim.engine import DEFAULT_OVERHEAD_S, PrefixCache, SimEngine
+from engines.sim.engine import DEFAULT_OVERHEAD_S, PrefixCache, SimEngine, matchable
 from index.prefix import PrefixIndex
 from middleware.routing import RoutingPolicy, make_policy
 from middleware.routing.base import ReplicaState, RoutePlan
@@ -129,7 +129,7 @@ def simulate(requests: Sequence[ModelRequest], policy: RoutingPolicy | SglangRul
         counts[i] += 1
         index.record(f"r{i}", req.hashes)
         start = max(now, busy_until[i])
-        hit = caches[i].match(req.hashes[: max(0, (req.prompt_tokens - 1) // BLOCK)]) * BLOCK
+        hit = caches[i].match(matchable(req.hashes, req.prompt_tokens, BLOCK)) * BLOCK
         caches[i].insert(req.hashes)
         first = start + DEFAULT_OVERHEAD_S + (req.prompt_tokens - hit) / prefill_tps
         busy_until[i] = first

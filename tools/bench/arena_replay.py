@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import httpx
 import orjson
 
-from engines.sim.engine import PrefixCache, SimEngine
+from engines.sim.engine import PrefixCache, SimEngine, matchable
 from middleware.http1 import Pool
 from middleware.loop_lag import watch_loop_lag
 from middleware.progress import Progress
@@ -35,20 +35,23 @@ CLIENT_START_S = 3.0  # lead time for `clients` > 1: spawned processes import th
 _PENDING = re.compile(r'^kvgate_replica_pending_prefill_tokens\{([^}]*)\}\s+([0-9.eE+-]+)$', re.M)
 
 
+def pooled_hits(requests: Sequence[Any], capacity_blocks: int) -> list[int]:
+    """Cached tokens of each request (anything with `hashes` and `prompt_tokens`, in order) in one
+    LRU of `capacity_blocks` blocks of BLOCK_SIZE tokens."""
+    cache, out = PrefixCache(capacity_blocks), []
+    for r in requests:
+        out.append(cache.match(matchable(r.hashes, r.prompt_tokens, BLOCK_SIZE)) * BLOCK_SIZE)
+        cache.insert(list(r.hashes))
+    return out
+
+
 def ceilings(prompts: Sequence[str], total_capacity_tokens: int) -> dict[str, float]:
     """Hit rate of one unlimited and one bounded LRU cache over the requests in order."""
     engine = SimEngine(capacity_tokens=1, block_size=BLOCK_SIZE, prefill_tps=1, decode_tps=1)
-    unlimited, bounded = PrefixCache(10**12), PrefixCache(total_capacity_tokens // BLOCK_SIZE)
-    tokens = hit_inf = hit_lru = 0
-    for text in prompts:
-        req = engine.request([{"role": "user", "content": text}])
-        matchable = req.hashes[: max(0, (req.prompt_tokens - 1) // BLOCK_SIZE)]
-        tokens += req.prompt_tokens
-        hit_inf += unlimited.match(matchable) * BLOCK_SIZE
-        hit_lru += bounded.match(matchable) * BLOCK_SIZE
-        unlimited.insert(req.hashes)
-        bounded.insert(req.hashes)
-    return {"ceiling_infinite": hit_inf / tokens, "ceiling_lru": hit_lru / tokens}
+    reqs = [engine.request([{"role": "user", "content": text}]) for text in prompts]
+    tokens = sum(r.prompt_tokens for r in reqs)
+    return {"ceiling_infinite": sum(pooled_hits(reqs, 10**12)) / tokens,
+            "ceiling_lru": sum(pooled_hits(reqs, total_capacity_tokens // BLOCK_SIZE)) / tokens}
 
 
 def parse_pending(metrics_text: str) -> dict[str, float]:

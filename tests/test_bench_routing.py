@@ -126,13 +126,15 @@ def test_routing_arena_tunes_on_its_own_slice_batched(tmp_path, capsys):
     assert main(["bench", "routing", "--table", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| **kvgate cache_aware** |" in table and "vllm-router" in table and "slice 20:40 reported" in table
-    # several files: the summary first, with each router's mean share of the TTFT (client − engine)
+    # the same run twice: the pooled table (one scenario, 2 runs; no sglang here), then the summary
+    # with each router's mean share of the TTFT (client − engine)
     assert main(["bench", "routing", "--table", str(out), str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| scenario |") and "client − engine" in lines[0]
+    assert lines[0].startswith("| scenario | runs | goal met |") and lines[2].split("|")[2].strip() == "2"
+    top = lines.index(next(line for line in lines if "client − engine" in line))
     ca, vl = r["policies"]["cache_aware"], r["policies"]["vllm_router"]
     share = [f"{(x['ttft_mean_s'] - x['engine_ttft_mean_s']) * 1000:.0f} ms" for x in (ca, vl)]
-    assert f"| {share[0]} / – / {share[1]} |" in lines[2]
+    assert f"| {share[0]} / – / {share[1]} |" in lines[top + 2]
 
 
 def test_gen_trace_is_seeded_and_shaped(tmp_path):
@@ -182,3 +184,35 @@ def test_routing_model_is_deterministic_and_ranks_the_rules(tmp_path):
                  "miss_weight=8;queue_slack=.inf", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["rule"] for r in rows][:2] == ["sglang", "vllm_router"] and len(rows) == 4
+
+
+def test_pooled_table_groups_runs_of_one_setting_and_counts_the_goal():
+    from tools.bench.arena_table import pooled
+
+    def run(trace, model, speed, ca_hit, sg_hit, vl_hit, ca_p99=1.0, sg_p99=2.0, name=None):
+        pol = lambda hit, p99: {"hit_rate": hit, "ttft_p99_s": p99, "errors": 0}  # noqa: E731
+        return {"scenario": name or f"{trace} ×{speed}, {model}", "trace": f"/x/{trace}.jsonl", "sim_model": model,
+                "speed": speed, "policies": {"cache_aware": pol(ca_hit, ca_p99), "sglang": pol(sg_hit, sg_p99),
+                                             "vllm_router": pol(vl_hit, 3.0)}}
+
+    text = pooled([run("conv", "fifo", 10, 0.212, 0.210, 0.211),
+                   run("long", "fifo", 4, 0.50, 0.49, 0.49),
+                   # the same setting under another label, and a run that misses by hit rate
+                   run("conv", "fifo", 10.0, 0.210, 0.211, 0.209, ca_p99=1.5, name="conv x10 fifo")])
+    rows = [line for line in text.splitlines()[2:] if line]
+    assert len(rows) == 3  # two settings, then every run together
+    conv = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert conv[:3] == ["conv ×10, fifo", "2", "1"]
+    assert conv[3] == "+0.0005 (-0.0010)" and conv[4] == "+0.0010 (+0.0010)"
+    assert conv[5] == "×0.75"
+    assert [c.strip() for c in rows[1].strip("|").split("|")][:3] == ["long ×4, fifo", "1", "1"]
+    every = [c.strip() for c in rows[2].strip("|").split("|")]
+    assert every[:3] == ["**all runs**", "3", "2"] and every[3].startswith("+0.0037 (-0.0010), 95% CI ")
+
+
+def test_mean_interval_is_the_normal_interval_of_the_mean():
+    from tools.bench.arena_table import mean_interval
+
+    assert mean_interval([0.5]) == (0.5, 0.5, 0.5)
+    mean, low, high = mean_interval([1.0, 2.0, 3.0])  # sd 1, n 3
+    assert mean == 2.0 and abs(high - mean - 1.959963984540054 / 3 ** 0.5) < 1e-12 and abs((mean - low) - (high - mean)) < 1e-12

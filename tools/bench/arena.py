@@ -14,7 +14,8 @@ Tuning and reporting use disjoint slices of the trace: `--tune-slice A:B` is whe
 thresholds (`--anchor-grid`) and any `--kvgate-grid` candidates are compared; `--report-slice C:D`
 is where every router is then measured once. The tuning pick: among candidates with no errors
 and a hit rate within 0.01 of the best candidate's, the lowest TTFT p99. The JSON records both
-slices, every candidate and the pick. `--table FILE...` prints the JSON results as markdown.
+slices, every candidate and the pick. `--table FILE...` prints the JSON results as markdown;
+when some scenario (trace, sim model, speed) was run more than once, a pooled table first.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None)
     add_plot_option(p)
     p.add_argument("--table", type=Path, nargs="+", default=None, metavar="JSON",
-                   help="print markdown tables of earlier results and exit")
+                   help="print markdown tables of earlier results and exit (runs of one scenario pooled: goal count, mean and smallest margin)")
 
 
 def parse_slice(text: str) -> tuple[int, int]:

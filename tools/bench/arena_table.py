@@ -5,6 +5,7 @@ FILE...` prints them, `markdown(result)` returns one scenario's.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -89,9 +90,67 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _setting(result: dict[str, Any]) -> tuple[str, str, float]:
+    """What makes two runs the same scenario: the trace file's name, the sim model, the speed."""
+    return Path(result["trace"]).name, result["sim_model"], float(result["speed"])
+
+
+def _margins(runs: Sequence[dict[str, Any]], anchor: str) -> list[float]:
+    """cache_aware's hit rate minus `anchor`'s, for the runs where both ran."""
+    return [r["policies"]["cache_aware"]["hit_rate"] - r["policies"][anchor]["hit_rate"] for r in runs
+            if "hit_rate" in r["policies"].get(anchor, {}) and "hit_rate" in r["policies"].get("cache_aware", {})]
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its 95% normal interval, mean ± 1.96·sd/√n (pure; sd with
+    n − 1; for one value the interval is that value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, mean, mean
+    half = 1.959963984540054 * math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    return mean, mean - half, mean + half
+
+
+def pooled(results: Sequence[dict[str, Any]]) -> str:
+    """Several runs of the same scenarios, pooled: per scenario (`_setting`, first-seen order) the
+    runs, how many met the goal, cache_aware's hit-rate margin over each anchor (mean and the
+    smallest) and its largest TTFT p99 as a multiple of sglang-router's; then every run together,
+    with the 95% interval of the mean margin. A margin at the LRU ceiling moves from run to run by
+    a request or two, so one run's sign says little; the mean over runs says more."""
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(_setting(r), []).append(r)
+    rows = ["| scenario | runs | goal met | hit margin vs sglang: mean (min) | vs vllm: mean (min) "
+            "| TTFT p99 / sglang's: max |", "|---|---|---|---|---|---|"]
+
+    def row(label: str, runs: Sequence[dict[str, Any]], interval: bool = False) -> str:
+        cells = []
+        for anchor in ("sglang", "vllm_router"):
+            margins = _margins(runs, anchor)
+            if not margins:
+                cells.append("–")
+                continue
+            mean, low, high = mean_interval(margins)
+            cells.append(f"{mean:+.4f} ({min(margins):+.4f})" + (f", 95% CI {low:+.4f} to {high:+.4f}" if interval else ""))
+        ratios = [r["policies"]["cache_aware"]["ttft_p99_s"] / r["policies"]["sglang"]["ttft_p99_s"] for r in runs
+                  if "hit_rate" in r["policies"].get("sglang", {}) and "hit_rate" in r["policies"].get("cache_aware", {})]
+        met = sum(goal(r)[0] for r in runs)
+        return (f"| {label} | {len(runs)} | {met} | {cells[0]} | {cells[1]} | "
+                + (f"×{max(ratios):.2f}" if ratios else "–") + " |")
+
+    rows += [row(runs[0]["scenario"], runs) for runs in groups.values()]
+    if len(groups) > 1:
+        rows.append(row("**all runs**", results, interval=True))
+    return "\n".join(rows) + "\n"
+
+
 def print_tables(results: Sequence[dict[str, Any] | Path]) -> None:
-    """Each result's table; with several, the summary first."""
+    """Each result's table; with several, the summary first, and when a scenario was run more
+    than once, the pooled table before that."""
     loaded = [item if isinstance(item, dict) else json.loads(Path(item).read_text()) for item in results]
+    if len({_setting(r) for r in loaded}) < len(loaded):
+        print(pooled(loaded))
     if len(loaded) > 1:
         print(summary(loaded))
     for result in loaded:

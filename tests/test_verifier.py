@@ -148,7 +148,7 @@ def test_trained_verifier_separates_what_it_was_taught(tiny_verifier: Verifier) 
     assert ((0 <= scores) & (scores <= 1)).all()
     positive = [float(x) for x, (_, _, same) in zip(scores, rows) if same]
     negative = [float(x) for x, (_, _, same) in zip(scores, rows) if not same]
-    assert len(positive) == 50 and len(negative) == 27
+    assert len(positive) >= 20 and len(negative) >= 20  # both kinds, enough of each to mean something
     assert min(positive) > max(negative), (min(positive), max(negative))
     assert max(negative) < 0.5 < min(positive)  # the default verifier_threshold cuts them apart
 

@@ -216,3 +216,16 @@ def test_mean_interval_is_the_normal_interval_of_the_mean():
     assert mean_interval([0.5]) == (0.5, 0.5, 0.5)
     mean, low, high = mean_interval([1.0, 2.0, 3.0])  # sd 1, n 3
     assert mean == 2.0 and abs(high - mean - 1.959963984540054 / 3 ** 0.5) < 1e-12 and abs((mean - low) - (high - mean)) < 1e-12
+
+
+def test_table_and_routing_hits_name_a_file_that_is_not_an_arena_result(tmp_path):
+    other = tmp_path / "routing-hits.json"
+    other.write_text(json.dumps({"runs": []}))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    for path, says in ((other, "is not a `kvgate bench routing --json` result (no scenario, trace"),
+                       (broken, "cannot read")):
+        for command in (["bench", "routing", "--table"], ["bench", "routing-hits"]):
+            with pytest.raises(SystemExit) as stop:
+                main([*command, str(path)])
+            assert str(path) in str(stop.value) and says in str(stop.value)

@@ -16,7 +16,6 @@ its requests in arrival order). From the rebuild, per router:
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, Sequence
 from engines.sim.engine import PrefixCache, matchable
 from tools.bench.arena_model import BLOCK, prepare
 from tools.bench.arena_replay import pooled_hits
+from tools.bench.arena_table import load_result
 from tools.bench.stats import write_json
 
 
@@ -113,11 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     out = []
     for path in args.results:
-        try:
-            result = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"kvgate bench routing-hits: cannot read {path}: {exc}") from exc
-        a = analyse(result, args.trace)
+        a = analyse(load_result(path, "kvgate bench routing-hits"), args.trace)
         print(table(a) + "\n")
         out.append({"file": str(path), **a})
     if args.json:

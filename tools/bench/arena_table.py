@@ -95,10 +95,14 @@ def _setting(result: dict[str, Any]) -> tuple[str, str, float]:
     return Path(result["trace"]).name, result["sim_model"], float(result["speed"])
 
 
+def _both_ran(result: dict[str, Any], anchor: str) -> bool:
+    return all("hit_rate" in result["policies"].get(name, {}) for name in ("cache_aware", anchor))
+
+
 def _margins(runs: Sequence[dict[str, Any]], anchor: str) -> list[float]:
     """cache_aware's hit rate minus `anchor`'s, for the runs where both ran."""
     return [r["policies"]["cache_aware"]["hit_rate"] - r["policies"][anchor]["hit_rate"] for r in runs
-            if "hit_rate" in r["policies"].get(anchor, {}) and "hit_rate" in r["policies"].get("cache_aware", {})]
+            if _both_ran(r, anchor)]
 
 
 def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
@@ -134,7 +138,7 @@ def pooled(results: Sequence[dict[str, Any]]) -> str:
             mean, low, high = mean_interval(margins)
             cells.append(f"{mean:+.4f} ({min(margins):+.4f})" + (f", 95% CI {low:+.4f} to {high:+.4f}" if interval else ""))
         ratios = [r["policies"]["cache_aware"]["ttft_p99_s"] / r["policies"]["sglang"]["ttft_p99_s"] for r in runs
-                  if "hit_rate" in r["policies"].get("sglang", {}) and "hit_rate" in r["policies"].get("cache_aware", {})]
+                  if _both_ran(r, "sglang")]
         met = sum(goal(r)[0] for r in runs)
         return (f"| {label} | {len(runs)} | {met} | {cells[0]} | {cells[1]} | "
                 + (f"×{max(ratios):.2f}" if ratios else "–") + " |")
@@ -145,10 +149,23 @@ def pooled(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def load_result(path: Path, command: str = "kvgate bench routing --table") -> dict[str, Any]:
+    """One `kvgate bench routing --json` result; anything else stops with a message naming the file."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{command}: cannot read {path}: {exc}") from None
+    keys = ("scenario", "trace", "sim_model", "speed", "report_slice", "policies")
+    missing = [k for k in keys if not isinstance(result, dict) or k not in result]
+    if missing:
+        raise SystemExit(f"{command}: {path} is not a `kvgate bench routing --json` result (no {', '.join(missing)})")
+    return result
+
+
 def print_tables(results: Sequence[dict[str, Any] | Path]) -> None:
     """Each result's table; with several, the summary first, and when a scenario was run more
     than once, the pooled table before that."""
-    loaded = [item if isinstance(item, dict) else json.loads(Path(item).read_text()) for item in results]
+    loaded = [item if isinstance(item, dict) else load_result(Path(item)) for item in results]
     if len({_setting(r) for r in loaded}) < len(loaded):
         print(pooled(loaded))
     if len(loaded) > 1:

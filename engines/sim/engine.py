@@ -88,12 +88,12 @@ def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
     return "".join(_transcript_segments(messages))
 
 
-
 def matchable(hashes: Sequence[BlockHash], prompt_tokens: int, block_size: int) -> Sequence[BlockHash]:
     """The blocks of a prompt that a prefix cache may serve (pure). Invariant: at most
     (prompt_tokens − 1) // block_size of them, since vLLM recomputes the last prompt token even
     on a full hit, so it never comes from cache."""
     return hashes[: max(0, prompt_tokens - 1) // block_size]
+
 
 @dataclass(frozen=True)
 class SimRequest:

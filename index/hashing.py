@@ -29,6 +29,13 @@ def seed_hash(seed: str = DEFAULT_SEED) -> BlockHash:
     return int.from_bytes(hashlib.sha256(b"kvgate-seed:" + seed.encode()).digest()[:8], "little")
 
 
+def salted_seed(seed: str, salt: str | None) -> str:
+    """The seed of a salted chain: an engine keys a salted request's first block by its salt
+    too, so a salted prompt and an unsalted one (or two salts) share no block. Here the salt
+    moves the chain's root instead, with the same effect: no common prefix across salts."""
+    return seed if not salt else f"{seed}\x00salt\x00{salt}"
+
+
 def _extra_bytes(extra: Sequence[str | int]) -> bytes:
     return "\x1f".join(str(e) for e in extra).encode() if extra else b""
 

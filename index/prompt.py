@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from index.hashing import DEFAULT_SEED, BlockHash, digests_to_hashes, packed_block_digests, unpack_tokens
+from index.hashing import DEFAULT_SEED, BlockHash, digests_to_hashes, packed_block_digests, salted_seed, unpack_tokens
 from index.tokenizer import ChatTokenizer, content_text
 
 
@@ -67,6 +67,7 @@ class _Rest:
     segments after them (running digest, packed tokens), the message runs to mark as seen."""
 
     hasher: "PromptHasher"
+    seed: str
     chain: bytes
     tail: bytes
     segments: list[tuple[bytes, bytes]]
@@ -138,18 +139,22 @@ class PromptHasher:
         return out.hashes, out.tokens
 
     def prompt(self, messages: Sequence[dict[str, Any]], known: PromptHashes | None = None,
-               until: Callable[[BlockHash], bool] | None = None) -> PromptHashes:
+               until: Callable[[BlockHash], bool] | None = None, salt: str | None = None) -> PromptHashes:
         """The prompt's hashes, resuming from the longest run of leading segments whose chain
         state is in `known` (an earlier prompt of the same conversation) or in the cache.
 
         With `until`, hashing stops (leaving a partial result, see PromptHashes) once the last
         block of a stretch of STOP_CHECK_BLOCKS fails `until`: a router asks "does any replica
-        hold this block?", and a prefix match cannot go past a block nobody holds."""
+        hold this block?", and a prefix match cannot go past a block nobody holds.
+
+        `salt` (an engine's cache_salt) roots the chain elsewhere (index.hashing.salted_seed):
+        prompts with different salts share no block."""
         if known is not None:
             known.complete()
+        seed = salted_seed(self.seed, salt)
         segments = self.tokenizer.segments(messages)
         digests = []
-        d = hashlib.sha256(f"{self.block_size}:{self.seed}:{self.extra}".encode()).digest()
+        d = hashlib.sha256(f"{self.block_size}:{seed}:{self.extra}".encode()).digest()
         for seg in segments:
             d = hashlib.sha256(d + seg.encode()).digest()
             digests.append(d)
@@ -171,14 +176,14 @@ class PromptHasher:
                 left.append((digests[k], self._encode(segments[k])))
                 continue
             tail += self._encode(segments[k])
-            digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until)
+            digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until, seed)
             if stopped:
                 left.append((digests[k], b""))  # its unhashed blocks are in `tail`
                 continue
             self._keep(states, digests[k], (digests_so_far, tail))
         runs = message_runs(messages)
         tokens = (len(digests_so_far) // 8) * self.block_size + (len(tail) + sum(len(p) for _, p in left)) // 4
-        rest = _Rest(self, digests_so_far, tail, left, runs) if left else None
+        rest = _Rest(self, seed, digests_so_far, tail, left, runs) if left else None
         if rest is None:
             self._mark_seen(runs)
         return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest)
@@ -189,7 +194,8 @@ class PromptHasher:
         with self._lock:
             self._chains.put(digest, state)
 
-    def _advance(self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None) -> tuple[bytes, bytes, bool]:
+    def _advance(self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None,
+                 seed: str) -> tuple[bytes, bytes, bool]:
         """Hash the full blocks of `tail` onto `chain`: (chain, the unhashed rest of `tail`,
         whether `until` stopped it early)."""
         step = 4 * self.block_size
@@ -200,7 +206,7 @@ class PromptHasher:
         while done < full:
             end = min(full, done + stretch)
             chain += packed_block_digests(view[done:end], self.block_size, chain[-8:] if chain else None, self.extra,
-                                          self.seed)
+                                          seed)
             done = end
             if until is not None and done < full and not until(int.from_bytes(chain[-8:], "little")):
                 return chain, tail[done:], True
@@ -210,7 +216,7 @@ class PromptHasher:
         """complete()'s work: hash the segments a stop left, as the eager loop would have."""
         chain, tail = rest.chain, rest.tail
         for digest, packed in rest.segments:
-            chain, tail, _ = self._advance(chain, tail + packed, None)
+            chain, tail, _ = self._advance(chain, tail + packed, None, rest.seed)
             self._keep(states, digest, (chain, tail))
         self._mark_seen(rest.runs)
         return digests_to_hashes(chain)

@@ -140,8 +140,10 @@ def smollm2_tokenizer_dir() -> Path:
 
 
 def load_tokenizer(spec: str | None) -> ChatTokenizer:
-    """`smollm2` | `text` | None (= text) | a local HF tokenizer directory."""
-    if spec in (None, "", "text"):
+    """`smollm2` | `text` | `codepoints` | None (= text) | a local HF tokenizer directory.
+    `codepoints` is `text` by the name precise mode accepts: for an engine whose tokens really
+    are code points (kvgate's simulated replica), not for a model's engine."""
+    if spec in (None, "", "text", "codepoints"):
         return TextTokenizer()
     from transformers import AutoTokenizer
 

@@ -4,6 +4,10 @@ It sits before routing, so every endpoint — including ones added later, the Op
 unknown paths — needs a key once `auth.keys` is set; only OPEN_PATHS stay open. Handlers still
 derive the tenant from the token (proxy.authorise), but cannot forget the check.
 
+The admin API (paths under ADMIN_PREFIX, middleware/admin.py) has keys of its own,
+`auth.admin_keys`: this gate lets one through on those paths as well as a key of `auth.keys`, so
+an admin key need not be a tenant key too; the admin API then demands an admin key itself.
+
 The dashboard (GET /ui, GET /v1/stats) also takes HTTP Basic credentials whose password is a key:
 a browser cannot add a bearer header to a page it navigates to, but it shows its own login prompt
 on a Basic challenge and then sends the credentials with the page's requests. Only read-only GETs
@@ -23,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from middleware.errors import Unauthorized
 
 OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
+ADMIN_PREFIX = "/v1/admin/"  # the admin API (middleware/admin.py): auth.admin_keys pass the gate here
 BASIC_PATHS = ("/ui", "/v1/stats")  # these and what lies under them: the dashboard (see above)
 BASIC_CHALLENGE = 'Basic realm="kvgate", charset="UTF-8"'
 LOGIN_PAGE = (b"<!doctype html><title>kvgate: sign in</title><h1 id=login>kvgate dashboard: sign in</h1>"
@@ -73,10 +78,12 @@ def key_allowed(token: bytes | None, keys: frozenset[bytes]) -> bool:
 class KeyGate:
     """Refuses (401, OpenAI error JSON) every HTTP request without a configured key."""
 
-    def __init__(self, app: ASGIApp, keys: frozenset[str], open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    def __init__(self, app: ASGIApp, keys: frozenset[str], open_paths: frozenset[str] = OPEN_PATHS,
+                 admin_keys: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.keys = frozenset(k.encode() for k in keys)
         self.open_paths = open_paths
+        self.admin_keys = frozenset(k.encode() for k in admin_keys)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if self.keys and scope["type"] == "http" and scope["path"] not in self.open_paths:
@@ -85,10 +92,14 @@ class KeyGate:
             dashboard = on_dashboard(scope["path"], scope.get("method", ""))
             if dashboard and token is None:
                 token = basic_password(headers)
-            if not key_allowed(token, self.keys):
+            if not key_allowed(token, self.keys) and not self._admin(scope["path"], token):
                 await _refusal(token, dashboard, headers)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def _admin(self, path: str, token: bytes | None) -> bool:
+        """An admin key on an admin path (only asked once a tenant key was refused)."""
+        return bool(self.admin_keys) and path.startswith(ADMIN_PREFIX) and key_allowed(token, self.admin_keys)
 
 
 def _refusal(token: bytes | None, dashboard: bool, headers: list[tuple[bytes, bytes]]) -> Response:

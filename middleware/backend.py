@@ -89,6 +89,10 @@ class Backend:
             kwargs["api_base"] = backend.api_base
         if backend.api_key:
             kwargs["api_key"] = backend.api_key
+        salt = self.salt(view)
+        if salt is not None:  # a client's own salt reaches the engine only folded into the tenant's
+            kwargs.pop("cache_salt", None)
+            kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), "cache_salt": salt}
         if view.params.get("tools"):
             # LiteLLM checks every request with tools for its MCP gateway, which imports the
             # optional `mcp` package: without this, a tools request fails before leaving.
@@ -127,11 +131,17 @@ class Backend:
                 self.metrics.failovers.labels(self.route.name, when).inc()
         return more
 
+    def salt(self, view: RequestView) -> str | None:
+        """The engine's cache_salt for this request (middleware.routing.salt), or None."""
+        if self.router is None:
+            return None
+        return self.router.salt(view.tenant if self.route.scope == "tenant" else None, view.params.get("cache_salt"))
+
     def _plan(self, view: RequestView) -> Any:
         if self.router is None:
             return None
         user = view.forwarded.get("user")
-        return self.router.plan(view.messages, session=user if isinstance(user, str) else None)
+        return self.router.plan(view.messages, session=user if isinstance(user, str) else None, salt=self.salt(view))
 
     async def acall(self, view: RequestView) -> Call:
         plan, tried, base = self._plan(view), set(), self.kwargs(view)

@@ -54,6 +54,8 @@ def cache_headers(info: CacheInfo) -> dict[str, str]:
         headers["x-kvgate-similarity"] = f"{info.similarity:.4f}"
     if info.replica is not None:
         headers["x-kvgate-replica"] = info.replica
+    if info.expected_cached_tokens is not None:
+        headers["x-kvgate-expected-cached-tokens"] = str(info.expected_cached_tokens)
     headers["x-kvgate-request-id"] = info.request_id
     return headers
 

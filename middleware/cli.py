@@ -150,6 +150,7 @@ BENCHES = {
     "storage-faults": ("storage_faults", "SIGKILL proxy + disk-tier writer during writes; a full disk"),
     "scaleout": ("scaleout", "proxies on one Redis vs one proxy vs per-proxy caches: hit rate, hit latency, faults"),
     "throughput": ("throughput", "req/s and p50/p99 of one proxy process vs LiteLLM's proxy and sglang-router"),
+    "vllm": ("vllm_arena", "real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router"),
     "plot": ("plot", "draw a saved result of bench semantic | routing | kv as a PNG (matplotlib)"),
 }
 

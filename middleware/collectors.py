@@ -19,6 +19,7 @@ from index.kv_events import FeedStats
 
 if TYPE_CHECKING:
     from index.redis_link import RedisLink
+    from middleware.engine_metrics import ReplicaReading
     from middleware.routing.base import ReplicaState
     from middleware.routing.router import Router
 
@@ -59,6 +60,15 @@ _FEED_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Engine block hashes forgotten at the event applier's bound (many engine hashes for one block)", "forgotten"),
 )
 _FEED_IGNORED = ("wrong_block_size", "unknown_parent")  # FeedStats fields, as `reason` labels
+# (family, help, PreciseRouting.stats() key): precise mode's own checks of router against engine
+_PRECISE_COUNTERS = (
+    ("kvgate_precise_matched_requests", "Routed requests whose first block the engine's events confirmed", "matched"),
+    ("kvgate_precise_unmatched_requests", "Routed requests for which the engine stored blocks, none of them the "
+     "request's: the router's tokenizer or chat template differs from the engine's", "unmatched"),
+    ("kvgate_precise_stale_drops", "Replica views dropped because its KV events stopped", "stale_drops"),
+    ("kvgate_kv_events_replayed_batches", "KV event batches recovered from the engine's replay socket after a gap",
+     "replayed_batches"),
+)
 
 
 class RoutingCollector(Collector):
@@ -87,6 +97,9 @@ class RoutingCollector(Collector):
                     fam["kvgate_replica_prefix_capacity_blocks"].add_metric(labels, cap)
             for replica_name, feed in router.event_stats().items():
                 _add_feed(fam, [route, replica_name], feed)
+            for replica_name, checks in (router.precise.stats() if router.precise is not None else {}).items():
+                for name, _, key in _PRECISE_COUNTERS:
+                    fam[name].add_metric([route, replica_name], float(checks.get(key, 0)))  # type: ignore[arg-type]
         return fam.values()
 
 
@@ -118,7 +131,7 @@ def _routing_families() -> dict[str, Metric]:
     fam["kvgate_replica_prefix_capacity_blocks"] = GaugeMetricFamily(
         "kvgate_replica_prefix_capacity_blocks", "A replica's bound in the prefix index, in blocks (absent: unbounded)",
         labels=ROUTE_REPLICA)
-    for name, doc, _ in _FEED_COUNTERS:
+    for name, doc, _ in (*_FEED_COUNTERS, *_PRECISE_COUNTERS):
         fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
     fam["kvgate_kv_events_ignored"] = CounterMetricFamily(
         "kvgate_kv_events_ignored", "KV cache events not applied, by reason", labels=[*ROUTE_REPLICA, "reason"])
@@ -135,6 +148,64 @@ def _routing_families() -> dict[str, Metric]:
 
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+# (family, help, ReplicaReading field): what each replica's engine reports on its own /metrics
+_ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("kvgate_replica_engine_prompt_tokens", "Prompt tokens the replica's engine reports receiving (its own counter)",
+     "prompt_tokens"),
+    ("kvgate_replica_engine_cached_tokens",
+     "Prompt tokens whose KV the replica's engine reports reusing, local and external (its own counter)",
+     "cached_tokens"),
+    ("kvgate_replica_engine_external_cached_tokens",
+     "Cached prompt tokens the engine reports loading from outside itself (engines that count them)",
+     "external_cached_tokens"),
+)
+_ENGINE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("kvgate_replica_engine_running", "Requests the replica's engine reports computing", "running"),
+    ("kvgate_replica_engine_waiting", "Requests the replica's engine reports queued", "waiting"),
+)
+
+
+class EngineCollector(Collector):
+    """Per route and replica: what the replica's engine reported on its own /metrics when the
+    stats task last read it (middleware/ui.py; names per engine in middleware/engine_metrics.py).
+
+    Invariant: collect() makes no network call, it only copies the last reading. Counters are
+    exported as the engine counts them (they reset when the engine restarts, which rate() handles);
+    a replica not read at the last tick, or a number its engine does not export, has no sample.
+    The same replica reads the same in every worker of `kvgate serve --workers N`: never sum
+    these over workers."""
+
+    def __init__(self, readings: Callable[[], Mapping[tuple[str, str], "ReplicaReading"]]) -> None:
+        self.readings = readings  # replaced when a pipeline is reused by a newer app (Metrics.watch_engines)
+
+    def describe(self) -> Iterable[Metric]:
+        return _engine_families().values()
+
+    def collect(self) -> Iterable[Metric]:
+        fam = _engine_families()
+        for (route, replica), reading in sorted(self.readings().items()):
+            labels = [route, replica]
+            fam["kvgate_replica_engine_info"].add_metric([*labels, reading.engine], 1.0)
+            for name, _, field in (*_ENGINE_COUNTERS, *_ENGINE_GAUGES):
+                value = getattr(reading, field)
+                if value is not None:
+                    fam[name].add_metric(labels, value)
+        return fam.values()
+
+
+def _engine_families() -> dict[str, Metric]:
+    fam: dict[str, Metric] = {
+        "kvgate_replica_engine_info": GaugeMetricFamily(
+            "kvgate_replica_engine_info", "1 per replica read at the last tick; `engine` names its kind (vllm, kvgate)",
+            labels=[*ROUTE_REPLICA, "engine"]),
+    }
+    for name, doc, _ in _ENGINE_COUNTERS:
+        fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
+    for name, doc, _ in _ENGINE_GAUGES:
+        fam[name] = GaugeMetricFamily(name, doc, labels=ROUTE_REPLICA)
+    return fam
 
 
 class SoftFailing(Protocol):

@@ -74,7 +74,8 @@ class ReplicaConfig(_Strict):
     name: str = Field(min_length=1)
     api_base: str = Field(min_length=1)
     api_key: str | None = None
-    events: str | None = Field(None, description="ZMQ endpoint of the replica's KV events (precise mode)")
+    events: str | None = Field(None, description="ZMQ endpoint of the replica's KV events (precise mode); for vLLM "
+                                                 "the address its --kv-events-config names")
     capacity_blocks: int | None = Field(None, gt=0, description="approximate mode: blocks its prefix cache holds; "
                                                                "precise mode: the index's memory bound for it")
 
@@ -83,11 +84,23 @@ class RoutingConfig(_Strict):
     """How a miss picks a replica. See middleware/routing/*.py for each policy's rule."""
 
     policy: Literal["round_robin", "least_loaded", "cache_aware", "affinity"] = "cache_aware"
-    block_size: int = Field(None, gt=0, le=4096,  # type: ignore[assignment]  # always set by _defaults
-                            description="tokens per hashed block (characters with tokenizer: text). Default 16; "
-                                        "64 characters for tokenizer text in approximate mode")
-    tokenizer: str = Field("text", description="smollm2 | text | path to a local HF tokenizer dir")
-    seed: str = Field("kvgate", description="hash seed; must match the replicas' (precise mode)")
+    block_size: int | None = Field(None, gt=0, le=4096,
+                                   description="tokens per hashed block (characters with tokenizer: text). approximate "
+                                               "mode: default 16, 64 characters with tokenizer text; precise mode: "
+                                               "default the engine's own (its KV events and /metrics); a value that "
+                                               "disagrees with the engine's is reported and the engine's is used")
+    tokenizer: str | None = Field(None, description="smollm2 | text | auto | codepoints (engines whose tokens are "
+                                                    "code points: kvgate's simulator) | path to a local HF tokenizer "
+                                                    "dir. Default: "
+                                                    "text in approximate mode; auto in precise mode (the served "
+                                                    "model's own tokenizer, from the model dir the engine reports)")
+    seed: str = Field("kvgate", description="seed of kvgate's own block hashes (the router's hash space)")
+    engine: Literal["auto", "vllm", "openai"] = Field(
+        "auto", description="what serves the replicas: auto = asked from each replica (vLLM answers /version); "
+                            "vllm; openai = any other OpenAI-compatible server (no cache_salt, no engine settings)")
+    cache_salt: bool = Field(True, description="scope tenant on a vLLM engine: every forwarded request carries a "
+                                               "cache_salt derived from the tenant, so tenants never share "
+                                               "(or time) each other's prefix cache")
     mode: Literal["approximate", "precise"] = "approximate"
     capacity_blocks: int | None = Field(
         None, gt=0, description="per-replica blocks the prefix index keeps (LRU). approximate: the engine's cache "
@@ -111,14 +124,27 @@ class RoutingConfig(_Strict):
                              "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")
 
     @model_validator(mode="after")
-    def _block_size_default(self) -> "RoutingConfig":
-        """16 tokens, vLLM's block, by default. With the `text` tokenizer a block counts
-        characters, and 16 characters is only ~4 tokens of English: approximate mode's default
-        is then 64 characters (~16 tokens), a quarter of the blocks to hash, record and match per
-        prompt (docs/BENCHMARKS.md issue 13, router overhead). Precise mode keeps 16: its hashes
-        must cut the tokens where the engine's do."""
-        if self.block_size is None:
-            self.block_size = 64 if self.tokenizer == "text" and self.mode == "approximate" else 16
+    def _defaults_by_mode(self) -> "RoutingConfig":
+        """approximate mode guesses what engines cache from what it routed: blocks of 16 tokens
+        (vLLM's GPU block) by default, 64 with the `text` tokenizer, whose blocks count
+        characters (16 characters are only ~4 tokens of English). Precise mode reads what the
+        engines report, so its hashes must cut the engine's own token ids where the engine cuts
+        them: the tokenizer defaults to the served model's (`auto`) and the block size to the
+        engine's (None until the engine says it); `text` cannot match an engine at all."""
+        if self.mode == "precise":
+            if self.tokenizer == "text":
+                raise ValueError("routing.mode: precise cannot use routing.tokenizer: text: the engine hashes the "
+                                 "model's token ids, not characters, so no block would ever match. Leave "
+                                 "routing.tokenizer out (auto: the served model's tokenizer) or name a tokenizer dir")
+            self.tokenizer = self.tokenizer or "auto"
+        else:
+            if self.tokenizer in (None, "auto"):
+                if self.tokenizer == "auto":
+                    raise ValueError("routing.tokenizer: auto needs routing.mode: precise (the engines tell the "
+                                     "model); in approximate mode name the tokenizer or leave it out (text)")
+                self.tokenizer = "text"
+            if self.block_size is None:
+                self.block_size = 64 if self.tokenizer == "text" else 16
         return self
 
     @model_validator(mode="after")
@@ -189,6 +215,12 @@ class RouteConfig(_Strict):
 
 class AuthConfig(_Strict):
     keys: list[str] = Field(default_factory=list, description="accepted bearer tokens; empty = open")
+    admin_keys: list[str] = Field(default_factory=list, description="bearer tokens of the admin API (/v1/admin/..., "
+                                  "e.g. replicas added or removed at run time); empty = the admin API is off (403)")
+    salt_secret_env: str | None = Field(
+        None, min_length=1, description="NAME of the environment variable holding the secret the engines' cache_salt "
+                                        "is derived from (set the same one on every proxy of a fleet); default: a "
+                                        "random secret kept in <cache_dir>/salt.key")
 
 
 class EmbedderConfig(_Strict):

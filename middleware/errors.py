@@ -49,6 +49,26 @@ class RequestNotFound(KvgateError):
     code = "request_not_found"
 
 
+class Forbidden(KvgateError):
+    """A valid key that may not do this (the admin API with a tenant key, or with none configured)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "forbidden"
+
+
+class NotFound(KvgateError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class Conflict(KvgateError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class Overloaded(KvgateError):
     """The proxy has `server.max_in_flight` requests in flight already (middleware.admission)."""
 

@@ -5,10 +5,11 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from middleware.collectors import RoutingCollector, SoftFailing, StorageCollector, StoreLinkCollector
+from middleware.collectors import EngineCollector, RoutingCollector, SoftFailing, StorageCollector, StoreLinkCollector
 
 if TYPE_CHECKING:
     from index.redis_link import RedisLink
+    from middleware.engine_metrics import ReplicaReading
     from middleware.routing.router import Router
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -60,6 +61,16 @@ class Metrics:
                                              "of the upper bound on P(wrong): expected wrong hits, bounded", ["route"],
                                              registry=r)
         # when: before_first_byte (nothing sent yet) | mid_stream (resumed after what was sent)
+        self.expected_cached = Counter(
+            "kvgate_replica_expected_cached_tokens", "Prompt tokens of misses the router expected the chosen replica "
+            "to find cached (its prefix-index match)", ["route", "replica"], registry=r)
+        self.reported_cached = Counter(
+            "kvgate_replica_reported_cached_tokens", "Prompt tokens the replica reported cached on the same misses "
+            "(usage.prompt_tokens_details.cached_tokens)", ["route", "replica"], registry=r)
+        self.cache_surprises = Counter(
+            "kvgate_replica_cache_surprises", "Misses whose reported cached tokens differ from the expected by a "
+            "block or more (direction more|less): a view of the replica's cache that is wrong",
+            ["route", "replica", "direction"], registry=r)
         self.failovers = Counter("kvgate_backend_failovers", "Requests moved to another replica after a failure",
                                  ["route", "when"], registry=r)
         # the proxy's asyncio loop (middleware.loop_lag): how late a task sleeping 50 ms wakes up
@@ -72,6 +83,7 @@ class Metrics:
         self.rejected.labels("overloaded")  # exported as 0 from the start: something to alert on
         self.replica_up = Gauge("kvgate_replica_up", "1 while a replica takes traffic, 0 while its circuit is open",
                                 ["route", "replica"], registry=r)
+        self._engines: EngineCollector | None = None  # registered by the first watch_engines
 
     def watch(self, routers: Mapping[str, "Router"], stores: Mapping[str, SoftFailing]) -> None:
         """Export these objects' own counters at scrape time (middleware.collectors): routers
@@ -83,6 +95,18 @@ class Metrics:
         """Export the shared store's health at scrape time: kvgate_store_up, kvgate_store_errors_total{op},
         kvgate_store_follow_lag_seconds (middleware.collectors.StoreLinkCollector)."""
         self.registry.register(StoreLinkCollector(link, follow_lag_s))
+
+    def watch_engines(self, readings: Callable[[], Mapping[tuple[str, str], "ReplicaReading"]]) -> None:
+        """Export what each replica's engine last reported, per {route,replica}, at scrape time:
+        kvgate_replica_engine_prompt_tokens_total, _cached_tokens_total, _external_cached_tokens_total,
+        kvgate_replica_engine_running, _waiting, _info{engine} (middleware.collectors.EngineCollector).
+        A second call (a pipeline reused by a new app, with a new recorder) repoints the one collector:
+        a registry refuses the same names twice."""
+        if self._engines is None:
+            self._engines = EngineCollector(readings)
+            self.registry.register(self._engines)
+        else:
+            self._engines.readings = readings
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -61,7 +61,7 @@ def new_chars_limit(*, local_stores: bool, semantic: bool, tokenizer: str | None
         return None
     if tokenizer is None:
         return INLINE_TOTAL_CHARS
-    return INLINE_NEW_CHARS_TEXT if tokenizer == "text" else INLINE_NEW_CHARS_HF
+    return INLINE_NEW_CHARS_TEXT if tokenizer in ("text", "codepoints") else INLINE_NEW_CHARS_HF
 
 
 def runs_inline(total_chars: int, new_chars: int, limit: int | None) -> bool:

@@ -48,12 +48,15 @@ from middleware.relay import DONE, Relay, Relayed  # noqa: E402
 from middleware.request_log import RequestLog, RequestRecord  # noqa: E402
 from middleware.store import open_observations, open_stores  # noqa: E402
 from middleware.routing.router import Router  # noqa: E402
+from middleware.routing.salt import Salter, load_secret  # noqa: E402
 from middleware.routing.state import StateFactory  # noqa: E402
 from middleware.routing.state_redis import shared_routing  # noqa: E402
 from middleware.request import CacheControl, RequestView, build_view  # noqa: E402
 from middleware.sync_adapter import SyncAdapter  # noqa: E402
 from middleware.trust_gate import Exploration, TrustGate  # noqa: E402
 from middleware.verification import SemanticSettings, choose, resolve, to_verify  # noqa: E402
+
+ENGINE_PROBE_S = 3.0  # how long a route's first request waits to learn its replicas' engines
 
 log = logging.getLogger("kvgate.pipeline")
 MINILM_DIM = 384
@@ -97,7 +100,9 @@ class Pipeline:
         routing_state = self._routing_hub.state if self._routing_hub is not None else routing_state
         self.metrics.entries.set_function(lambda: len(self.index))
         self.metrics.cache_bytes.set_function(lambda: self.index.bytes)
-        self.backends = {route.name: Backend(route, _router_for(route, routing_state), self.metrics) for route in config.routes}
+        salter = _salter(config)
+        self.backends = {route.name: Backend(route, _router_for(route, routing_state, salter), self.metrics)
+                         for route in config.routes}
         # per route: the prompt size up to which its cache steps run on the event loop (middleware.offload)
         self._inline_chars = {r.name: new_chars_limit(local_stores=stores.link is None, semantic=r.semantic.enabled,
                                                       tokenizer=r.routing.tokenizer if r.replicas else None)
@@ -258,6 +263,7 @@ class Pipeline:
     ) -> Result:
         """With `raw` (the proxy), a miss on a relayed route comes back as the replica's bytes."""
         started = time.perf_counter()
+        await self._know_engines(kwargs)
         # what grows with the prompt (canonical keys, the exact-tier read, embedding + search, the
         # routing hashes) runs in one worker-thread hop, unless it is small and bounded
         # (middleware.offload): then the hops would cost more than the work
@@ -273,7 +279,8 @@ class Pipeline:
         if wire is not None:
             return await self._relayed(view, wire, found, started, inline)
         call = await self._counted(view, backend.acall(view))
-        info = CacheInfo("miss", view.route.name, replica=call.replica, exploration=found.explore)
+        info = CacheInfo("miss", view.route.name, replica=call.replica, exploration=found.explore,
+                         expected_cached_tokens=expected_cached(call))
         if view.stream:
             return Result(info, stream=self._tee(view, info, call, found.vector, started, inline))
         payload = call.response.model_dump()
@@ -286,6 +293,33 @@ class Pipeline:
         tag(call.response, info)
         return Result(info, response=call.response)
 
+    async def _know_engines(self, kwargs: dict[str, Any]) -> None:
+        """Before a route's first requests: ask its replicas what engine they run (salting and
+        precise hashing depend on it); bounded, and a replica that does not answer is asked again
+        by the health loop."""
+        model = kwargs.get("model")
+        route = self.config.match(model) if isinstance(model, str) else None
+        router = self.backends[route.name].router if route is not None else None
+        if router is not None and not router.discovered:
+            try:
+                await asyncio.wait_for(router.discover(), ENGINE_PROBE_S)
+            except (asyncio.TimeoutError, OSError):
+                pass
+
+    def _attribute(self, view: RequestView, call: Call, usage: Any) -> None:
+        """Expected against reported cached tokens of a miss (kvgate_replica_*_cached_tokens)."""
+        ticket = call.ticket
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        reported = details.get("cached_tokens") if isinstance(details, dict) else None
+        if ticket is None or not isinstance(reported, int):
+            return
+        route, name = view.route.name, ticket.replica.name
+        expected = ticket.plan.expected_cached_tokens(name)
+        self.metrics.expected_cached.labels(route, name).inc(expected)
+        self.metrics.reported_cached.labels(route, name).inc(reported)
+        if abs(reported - expected) >= max(1, ticket.plan.block_size):
+            self.metrics.cache_surprises.labels(route, name, "more" if reported > expected else "less").inc()
+
     def _inline(self, kwargs: dict[str, Any]) -> bool:
         """Whether this request's cache steps run on the event loop (middleware.offload)."""
         model, messages = kwargs.get("model"), kwargs.get("messages")
@@ -297,7 +331,8 @@ class Pipeline:
         if limit is None or total > INLINE_TOTAL_CHARS:  # decided before digesting a long prompt
             return False
         router = self.backends[route.name].router
-        new = router.hasher.uncached_chars(messages) if router is not None else total
+        hasher = router.hasher if router is not None else None
+        new = hasher.uncached_chars(messages) if hasher is not None else total
         return runs_inline(total, new, limit)
 
     async def _step(self, inline: bool, fn: Callable[..., Settle], *args: Any) -> None:
@@ -331,7 +366,8 @@ class Pipeline:
             return view, found, self._served_hit(view, found.hit, started)
         router = self.backends[view.route.name].router
         if router is not None and prepare:
-            router.prepare(view.messages)  # the backend's plan of these messages picks it up
+            # the backend's plan of these messages picks it up
+            router.prepare(view.messages, salt=self.backends[view.route.name].salt(view))
         return view, found, None
 
     def _record(self, view: RequestView, info: CacheInfo, call: Call, answer: str | None,
@@ -396,11 +432,13 @@ class Pipeline:
         backend = self.backends[view.route.name]
         vector = found.vector
         relayed = await self._counted(view, self.relay.open(backend, view, wire))
-        info = CacheInfo("miss", view.route.name, replica=relayed.call.replica, exploration=found.explore)
+        info = CacheInfo("miss", view.route.name, replica=relayed.call.replica, exploration=found.explore,
+                         expected_cached_tokens=expected_cached(relayed.call))
         if view.stream:  # its first event is in: the client's first bytes go out now
             self.metrics.ttft.labels(view.route.name, "miss").observe(time.perf_counter() - started)
             return Result(info, raw=self._relay_tee(view, info, relayed, vector, started, inline))
         assert relayed.payload is not None
+        self._attribute(view, relayed.call, relayed.payload.get("usage"))
         answer = answer_text(relayed.payload)
         try:
             await self._step(self._inline_record(inline, view, answer), self._record, view, info, relayed.call, answer,
@@ -423,6 +461,7 @@ class Pipeline:
             if not relayed.ok:  # the stream broke or the client went away: never stored
                 backend.done(relayed.call, False, view, None)
         if relayed.ok:
+            self._attribute(view, relayed.call, relayed.parser.usage if relayed.parser is not None else None)
             try:
                 await self._step(self._inline_record(inline, view, relayed.text), self._record_relayed, view, info, relayed,
                             vector, started)
@@ -499,6 +538,16 @@ class Pipeline:
         if hit:
             self.metrics.hits.labels(route, tier).inc()
 
+    def watch_replica(self, route: str, name: str) -> None:
+        """Export kvgate_replica_up for a replica added to `route`'s router while the proxy runs
+        (middleware/admin.py), as __init__ does for the configured ones."""
+        replica = next(r for r in self.routers[route].replicas if r.name == name)
+        self.metrics.replica_up.labels(route, name).set_function(lambda r=replica: float(r.healthy))
+
+    def forget_replica(self, route: str, name: str) -> None:
+        """Stop exporting kvgate_replica_up for a replica removed from `route` (middleware/admin.py)."""
+        self.metrics.replica_up.remove(route, name)
+
 
 
 
@@ -520,9 +569,28 @@ def _make_embedder(config: Config) -> Embedder:
         raise ConfigError(f"embedder.model: {exc}") from None
 
 
-def _router_for(route: RouteConfig, state: StateFactory | None) -> Router | None:
+def expected_cached(call: Call) -> int | None:
+    """The prefix the router expected the answering replica to hold (None without a router)."""
+    ticket = call.ticket
+    return None if ticket is None else ticket.plan.expected_cached_tokens(ticket.replica.name)
+
+
+def _salter(config: Config) -> Salter | None:
+    """The engines' cache-salt maker, when a tenant-scoped route forwards to replicas that may
+    take one (routing.cache_salt); a missing secret variable is a ConfigError naming the field."""
+    if not any(r.replicas and r.scope == "tenant" and r.routing.cache_salt and r.routing.engine != "openai"
+               for r in config.routes):
+        return None
+    try:
+        return Salter(load_secret(config.cache_dir, config.auth.salt_secret_env))
+    except ValueError as exc:
+        raise ConfigError(f"auth.salt_secret_env: {exc}") from None
+
+
+def _router_for(route: RouteConfig, state: StateFactory | None, salter: Salter | None = None) -> Router | None:
     """The route's Router; `state` shares its load and decisions with other proxy processes."""
     if not route.replicas:
         return None
     shared = state(route.name, [r.name for r in route.replicas]) if state is not None else None
-    return Router(route.replicas, route.routing, state=shared, defer_records=True)
+    return Router(route.replicas, route.routing, state=shared, defer_records=True,
+                  salter=salter if route.scope == "tenant" else None, name=route.name)

@@ -22,9 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from middleware.admin import add_admin
 from middleware.admission import AdmissionGate
 from middleware.heap import settle_heap
-from middleware.auth import KeyGate
+from middleware.auth import KeyGate, key_allowed
 from middleware.chat_asgi import ChatHandler, Delegate, LeanApp, too_large
 from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError, Unauthorized
@@ -98,7 +99,8 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
 
     app = LeanApp(title="kvgate", version="0.1.0", lifespan=lifespan)
     keys = frozenset(config.auth.keys)
-    app.add_middleware(KeyGate, keys=keys)  # every route but /health, present and future
+    # every route but /health, present and future; admin keys pass it on the admin paths only
+    app.add_middleware(KeyGate, keys=keys, admin_keys=frozenset(config.auth.admin_keys))
     chat = ChatHandler(app, config, worker, tenant_of, parse_json)
     # chat completions take the lean path (middleware/chat_asgi.py) through the same key gate, and
     # the admission gate inside it: a caller without a key is refused before it is counted
@@ -106,9 +108,11 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
                               on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
     app.lean = KeyGate(admission, keys=keys)
 
+    key_bytes = frozenset(k.encode() for k in keys)
+
     def authorise(request: Request) -> str:
         token = bearer(request)
-        if keys and token not in keys:
+        if keys and not key_allowed(token.encode() if token is not None else None, key_bytes):  # constant time
             raise Unauthorized("missing or unknown API key" if token is None else "invalid API key")
         return tenant_of(token)
 
@@ -164,6 +168,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     add_dashboard(app)  # /ui and /v1/stats (middleware/ui.py)
+    add_admin(app, config, worker)  # /v1/admin/...: replicas added and removed at run time (middleware/admin.py)
     return app
 
 
@@ -176,9 +181,13 @@ def _metrics(app: FastAPI) -> Metrics:
 
 
 async def _probe_loop(router: Router, interval: float) -> None:
-    """Re-admit replicas that were marked down once they answer again."""
+    """Learn what engine each replica runs; re-admit replicas marked down once they answer."""
     async with httpx.AsyncClient() as client:
         while True:
+            try:
+                await router.discover(client)  # until every replica said what engine it runs
+            except Exception:
+                log.exception("engine discovery failed")
             await asyncio.sleep(interval)
             try:
                 await router.probe(client)

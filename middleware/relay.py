@@ -122,10 +122,14 @@ class Relay:
         cfg = backend.route.backend
         options = view.forwarded.get("stream_options")
         options = options if isinstance(options, dict) else {}
-        request = (orjson.dumps(_body(view, model, options)), _headers(view), cfg.timeout)
+        plan = backend._plan(view)
+        body = _body(view, model, options)
+        if plan is not None and plan.salt is not None:
+            body["cache_salt"] = plan.salt  # the tenant's, never the client's alone (routing.salt)
+        request = (orjson.dumps(body), _headers(view), cfg.timeout)
         base = {"api_key": cfg.api_key} if cfg.api_key else {}
         # the LiteLLM path's failover bookkeeping (middleware.backend), shared
-        call = Call(plan=backend._plan(view), tried=set(), kwargs=base)
+        call = Call(plan=plan, tried=set(), kwargs=base)
         while True:
             attempt, call.ticket = backend._attempt(view, call.plan, call.tried, base)
             relayed = Relayed(call, request=request)

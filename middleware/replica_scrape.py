@@ -1,4 +1,5 @@
-"""Read replicas' own /metrics for the dashboard: KV tiers and the prefix hit rate they report.
+"""Read replicas' own /metrics for the dashboard and /metrics: KV tiers, prompt and cached tokens,
+running and waiting requests (which names each engine kind uses: middleware/engine_metrics.py).
 
 A replica that does not answer, answers slowly or exports something unparsable gives no reading
 (None) for that interval: the dashboard shows a gap, the proxy is not otherwise affected.

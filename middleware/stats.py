@@ -3,7 +3,8 @@
 Each point is what the proxy's own Prometheus counters (and, where replicas are configured, the
 replicas' /metrics) gained during one interval, condensed per route and per replica. Nothing is
 counted twice: the numbers are the ones /metrics exports. Route and replica names, counts and
-durations only; never prompts, answers, keys or tenants.
+durations only; never prompts, answers, keys or tenants. A replica's prompt / cached tokens and
+running / waiting requests are read through middleware/engine_metrics.py, whatever its engine.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from middleware.engine_metrics import ReplicaReading, replica_reading
 from middleware.stats_samples import Samples, buckets, growth, quantile, total
 
 OUTCOMES = ("exact", "semantic", "miss")
@@ -29,7 +31,9 @@ class Scrape:
 
 class StatsRecorder:
     """Owned by the app (app.state.stats); `advance` turns a Scrape into a point, `view` serves them.
-    `advance` and `view` are called from the event loop only, so the ring needs no lock."""
+    `advance` and `view` are called from the event loop only, so the ring needs no lock;
+    `engine_readings` is also called from /metrics' thread, and reads a dict that `advance`
+    replaces whole, never one it changes."""
 
     def __init__(self, routes: list[str], replicas: list[ReplicaId], interval_s: float, keep: int) -> None:
         self.routes, self.replicas = routes, replicas
@@ -38,6 +42,8 @@ class StatsRecorder:
         self._own: Samples = {}
         self._remote: dict[ReplicaId, Samples] = {}
         self._totals: dict[str, Any] = {}
+        self._readings: dict[ReplicaId, ReplicaReading] = {}  # each replica's last recognised reading
+        self._latest: Mapping[ReplicaId, ReplicaReading] = {}  # the replicas read at the last tick
 
     def advance(self, scrape: Scrape) -> dict[str, Any]:
         """Append the point for the interval that ends at `scrape.at`."""
@@ -45,16 +51,30 @@ class StatsRecorder:
         point: dict[str, Any] = {"t": round(scrape.at, 3), "routes": {}, "replicas": {}}
         for route in self.routes:
             point["routes"][route] = {**_route_point(gained, route), "cum": _route_counts(scrape.own, route)}
+        latest: dict[ReplicaId, ReplicaReading] = {}
         for rid in self.replicas:
             remote = scrape.replicas.get(rid)
             remote_gained = growth(self._remote.get(rid, {}), remote) if remote is not None else None
+            reading = replica_reading(remote) if remote is not None else None
+            # like the samples, the interval runs from the last reading taken, so a missed scrape's
+            # growth lands in the next point instead of being lost
+            interval = reading.since(self._readings.get(rid)) if reading is not None else None
             if remote is not None:
                 self._remote[rid] = remote
-            point["replicas"]["/".join(rid)] = _replica_point(gained, scrape.own, rid, remote_gained, remote)
+            if reading is not None:
+                self._readings[rid] = latest[rid] = reading
+            point["replicas"]["/".join(rid)] = _replica_point(gained, scrape.own, rid, remote_gained, remote, interval)
+        self._latest = latest  # replaced, not changed: the /metrics thread may be reading the old one
         self._own = scrape.own
         self._totals = {route: _route_counts(scrape.own, route) for route in self.routes}
         self.points.append(point)
         return point
+
+    def engine_readings(self) -> Mapping[ReplicaId, ReplicaReading]:
+        """The replicas whose /metrics the last tick read and recognised, cumulative as their engines
+        report them (middleware.collectors.EngineCollector exports these; a replica that did not
+        answer that tick is absent rather than shown with stale numbers)."""
+        return self._latest
 
     def view(self, since: float | None = None) -> dict[str, Any]:
         """The JSON of /v1/stats: settings, totals since start, and the points after `since`."""
@@ -96,8 +116,10 @@ def _route_point(gained: Samples, route: str) -> dict[str, Any]:
 
 
 def _replica_point(gained: Samples, own: Samples, rid: ReplicaId, remote_gained: Samples | None,
-                   remote: Samples | None) -> dict[str, Any]:
-    """The router's view of a replica, plus what the replica itself reports when it was scraped."""
+                   remote: Samples | None, interval: ReplicaReading | None) -> dict[str, Any]:
+    """The router's view of a replica, plus what the replica itself reports when it was scraped:
+    tokens (this interval's growth) and running / waiting (at the tick) from `interval`, its
+    engine's reading; `engine` is null where no known engine's names were found."""
     route, replica = rid
     point: dict[str, Any] = {
         "requests": total(gained, "kvgate_replica_requests_total", route=route, replica=replica),
@@ -109,11 +131,21 @@ def _replica_point(gained: Samples, own: Samples, rid: ReplicaId, remote_gained:
     if remote is not None and remote_gained is not None:
         tiers = sorted({dict(labels)["tier"] for name, labels in remote
                         if name == "kvgate_replica_kv_bytes" and "tier" in dict(labels)})
-        point["prompt_tokens"] = total(remote_gained, "kvgate_replica_prompt_tokens_total")
-        point["cached_tokens"] = total(remote_gained, "kvgate_replica_cached_tokens_total")
+        point.update(_engine_fields(interval))
         point["kv_bytes"] = {t: total(remote, "kvgate_replica_kv_bytes", tier=t) for t in tiers}
         point["kv_hits"] = {t: total(remote_gained, "kvgate_replica_kv_chunk_hits_total", tier=t) for t in tiers}
     return point
+
+
+def _engine_fields(interval: ReplicaReading | None) -> dict[str, Any]:
+    """prompt_tokens and cached_tokens stay numbers (0 when unknown) as they always were; the
+    newer fields are null where the engine has no such number."""
+    if interval is None:
+        return {"prompt_tokens": 0.0, "cached_tokens": 0.0, "engine": None, "external_cached_tokens": None,
+                "running": None, "waiting": None}
+    return {"prompt_tokens": interval.prompt_tokens or 0.0, "cached_tokens": interval.cached_tokens or 0.0,
+            "engine": interval.engine, "external_cached_tokens": interval.external_cached_tokens,
+            "running": interval.running, "waiting": interval.waiting}
 
 
 def _r(value: float | None) -> float | None:

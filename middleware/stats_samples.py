@@ -30,12 +30,14 @@ def flatten(families: Iterable[Metric]) -> Samples:
 def growth(previous: Mapping[Key, float], current: Mapping[Key, float]) -> Samples:
     """What each growing sample gained since `previous` (never negative: a counter that went back,
     e.g. a restarted replica, counts from zero again)."""
-    out: Samples = {}
-    for key, value in current.items():
-        if key[0].endswith(_GROWING):
-            before = previous.get(key, 0.0)
-            out[key] = value - before if value >= before else value
-    return out
+    return {key: gained(previous.get(key, 0.0), value)
+            for key, value in current.items() if key[0].endswith(_GROWING)}
+
+
+def gained(before: float, after: float) -> float:
+    """What a counter gained from `before` to `after`; one that went back (its process restarted)
+    counts from zero again, so growth is never negative."""
+    return after - before if after >= before else after
 
 
 def total(samples: Mapping[Key, float], name: str, **match: str | tuple[str, ...]) -> float:

@@ -65,6 +65,9 @@ def make_recorder(pipeline: "Pipeline", cfg: StatsConfig) -> tuple[StatsRecorder
     replicas = {(route, r.name): metrics_url(r.api_base)
                 for route, router in pipeline.routers.items() for r in router.replicas}
     recorder = StatsRecorder([r.name for r in pipeline.config.routes], list(replicas), cfg.interval_s, cfg.keep)
+    # /metrics shows the engines' numbers from this recorder's last tick: one scrape of each replica
+    # serves both, and a Prometheus collect never waits on a replica
+    pipeline.metrics.watch_engines(recorder.engine_readings)
     return recorder, (replicas if cfg.scrape_replicas else {})
 
 

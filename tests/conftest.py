@@ -122,3 +122,18 @@ def redis_server() -> Iterator[Any]:
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
+    """Two real vLLM servers (SmolLM2, one core each, prefix caching, KV events with a replay
+    socket, cached-token details), started once for the whole test session, on 127.0.0.1."""
+    from engines.vllm.launch import default_model_dir, start_pair, vllm_available, vllm_python
+
+    if not vllm_available():
+        pytest.fail(f"vLLM's environment is missing ({vllm_python()}): run `make install`")
+    logs = tmp_path_factory.mktemp("vllm")
+    servers = start_pair(str(default_model_dir()), log_dir=logs, timeout=300)
+    yield servers
+    for server in servers:
+        server.stop()

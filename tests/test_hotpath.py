@@ -319,7 +319,8 @@ def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
 def test_block_size_default_depends_on_tokenizer_and_mode():
     # text counts characters: 64 of them ≈ an engine's 16-token block, a quarter of the blocks to walk
     assert RoutingConfig().block_size == 64 and RoutingConfig(tokenizer="text").block_size == 64
-    assert RoutingConfig(mode="precise").block_size == 16  # precise: must cut where the engine cuts
+    assert RoutingConfig(mode="precise").block_size is None  # precise: the engine's own, once it says
+    assert RoutingConfig(mode="precise").tokenizer == "auto"
     assert RoutingConfig(tokenizer="smollm2").block_size == 16
     assert RoutingConfig(block_size=16).block_size == 16 and RoutingConfig(block_size=256, mode="precise").block_size == 256
 

@@ -195,7 +195,7 @@ def test_precise_router_index_and_applier_are_bounded_by_default() -> None:
     router = Router(replicas, RoutingConfig(mode="precise", block_size=BS))
     try:
         assert router.index.capacity("r") == EVENT_FED_CAPACITY
-        applier = router._subscribers[0].applier
+        applier = router.precise.subscribers["r"].applier
         assert applier.max_mapped == 2 * EVENT_FED_CAPACITY
         hot, cold = toks(2), toks(2, 100)
         applier.apply(BlockStored([1, 2], None, hot, BS))

@@ -93,7 +93,7 @@ def precise_proxy(tmp_path) -> Iterator[tuple[httpx.Client, Pipeline, dict[str, 
             "semantic": {"enabled": False},
             "replicas": [{"name": name, "api_base": f"{server.url}/v1", "events": pubs[name].endpoint}
                          for name, server in replicas.items()],
-            "routing": {"policy": "cache_aware", "mode": "precise", "block_size": BS, "tokenizer": "text"},
+            "routing": {"policy": "cache_aware", "mode": "precise", "block_size": BS, "tokenizer": "codepoints"},
         }],
     })
     pipeline = Pipeline(config)

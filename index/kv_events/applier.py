@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
-from index.hashing import DEFAULT_SEED, BlockHash, block_hashes, seed_hash
+from index.engine_hash import checkable_salt, vllm_first_block_hash
+from index.hashing import DEFAULT_SEED, BlockHash, block_hashes, salted_seed, seed_hash
 from index.kv_events.codec import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, KVEvent, KVEventBatch
 from index.prefix import PrefixIndex
 
 log = logging.getLogger(__name__)
 
 MAPPED_PER_BLOCK = 2  # default max_mapped = this x the index's capacity for the replica
+CHECK_FIRST, CHECK_EVERY = 8, 64  # engine-hash checks: the first root blocks, then one in this many
 
 
 class EventApplier:
@@ -59,14 +61,16 @@ class EventApplier:
         self,
         index: PrefixIndex,
         replica: str,
-        block_size: int,
+        block_size: int | None,
         extra: Sequence[str | int] = (),
         seed: str = DEFAULT_SEED,
         max_mapped: int | None = None,
+        on_block_size: Callable[[str, int], None] | None = None,
     ) -> None:
         """max_mapped: cap on engine hashes remembered; default MAPPED_PER_BLOCK x the index's
-        capacity for `replica` (None when that is unbounded, or `replica` is not registered yet)."""
-        if block_size <= 0:
+        capacity for `replica` (None when that is unbounded, or `replica` is not registered yet).
+        block_size None: taken from the first BlockStored, then `on_block_size(replica, size)`."""
+        if block_size is not None and block_size <= 0:
             raise ValueError("block_size must be positive")
         if max_mapped is None:
             cap = index.capacity(replica) if replica in index.replicas else None
@@ -87,7 +91,22 @@ class EventApplier:
         self._media: dict[str, int] = {}  # medium name -> its bit
         self._bad_sizes: set[int] = set()
         self._counts = {"stored": 0, "removed": 0, "cleared": 0, "wrong_block_size": 0,
-                        "unknown_parent": 0, "bound_evictions": 0, "forgotten": 0}
+                        "unknown_parent": 0, "bound_evictions": 0, "forgotten": 0,
+                        "engine_hash_checked": 0, "engine_hash_differs": 0}
+        self._on_block_size = on_block_size
+        self._roots_seen = 0  # first blocks of chains seen (the engine-hash check samples them)
+
+    def set_block_size(self, block_size: int) -> None:
+        """Cut tokens at `block_size` from now on; a change forgets what was mapped (blocks cut
+        elsewhere match nothing the router hashes)."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if block_size != self.block_size:
+            changed = self.block_size is not None
+            self.block_size = block_size
+            self._bad_sizes.discard(block_size)
+            if changed:
+                self.reset()
 
     def apply_batch(self, batch: KVEventBatch) -> None:
         """Apply the batch's events in order."""
@@ -133,6 +152,10 @@ class EventApplier:
     # -- events -------------------------------------------------------------------------------
 
     def _stored(self, ev: BlockStored) -> None:
+        if self.block_size is None:
+            self.block_size = ev.block_size
+            if self._on_block_size is not None:
+                self._on_block_size(self.replica, ev.block_size)
         if ev.block_size != self.block_size:
             self._counts["wrong_block_size"] += 1
             if ev.block_size not in self._bad_sizes:
@@ -163,7 +186,8 @@ class EventApplier:
         """Our hashes of the event's blocks, chained from our hash of its parent; None (counted)
         when the parent is unknown."""
         if ev.parent_block_hash is None:
-            parent = self._root
+            self._check_engine_hash(ev)
+            parent = self._root_of(ev)
         else:
             found = self._ours.get(ev.parent_block_hash)
             if found is None:
@@ -179,6 +203,28 @@ class EventApplier:
                         self.replica, len(ev.block_hashes), len(ours))
             ours = ours[: len(ev.block_hashes)]
         return ours
+
+    def _check_engine_hash(self, ev: BlockStored) -> None:
+        """Whether the engine hashes first blocks as vLLM's default sha256 does (index.engine_hash):
+        the first few root blocks, then one in CHECK_EVERY."""
+        seen, self._roots_seen = self._roots_seen, self._roots_seen + 1
+        if (seen >= CHECK_FIRST and seen % CHECK_EVERY) or not isinstance(ev.block_hashes[0], int):
+            return
+        ok, salt = checkable_salt(ev.extra_keys[0] if ev.extra_keys else None)
+        if not ok or len(ev.token_ids) < ev.block_size:
+            return
+        self._counts["engine_hash_checked"] += 1
+        if vllm_first_block_hash(ev.token_ids[: ev.block_size], salt) != ev.block_hashes[0]:
+            self._counts["engine_hash_differs"] += 1
+
+    def _root_of(self, ev: BlockStored) -> BlockHash:
+        """The parent of a chain's first block: our seed, moved by the first block's extra keys
+        when the engine salted the request (vLLM publishes its cache_salt there, untagged), as
+        PromptHasher.prompt(salt=...) moves it."""
+        keys = ev.extra_keys[0] if ev.extra_keys else None
+        if not keys:
+            return self._root
+        return seed_hash(salted_seed(self.seed, "\x1f".join(str(k) for k in keys)))
 
     def _removed(self, ev: BlockRemoved) -> None:
         keep = 0 if ev.medium is None else ~self._bit(ev.medium)

@@ -11,9 +11,7 @@ on a message it cannot decode (equally lost), it drops everything the index hold
 replica (`EventApplier.reset`) before applying what follows, and counts `resyncs`. The view then
 restarts from the events that follow: new chains from their root block, and blocks the engine
 stores or re-stores from then on. Until then the replica looks cold to the router, which costs
-prefills, never wrong answers. Other replicas' views are untouched. vLLM's optional replay socket
-(a ROUTER that resends batches from a sequence number) would allow a gap-free catch-up instead;
-kvgate does not use it yet, and the reset stays the fallback for publishers without one.
+prefills, never wrong answers. Other replicas' views are untouched.
 A publisher counting from 0 again (`restart`) is a restarted engine, whose cache is empty: the
 same reset, counted as a restart.
 """
@@ -140,10 +138,23 @@ class EventFeed:
         self._tally = _Tally()
         self._lag_counts = [0] * (len(self._bounds) + 1)  # per bucket, the last one is overflow
         self._unknown_tags: set[str] = set()  # logged once each
+        self._last_at: float | None = None
 
     @property
     def replica(self) -> str:
         return self.applier.replica
+
+    @property
+    def last_seq(self) -> int | None:
+        """The sequence number of the latest batch taken (None before the first)."""
+        with self._lock:
+            return self._tally.last_seq
+
+    @property
+    def idle_s(self) -> float | None:
+        """Seconds since the latest batch arrived (None before the first), on the feed's clock."""
+        with self._lock:
+            return None if self._last_at is None else self._clock() - self._last_at
 
     def receive(self, seq: int | None, payload: bytes) -> None:
         """One message: batch number `seq` (None when the publisher sends none) and its bytes."""
@@ -162,6 +173,7 @@ class EventFeed:
                 t.restarts += 1
             if seq is not None:
                 t.last_seq = seq
+            self._last_at = self._clock()
         if order == "gap":
             self._resync(f"{missed} batch(es) missed before batch {seq}")
         try:

@@ -2,9 +2,19 @@
 
 `seq` is the batch number, 8 bytes big-endian, counting from 0 per publisher; `payload` is one
 msgpack batch (index.kv_events.codec). Subscribers also accept ``[topic, payload]``.
+
+Socket roles. vLLM's publisher binds a wildcard or ipc endpoint and *connects* to a concrete
+address (`tcp://127.0.0.1:5557`), so for such an engine the subscriber is the side that binds
+(`bind=True`); our reference replica binds, and the subscriber connects.
+
+Replay. vLLM keeps its last batches behind an optional ROUTER socket (`replay_endpoint`): a
+DEALER sends ``[b"", start_seq]`` and gets ``[b"", topic, seq, payload]`` for every buffered
+batch from `start_seq` on, then ``[b"", b"", -1, b""]``. On a sequence gap the subscriber asks
+for the missing batches there first; only what the replay cannot give becomes a gap (a resync).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -14,6 +24,8 @@ import zmq
 from index.kv_events.applier import EventApplier
 from index.kv_events.codec import KVEvent, KVEventBatch, encode_batch
 from index.kv_events.feed import EventFeed
+
+log = logging.getLogger(__name__)
 
 
 class ZmqEventSubscriber:
@@ -32,10 +44,16 @@ class ZmqEventSubscriber:
         applier: EventApplier,
         topic: bytes = b"",
         context: zmq.Context | None = None,
+        *,
+        bind: bool = False,
+        replay: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.applier = applier
         self.topic = topic
+        self.bind = bind
+        self.replay = replay
+        self.replayed = 0  # batches recovered through the replay socket
         self.feed = EventFeed(applier, source=f"{applier.replica} ({endpoint})")
         self._ctx = context or zmq.Context.instance()
         self._stop = threading.Event()
@@ -65,7 +83,15 @@ class ZmqEventSubscriber:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SUBSCRIBE, self.topic)
-            sock.connect(self.endpoint)
+            try:
+                if self.bind:
+                    self._bind(sock)
+                else:
+                    sock.connect(self.endpoint)
+            except zmq.ZMQError as exc:  # the view stays empty (routing by load), and says why
+                log.error("KV events of %s: cannot %s %s: %s", self.applier.replica,
+                          "listen on" if self.bind else "connect to", self.endpoint, exc)
+                return
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
             self._ready.set()
@@ -84,11 +110,59 @@ class ZmqEventSubscriber:
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) == 3:
-            self.feed.receive(int.from_bytes(frames[1], "big", signed=True), frames[2])
+            seq = int.from_bytes(frames[1], "big", signed=True)
+            last = self.feed.last_seq
+            if self.replay is not None and last is not None and seq > last + 1:
+                self._catch_up(last + 1, seq)
+            self.feed.receive(seq, frames[2])
         elif len(frames) == 2:
             self.feed.receive(None, frames[1])
         else:
             self.feed.malformed(f"message with {len(frames)} frames ignored")
+
+
+    def _bind(self, sock: zmq.Socket) -> None:
+        """Bind, waiting out a socket on the same address that is still closing (ZMQ closes in
+        its I/O thread, after close() returns): a subscriber restarted for the same engine."""
+        deadline = time.monotonic() + BIND_WAIT_S
+        while True:
+            try:
+                sock.bind(self.endpoint)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                time.sleep(0.05)
+
+    def _catch_up(self, start: int, stop: int) -> None:
+        """Feed batches start..stop-1 from the publisher's replay buffer (what it still has)."""
+        assert self.replay is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.replay)
+            sock.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + REPLAY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if not sock.poll(int(REPLAY_TIMEOUT_S * 1000)):
+                    break
+                frames = sock.recv_multipart()
+                if len(frames) != 4:
+                    continue
+                seq = int.from_bytes(frames[2], "big", signed=True)
+                if seq < 0:
+                    break  # end of the buffer
+                if start <= seq < stop and seq == (self.feed.last_seq or 0) + 1:
+                    self.feed.receive(seq, frames[3])
+                    self.replayed += 1
+        except zmq.ZMQError:
+            pass  # no replay: the gap is resynced as without one
+        finally:
+            sock.close(linger=0)
+
+
+BIND_WAIT_S = 5.0  # how long a bind waits for the address to be released
+REPLAY_TIMEOUT_S = 1.0  # a replay that does not answer this fast is skipped (the gap then resyncs)
 
 
 class ZmqEventPublisher:

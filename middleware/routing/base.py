@@ -42,9 +42,17 @@ class RoutePlan:
     # hashes of prompt + answer once worked out off the event loop (Router.prepare_answer)
     prompt: PromptHashes | None = field(default=None, repr=False)
     answer: tuple[dict[str, Any], list[int]] | None = field(default=None, repr=False)
+    salt: str | None = field(default=None, repr=False)  # the engine's cache_salt, part of these hashes
 
     def matched_tokens(self, replica: str) -> int:
         return min(self.matched_blocks.get(replica, 0) * self.block_size, self.prompt_tokens)
+
+    def expected_cached_tokens(self, replica: str) -> int:
+        """What the engine should report as cached on `replica`: the matched whole blocks, but
+        never the block holding the prompt's last token (an engine computes at least that one)."""
+        if self.prompt_tokens <= 0 or self.block_size <= 0:
+            return 0
+        return min(self.matched_blocks.get(replica, 0), (self.prompt_tokens - 1) // self.block_size) * self.block_size
 
 
 class RoutingPolicy(Protocol):

@@ -12,16 +12,14 @@ messages list, `prepare_answer(plan, ...)` before `finished`. Both are optional;
 `plan` and `finished` compute the same hashes themselves.
 
 With `defer_records=True` (the proxy's routers) the approximate-mode records of `started` and
-`finished` (a touch per block of the prompt: milliseconds for a long one) run on one
-background thread, in order, instead of on the caller's (the event loop). `prepare` waits up to
-SETTLE_WAIT_S for the records submitted before it (`settle`), so a next turn routed right after
-its previous answer normally finds that answer's blocks; the wait is bounded because under
-overload an unbounded one made every request queue behind the recorder (the arena's conv ×20
-batched: TTFT p50 6.4 s unbounded, 1.16 s bounded, the replicas' own 0.5–0.6 s; docs/BENCHMARKS.md
-issue 13). Past MAX_PENDING_RECORDS queued records the caller applies its own inline, so the
-index never falls far behind. A short chain (≤ INLINE_RECORD_BLOCKS) with nothing queued before
-it is applied at once on the caller's thread: still in order, and cheaper than the hand-off
-(~0.6 µs per block).
+`finished` run in order on one background thread instead of the caller's (the event loop).
+`prepare` waits up to SETTLE_WAIT_S for the records submitted before it (`settle`), so a next
+turn normally finds its previous answer's blocks; bounded, because under overload an unbounded
+wait queues every request behind the recorder. Past MAX_PENDING_RECORDS queued records the
+caller applies its own inline; a short chain with nothing queued is applied at once.
+
+Long module: decisions, load bookkeeping and replica membership share one lock and one list of
+replicas; what does not need them lives beside it (engines.py, precise.py, salt.py).
 """
 from __future__ import annotations
 
@@ -35,13 +33,17 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from index.kv_events import EventApplier, FeedStats, ZmqEventSubscriber
+from index.kv_events import FeedStats
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher, PromptHashes
 from index.tokenizer import load_tokenizer
 from middleware.config import ReplicaConfig, RoutingConfig
+from middleware.engines.base import EngineInfo
 from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
 from middleware.routing.factory import make_policy
+from middleware.routing.engines import EngineBook
+from middleware.routing.precise import PreciseRouting
+from middleware.routing.salt import Salter
 from middleware.routing.state import RoutingState
 from middleware.routing.state_local import LocalState
 
@@ -85,12 +87,18 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         state: RoutingState | None = None,
         defer_records: bool = False,
+        salter: Salter | None = None,
+        name: str = "route",
     ) -> None:
         if not replicas:
             raise ValueError("a router needs at least one replica")
         self.cfg = cfg
+        self.name = name
         self.replicas = [ReplicaState(r.name, r.api_base, r.api_key) for r in replicas]
-        self.hasher = hasher or PromptHasher(load_tokenizer(cfg.tokenizer), cfg.block_size, seed=cfg.seed)
+        # precise mode hashes only once the engines said how (block size, tokenizer): None until then
+        self.hasher: PromptHasher | None = hasher
+        if self.hasher is None and cfg.mode == "approximate":
+            self.hasher = PromptHasher(load_tokenizer(cfg.tokenizer), cfg.block_size or 16, seed=cfg.seed)
         self.index = index or PrefixIndex(cfg.capacity_blocks, touch_on_match=cfg.mode == "precise")
         for r in replicas:
             if r.name not in self.index.replicas:
@@ -111,19 +119,47 @@ class Router:
         self.state: RoutingState = state or LocalState([r.name for r in replicas])
         if cfg.mode == "approximate":
             self.state.follow(self._apply_peer)
-        self._subscribers: list[ZmqEventSubscriber] = []
+        # what each replica's engine said of itself (middleware.engines), once it answered
+        self.book = EngineBook(name, cfg.engine, cfg.cache_salt, salter, self._engine_found)
+        self.precise: PreciseRouting | None = None
         if cfg.mode == "precise":
-            for r in replicas:
-                if r.events:  # config validation guarantees every replica has one in precise mode
-                    applier = EventApplier(self.index, r.name, cfg.block_size, seed=cfg.seed)
-                    self._subscribers.append(ZmqEventSubscriber(r.events, applier).start())
+            self.precise = PreciseRouting(name, cfg, self.index, list(replicas), self._use_hasher, clock)
+
+    def _use_hasher(self, hasher: PromptHasher) -> None:
+        """Precise mode: the engines' block size and tokenizer are known (again): hash with them."""
+        self.hasher = hasher
+
+    @property
+    def block_size(self) -> int:
+        return self.hasher.block_size if self.hasher is not None else (self.cfg.block_size or 1)
 
     def close(self) -> None:
         if self._recorder is not None:
             self._recorder.shutdown(wait=True)
-        for sub in self._subscribers:
-            sub.stop()
+        if self.precise is not None:
+            self.precise.close()
         self.state.close()
+
+    # ------------------------------------------------------------------ engines
+    @property
+    def engines(self) -> dict[str, EngineInfo]:
+        return self.book.engines
+
+    @property
+    def discovered(self) -> bool:
+        return not self.book.missing([r.name for r in self.replicas])
+
+    async def discover(self, client: httpx.AsyncClient | None = None) -> None:
+        """Ask every replica not yet described what engine it runs (middleware.engines)."""
+        await self.book.discover([(r.name, r.api_base) for r in self.replicas], client)
+
+    def _engine_found(self, name: str, info: EngineInfo) -> None:
+        if self.precise is not None and name in self._names:
+            self.precise.engine_found(name, info)
+
+    def salt(self, tenant: str | None, client_salt: object = None) -> str | None:
+        """The cache_salt of a request of `tenant` (EngineBook.salt); part of its hashes too."""
+        return self.book.salt(tenant, client_salt)
 
     def _apply_peer(self, replica: str, hashes: list[int]) -> None:
         """Another proxy process routed this chain to `replica` (approximate mode)."""
@@ -136,14 +172,17 @@ class Router:
             r.in_flight, r.pending_prefill_tokens = self.state.load(r.name)
 
     # ------------------------------------------------------------------ decisions
-    def prepare(self, messages: Sequence[dict[str, Any]]) -> None:
+    def prepare(self, messages: Sequence[dict[str, Any]], salt: str | None = None) -> None:
         """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread).
 
         With deferred records, hashing stops soon after a block no replica holds (a match
         cannot pass it); the recorder hashes the rest before recording the chain (`started`), off
         the request's path. If a record lands meanwhile and some replica holds every block hashed
         so far, the rest is hashed here and matched again, so the match is always the full one."""
-        prompt = self.hasher.prompt(messages, until=self.index.held if self._recorder is not None else None)
+        hasher = self.hasher
+        if hasher is None:
+            return
+        prompt = hasher.prompt(messages, until=self.index.held if self._recorder is not None else None, salt=salt)
         self.settle(SETTLE_WAIT_S)
         matched = self.index.match(prompt.hashes)
         if prompt.partial and max(matched.values(), default=0) >= len(prompt.hashes):
@@ -167,17 +206,20 @@ class Router:
         done, _ = wait([last], timeout=timeout)
         return bool(done)
 
-    def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None) -> RoutePlan:
-        ready = self._take_prepared(messages)
-        if ready is None:  # not prepared: computed here, on the caller's thread, without waiting
-            prompt = self.hasher.prompt(messages)
-            ready = (prompt, self.index.match(prompt.hashes))
-        prompt, matched = ready
+    def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None, salt: str | None = None) -> RoutePlan:
         if session is None and messages:
             first = messages[0].get("content")
             session = first if isinstance(first, str) else None
-        return RoutePlan(prompt.hashes, prompt.tokens, self.cfg.block_size, matched, session,
-                         shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt)
+        hasher = self.hasher
+        if hasher is None:  # precise mode before the engines said how to hash: route by load
+            return RoutePlan([], 0, self.block_size, {}, session, salt=salt)
+        ready = self._take_prepared(messages)
+        if ready is None:  # not prepared: computed here, on the caller's thread, without waiting
+            prompt = hasher.prompt(messages, salt=salt)
+            ready = (prompt, self.index.match(prompt.hashes))
+        prompt, matched = ready
+        return RoutePlan(prompt.hashes, prompt.tokens, hasher.block_size, matched, session,
+                         shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt)
 
     def _record(self, replica: str, hashes: list[int] | PromptHashes) -> None:
         """Approximate mode: `replica` now caches this chain (in order, off this thread if deferred).
@@ -239,6 +281,8 @@ class Router:
             replica.pending_prefill_tokens += pending
         if self.cfg.mode == "approximate":
             self._record(replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes)
+        elif self.precise is not None:
+            self.precise.sent(replica.name, plan.hashes)
         return Ticket(replica, plan, pending)
 
     def first_token(self, ticket: Ticket) -> None:
@@ -257,6 +301,8 @@ class Router:
             ticket.replica.in_flight -= 1
             if ok:
                 ticket.replica.healthy, ticket.replica.failures = True, 0
+        if self.precise is not None:
+            self.precise.check()
         if ok and conversation is not None and self._records_answers:
             self._record(ticket.replica.name, self._conversation_hashes(ticket.plan, conversation))
 
@@ -266,8 +312,9 @@ class Router:
 
     def prepare_answer(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> None:
         """Hash prompt + answer ahead of `finished` (thread-safe; meant for a worker thread)."""
-        if self._records_answers and conversation:
-            plan.answer = (dict(conversation[-1]), self.hasher.prompt(conversation, plan.prompt).hashes)
+        hasher = self.hasher
+        if self._records_answers and conversation and hasher is not None:
+            plan.answer = (dict(conversation[-1]), hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes)
 
     def _conversation_hashes(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> list[int]:
         """prompt + answer's hashes: ready if `prepare_answer` saw this answer, else worked out
@@ -275,7 +322,8 @@ class Router:
         ready = plan.answer
         if ready is not None and len(conversation) and conversation[-1] == ready[0]:
             return ready[1]
-        return self.hasher.prompt(conversation, plan.prompt).hashes
+        hasher = self.hasher
+        return hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes if hasher is not None else []
 
     def mark_down(self, replica: ReplicaState, reason: str) -> None:
         with self._lock:
@@ -293,24 +341,100 @@ class Router:
             log.info("replica %s is back", replica.name)
 
     async def probe(self, client: httpx.AsyncClient) -> None:
-        """One health round: GET {api_base}/models on every down replica; 200 re-admits it."""
+        """One health round: GET {api_base}/models on every down replica; 200 re-admits it. A
+        replica refusing connections has no engine behind it, so (precise mode) no cache: its
+        view is dropped, and its engine is asked again what it is once it answers (a restart
+        may bring another version or block size)."""
         for replica in [r for r in self.replicas if not r.healthy]:
             try:
                 resp = await client.get(f"{replica.api_base.rstrip('/')}/models", timeout=2.0)
                 if resp.status_code == 200:
                     self.mark_up(replica)
+            except httpx.ConnectError:
+                self.engine_gone(replica.name)
             except httpx.HTTPError:
                 pass
+        if self.precise is not None:
+            self.precise.check()
+
+    def engine_gone(self, name: str) -> None:
+        """The replica's engine process is gone: forget its cache and what it said of itself."""
+        self.book.forget(name)
+        if self.precise is not None and self.index.blocks(name):
+            log.warning("route %s: replica %s refuses connections; its %d blocks leave the prefix index",
+                        self.name, name, self.index.blocks(name))
+            sub = self.precise.subscribers.get(name)
+            if sub is not None:
+                sub.applier.reset()
 
     def event_stats(self) -> dict[str, FeedStats]:
         """Per replica, its KV-event feed's counters (precise mode; empty otherwise)."""
-        return {sub.applier.replica: sub.feed.stats() for sub in self._subscribers}
+        if self.precise is None:
+            return {}
+        return {name: sub.feed.stats() for name, sub in list(self.precise.subscribers.items())}
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             self.refresh_load()
-        return {
-            r.name: {"healthy": r.healthy, "in_flight": r.in_flight, "requests": r.requests,
-                     "pending_prefill_tokens": r.pending_prefill_tokens, "blocks": self.index.blocks(r.name)}
-            for r in self.replicas
-        }
+        precise = self.precise.stats() if self.precise is not None else {}
+        out: dict[str, Any] = {}
+        for r in self.replicas:
+            out[r.name] = {"healthy": r.healthy, "in_flight": r.in_flight, "requests": r.requests,
+                           "pending_prefill_tokens": r.pending_prefill_tokens, "blocks": self.index.blocks(r.name)}
+            engine = self.book.describe(r.name)
+            if engine is not None:
+                out[r.name]["engine"] = engine
+            if r.name in precise:
+                out[r.name]["precise"] = precise[r.name]
+        return out
+
+    # ------------------------------------------------------------------ replicas at run time
+    # (the admin API, middleware/admin.py). Lists are replaced, never changed in place, so a
+    # reader iterating a snapshot (candidates, probe, the metrics collector) stays safe.
+    def add_replica(self, cfg: ReplicaConfig) -> ReplicaState:
+        """Route to one more replica from now on. ValueError: the name is on this route already,
+        precise mode without `events`, or a routing state that cannot count a new name (WorkerState:
+        its shared load table is laid out at start-up)."""
+        if self.cfg.mode == "precise" and not cfg.events:
+            raise ValueError(f"routing.mode precise needs replicas[].events (a ZMQ endpoint) for: {[cfg.name]}")
+        with self._lock:
+            if cfg.name in self._names:
+                raise ValueError(f"replica {cfg.name!r} is on this route already")
+            learn = getattr(self.state, "add_replica", None)  # LocalState; RedisState counts any name
+            if learn is not None:
+                learn(cfg.name)
+            try:
+                self.state.load(cfg.name)
+            except KeyError:
+                raise ValueError(f"{type(self.state).__name__} cannot count a replica added at run time") from None
+            if cfg.name not in self.index.replicas:
+                self.index.add_replica(cfg.name, cfg.capacity_blocks or self.cfg.capacity_blocks)
+            self._names = self._names | {cfg.name}  # claimed: a second add of the name fails from here on
+        if self.precise is not None:
+            try:  # outside the lock: start() waits for the socket, and routing must not
+                self.precise.subscribe(cfg)
+            except Exception:
+                with self._lock:
+                    self._names = self._names - {cfg.name}
+                self.index.remove_replica(cfg.name)
+                raise
+        replica = ReplicaState(cfg.name, cfg.api_base, cfg.api_key)
+        with self._lock:
+            self.replicas = [*self.replicas, replica]
+        return replica
+
+    def remove_replica(self, name: str) -> None:
+        """Route nothing more to `name`: its KV-event subscriber stops and the index forgets its
+        blocks. Requests in flight on it finish normally (their late index records for it are
+        dropped). KeyError: not on this route; ValueError: the route's last replica."""
+        with self._lock:
+            if not any(r.name == name for r in self.replicas):
+                raise KeyError(name)
+            if len(self.replicas) == 1:
+                raise ValueError(f"replica {name!r} is the route's last one")
+            self.replicas = [r for r in self.replicas if r.name != name]
+            self._names = self._names - {name}
+        if self.precise is not None:
+            self.precise.unsubscribe(name)
+        self.book.forget(name)
+        self.index.remove_replica(name)

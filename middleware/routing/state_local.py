@@ -23,6 +23,11 @@ class LocalState:
         in_flight, pending = self._load[replica]
         return in_flight, pending
 
+    def add_replica(self, replica: str) -> None:
+        """A replica added while the proxy runs (Router.add_replica); counts start at zero. A
+        removed replica's counts are never dropped: requests still in flight on it settle them."""
+        self._load.setdefault(replica, [0, 0])
+
     def recorded(self, replica: str, hashes: Sequence[int]) -> None:
         pass
 

@@ -79,23 +79,47 @@ function renderLatency(x, pts, route) {
     line("p50", x, ms("ttft_p50")), line("p99", x, ms("ttft_p99"))]);
 }
 
+// The replica table: each column's header next to what fills it, so the two cannot drift apart
+// (the header row is drawn from this list). t(f): field f summed over the points shown; the
+// engine's columns are what the replica's own /metrics said, "–" where its engine has no such number.
+const dash = (v) => (v == null ? "–" : v);
+const REPLICA_COLUMNS = [
+  ["replica", (n) => n],
+  ["state", (n, r) => (r.up ? "up" : "down")],
+  ["in flight", (n, r) => r.in_flight],
+  ["requests", (n, r, t) => t("requests")],
+  ["marked down", (n, r, t) => t("marked_down")],
+  ["prefix hit rate", (n, r, t) => (t("prompt_tokens") ? (100 * t("cached_tokens") / t("prompt_tokens")).toFixed(1) + " %" : "–")],
+  ["prompt tokens", (n, r, t, read) => (read ? t("prompt_tokens") : "–")],
+  ["cached tokens", (n, r, t, read) => (read ? t("cached_tokens") : "–")],
+  ["running", (n, r) => dash(r.running)],
+  ["waiting", (n, r) => dash(r.waiting)],
+  ["engine", (n, r) => dash(r.engine)],
+];
+
 function renderReplicas(x, pts, names) {
   $("replicas").hidden = names.length === 0;
   if (!names.length) return;
   const last = pts[pts.length - 1].replicas;
-  const totals = (n, f) => sum(pts.map((p) => p.replicas[n][f] || 0));
+  const head = $("replica-rows").parentElement.tHead.rows[0];
+  if (head.cells.length !== REPLICA_COLUMNS.length) {
+    head.replaceChildren(...REPLICA_COLUMNS.map(([h]) => { const th = document.createElement("th"); th.textContent = h; return th; }));
+  }
   $("replica-rows").replaceChildren(...names.map((n) => {
     const row = document.createElement("tr"), r = last[n];
-    const prompt = totals(n, "prompt_tokens");
-    const cells = [n, r.up ? "up" : "down", r.in_flight, totals(n, "requests"), totals(n, "marked_down"),
-      prompt ? (100 * totals(n, "cached_tokens") / prompt).toFixed(1) + " %" : "–"];
-    cells.forEach((c, i) => { const td = document.createElement("td"); td.textContent = c;
+    const t = (f) => sum(pts.map((p) => p.replicas[n][f] || 0));
+    const read = pts.some((p) => p.replicas[n].engine);  // some point recognised the replica's engine
+    REPLICA_COLUMNS.forEach(([, cell], i) => { const td = document.createElement("td"); td.textContent = cell(n, r, t, read);
       if (i === 1) td.className = r.up ? "up" : "down"; row.appendChild(td); });
     return row;
   }));
   const series = (f) => names.map((n) => line(n, x, pts.map((p) => p.replicas[n][f])));
   draw("c-rep-requests", "Requests sent per interval", series("requests"));
-  draw("c-rep-inflight", "In flight", series("in_flight"));
+  // the proxy's count beside the engine's own: a gap between them is time spent outside the engine
+  const engine = (f, style) => names.filter((n) => pts.some((p) => p.replicas[n][f] != null)).map((n) =>
+    line(`${n} ${f}`, x, pts.map((p) => p.replicas[n][f] ?? null), { line: { dash: style } }));
+  draw("c-rep-inflight", "In flight (proxy); running, waiting (engine's /metrics)",
+    [...series("in_flight"), ...engine("running", "dash"), ...engine("waiting", "dot")]);
   draw("c-rep-prefix", "Prefix hit rate (cached / prompt tokens, replica's /metrics)", names.map((n) =>
     line(n, x, pts.map((p) => { const r = p.replicas[n]; return r.prompt_tokens ? r.cached_tokens / r.prompt_tokens : null; }))),
     { yaxis: { range: [0, 1.05], tickformat: ".0%" } });

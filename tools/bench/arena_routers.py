@@ -82,7 +82,8 @@ def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list
 
     precise = policy == "cache_aware_precise"
     routing: dict[str, Any] = {"policy": "cache_aware" if precise else policy,
-                               "tokenizer": "text", "max_attempts": 2, "mode": "precise" if precise else "approximate"}
+                               "tokenizer": "codepoints" if precise else "text", "max_attempts": 2,
+                               "mode": "precise" if precise else "approximate"}
     if precise:  # the replicas' blocks; approximate mode keeps its own default (64 characters with text)
         routing["block_size"] = BLOCK_SIZE
     if capacity_blocks is not None and not precise:  # the hint is in the replicas' blocks: the same tokens in ours

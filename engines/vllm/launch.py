@@ -1,0 +1,214 @@
+"""Start a real vLLM OpenAI server (the CPU build in its own virtual environment) on loopback.
+
+One place knows the flags kvgate needs from vLLM, so tests, benchmarks, `make run-vllm` and the
+docs agree: prefix caching on, KV events published over ZMQ (plus the replay socket that lets a
+subscriber catch up after a gap), `cached_tokens` in every response's usage. The engine binds
+127.0.0.1 only (HTTP and events). vLLM lives in `.venv-vllm` (`make install`), apart from kvgate's
+own environment, because its pins (transformers, openai, ...) differ from ours.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON_ENV = "KVGATE_VLLM_PYTHON"  # which python runs vLLM (default: .venv-vllm/bin/python)
+
+
+def vllm_python() -> Path:
+    """The interpreter of vLLM's environment."""
+    return Path(os.environ.get(VLLM_PYTHON_ENV) or ROOT / ".venv-vllm" / "bin" / "python")
+
+
+def vllm_available() -> bool:
+    return vllm_python().exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def events_config(port: int, replay_port: int | None = None, host: str = "127.0.0.1") -> dict[str, object]:
+    """vLLM's `--kv-events-config`: ZMQ PUB on `port`, optionally the replay ROUTER on `replay_port`."""
+    cfg: dict[str, object] = {"enable_kv_cache_events": True, "publisher": "zmq",
+                              "endpoint": f"tcp://{host}:{port}", "topic": "kv"}
+    if replay_port is not None:
+        cfg["replay_endpoint"] = f"tcp://{host}:{replay_port}"
+    return cfg
+
+
+@dataclass
+class VllmServer:
+    """One `vllm.entrypoints.openai.api_server` child process.
+
+    `core`: the CPU core its OpenMP threads are bound to (two servers on two cores: 0 and 1).
+    `kv_cache_gib`: VLLM_CPU_KVCACHE_SPACE, the KV cache it allocates.
+    `extra_args`: more vLLM flags (e.g. `--kv-transfer-config ...`).
+    `extra_env`: more environment variables for it (e.g. VLLM_SERVER_DEV_MODE=1, which serves
+    `POST /reset_prefix_cache`); named so because `env()` is the method that builds the whole environment.
+    """
+
+    model: str
+    served_name: str = "smollm2"
+    port: int = 0
+    events_port: int = 0
+    replay_port: int | None = 0
+    core: int | None = None
+    kv_cache_gib: int = 1  # whole GiB: vLLM reads the variable as an int
+    max_model_len: int = 8192
+    enforce_eager: bool = True
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_port()
+        self.events_port = self.events_port or free_port()
+        if self.replay_port == 0:
+            self.replay_port = free_port()
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def events(self) -> str:
+        return f"tcp://127.0.0.1:{self.events_port}"
+
+    @property
+    def replay(self) -> str | None:
+        return None if self.replay_port is None else f"tcp://127.0.0.1:{self.replay_port}"
+
+    def argv(self) -> list[str]:
+        args = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+                "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
+                "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                "--max-model-len", str(self.max_model_len), "--disable-uvicorn-access-log",
+                "--kv-events-config", json.dumps(events_config(self.events_port, self.replay_port))]
+        if self.enforce_eager:
+            args.append("--enforce-eager")
+        return args + list(self.extra_args)
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1",
+               "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": env_level()}
+        if self.core is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.core)
+        env.pop("PYTHONHASHSEED", None)  # the engine's default: sha256 from its fixed seed
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> "VllmServer":
+        if not vllm_available():
+            raise RuntimeError(f"vLLM's environment is missing ({vllm_python()}); run `make install`")
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # its own process group, so stop() ends the engine core process it forks too
+        self.proc = subprocess.Popen(self.argv(), env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.api_base}/models", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 240.0) -> "VllmServer":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM on port {self.port} exited with {self.proc.returncode}"
+                                   + (f"; see {self.log_path}" if self.log_path else ""))
+            if self.ready():
+                return self
+            time.sleep(0.5)
+        raise RuntimeError(f"vLLM on port {self.port} not ready within {timeout:.0f}s")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (SIGKILL: a crash, as a fault test wants it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def __enter__(self) -> "VllmServer":
+        return self.start().wait_ready()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def env_level() -> str:
+    return os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def start_pair(model: str, *, served_name: str = "smollm2", ports: tuple[int, int] = (0, 0),
+               events_ports: tuple[int, int] = (0, 0), log_dir: Path | None = None,
+               timeout: float = 240.0, **options: object) -> list[VllmServer]:
+    """Two servers, one per core, started together (start-up overlaps) and waited for."""
+    servers = []
+    for i in range(2):
+        log = None if log_dir is None else Path(log_dir) / f"vllm-{i}.log"
+        servers.append(VllmServer(model, served_name, ports[i], events_ports[i], core=i % max(1, os.cpu_count() or 1),
+                                  log_path=log, **options).start())  # type: ignore[arg-type]
+    try:
+        for s in servers:
+            s.wait_ready(timeout)
+    except Exception:
+        for s in servers:
+            s.stop()
+        raise
+    return servers
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engines.vllm.launch --port P --events-port E [--core C] [--model DIR]`: one server
+    in the foreground (what `make run-vllm` runs twice)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="engines.vllm.launch", description=main.__doc__)
+    parser.add_argument("--model", default=None, help="model dir (default: the SmolLM2 dir `kvgate prepare` wrote)")
+    parser.add_argument("--served-model-name", default="smollm2")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--events-port", type=int, required=True)
+    parser.add_argument("--replay-port", type=int, default=None)
+    parser.add_argument("--core", type=int, default=None)
+    parser.add_argument("--kv-cache-gib", type=int, default=1)
+    args, extra = parser.parse_known_args(argv)
+    model = args.model or str(default_model_dir())
+    server = VllmServer(model, args.served_model_name, args.port, args.events_port, args.replay_port,
+                        core=args.core, kv_cache_gib=args.kv_cache_gib, extra_args=extra)
+    print("kvgate: starting vLLM:", " ".join(server.argv()), flush=True)
+    os.execve(str(vllm_python()), server.argv(), server.env())
+
+
+def default_model_dir() -> Path:
+    """The SmolLM2-135M-Instruct dir `kvgate prepare` converted from the packaged GGUF."""
+    base = os.environ.get("KVGATE_MODEL_CACHE") or Path.home() / ".cache" / "kvgate" / "models"
+    return Path(base) / "smollm2-135m"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

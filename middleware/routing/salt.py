@@ -1,0 +1,66 @@
+"""Per-tenant cache salts for the engines' prefix caches.
+
+An engine such as vLLM shares one prefix cache across every request, so one tenant could learn
+from the time to first token whether another tenant sent a prompt. vLLM keys a request's blocks
+by its `cache_salt` too (in the first block's extra keys), so requests with different salts never
+share cached blocks. kvgate sets that salt on every request of a tenant-scoped route:
+
+    salt = HMAC-SHA256(secret, "tenant" NUL tenant [NUL "client" NUL client_salt])[:32 hex]
+
+- the secret never leaves the proxy, so a salt cannot be guessed from a tenant (or its key);
+- a `cache_salt` the client sent is folded in, never used alone, so a client cannot pick another
+  tenant's salt;
+- the same tenant always gets the same salt (for one secret), so its own prefixes stay reusable.
+Without a tenant (scope shared) the client's own salt, if any, goes through as it is.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+from pathlib import Path
+
+log = logging.getLogger("kvgate.salt")
+SECRET_FILE = "salt.key"
+
+
+class Salter:
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("the cache-salt secret must be at least 16 bytes")
+        self._secret = secret
+
+    def salt(self, tenant: str | None, client_salt: object = None) -> str | None:
+        """The engine's cache_salt for this request (see the module docstring); None = unsalted."""
+        client = client_salt if isinstance(client_salt, str) and client_salt else None
+        if tenant is None:
+            return client
+        msg = b"tenant\0" + tenant.encode()
+        if client is not None:
+            msg += b"\0client\0" + client.encode()
+        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:32]
+
+
+def load_secret(cache_dir: Path, env_name: str | None) -> bytes:
+    """The secret from the variable `env_name` names, else from <cache_dir>/salt.key (made once,
+    random, readable by this user only). Proxies that share engines must share the secret."""
+    if env_name:
+        value = os.environ.get(env_name)
+        if not value:
+            raise ValueError(f"auth.salt_secret_env names {env_name}, which is not set")
+        return value.encode()
+    path = Path(cache_dir) / SECRET_FILE
+    try:
+        return path.read_bytes().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_hex(32).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secret)
+    finally:
+        os.close(fd)
+    return secret

@@ -1,0 +1,171 @@
+"""`kvgate bench vllm`'s pure parts: conversations from a trace, the oracle, vLLM's /metrics, the
+JSON shape. No vLLM server is started here (the bench itself is run by hand: see its docstring)."""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+import pytest
+
+from middleware.config import parse_config
+from tools.bench.trace import TraceRequest
+from tools.bench.vllm_arena import ARMS, add_arguments, validate
+from tools.bench.vllm_arena_setup import kvgate_config
+from tools.bench.vllm_arena_client import Turn, take_event
+from tools.bench.vllm_arena_stats import Computed, counters, metric_labels, oracle_cached, router_summary, run_summary
+from tools.bench.vllm_arena_workload import WORDS, block_words, estimate_tokens, group_conversations, select, user_texts
+
+
+def req(t: float, n: int, ids: list[int]) -> TraceRequest:
+    return TraceRequest(t, n, 1, tuple(ids))
+
+
+def test_conversations_grouped_on_full_blocks():
+    trace = [
+        req(0, 1300, [0, 1, 2]),          # A1: full blocks (0, 1)
+        req(1, 1200, [0, 7, 8]),          # B1: shares only block 0 with A: its own conversation
+        req(2, 1800, [0, 1, 5, 6]),       # A2: starts with A1's full blocks, longer
+        req(3, 1250, [0, 7, 9]),          # B2: starts with B1's full blocks (0, 7), longer
+        req(4, 1000, [0, 7, 9]),          # shorter than B2: not a turn of B, a new conversation (1 full block: no tail)
+        req(5, 2100, [0, 1, 5, 11, 12]),  # A3: starts with A2's full blocks (0, 1, 5)
+        req(6, 400, [0]),                 # too short to be extended (< 2 full blocks)
+        req(7, 900, [0, 13]),             # not a turn of the 400-token request
+    ]
+    convs = group_conversations(trace)
+    assert [c.requests for c in convs] == [(0, 2, 5), (1, 3), (4,), (6,), (7,)]
+    a = convs[0]
+    assert a.new_ids == ((0, 1, 2), (5, 6), (11, 12))  # turn k: its ids beyond turn k-1's full blocks
+    assert convs[1].new_ids == ((0, 7, 8), (9,))
+
+
+def test_conversations_follow_the_latest_turn_and_time_order():
+    trace = [req(10, 2100, [0, 1, 5, 11, 12]), req(0, 1300, [0, 1, 2]), req(5, 1800, [0, 1, 5, 6])]
+    convs = group_conversations(trace)  # sorted by time first
+    assert [c.requests for c in convs] == [(1, 2, 0)]
+    # a request extending turn 1 once turn 2 exists starts a new conversation
+    trace.append(req(20, 1400, [0, 1, 3]))
+    assert [c.requests for c in group_conversations(trace)] == [(1, 2, 0), (3,)]
+
+
+def test_select_cuts_and_filters():
+    trace = [req(k, 1100 + 600 * k, [0, 1, *range(10, 10 + k + 1)]) for k in range(5)]  # one 5-turn conversation
+    trace += [req(100 + k, 1100 + 16000 * k, [0, 2, *range(50, 50 + 32 * k + 1)]) for k in range(4)]  # too long
+    trace += [req(200 + k, 1100 + 600 * k, [0, 3, *range(90, 90 + k + 1)]) for k in range(3)]  # 3 turns only
+    convs = group_conversations(trace)
+    assert sorted(c.turns for c in convs) == [3, 4, 5]
+    picked, counts = select(convs, 3, 64, 16, 3500)
+    assert counts == {"conversations": 3, "with_enough_turns": 2, "fitting": 1}
+    assert [c.turns for c in picked] == [3] and picked[0].requests == (0, 1, 2)
+    assert picked[0].new_ids == ((0, 1, 10), (10, 11), (11, 12))  # beyond the previous turn's full blocks
+    assert estimate_tokens(picked[0], 3, 64, 16) == 40 + 7 * 64 + 2 * 16 + 5 * 5
+
+
+def test_block_text_is_deterministic_and_block_tokens_long():
+    conv = group_conversations([req(0, 1100, [0, 1, 2]), req(1, 1600, [0, 1, 4, 5])])[0]
+    texts = user_texts(conv, 8)
+    assert texts == user_texts(conv, 8)
+    assert [len(t.split()) for t in texts] == [24, 16]
+    assert texts[0].startswith(block_words(0, 8)) and block_words(0, 8) != block_words(1, 8)
+    assert set(" ".join(texts).split()) <= set(WORDS)
+
+
+def test_words_are_one_token_each():
+    from engines.vllm.launch import default_model_dir
+
+    path = default_model_dir() / "tokenizer.json"
+    if not path.exists():
+        pytest.skip("no SmolLM2 tokenizer (kvgate prepare)")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    assert all(len(tok.encode(" " + w, add_special_tokens=False).ids) == 1 for w in WORDS)
+    assert len(tok.encode(" " + block_words(3, 64), add_special_tokens=False).ids) == 64
+
+
+def test_oracle_counts_whole_blocks_of_earlier_finished_sequences():
+    a = Computed(0, 1, list(range(10)), [100, 101])          # computes 0..9, 100, 101
+    b = Computed(2, 3, [*range(10), 100, 101, 7, 7, 7])      # shares 12 tokens = 3 blocks of 4
+    c = Computed(2.5, 4, list(range(9)))                      # a's first 2 blocks; 8 of 9 tokens
+    d = Computed(5, 6, list(range(8)))                        # exactly 2 blocks: the last token is never a hit
+    e = Computed(0.5, 7, [50, 51, 52, 53, 54])                # nothing before it shares its first block
+    hits = oracle_cached([a, b, c, d, e], 4)
+    assert hits == [0, 12, 8, 4, 0]
+    # sent before `a` finished: nothing to hit
+    assert oracle_cached([Computed(0, 5, list(range(9))), Computed(1, 2, list(range(9)))], 4) == [0, 0]
+    # a prefix that diverges inside block 2 hits block 1 only
+    assert oracle_cached([Computed(0, 1, list(range(12))), Computed(2, 3, [0, 1, 2, 3, 4, 9, 6, 7, 8, 9])], 4) == [0, 4]
+    with pytest.raises(ValueError):
+        oracle_cached([], 0)
+
+
+METRICS = """# HELP vllm:prompt_tokens_total x
+vllm:prompt_tokens_total{engine="0",model_name="smollm2"} 2044.0
+vllm:prompt_tokens_cached_total{engine="0",model_name="smollm2"} 512.0
+vllm:prompt_tokens_cached_created{engine="0",model_name="smollm2"} 1.7e+09
+vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="46592",prefix_caching_hash_algo="sha256"} 1.0
+"""
+
+
+def test_metrics_read():
+    assert counters([METRICS, METRICS.replace("2044.0", "100")]) == {"cached": 1024.0, "prompt": 2144.0}
+    info = metric_labels(METRICS, "vllm:cache_config_info")
+    assert info["kv_cache_size_tokens"] == "46592" and info["block_size"] == "128"
+    assert metric_labels(METRICS, "vllm:nothing") == {}
+
+
+def test_stream_events_folded():
+    t = Turn(0, 0, [], sent=1.0)
+    take_event(t, {"choices": [{"delta": {"role": "assistant", "content": ""}}]}, 1.5)
+    assert t.ttft is None  # an empty content is not the first token
+    take_event(t, {"choices": [{"delta": {"content": "Hi"}}]}, 2.0)
+    take_event(t, {"choices": [{"delta": {"content": " there"}, "finish_reason": "length"}]}, 2.1)
+    take_event(t, {"choices": [], "usage": {"prompt_tokens": 300, "prompt_tokens_details": {"cached_tokens": 256}}}, 2.2)
+    assert t.ttft == 1.0 and "".join(t.pieces) == "Hi there" and t.finish_reason == "length"
+    assert (t.prompt_tokens, t.cached_tokens) == (300, 256)
+    take_event(t, {"error": {"message": "boom"}}, 3)
+    assert "boom" in t.error
+
+
+def test_json_shape_from_fake_runs():
+    runs = [run_summary([0.1, 0.2, 0.3], [], 3, {"prompt": 0, "cached": 0}, {"prompt": 1000, "cached": 400}),
+            run_summary([0.2, 0.4], ["HTTP 500"], 3, {"prompt": 1000, "cached": 400}, {"prompt": 2000, "cached": 1000})]
+    assert runs[1]["cached_fraction"] == 0.6 and runs[1]["errors"] == 1
+    s = router_summary(runs, router="kvgate cache_aware")
+    assert {"ttft_mean_s", "ttft_mean_ci_s", "ttft_p50_s", "ttft_p90_s", "cached_fraction", "errors", "requests",
+            "runs"} <= set(s)
+    assert math.isclose(s["ttft_mean_s"], (0.2 + 0.3) / 2)
+    half = statistics.NormalDist().inv_cdf(0.975) * statistics.stdev([0.2, 0.3]) / math.sqrt(2)
+    assert math.isclose(s["ttft_mean_ci_s"], half)
+    assert s["cached_fraction"] == 1000 / 2000 and s["errors"] == 1 and s["requests"] == 6 and len(s["runs"]) == 2
+    assert s["ttft_p50_s"] == 0.2 and s["ttft_p90_s"] == 0.4
+    one = router_summary(runs[:1])
+    assert one["ttft_mean_ci_s"] is None and math.isclose(one["ttft_mean_s"], 0.2)
+
+
+class _Server:
+    def __init__(self, i: int) -> None:
+        self.api_base, self.events = f"http://127.0.0.1:{8000 + i}/v1", f"tcp://127.0.0.1:{5000 + i}"
+
+
+def test_kvgate_configs_are_valid(tmp_path):
+    servers = [_Server(0), _Server(1)]
+    for arm in ("kvgate_precise", "kvgate_approximate", "round_robin"):
+        cfg = parse_config(kvgate_config(arm, servers, tmp_path / arm, "/models/smollm2"))
+        route = cfg.routes[0]
+        assert route.exact is False and route.semantic.enabled is False
+        assert [r.api_base for r in route.replicas] == [s.api_base for s in servers]
+    precise = kvgate_config("kvgate_precise", servers, tmp_path, "/m")["routes"][0]
+    assert precise["routing"] == {"policy": "cache_aware", "mode": "precise"}  # block size, tokenizer: from the engine
+    assert [r["events"] for r in precise["replicas"]] == [s.events for s in servers]
+    approx = kvgate_config("kvgate_approximate", servers, tmp_path, "/m")["routes"][0]["routing"]
+    assert approx == {"policy": "cache_aware", "mode": "approximate", "tokenizer": "/m"}
+
+
+def test_options_checked():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert validate(p.parse_args(["--json", "x"])) == []
+    assert validate(p.parse_args(["--json", "x", "--arms", ",".join(ARMS)])) == []
+    bad = validate(p.parse_args(["--json", "x", "--arms", "kvgate_precise,nope", "--concurrency", "1", "--runs", "0"]))
+    assert any("--arms" in m for m in bad) and any("--concurrency" in m for m in bad) and any("--runs" in m for m in bad)

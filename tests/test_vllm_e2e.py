@@ -1,0 +1,172 @@
+"""kvgate in front of two real vLLM servers (the session's `vllm_pair`): precise routing with no
+hand settings, tenants salted inside the engine, attribution headers, engine metrics, and a
+vLLM server killed under load."""
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from middleware.config import parse_config
+from middleware.pipeline import Pipeline
+from middleware.proxy import create_app
+from tests.conftest import wait_until
+from tools.bench.procs import ServerThread
+
+LONG = " ".join(f"Point {i}: the river town keeps its old stone bridge, its market and its mill." for i in range(40))
+
+
+def config(tmp: Path, servers: list[Any], **routing: Any) -> dict[str, Any]:
+    replicas = [{"name": f"v{i + 1}", "api_base": s.api_base, "events": s.events} for i, s in enumerate(servers)]
+    return {
+        "cache_dir": str(tmp / "cache"),
+        "stats": {"interval_s": 0.2},
+        "routes": [{
+            "name": "vllm", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 120},
+            "exact": False, "semantic": {"enabled": False}, "scope": "tenant", "replicas": replicas,
+            "routing": {"policy": "cache_aware", "mode": "precise", **routing},
+        }],
+    }
+
+
+class Proxy:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.config = parse_config(cfg)
+        self.pipeline = Pipeline(self.config)
+        self.server = ServerThread(create_app(self.config, self.pipeline)).start()
+        self.client = httpx.Client(base_url=self.server.url, timeout=120)
+
+    @property
+    def router(self) -> Any:
+        return self.pipeline.routers["vllm"]
+
+    def chat(self, messages: list[dict[str, str]], tenant: str = "alice", stream: bool = False,
+             **extra: Any) -> tuple[httpx.Response, dict[str, Any]]:
+        body = {"model": "smollm2", "messages": messages, "max_tokens": 8, "temperature": 0, **extra}
+        headers = {"authorization": f"Bearer {tenant}"}
+        if not stream:
+            r = self.client.post("/v1/chat/completions", json=body, headers=headers)
+            return r, (r.json().get("usage") or {}) if r.status_code == 200 else {}
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
+        usage: dict[str, Any] = {}
+        with self.client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"usage"' in line:
+                    chunk = httpx.Response(200, content=line[6:]).json()
+                    usage = chunk.get("usage") or usage
+        return r, usage
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+        self.pipeline.close()
+
+
+@pytest.fixture
+def proxy_factory(tmp_path: Path) -> Iterator[Any]:
+    made: list[Proxy] = []
+
+    def make(cfg: dict[str, Any]) -> Proxy:
+        made.append(Proxy(cfg))
+        return made[-1]
+    yield make
+    for p in made:
+        p.close()
+
+
+def cached(usage: dict[str, Any]) -> int:
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def test_precise_mode_takes_block_size_and_tokenizer_from_the_engine(vllm_pair, proxy_factory, tmp_path):
+    proxy = proxy_factory(config(tmp_path, vllm_pair))
+    turn1 = [{"role": "user", "content": "Tell me about this town. " + LONG}]
+    r1, u1 = proxy.chat(turn1)
+    assert r1.status_code == 200, r1.text
+    assert proxy.router.engines[r1.headers["x-kvgate-replica"]].kind == "vllm"
+    assert proxy.router.block_size == 128  # the CPU build's, learned: the route names none
+    assert proxy.router.hasher is not None and proxy.router.hasher.tokenizer.name == Path(vllm_pair[0].model).name
+    first = r1.headers["x-kvgate-replica"]
+    assert wait_until(lambda: proxy.router.index.blocks(first) >= u1["prompt_tokens"] // 128, 10)
+    answer = r1.json()["choices"][0]["message"]["content"]
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "And its bridge?"}]
+    r2, u2 = proxy.chat(turn2, stream=True)
+    assert r2.headers["x-kvgate-replica"] == first  # the replica holding the history
+    expected = int(r2.headers["x-kvgate-expected-cached-tokens"])
+    assert expected >= (u1["prompt_tokens"] // 128) * 128 > 0
+    assert cached(u2) == expected  # the router's view is exactly the engine's
+    metrics = proxy.client.get("/metrics").text
+    assert f'kvgate_replica_reported_cached_tokens_total{{replica="{first}",route="vllm"}} {float(expected)}' in metrics
+    precise = proxy.router.precise
+    assert wait_until(lambda: precise.check() or precise.counts[first]["matched"] >= 1, 5)  # judged after 1 s
+    stats = proxy.router.stats()[first]["precise"]
+    assert stats["unmatched"] == 0 and stats["engine_hash"] == "sha256"  # vLLM's default hash, checked
+
+
+def test_tenants_are_salted_inside_the_engine(vllm_pair, proxy_factory, tmp_path):
+    cfg = config(tmp_path, vllm_pair[:1])  # one replica: every request meets the same prefix cache
+    proxy = proxy_factory(cfg)
+    prompt = [{"role": "user", "content": "Summarise this note. " + LONG}]
+    r, first = proxy.chat(prompt, tenant="tenant-a")
+    assert r.status_code == 200 and cached(first) == 0
+    assert wait_until(lambda: proxy.router.index.blocks("v1") > 0, 10)
+    _, other = proxy.chat(prompt, tenant="tenant-b")
+    assert cached(other) == 0  # another tenant cannot hit (or time) tenant A's prefix
+    _, chosen = proxy.chat(prompt, tenant="tenant-b", cache_salt=proxy.router.salt("x"))
+    assert cached(chosen) == 0  # a client's salt is folded into its tenant's, never used alone
+    r, again = proxy.chat(prompt, tenant="tenant-a")
+    assert cached(again) >= 128 and cached(again) == int(r.headers["x-kvgate-expected-cached-tokens"])
+    assert proxy.router.salt("tenant-a") not in ("tenant-a", None)
+
+
+def test_a_tokenizer_that_differs_from_the_engine_is_reported(vllm_pair, proxy_factory, tmp_path):
+    # code points are not the model's token ids: the engine stores blocks, none of them ours
+    proxy = proxy_factory(config(tmp_path, vllm_pair, tokenizer="codepoints"))
+    for i in range(20):
+        r, _ = proxy.chat([{"role": "user", "content": f"Note {i}. " + LONG}], tenant="bob")
+        assert r.status_code == 200
+        if wait_until(lambda: sum(c["unmatched"] for c in proxy.router.precise.counts.values()) > 0, 1.5):
+            break
+    assert sum(c["unmatched"] for c in proxy.router.precise.counts.values()) > 0
+    assert "kvgate_precise_unmatched_requests_total" in proxy.client.get("/metrics").text
+
+
+def test_engine_metrics_in_stats(vllm_pair, proxy_factory, tmp_path):
+    proxy = proxy_factory(config(tmp_path, vllm_pair))
+    proxy.chat([{"role": "user", "content": "Count the points. " + LONG}])
+
+    def reported() -> bool:
+        points = proxy.client.get("/v1/stats").json().get("points") or []
+        return any(v.get("engine") == "vllm" and (v.get("prompt_tokens") or 0) > 0
+                   for p in points for v in (p.get("replicas") or {}).values())
+    assert wait_until(reported, 10)
+    assert "kvgate_replica_engine_prompt_tokens_total" in proxy.client.get("/metrics").text
+
+
+def test_kill_9_of_a_vllm_server_under_load(vllm_pair, proxy_factory, tmp_path):
+    proxy = proxy_factory(config(tmp_path, vllm_pair, down_for_s=30))
+    for i in range(4):  # both replicas hold blocks
+        proxy.chat([{"role": "user", "content": f"Warm {i}. " + LONG}], tenant=f"t{i}")
+    assert wait_until(lambda: all(proxy.router.index.blocks(n) > 0 for n in ("v1", "v2")), 15)
+    victim = vllm_pair[1]
+
+    def one(i: int) -> int:
+        r, _ = proxy.chat([{"role": "user", "content": f"Load {i}: " + LONG[: 400 + 10 * i]}], tenant=f"t{i % 4}")
+        return r.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(one, i) for i in range(16)]
+        wait_until(lambda: sum(f.done() for f in futures) >= 2, 60)
+        victim.kill(signal.SIGKILL)
+        codes = [f.result() for f in futures]
+    assert codes == [200] * 16  # failover: no client error
+    assert wait_until(lambda: proxy.router.index.blocks("v2") == 0, 15)  # its blocks left the index
+    victim.start().wait_ready(300)  # restarted (same ports): an empty cache, events from seq 0
+    assert wait_until(lambda: proxy.router.replicas[1].healthy, 40)
+    for i in range(4):
+        proxy.chat([{"role": "user", "content": f"After {i}. " + LONG}], tenant=f"t{i}")
+    assert wait_until(lambda: proxy.router.index.blocks("v2") > 0, 20)

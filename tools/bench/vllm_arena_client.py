@@ -1,0 +1,126 @@
+"""The load generator of `kvgate bench vllm` (tools/bench/vllm_arena.py): conversations sent as
+chat turns through one router, `concurrency` conversations at a time, each one's turns in order.
+Every turn streams (temperature 0); its TTFT is the time from sending to the first chunk with
+non-empty `delta.content`, router included, read with the relay's own HTTP/1.1 client (the same
+client for every router, as tools/bench/stream_client.py measures the arena). Turn k's messages are
+the earlier user texts, the answers the engine returned and the new text: later turns extend
+earlier prompts as a real chat does. After a failed turn the rest of that conversation is not sent.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import orjson
+
+from middleware.http1 import Pool
+
+
+@dataclass
+class Turn:
+    """One sent turn: where it belongs, its messages, and what came back."""
+
+    conversation: int
+    turn: int
+    messages: list[dict[str, str]]
+    sent: float = 0.0  # perf_counter
+    done: float = 0.0
+    ttft: float | None = None
+    error: str | None = None
+    answer: str = ""
+    prompt_tokens: int | None = None  # the engine's usage, when the router passed it on
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    pieces: list[str] = field(default_factory=list, repr=False)
+
+
+def take_event(turn: Turn, event: dict[str, Any], now: float) -> None:
+    """Fold one SSE event of a chat completion stream into `turn`."""
+    if "error" in event:
+        turn.error = json.dumps(event["error"])[:200]
+        return
+    for choice in event.get("choices") or []:
+        content = (choice.get("delta") or {}).get("content")
+        if content:
+            if turn.ttft is None:
+                turn.ttft = now - turn.sent
+            turn.pieces.append(content)
+        if choice.get("finish_reason"):
+            turn.finish_reason = choice["finish_reason"]
+    usage = event.get("usage")
+    if usage:
+        turn.prompt_tokens = usage.get("prompt_tokens")
+        turn.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: int, timeout: float) -> None:
+    """Stream one turn; never raises for the server's failures (they end in `turn.error`)."""
+    body = orjson.dumps({"model": model, "messages": turn.messages, "max_tokens": max_tokens, "temperature": 0,
+                         "stream": True, "stream_options": {"include_usage": True}})
+    turn.sent = time.perf_counter()
+    buf = b""
+    try:
+        resp = await client.post(url, body, {"content-type": "application/json", "authorization": "Bearer bench"},
+                                 timeout)
+        try:
+            if resp.status != 200:
+                turn.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
+                return
+            async for data in resp.chunks():
+                now = time.perf_counter()
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    line = line.strip()
+                    if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                        continue
+                    try:
+                        take_event(turn, orjson.loads(line[5:]), now)
+                    except orjson.JSONDecodeError:
+                        turn.error = f"bad event: {line[:200]!r}"
+                    if turn.error is not None:
+                        return
+        finally:
+            resp.close()
+    except (ConnectionError, asyncio.TimeoutError, OSError) as exc:
+        turn.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        turn.done = time.perf_counter()
+        turn.answer = "".join(turn.pieces)
+    if turn.error is None and turn.ttft is None:
+        turn.error = "stream ended without content"
+
+
+async def converse(url: str, texts: Sequence[Sequence[str]], *, model: str, max_tokens: int, concurrency: int,
+                   timeout: float = 600.0, on_turn: Callable[[Turn], None] | None = None) -> list[Turn]:
+    """Every conversation (`texts[c]`: its user messages), `concurrency` at a time in list order;
+    the turns sent, in the order they were sent."""
+    sent: list[Turn] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for c in range(len(texts)):
+        queue.put_nowait(c)
+    client = Pool(keepalive_s=3.0)
+
+    async def worker() -> None:
+        while not queue.empty():
+            c = queue.get_nowait()
+            messages: list[dict[str, str]] = []
+            for k, text in enumerate(texts[c]):
+                messages = [*messages, {"role": "user", "content": text}]
+                turn = Turn(c, k, messages)
+                sent.append(turn)
+                await send_turn(client, url, turn, model, max_tokens, timeout)
+                if on_turn is not None:
+                    on_turn(turn)
+                if turn.error is not None:
+                    break
+                messages = [*messages, {"role": "assistant", "content": turn.answer}]
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    finally:
+        await client.aclose()
+    return sent

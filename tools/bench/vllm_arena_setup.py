@@ -1,0 +1,119 @@
+"""The processes of `kvgate bench vllm` (tools/bench/vllm_arena.py) other than the vLLM servers:
+what must be installed, each kvgate arm's config, waiting for an anchor's workers, a fresh
+router's warm-up, the other vLLM servers sharing the machine's cores, and Ctrl-C held while the
+servers start."""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import httpx
+
+from engines.vllm.launch import VllmServer, default_model_dir, vllm_available, vllm_python
+from tools.bench.procs import sglang_router_bin, vllm_router_bin
+from tools.bench.vllm_arena_client import Turn, send_turn
+
+MODEL = "smollm2"  # the servers' --served-model-name
+ANCHOR_OF = {"sglang": "sglang", "vllm_router": "vllm_router"}  # arm -> arena_routers.anchor_launch name
+
+
+def preflight(arms: Sequence[str], trace: Path) -> list[str]:
+    """What is missing to run these arms, as messages."""
+    bad = []
+    if not vllm_available():
+        bad.append(f"vLLM's environment is missing ({vllm_python()}): run `make install` (or set KVGATE_VLLM_PYTHON)")
+    if not (default_model_dir() / "config.json").exists():
+        bad.append(f"no SmolLM2 model dir at {default_model_dir()}: run `kvgate prepare`")
+    for arm, find, name in (("sglang", sglang_router_bin, "sglang-router"), ("vllm_router", vllm_router_bin, "vllm-router")):
+        if arm in arms and find() is None:
+            bad.append(f"{name} is not installed beside {sys.executable} (a dev dependency: `pip install -e '.[dev]'`); "
+                       f"install it or leave {arm} out of --arms")
+    if not trace.exists():
+        bad.append(f"no trace at {trace} (--trace)")
+    return bad
+
+
+def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, tokenizer: str) -> dict[str, Any]:
+    """`kvgate serve` config of a kvgate arm: both cache tiers off, the two servers as replicas."""
+    replicas: list[dict[str, Any]] = [{"name": f"v{i}", "api_base": s.api_base} for i, s in enumerate(servers)]
+    if arm == "kvgate_precise":
+        routing: dict[str, Any] = {"policy": "cache_aware", "mode": "precise"}
+        for r, s in zip(replicas, servers):
+            r["events"] = s.events
+    elif arm == "kvgate_approximate":
+        routing = {"policy": "cache_aware", "mode": "approximate", "tokenizer": tokenizer}
+    else:
+        routing = {"policy": "round_robin"}
+    return {"cache_dir": str(cache_dir),
+            "routes": [{"name": "vllm", "model": "*", "backend": {"model": f"openai/{MODEL}", "api_key": "none", "timeout": 600},
+                        "exact": False, "semantic": {"enabled": False}, "replicas": replicas, "routing": routing}]}
+
+
+def wait_workers(url: str, n: int, timeout: float = 120.0) -> None:
+    """Until an anchor's GET /readiness counts `n` healthy workers (sglang-router and vllm-router both serve it)."""
+    deadline, seen = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            seen = httpx.get(url, timeout=5).json()
+            if seen.get("healthy_workers", 0) >= n:
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url}: not {n} healthy workers within {timeout:.0f}s (last answer {seen})")
+
+
+async def warm_up(url: str, n: int = 2) -> None:
+    """First-call costs of a fresh router (connections, lazy imports) before the measured run."""
+    from middleware.http1 import Pool
+
+    client = Pool(keepalive_s=3.0)
+    try:
+        for i in range(n):
+            turn = Turn(-1, i, [{"role": "user", "content": f"warm-up {i}"}])
+            await send_turn(client, url, turn, MODEL, 2, 120.0)
+            if turn.error:
+                raise RuntimeError(f"warm-up through {url} failed: {turn.error}")
+    finally:
+        await client.aclose()
+
+
+def other_vllm_servers(ours: Sequence[int] = ()) -> int:
+    """vLLM API servers running on this machine but for the processes `ours` (they share the cores)."""
+    n = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name in {str(pid) for pid in ours}:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        n += bool(argv) and Path(argv[0].decode(errors="replace")).name.startswith("python") \
+            and b"vllm.entrypoints.openai.api_server" in argv
+    return n
+
+
+@contextmanager
+def signals_deferred(log: Callable[[str], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM held until the block ends, then raised as KeyboardInterrupt: a pair of
+    servers half-started by engines.vllm.launch.start_pair cannot be stopped by its caller (it
+    has no handle on them yet), so an interrupt waits until they are up and can be."""
+    got: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        if not got:
+            log("interrupted: stopping as soon as the vLLM servers are up")
+        got.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if got:
+        raise KeyboardInterrupt

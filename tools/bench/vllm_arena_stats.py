@@ -1,0 +1,118 @@
+"""The figures of `kvgate bench vllm` (tools/bench/vllm_arena.py), pure: vLLM's /metrics read,
+the oracle cached fraction, one run's summary and one router's over its runs.
+
+Oracle (`oracle_cached`): every request on the replica that already computed its prefix, with an
+unbounded cache, counted as vLLM counts a hit: whole blocks of the engine's block_size, and never
+the prompt's last token (vLLM always computes it, so a prompt of exactly k blocks hits at most
+k-1). What a request can hit is the longest whole-block prefix it shares with any sequence computed
+before it was sent: the prompt and the generated tokens but the last (whose KV is never computed)
+of every request that had finished by then.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from tools.bench.arena_table import mean_interval
+from tools.bench.stats import pct
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$", re.M)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+CACHED, PROMPT = "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total"
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of `name` in a Prometheus text page (over its label sets)."""
+    return sum(float(v) for n, _, v in _SAMPLE.findall(text) if n == name)
+
+
+def metric_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of the first sample of `name` (an *_info gauge), {} when absent."""
+    for n, labels, _ in _SAMPLE.findall(text):
+        if n == name:
+            return dict(_LABEL.findall(labels or ""))
+    return {}
+
+
+def counters(pages: Iterable[str]) -> dict[str, float]:
+    """Cached and total prompt tokens summed over the servers' /metrics pages."""
+    pages = list(pages)
+    return {"cached": sum(metric_sum(p, CACHED) for p in pages), "prompt": sum(metric_sum(p, PROMPT) for p in pages)}
+
+
+@dataclass
+class Computed:
+    """One request as the oracle sees it: when it was sent and finished (any one clock), its
+    prompt's token ids and the generated ids whose KV the engine computed (all but the last)."""
+
+    sent: float
+    done: float
+    prompt: Sequence[int]
+    output: Sequence[int] = ()
+
+
+def _chain(ids: Sequence[int], block: int, upto: int) -> list[bytes]:
+    """Chained digests of the first `upto` whole blocks of `ids`."""
+    out, prev = [], b""
+    for b in range(upto):
+        prev = hashlib.blake2b(prev + b"".join(t.to_bytes(4, "little") for t in ids[b * block:(b + 1) * block]),
+                               digest_size=16).digest()
+        out.append(prev)
+    return out
+
+
+def oracle_cached(requests: Sequence[Computed], block_size: int) -> list[int]:
+    """Cached prompt tokens of each request under the oracle (see the module docstring)."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    seen: set[bytes] = set()
+    pending = sorted(range(len(requests)), key=lambda i: requests[i].done)
+    out = [0] * len(requests)
+    k = 0
+    for i in sorted(range(len(requests)), key=lambda i: requests[i].sent):
+        r = requests[i]
+        while k < len(pending) and requests[pending[k]].done <= r.sent:
+            d = requests[pending[k]]
+            seq = [*d.prompt, *d.output]
+            seen.update(_chain(seq, block_size, len(seq) // block_size))
+            k += 1
+        hits = 0
+        for digest in _chain(r.prompt, block_size, max(0, len(r.prompt) - 1) // block_size):
+            if digest not in seen:
+                break
+            hits += 1
+        out[i] = hits * block_size
+    return out
+
+
+def run_summary(ttfts: Sequence[float], errors: Sequence[str], requests: int, before: dict[str, float],
+                after: dict[str, float], **extra: Any) -> dict[str, Any]:
+    """One run of one router: TTFTs of the answered requests, the engines' counter deltas."""
+    prompt, cached = after["prompt"] - before["prompt"], after["cached"] - before["cached"]
+    return {
+        "requests": requests, "errors": len(errors), "error_samples": list(errors[:3]),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
+        "ttft_p50_s": pct(ttfts, 0.5) if ttfts else None, "ttft_p90_s": pct(ttfts, 0.9) if ttfts else None,
+        "prompt_tokens": int(prompt), "cached_tokens": int(cached),
+        "cached_fraction": cached / prompt if prompt else None,
+        "ttfts_s": [round(t, 4) for t in ttfts], **extra,
+    }
+
+
+def router_summary(runs: Sequence[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """One router over its runs: mean of the runs' mean TTFTs with its 95% half-width,
+    percentiles of every TTFT pooled, cached fraction of every run's tokens together."""
+    means = [r["ttft_mean_s"] for r in runs if r.get("ttft_mean_s") is not None]
+    mean, _, high = mean_interval(means) if means else (None, None, None)
+    pooled = [t for r in runs for t in r.get("ttfts_s", [])]
+    prompt, cached = sum(r["prompt_tokens"] for r in runs), sum(r["cached_tokens"] for r in runs)
+    return {
+        "ttft_mean_s": mean, "ttft_mean_ci_s": (high - mean) if len(means) > 1 else None,  # no interval from one run
+        "ttft_p50_s": pct(pooled, 0.5) if pooled else None, "ttft_p90_s": pct(pooled, 0.9) if pooled else None,
+        "cached_fraction": cached / prompt if prompt else None,
+        "errors": sum(r["errors"] for r in runs), "requests": sum(r["requests"] for r in runs),
+        **extra, "runs": list(runs),
+    }

@@ -169,3 +169,11 @@ def test_options_checked():
     assert validate(p.parse_args(["--json", "x", "--arms", ",".join(ARMS)])) == []
     bad = validate(p.parse_args(["--json", "x", "--arms", "kvgate_precise,nope", "--concurrency", "1", "--runs", "0"]))
     assert any("--arms" in m for m in bad) and any("--concurrency" in m for m in bad) and any("--runs" in m for m in bad)
+
+
+def test_an_answer_that_ends_at_once_still_has_a_first_token() -> None:
+    # the model's first token may be its end: the stream carries a finish_reason and no content
+    turn = Turn(0, 0, [], sent=1.0)
+    take_event(turn, {"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]}, 1.1)
+    take_event(turn, {"choices": [{"delta": {}, "finish_reason": "stop"}]}, 1.5)
+    assert turn.ttft == pytest.approx(0.5) and turn.finish_reason == "stop" and turn.error is None

@@ -50,6 +50,8 @@ def take_event(turn: Turn, event: dict[str, Any], now: float) -> None:
             turn.pieces.append(content)
         if choice.get("finish_reason"):
             turn.finish_reason = choice["finish_reason"]
+            if turn.ttft is None:  # the first token generated was the end of the answer: still a first token
+                turn.ttft = now - turn.sent
     usage = event.get("usage")
     if usage:
         turn.prompt_tokens = usage.get("prompt_tokens")

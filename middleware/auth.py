@@ -48,6 +48,13 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
+def bearer_text(scope: Scope) -> str | None:
+    """The bearer token of a request's scope, decoded as Starlette decodes headers (latin-1);
+    None without one. The one place a tenant's token is read (proxy handlers, the chat path)."""
+    token = bearer_token(scope.get("headers") or [])
+    return token.decode("latin-1") if token is not None else None
+
+
 def basic_password(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     """The password of an `Authorization: Basic base64(user:password)` header; None without one."""
     for name, value in headers:

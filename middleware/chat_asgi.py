@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from middleware.auth import bearer_token
+from middleware.auth import bearer_text
 from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError
 from middleware.input_checks import check_token_caps
@@ -138,7 +138,7 @@ class ChatHandler:
             await JSONResponse(err.to_json(), status_code=err.status)(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
-        tenant = self._tenant(_bearer(scope))
+        tenant = self._tenant(bearer_text(scope))
         body = await self._parse(await read_body(scope, receive, self.config.server.max_body_bytes))
         check_token_caps(body, self.config.server)
         control_header = _header(scope, CONTROL_HEADER)
@@ -189,12 +189,6 @@ async def _stream(events: AsyncIterator[bytes], headers: list[tuple[bytes, bytes
         close = getattr(events, "aclose", None)
         if close is not None:
             await close()
-
-
-def _bearer(scope: Scope) -> str | None:
-    """The bearer token, decoded as Starlette decodes headers (latin-1); None without one."""
-    token = bearer_token(scope.get("headers") or [])
-    return token.decode("latin-1") if token is not None else None
 
 
 class Delegate(Response):

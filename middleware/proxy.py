@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from middleware.admin import add_admin
 from middleware.admission import AdmissionGate
 from middleware.heap import settle_heap
-from middleware.auth import KeyGate, key_allowed
+from middleware.auth import KeyGate, bearer_text, key_allowed
 from middleware.chat_asgi import ChatHandler, Delegate, LeanApp, too_large
 from middleware.config import Config
 from middleware.errors import BadRequest, KvgateError, Unauthorized
@@ -47,12 +47,6 @@ T = TypeVar("T")
 def tenant_of(token: str | None) -> str:
     """A tenant id derived from the bearer token; the token itself is never stored."""
     return hashlib.sha256(token.encode()).hexdigest()[:24] if token else "anonymous"
-
-
-def bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def error_response(exc: KvgateError) -> JSONResponse:
@@ -111,7 +105,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
     key_bytes = frozenset(k.encode() for k in keys)
 
     def authorise(request: Request) -> str:
-        token = bearer(request)
+        token = bearer_text(request.scope)
         if keys and not key_allowed(token.encode() if token is not None else None, key_bytes):  # constant time
             raise Unauthorized("missing or unknown API key" if token is None else "invalid API key")
         return tenant_of(token)

@@ -23,7 +23,7 @@ def test_overhead_run_tiny(tmp_path: Path) -> None:
     for r in runs:
         assert r["direct"]["completed"] == r["proxy"]["completed"] == 10
         assert r["direct"]["errors"] == r["proxy"]["errors"] == 0
-        assert r["tokens"] > 60 and r["hash_ms_p50"] > 0 and r["proxy_cpu_ms_per_req"] >= 0
-        assert r["loop_lag"]["samples"] >= 0
+        assert r["tokens"] > 60 and r["hash_ms_p50"] > 0 and r["proxy_cpu_ms_per_req"] > 0
+        assert r["loop_lag"]["samples"] > 0  # the proxy reported its own loop lag
         for key in ("ttft_p50_ms", "ttft_p99_ms", "total_p50_ms", "total_p99_ms"):
             assert r["added_ms"][key] == pytest.approx(r["proxy"][key] - r["direct"][key])

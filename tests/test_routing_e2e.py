@@ -14,6 +14,7 @@ from tools.bench.procs import ServerThread
 from middleware.config import parse_config
 from middleware.pipeline import Pipeline
 from middleware.proxy import create_app
+from tests.conftest import wait_until
 
 
 def free_port() -> int:
@@ -171,10 +172,9 @@ def test_precise_mode_follows_replica_events(embedder, tmp_path):
             resp = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages,
                                                                "temperature": 0.1 * _})
             assert resp.headers["x-kvgate-replica"] == "r1"
-        pubs[1].publish([BlockRemoved(engine_hashes)])
-        while router.index.blocks("r1") and time.time() < deadline:
-            time.sleep(0.05)
         assert router.index.blocks("r0") == 0  # precise mode: routing itself records nothing
+        pubs[1].publish([BlockRemoved(engine_hashes)])
+        assert wait_until(lambda: router.index.blocks("r1") == 0, 10)  # the engine's removal is followed
     finally:
         server.stop()
         pipeline.close()

@@ -101,6 +101,7 @@ class Pipeline:
         self.metrics.entries.set_function(lambda: len(self.index))
         self.metrics.cache_bytes.set_function(lambda: self.index.bytes)
         salter = _salter(config)
+        self._engines_known = False  # every route's replicas said what engine they run (_know_engines)
         self.backends = {route.name: Backend(route, _router_for(route, routing_state, salter), self.metrics)
                          for route in config.routes}
         # per route: the prompt size up to which its cache steps run on the event loop (middleware.offload)
@@ -297,6 +298,8 @@ class Pipeline:
         """Before a route's first requests: ask its replicas what engine they run (salting and
         precise hashing depend on it); bounded, and a replica that does not answer is asked again
         by the health loop."""
+        if self._engines_known:  # the steady state: one read per request
+            return
         model = kwargs.get("model")
         route = self.config.match(model) if isinstance(model, str) else None
         router = self.backends[route.name].router if route is not None else None
@@ -305,6 +308,7 @@ class Pipeline:
                 await asyncio.wait_for(router.discover(), ENGINE_PROBE_S)
             except (asyncio.TimeoutError, OSError):
                 pass
+        self._engines_known = all(r.discovered for r in self.routers.values())
 
     def _attribute(self, view: RequestView, call: Call, usage: Any) -> None:
         """Expected against reported cached tokens of a miss (kvgate_replica_*_cached_tokens)."""

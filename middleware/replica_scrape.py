@@ -13,6 +13,7 @@ from typing import Mapping, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from middleware.engines.base import server_root
 from middleware.stats_samples import Samples, flatten
 
 log = logging.getLogger("kvgate.stats")
@@ -22,10 +23,7 @@ MAX_METRICS_BYTES = 4 * 2**20  # a replica's exposition is a few KB; anything hu
 
 def metrics_url(api_base: str) -> str:
     """`http://host:port/v1` → `http://host:port/metrics` (where vLLM, SGLang and our replica serve it)."""
-    base = api_base.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[: -len("/v1")]
-    return base + "/metrics"
+    return server_root(api_base) + "/metrics"
 
 
 def parse_metrics(text: str | None) -> Samples | None:

@@ -130,6 +130,11 @@ class EventApplier:
         self._engine.clear()
         self._counts["cleared"] += 1
 
+    @property
+    def stored(self) -> int:
+        """Blocks stored so far (stats()["stored"] without building the dict: read per request)."""
+        return self._counts["stored"]
+
     def our_hash(self, engine_hash: EngineHash) -> BlockHash | None:
         """Our hash for an engine block hash, if that block is known to be stored."""
         found = self._ours.get(engine_hash)

@@ -138,7 +138,6 @@ class EventFeed:
         self._tally = _Tally()
         self._lag_counts = [0] * (len(self._bounds) + 1)  # per bucket, the last one is overflow
         self._unknown_tags: set[str] = set()  # logged once each
-        self._last_at: float | None = None
 
     @property
     def replica(self) -> str:
@@ -151,10 +150,10 @@ class EventFeed:
             return self._tally.last_seq
 
     @property
-    def idle_s(self) -> float | None:
-        """Seconds since the latest batch arrived (None before the first), on the feed's clock."""
+    def batches(self) -> int:
+        """Batches applied so far (stats().batches without the snapshot: read per request)."""
         with self._lock:
-            return None if self._last_at is None else self._clock() - self._last_at
+            return self._tally.batches
 
     def receive(self, seq: int | None, payload: bytes) -> None:
         """One message: batch number `seq` (None when the publisher sends none) and its bytes."""
@@ -173,7 +172,6 @@ class EventFeed:
                 t.restarts += 1
             if seq is not None:
                 t.last_seq = seq
-            self._last_at = self._clock()
         if order == "gap":
             self._resync(f"{missed} batch(es) missed before batch {seq}")
         try:

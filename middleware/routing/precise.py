@@ -191,9 +191,8 @@ class PreciseRouting:
         sub = self.subscribers.get(replica)
         if not hashes or sub is None:
             return
-        applied = sub.applier.stats()
         with self._lock:
-            self._watch.append(_Watch(replica, hashes[0], applied["stored"], sub.feed.stats().batches,
+            self._watch.append(_Watch(replica, hashes[0], sub.applier.stored, sub.feed.batches,
                                       self._clock() + CHECK_AFTER_S))
 
     def check(self) -> None:
@@ -216,13 +215,13 @@ class PreciseRouting:
             self._silent[w.replica] = 0
             self._verdicts.append(True)
             return
-        if sub.applier.stats()["stored"] > w.stored_before:
+        if sub.applier.stored > w.stored_before:
             counts["unmatched"] += 1
             self._silent[w.replica] = 0
             self._verdicts.append(False)
             self._warn_unmatched(w.replica)
             return
-        if sub.feed.stats().batches > w.batches_before:
+        if sub.feed.batches > w.batches_before:
             return  # events came (removals, re-stores): no verdict either way
         self._silent[w.replica] = self._silent.get(w.replica, 0) + 1
         if self._silent[w.replica] >= STALE_REQUESTS:
@@ -231,6 +230,13 @@ class PreciseRouting:
             log.warning("route %s: replica %s sent no KV events for %d routed requests in a row; its view is "
                         "dropped until its events resume (check the engine's --kv-events-config and replicas[].events)",
                         self.route, w.replica, STALE_REQUESTS)
+            self.drop(w.replica)
+
+    def drop(self, name: str) -> None:
+        """Forget what replica `name` holds (its engine is gone, or its events stopped); the
+        events that follow rebuild it."""
+        sub = self.subscribers.get(name)
+        if sub is not None:
             sub.applier.reset()
 
     def _warn_unmatched(self, replica: str) -> None:

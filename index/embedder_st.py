@@ -13,7 +13,7 @@ class SentenceTransformerEmbedder:
     def __init__(self, model_path: Path) -> None:
         from sentence_transformers import SentenceTransformer
 
-        self._model = SentenceTransformer(str(model_path), device="cpu")
+        self._model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
         self.name = f"st:{Path(model_path).name}"
         dim_of = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self.dim = int(dim_of())

@@ -31,9 +31,9 @@ in the holding replica's LRU, and one in the successor table (`forked`: which bl
 conversations continue, for cache_aware's wait bound), sharded the same way.
 
 No single table is large. A Python dict under steady churn (a block in, a block out) rebuilds its
-whole table every so often, in one C call that holds the GIL: at 262k blocks that stalled the
-proxy's event loop ~18 ms for a dict and up to ~84 ms for an OrderedDict (micro-probe,
-docs/BENCHMARKS.md issue 13). So the holder table is HOLDER_SHARDS dicts picked by the hash's low
+whole table every so often, in one C call that holds the GIL, and the larger the table the
+longer that call stalls the proxy's event loop (an OrderedDict's rebuild is longer still). So the
+holder table is HOLDER_SHARDS dicts picked by the hash's low
 bits, and a replica whose capacity is at least 2 × LRU_SHARD_BLOCKS keeps its LRU as a power of
 two of OrderedDicts picked by other bits of the hash, each with an equal share of the capacity
 and evicting its own least recently used. Hashes are uniform, so each shard holds a random slice

@@ -7,7 +7,7 @@ Two caches, both keyed by content digests (never by object identity):
   hashing from there: block_hashes(a + b) == block_hashes(a) + block_hashes(tail + b, parent)
   (see index.hashing), so resuming gives exactly the hashes of a full recomputation.
 
-A third, lighter memory serves a caller deciding *where* to hash (middleware.offload):
+A third, lighter memory serves a caller deciding *where* to hash (middleware.cache.offload):
 `uncached_chars(messages)` says how many characters follow the longest leading run of messages
 this hasher has hashed before, from digests of the raw messages (no rendering, no tokenising).
 

@@ -51,8 +51,10 @@ def redacted(url: str) -> str:
 class RedisLink:
     """A redis-py client (blocking pool of `pool_size` connections) and its circuit; thread-safe."""
 
-    def __init__(self, settings: LinkSettings) -> None:
+    def __init__(self, settings: LinkSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock` times the backoff (seconds; tests pass their own)."""
         self.settings = settings
+        self._clock = clock
         self.where = redacted(settings.url)
         pool = redis.BlockingConnectionPool.from_url(
             settings.url, password=settings.password, max_connections=settings.pool_size,
@@ -60,16 +62,17 @@ class RedisLink:
             socket_timeout=settings.op_timeout_s)
         self.client = redis.Redis(connection_pool=pool)
         self._lock = threading.Lock()
-        self._retry_at = 0.0  # monotonic time before which calls are refused (0: closed)
+        self._retry_at = 0.0  # clock time before which calls are refused (0: closed)
         self._backoff = 0.0
         self.errors: dict[str, int] = {}
         self.up = True
 
     def run(self, op: str, call: Callable[[redis.Redis], T]) -> T:
         """`call(client)`; raises StoreDown while backing off, or the redis error it met."""
-        if self._retry_at and time.monotonic() < self._retry_at:
+        now = self._clock()
+        if self._retry_at and now < self._retry_at:
             self._count(op)
-            raise StoreDown(f"redis at {self.where} is down; retrying in {self._retry_at - time.monotonic():.2f}s")
+            raise StoreDown(f"redis at {self.where} is down; retrying in {self._retry_at - now:.2f}s")
         try:
             out = call(self.client)
         except redis.exceptions.RedisError:
@@ -87,7 +90,7 @@ class RedisLink:
     def _failed(self, op: str) -> None:
         with self._lock:
             self._backoff = min(self.settings.backoff_max_s, max(self.settings.backoff_min_s, self._backoff * 2))
-            self._retry_at = time.monotonic() + self._backoff
+            self._retry_at = self._clock() + self._backoff
             self.up = False
         self._count(op)
 

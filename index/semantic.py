@@ -52,7 +52,7 @@ class SemanticIndex:
                  entries: EntryStore | None = None) -> None:
         """`entries` (another backend) or `directory` (a DiskEntryStore there) holds the entries."""
         # One query at a time: FAISS's OpenMP threads only fight the embedder's threads for the
-        # 2 cores and turn a 0.3 ms search into ~4 ms. (A process-wide FAISS setting.)
+        # cores and make a sub-millisecond search many times slower. (A process-wide FAISS setting.)
         faiss.omp_set_num_threads(1)
         if entries is None and directory is None:
             raise ValueError("SemanticIndex needs a directory or an entry store")

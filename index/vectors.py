@@ -2,8 +2,8 @@
 
 Vectors are unit length (see index.embedder), so inner product is cosine similarity.
 Below `hnsw_above` live vectors the index is exact (flat inner product, removals in place);
-above it, an HNSW graph keeps search well under a millisecond at 1M vectors (a flat scan of 1M
-takes ~140 ms on 2 cores). HNSW cannot remove, so removals there are tombstones, filtered out of
+above it, an HNSW graph keeps search well under a millisecond at 1M vectors, where a flat scan,
+whose cost grows with every vector, would dwarf the rest of a lookup. HNSW cannot remove, so removals there are tombstones, filtered out of
 results and compacted away once they pass a quarter of the graph.
 """
 from __future__ import annotations

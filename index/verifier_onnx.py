@@ -28,7 +28,7 @@ class CrossEncoderVerifier:
         opts.intra_op_num_threads = threads or min(2, os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(directory / "model.onnx"), opts, providers=["CPUExecutionProvider"])
-        self._tok = AutoTokenizer.from_pretrained(str(directory))
+        self._tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         meta_file = directory / "meta.json"
         self.meta: dict[str, Any] = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         self.max_length = int(self.meta.get("max_length", 96))

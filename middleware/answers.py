@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, AsyncIterator, Iterator
 
-import litellm
+from middleware.litellm_env import litellm  # before any import from litellm
 from litellm import ModelResponse
 from litellm.types.utils import ModelResponseStream
 

@@ -3,28 +3,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
-import middleware  # noqa: F401  (sets offline env defaults before heavy imports)
 from middleware.errors import ConfigError
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from middleware.auth import bind_warning
+    from middleware.server.auth import bind_warning
     from middleware.config import load_config
-    from middleware.proxy import create_app
+    from middleware.server.proxy import create_app
 
     config = load_config(args.config)
-    from middleware.store import preflight
+    from middleware.cache.store import preflight
 
     preflight(config)  # an unreachable Redis (store.on_error: fail) is one line, before any worker starts
-    import litellm
+    from middleware.litellm_env import litellm
 
-    # The proxy owns this process and uses no LiteLLM loggers: skip its per-chunk logging work
-    # (~30% of the proxy's CPU per streamed request).
+    # The proxy owns this process and uses no LiteLLM loggers: skip its logging work, which runs
+    # for every chunk of every streamed answer.
     litellm.disable_streaming_logging = True
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
@@ -38,7 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     # so the proxy never closes one a client is about to reuse (uvicorn's own default is 5 s too).
     options = {"log_level": args.log_level, "access_log": args.access_log, "timeout_keep_alive": config.server.keep_alive_s}
     if args.workers > 1:
-        from middleware.workers import Supervisor
+        from middleware.server.workers import Supervisor
 
         return Supervisor(args.config, config, host, port, args.workers, options).run()
     uvicorn.run(create_app(config, server_process=True), host=host, port=port, **options)
@@ -55,7 +55,7 @@ def _positive(text: str) -> int:
 def _check(args: argparse.Namespace) -> int:
     from middleware.config import load_config
 
-    from middleware.verification import resolve
+    from middleware.cache.verification import resolve
 
     config = load_config(args.config)
     for position, route in enumerate(config.routes):
@@ -215,7 +215,26 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def set_process_env(argv: list[str]) -> None:
+    """Environment defaults for the whole `kvgate` process (an operator's own value wins). Set here,
+    in the entry point, before any subcommand imports its heavy modules: the libraries read them at
+    import or when they start their thread pools, and only the process's owner may decide them."""
+    # kvgate loads only local or packaged weights: Hugging Face libraries never reach for the hub
+    # (library code passes local_files_only too; this also covers what it does not call itself)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # the tokenizers' own thread pool does not survive a fork (the proxy's workers, the benches'
+    # servers); kvgate tokenizes one prompt per call, in its own threads
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    words = [w for w in argv if not w.startswith("-")]
+    if words[:1] == ["tune"]:
+        # on a shared machine, spinning OpenMP workers burn the cores the other processes need;
+        # read when torch starts its thread pool
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
+    set_process_env(sys.argv[1:] if argv is None else argv)
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):  # per-call INFO lines from libraries

@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import fnmatch
-import math
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from index.prefix import EVENT_FED_CAPACITY
 from middleware.errors import ConfigError
+from middleware.routing_config import (  # noqa: F401 (re-exported: RoutingConfig and its parts)
+    AffinityConfig, CacheAwareConfig, LeastLoadedConfig, PolicyConfig, PrefixConfig, RoundRobinConfig, RoutingConfig,
+    deprecations)
 
 
 class _Strict(BaseModel):
@@ -37,9 +38,9 @@ class SemanticConfig(_Strict):
     ttl: float | None = Field(86400, gt=0, description="deprecated: use the route's `ttl`")
     scope: Literal["tenant", "shared"] = Field("tenant", description="deprecated: use the route's `scope`")
     # exact: earlier turns must match exactly; last_user_only: ignored; semantic: each earlier user
-    # turn judged equivalent to the cached entry's (middleware/parents.py)
+    # turn judged equivalent to the cached entry's (middleware/cache/parents.py)
     context: Literal["exact", "last_user_only", "semantic"] = "exact"
-    # the verification stage (index/verifier.py, middleware/verification.py); see README "Verified hits"
+    # the verification stage (index/verifier.py, middleware/cache/verification.py); see README "Verified hits"
     target_precision: float | None = Field(
         None, gt=0.0, lt=1.0,
         description="instead of `threshold`: use the operating point `kvgate tune` calibrated for this precision")
@@ -48,7 +49,7 @@ class SemanticConfig(_Strict):
                           "null = off with `threshold`, as tuned with `target_precision`")
     verifier_threshold: float = Field(0.5, ge=0.0, le=1.0, description="with `threshold` + verifier: score needed")
     candidates: int = Field(3, ge=1, le=32, description="with the verifier: top entries it reads per lookup")
-    # verified semantic caching (index/trust.py, middleware/trust_gate.py); see README "Bounded wrong hits"
+    # verified semantic caching (index/trust.py, middleware/cache/trust_gate.py); see README "Bounded wrong hits"
     max_error_rate: float | None = Field(
         None, gt=0.0, lt=1.0,
         description="instead of `threshold`/`target_precision`: the wrong-hit rate (wrong hits per lookup) "
@@ -78,86 +79,6 @@ class ReplicaConfig(_Strict):
                                                  "the address its --kv-events-config names")
     capacity_blocks: int | None = Field(None, gt=0, description="approximate mode: blocks its prefix cache holds; "
                                                                "precise mode: the index's memory bound for it")
-
-
-class RoutingConfig(_Strict):
-    """How a miss picks a replica. See middleware/routing/*.py for each policy's rule."""
-
-    policy: Literal["round_robin", "least_loaded", "cache_aware", "affinity"] = "cache_aware"
-    block_size: int | None = Field(None, gt=0, le=4096,
-                                   description="tokens per hashed block (characters with tokenizer: text). approximate "
-                                               "mode: default 16, 64 characters with tokenizer text; precise mode: "
-                                               "default the engine's own (its KV events and /metrics); a value that "
-                                               "disagrees with the engine's is reported and the engine's is used")
-    tokenizer: str | None = Field(None, description="smollm2 | text | auto | codepoints (engines whose tokens are "
-                                                    "code points: kvgate's simulator) | path to a local HF tokenizer "
-                                                    "dir. Default: "
-                                                    "text in approximate mode; auto in precise mode (the served "
-                                                    "model's own tokenizer, from the model dir the engine reports)")
-    seed: str = Field("kvgate", description="seed of kvgate's own block hashes (the router's hash space)")
-    engine: Literal["auto", "vllm", "openai"] = Field(
-        "auto", description="what serves the replicas: auto = asked from each replica (vLLM answers /version); "
-                            "vllm; openai = any other OpenAI-compatible server (no cache_salt, no engine settings)")
-    cache_salt: bool = Field(True, description="scope tenant on a vLLM engine: every forwarded request carries a "
-                                               "cache_salt derived from the tenant, so tenants never share "
-                                               "(or time) each other's prefix cache")
-    mode: Literal["approximate", "precise"] = "approximate"
-    capacity_blocks: int | None = Field(
-        None, gt=0, description="per-replica blocks the prefix index keeps (LRU). approximate: the engine's cache "
-                                "size to mirror; precise: a memory bound. Default EVENT_FED_CAPACITY (262144) in both")
-    decode_weight: float = Field(8.0, ge=0, description="cache_aware: prefill tokens one running request costs")
-    miss_weight: float = Field(64.0, ge=1.0, description="cache_aware: charge for copying a prefix another replica holds, "
-                                                          "per token, weighted by its share of the prompt")
-    queue_slack: float = Field(2.5, ge=0, description="cache_aware: a prefix match may buy at most max(queue_slack × "
-                                                      "mean queue, prompt_slack × prompt) of queueing (.inf: no bound)")
-    prompt_slack: float = Field(0.5, ge=0, description="cache_aware: see queue_slack")
-    session_slack: float = Field(math.inf, ge=0, description="cache_aware: queue_slack for a match that is one "
-                                                             "conversation's own history (no other request continued "
-                                                             "that prefix differently); .inf (default): not bounded")
-    record_answers: bool = Field(True, description="approximate mode: the engine caches generated tokens too (vLLM does)")
-    load_factor: float = Field(1.25, ge=1.0, description="affinity: bound on load vs the mean")
-    max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")
-    down_for_s: float = Field(5.0, gt=0, description="a failed replica gets no traffic this long (then half-open)")
-    probe_interval_s: float = Field(2.0, gt=0, description="health probe of down replicas (proxy)")
-    forward: Literal["relay", "litellm"] = Field(
-        "relay", description="proxy misses: relay = pass the replica's own bytes through (httpx, OpenAI-compatible "
-                             "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")
-
-    @model_validator(mode="after")
-    def _defaults_by_mode(self) -> "RoutingConfig":
-        """approximate mode guesses what engines cache from what it routed: blocks of 16 tokens
-        (vLLM's GPU block) by default, 64 with the `text` tokenizer, whose blocks count
-        characters (16 characters are only ~4 tokens of English). Precise mode reads what the
-        engines report, so its hashes must cut the engine's own token ids where the engine cuts
-        them: the tokenizer defaults to the served model's (`auto`) and the block size to the
-        engine's (None until the engine says it); `text` cannot match an engine at all."""
-        if self.mode == "precise":
-            if self.tokenizer == "text":
-                raise ValueError("routing.mode: precise cannot use routing.tokenizer: text: the engine hashes the "
-                                 "model's token ids, not characters, so no block would ever match. Leave "
-                                 "routing.tokenizer out (auto: the served model's tokenizer) or name a tokenizer dir")
-            self.tokenizer = self.tokenizer or "auto"
-        else:
-            if self.tokenizer in (None, "auto"):
-                if self.tokenizer == "auto":
-                    raise ValueError("routing.tokenizer: auto needs routing.mode: precise (the engines tell the "
-                                     "model); in approximate mode name the tokenizer or leave it out (text)")
-                self.tokenizer = "text"
-            if self.block_size is None:
-                self.block_size = 64 if self.tokenizer == "text" else 16
-        return self
-
-    @model_validator(mode="after")
-    def _index_is_bounded(self) -> "RoutingConfig":
-        """The prefix index never grows without end: precise mode follows the engines' own
-        evictions, but lost removal events must not pile up; approximate mode records every
-        routed prompt, and fresh long prompts would add blocks forever (a micro-probe: 600
-        prompts of 1,700 blocks took an unbounded index past 1M blocks, and the insert that grew
-        its tables took ~0.8 s, holding the proxy's GIL; docs/BENCHMARKS.md issue 13). Default bound:
-        index.prefix.EVENT_FED_CAPACITY, far above what an engine caches."""
-        if self.capacity_blocks is None:
-            self.capacity_blocks = EVENT_FED_CAPACITY
-        return self
 
 
 class RouteConfig(_Strict):
@@ -194,10 +115,10 @@ class RouteConfig(_Strict):
 
     @model_validator(mode="after")
     def _precise_needs_events(self) -> "RouteConfig":
-        if self.routing.mode == "precise":
+        if self.routing.prefix.mode == "precise":
             missing = [r.name for r in self.replicas if not r.events]
             if missing:
-                raise ValueError(f"routing.mode precise needs replicas[].events (a ZMQ endpoint) for: {missing}")
+                raise ValueError(f"routing.prefix.mode precise needs replicas[].events (a ZMQ endpoint) for: {missing}")
         return self
 
     @field_validator("replicas")
@@ -242,12 +163,12 @@ class ServerConfig(_Strict):
     )
     keep_alive_s: int = Field(75, gt=0, description="seconds an idle client connection is kept open (> clients' own)")
     max_in_flight: int = Field(
-        512, gt=0, description="chat completions served at once; more get 429 with Retry-After (middleware/admission.py)"
+        512, gt=0, description="chat completions served at once; more get 429 with Retry-After (middleware/server/admission.py)"
     )
 
 
 class FeedbackConfig(_Strict):
-    """Request ids and `POST /v1/cache/feedback` (middleware/feedback.py)."""
+    """Request ids and `POST /v1/cache/feedback` (middleware/cache/feedback.py)."""
 
     record_ttl: float = Field(86400, gt=0, description="seconds a request id can still receive feedback")
     record_max_mb: float = Field(64, gt=0, description="size bound of the request-id log on disk")
@@ -325,7 +246,7 @@ class StoreConfig(_Strict):
 
 
 class StatsConfig(_Strict):
-    """The in-memory history behind /v1/stats and the /ui dashboard (middleware/stats.py)."""
+    """The in-memory history behind /v1/stats and the /ui dashboard (middleware/telemetry/stats.py)."""
 
     interval_s: float = Field(2.0, ge=0.1, le=300, description="seconds per point of the dashboard's history")
     keep: int = Field(3600, ge=10, le=100_000, description="points kept (interval_s * keep = the window shown)")
@@ -368,7 +289,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        return Config.model_validate(data)
+        with deprecations():  # old spellings (routing.decode_weight, ...): said once each, after the load
+            return Config.model_validate(data)
     except ValidationError as exc:
         lines = [f"{_field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(lines)) from None

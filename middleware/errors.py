@@ -70,7 +70,7 @@ class Conflict(KvgateError):
 
 
 class Overloaded(KvgateError):
-    """The proxy has `server.max_in_flight` requests in flight already (middleware.admission)."""
+    """The proxy has `server.max_in_flight` requests in flight already (middleware.server.admission)."""
 
     status = 429
     type = "rate_limit_error"

@@ -1,16 +1,24 @@
 """What the pipeline hands back: how a request was served (CacheInfo) and its result."""
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
+
+from middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
 from litellm import ModelResponse
 
 from index.semantic import CacheEntry
-from middleware.request_log import new_request_id
 
 Tier = Literal["miss", "exact", "semantic"]
+REQUEST_ID_PREFIX = "kvg-"
+
+
+def new_request_id() -> str:
+    """An unguessable id (122 random bits), so knowing one proves having seen the response."""
+    return REQUEST_ID_PREFIX + uuid.uuid4().hex
 
 
 @dataclass
@@ -40,7 +48,7 @@ class Hit:
 class Lookup:
     hit: Hit | None = None
     vector: np.ndarray | None = None  # the query embedding, reused when storing
-    explore: Any = None  # max_error_rate routes: a middleware.trust_gate.Exploration on an explored miss
+    explore: Any = None  # max_error_rate routes: a middleware.cache.trust_gate.Exploration on an explored miss
 
 
 @dataclass
@@ -49,3 +57,18 @@ class Result:
     response: ModelResponse | None = None
     stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
     raw: Any = None  # a relayed miss (`acomplete(raw=True)`): the replica's JSON bytes, or an async iterator of SSE bytes
+
+
+class AnswerSink(Protocol):
+    """Where a forwarded miss reports to the response cache (middleware.cache.response_cache.Recording)."""
+
+    def miss(self, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
+        """The miss's CacheInfo, once a replica answers."""
+
+    def first_token(self) -> None:
+        """The miss's first bytes go to the client now."""
+
+    async def record(self, info: CacheInfo, answer: str | None, payload: Callable[[], dict[str, Any] | None],
+                     before: Callable[[], None] | None = None) -> None:
+        """The answer is complete: store it (`payload()`, asked only when the request stores),
+        after `before` (work that belongs in the same step, off the loop when the step is)."""

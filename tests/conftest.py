@@ -17,8 +17,8 @@ from index.embedder import Embedder, make_embedder
 from engines.demo import Calls, create_fake_app
 from tools.bench.procs import ServerThread
 from middleware.config import Config, parse_config
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def route_config(api_base: str, cache_dir: Path, **semantic: Any) -> dict[str, A
 
 class Proxy:
     def __init__(self, config: Config, embedder: Embedder) -> None:
-        self.pipeline = Pipeline(config, embedder=embedder)
+        self.pipeline = build_pipeline(config, embedder=embedder)
         self.server = ServerThread(create_app(config, self.pipeline)).start()
         self.url = self.server.url
         self.http = httpx.Client(base_url=self.url, timeout=30)

@@ -1,4 +1,4 @@
-"""The admin API (middleware/admin.py): replicas added to and removed from a route while the proxy
+"""The admin API (middleware/server/admin.py): replicas added to and removed from a route while the proxy
 runs, against a real proxy and fake replicas; plus Router.add_replica / remove_replica alone."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from engines.demo import Calls, create_fake_app
 from middleware.config import ReplicaConfig, RoutingConfig, parse_config
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 from middleware.routing.router import Router
 from tools.bench.procs import ServerThread
 
@@ -37,7 +37,7 @@ def replicas() -> Iterator[list[FakeReplica]]:
 
 class Proxy:
     def __init__(self, raw: dict[str, Any], worker: int | None = None) -> None:
-        self.pipeline = Pipeline(parse_config(raw))
+        self.pipeline = build_pipeline(parse_config(raw))
         self.server = ServerThread(create_app(self.pipeline.config, self.pipeline, worker=worker)).start()
         self.http = httpx.Client(base_url=self.server.url, timeout=30)
 

@@ -156,10 +156,10 @@ def test_kvgate_configs_are_valid(tmp_path):
         assert route.exact is False and route.semantic.enabled is False
         assert [r.api_base for r in route.replicas] == [s.api_base for s in servers]
     precise = kvgate_config("kvgate_precise", servers, tmp_path, "/m")["routes"][0]
-    assert precise["routing"] == {"policy": "cache_aware", "mode": "precise"}  # block size, tokenizer: from the engine
+    assert precise["routing"] == {"policy": "cache_aware", "prefix": {"mode": "precise"}}  # block size, tokenizer: the engine's
     assert [r["events"] for r in precise["replicas"]] == [s.events for s in servers]
     approx = kvgate_config("kvgate_approximate", servers, tmp_path, "/m")["routes"][0]["routing"]
-    assert approx == {"policy": "cache_aware", "mode": "approximate", "tokenizer": "/m"}
+    assert approx == {"policy": "cache_aware", "prefix": {"mode": "approximate", "tokenizer": "/m"}}
 
 
 def test_options_checked():

@@ -1,4 +1,4 @@
-"""The lean ASGI path of POST /v1/chat/completions (middleware/chat_asgi.py), on real uvicorn
+"""The lean ASGI path of POST /v1/chat/completions (middleware/server/chat_asgi.py), on real uvicorn
 servers over the fake backend: it skips FastAPI's middleware stack, and the FastAPI route, reached
 when the app is mounted under a prefix, answers through the same handler."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from middleware.config import parse_config
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 from tests.conftest import route_config
 from tools.bench.procs import ServerThread
 
@@ -32,7 +32,7 @@ def test_chat_skips_the_fastapi_stack_and_the_mounted_route_delegates(backend, e
     raw = route_config(backend.api_base, tmp_path / "c")
     raw["auth"] = {"keys": ["k"]}
     config = parse_config(raw)
-    pipeline = Pipeline(config, embedder=embedder)
+    pipeline = build_pipeline(config, embedder=embedder)
     app = create_app(config, pipeline)
     seen: list[str] = []
     app.add_middleware(Spy, seen=seen)

@@ -1,4 +1,4 @@
-"""middleware/engine_metrics.py on real exposition text: vLLM's (as vLLM 0.32 serves it) and the
+"""middleware/telemetry/engine_metrics.py on real exposition text: vLLM's (as vLLM 0.32 serves it) and the
 reference replica's (made by engines/replica/metrics.py itself, so a rename there fails here),
 and the /metrics collector that re-exports the readings per {route,replica}."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.replica.metrics import ReplicaMetrics
-from middleware.engine_metrics import KVGATE, VLLM, ReplicaReading, engine_of, replica_reading
-from middleware.metrics import Metrics
-from middleware.replica_scrape import parse_metrics
+from middleware.telemetry.engine_metrics import KVGATE, VLLM, ReplicaReading, engine_of, replica_reading
+from middleware.telemetry.metrics import Metrics
+from middleware.telemetry.replica_scrape import parse_metrics
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -19,8 +19,8 @@ from engines.demo import Calls, create_fake_app
 from tools.bench.procs import ServerThread
 from tools.bench.replica_faults import check_sse, parse_metrics, run_scenario
 from middleware.config import parse_config
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 
 
 class Fleet:
@@ -39,7 +39,7 @@ class Fleet:
                 "routing": {"policy": policy, "tokenizer": "text", "down_for_s": 30, "probe_interval_s": 60},
             }],
         })
-        self.pipeline = Pipeline(config)
+        self.pipeline = build_pipeline(config)
         self.proxy = ServerThread(create_app(config, self.pipeline)).start()
         self.http = httpx.Client(base_url=self.proxy.url, timeout=60)
 

@@ -9,9 +9,9 @@ import pytest
 from index.semantic import SemanticIndex
 from index.tighten import Mark, decode_marks, encode_marks, floor_from_marks, raise_floor, threshold_for
 from middleware.errors import RequestNotFound
-from middleware.feedback import give_feedback
-from middleware.metrics import Metrics
-from middleware.request_log import DiskRequestLog, RequestRecord, new_request_id
+from middleware.cache.feedback import give_feedback
+from middleware.telemetry.metrics import Metrics
+from middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
 
 DIM = 8
 

@@ -10,7 +10,7 @@ import pytest
 from middleware import Gateway, cache_info
 from middleware.config import parse_config
 from middleware.errors import RequestNotFound
-from middleware.pipeline import Pipeline
+from middleware.build import build_pipeline
 from tests.conftest import route_config
 
 ORIGINAL = "How do I lose weight in a week?"
@@ -163,7 +163,7 @@ def test_feedback_needs_a_key_when_keys_are_set(make_proxy, backend, tmp_path):
 @pytest.fixture
 def gateway(embedder, backend, tmp_path):
     config = parse_config(route_config(backend.api_base, tmp_path / "cache"))
-    gw = Gateway(config, tenant="team-a", pipeline=Pipeline(config, embedder=embedder))
+    gw = Gateway(config, tenant="team-a", pipeline=build_pipeline(config, embedder=embedder))
     yield gw
     gw.close()
 

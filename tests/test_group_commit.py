@@ -1,4 +1,4 @@
-"""Group commit of inline record steps (middleware.group_commit), the stores' write batches
+"""Group commit of inline record steps (middleware.cache.group_commit), the stores' write batches
 (`batch()`, index.softfail.soft_transaction) and ids reserved in blocks (index.id_blocks)."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from index.entries.disk import DiskEntryStore
 from index.id_blocks import IdBlocks
 from index.semantic import SemanticIndex
 from index.softfail import Batch, SoftFailures, soft_transaction
-from middleware.group_commit import GroupCommit
-from middleware.request_log import DiskRequestLog, RequestRecord, new_request_id
+from middleware.cache.group_commit import GroupCommit
+from middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
 
 DIM = 8
 

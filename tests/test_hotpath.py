@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any, Sequence
 
 import httpx
@@ -14,12 +13,13 @@ from engines.demo import Calls, create_fake_app
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import TextTokenizer
-from middleware.config import ReplicaConfig, RoutingConfig, parse_config
-from middleware.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
-from middleware.pipeline import Pipeline
-from middleware.proxy import OFF_LOOP_BODY_BYTES, _parse_body, create_app
-from middleware.routing.router import INLINE_RECORD_BLOCKS, Router
-from middleware.schema import ChatCompletionRequest
+from middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
+from middleware.cache.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
+from middleware.build import build_pipeline
+from middleware.server.proxy import OFF_LOOP_BODY_BYTES, _parse_body, create_app
+from middleware.routing.records import INLINE_RECORD_BLOCKS
+from middleware.routing.router import Router
+from middleware.server.schema import ChatCompletionRequest
 from tools.bench.procs import ServerThread
 
 
@@ -84,11 +84,12 @@ def test_a_prompt_stopped_early_completes_to_the_eager_result():
 
 
 def test_a_prepared_match_is_the_full_match_even_when_records_land_after_hashing():
-    r = router(record_answers=True)
+    reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
+    cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, record_answers=True))
+    r = Router(reps, cfg, defer_records=True)  # prepare hashes lazily, as with deferred records
     msgs = long_chat(2)
     full = PromptHasher(TextTokenizer(), 16).hashes(msgs)[0]
     r.index.record("r2", full)
-    r._recorder = object()  # type: ignore[assignment]  # prepare hashes lazily, as with deferred records
     r.index.held = lambda h: False  # type: ignore[method-assign]  # as if the record landed after hashing
     r.prepare(msgs)
     plan = r.plan(msgs)
@@ -98,7 +99,7 @@ def test_a_prepared_match_is_the_full_match_even_when_records_land_after_hashing
 def test_a_fresh_prompt_is_matched_on_its_first_blocks_and_recorded_whole():
     idx = ThreadNoting(None)
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
-    r = Router(reps, RoutingConfig(tokenizer="text", block_size=16), index=idx, defer_records=True)
+    r = Router(reps, RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16)), index=idx, defer_records=True)
     try:
         msgs = long_chat(1)
         full = PromptHasher(TextTokenizer(), 16).hashes(msgs)[0]
@@ -137,7 +138,7 @@ def test_plan_says_whether_the_longest_match_is_a_shared_prefix():
 # ------------------------------------------------------------------ Router.prepare / prepare_answer
 def router(**cfg: Any) -> Router:
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
-    return Router(reps, RoutingConfig(tokenizer="text", block_size=16, **cfg))
+    return Router(reps, RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, **cfg)))
 
 
 def test_prepared_plan_equals_a_computed_one_and_is_taken_once():
@@ -149,9 +150,12 @@ def test_prepared_plan_equals_a_computed_one_and_is_taken_once():
     planned = a.plan(msgs)
     assert planned.hashes == b.plan(msgs).hashes and planned.matched_blocks == b.plan(msgs).matched_blocks
     assert planned.prompt_tokens == b.plan(msgs).prompt_tokens and planned.matched_blocks["r1"] > 0
-    assert not a._prepared  # consumed
+    assert a.planner.waiting == 0  # consumed
     a.prepare(msgs)
-    assert a._take_prepared(list(msgs)) is None  # an equal list is not the same request's list
+    a.plan(list(msgs))  # an equal list is not the same request's list: planned afresh
+    assert a.planner.waiting == 1
+    a.plan(msgs)
+    assert a.planner.waiting == 0
 
 
 def test_prepared_answer_records_what_finished_would_compute():
@@ -192,8 +196,8 @@ def long_chat(turns: int) -> list[dict[str, Any]]:
 
 def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them():
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
-    cfg = RoutingConfig(tokenizer="text", block_size=16)
-    index = ThreadNoting(cfg.capacity_blocks)
+    cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16))
+    index = ThreadNoting(cfg.prefix.capacity_blocks)
     r, inline = Router(reps, cfg, index=index, defer_records=True), router()
     answer = {"role": "assistant", "content": "a long answer " * 30}
     assert len(r.plan(long_chat(1)).hashes) > INLINE_RECORD_BLOCKS
@@ -216,8 +220,8 @@ def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them
 
 def test_a_short_chain_is_recorded_on_the_callers_thread_unless_records_are_queued():
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
-    cfg = RoutingConfig(tokenizer="text", block_size=16)
-    index = ThreadNoting(cfg.capacity_blocks)
+    cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16))
+    index = ThreadNoting(cfg.prefix.capacity_blocks)
     r = Router(reps, cfg, index=index, defer_records=True)
     short = [{"role": "user", "content": "a short question"}]
     caller = threading.current_thread().name
@@ -273,7 +277,7 @@ def test_fast_parse_equals_json(raw):
 # ------------------------------------------------------------------ through the proxy
 def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
     """A long prompt (or a long new turn) is rendered and tokenised in worker threads; a small one
-    on the event loop, where the hops would cost more than the work (middleware.offload)."""
+    on the event loop, where the hops would cost more than the work (middleware.cache.offload)."""
     replicas = [ServerThread(create_fake_app(Calls())).start() for _ in range(2)]
     config = parse_config({
         "cache_dir": str(tmp_path / "cache"),
@@ -281,10 +285,10 @@ def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
             "name": "local", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
             "semantic": {"enabled": False},
             "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(replicas)],
-            "routing": {"tokenizer": "text", "block_size": 16},
+            "routing": {"prefix": {"tokenizer": "text", "block_size": 16}},
         }],
     })
-    pipeline = Pipeline(config, embedder=embedder)
+    pipeline = build_pipeline(config, embedder=embedder)
     tok = Recording()
     pipeline.routers["local"].hasher.tokenizer = tok
     server = ServerThread(create_app(config, pipeline)).start()
@@ -318,16 +322,16 @@ def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
 
 def test_block_size_default_depends_on_tokenizer_and_mode():
     # text counts characters: 64 of them ≈ an engine's 16-token block, a quarter of the blocks to walk
-    assert RoutingConfig().block_size == 64 and RoutingConfig(tokenizer="text").block_size == 64
-    assert RoutingConfig(mode="precise").block_size is None  # precise: the engine's own, once it says
-    assert RoutingConfig(mode="precise").tokenizer == "auto"
-    assert RoutingConfig(tokenizer="smollm2").block_size == 16
-    assert RoutingConfig(block_size=16).block_size == 16 and RoutingConfig(block_size=256, mode="precise").block_size == 256
+    assert RoutingConfig().prefix.block_size == 64 and PrefixConfig(tokenizer="text").block_size == 64
+    assert PrefixConfig(mode="precise").block_size is None  # precise: the engine's own, once it says
+    assert PrefixConfig(mode="precise").tokenizer == "auto"
+    assert PrefixConfig(tokenizer="smollm2").block_size == 16
+    assert PrefixConfig(block_size=16).block_size == 16 and PrefixConfig(block_size=256, mode="precise").block_size == 256
 
 
 def test_a_record_after_close_is_applied_inline_not_raised():
     reps = [ReplicaConfig(name="r0", api_base="http://127.0.0.1:9000/v1")]
-    r = Router(reps, RoutingConfig(tokenizer="text"), defer_records=True)
+    r = Router(reps, RoutingConfig(prefix=PrefixConfig(tokenizer="text")), defer_records=True)
     plan = r.plan(chat(1))
     ticket = r.started(r.replicas[0], plan)
     r.close()  # the proxy shuts down while this request is still streaming
@@ -351,12 +355,13 @@ class SlowIndex(PrefixIndex):
 
 
 def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):
-    import middleware.routing.router as router_module
+    import middleware.routing.planner as planner_module
+    import middleware.routing.records as records_module
 
-    monkeypatch.setattr(router_module, "MAX_PENDING_RECORDS", 4)
+    monkeypatch.setattr(records_module, "MAX_PENDING_RECORDS", 4)
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
-    cfg = RoutingConfig(tokenizer="text", block_size=16)
-    index = SlowIndex(cfg.capacity_blocks)
+    cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16))
+    index = SlowIndex(cfg.prefix.capacity_blocks)
     r = Router(reps, cfg, index=index, defer_records=True)
     try:
         plans = [r.plan(long_chat(t)) for t in range(1, 8)]  # chains too long to skip the queue
@@ -364,9 +369,12 @@ def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):
             r.started(r.replicas[0], plan)  # 4 queue behind the stuck recorder, 3 are applied inline
         assert index.threads.count("MainThread") == 3
         msgs = long_chat(9)
-        started = time.perf_counter()
+        waits: list[tuple[float | None, bool]] = []
+        settle = r.records.settle
+        monkeypatch.setattr(r.records, "settle", lambda timeout=None: waits.append((timeout, settle(timeout))) or waits[-1][1])
         r.prepare(msgs)  # waits at most SETTLE_WAIT_S for the stuck records, then matches what is in
-        assert time.perf_counter() - started < 1.0
+        assert waits == [(planner_module.SETTLE_WAIT_S, False)]  # a bounded wait, and it ran out
+        assert not settle(0)  # prepare returned with the records still stuck: it did not wait for them
         assert r.plan(msgs).matched_blocks["r0"] > 0  # the inline records are seen
         index.gate.set()
         assert r.settle(5.0)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import route_config
-from middleware.auth import BASIC_CHALLENGE, bind_warning, on_dashboard
+from middleware.server.auth import BASIC_CHALLENGE, bind_warning, on_dashboard
 from tools.bench.procs import Proc, free_port, kvgate_argv
 
 TENANTS = [f"tenant-key-{i:02d}" for i in range(50)]
@@ -97,7 +97,7 @@ def test_every_route_but_health_needs_a_key(keyed):
                 continue
             assert resp.status_code == 401, (method, path, headers, resp.status_code)
             err = resp.json()["error"]
-            # the dashboard's GETs challenge with Basic, so a browser shows its login prompt (middleware/auth.py)
+            # the dashboard's GETs challenge with Basic, so a browser shows its login prompt (middleware/server/auth.py)
             challenge = BASIC_CHALLENGE if on_dashboard(path, method) else "Bearer"
             assert err["code"] == "invalid_api_key" and resp.headers["www-authenticate"] == challenge
         authed = keyed.http.request(method, path, headers={"authorization": f"Bearer {TENANTS[3]}"}, json={})

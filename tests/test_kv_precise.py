@@ -16,7 +16,7 @@ from index.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemo
                              EventFeed, KVEventBatch, encode_batch)
 from index.prefix import EVENT_FED_CAPACITY, PrefixIndex
 from engines.replica.announce import Announcer
-from middleware.config import RoutingConfig
+from middleware.config import PrefixConfig, RoutingConfig
 
 BS = 4
 
@@ -181,10 +181,10 @@ def test_bounded_index_and_map_under_random_event_streams(ops, cap, per_block) -
 
 
 def test_the_prefix_index_is_bounded_by_default_in_both_modes() -> None:
-    assert RoutingConfig(mode="precise").capacity_blocks == EVENT_FED_CAPACITY
-    assert RoutingConfig(mode="precise", capacity_blocks=1000).capacity_blocks == 1000
-    assert RoutingConfig().capacity_blocks == EVENT_FED_CAPACITY  # approximate too: never unbounded
-    assert RoutingConfig(capacity_blocks=1000).capacity_blocks == 1000
+    assert PrefixConfig(mode="precise").capacity_blocks == EVENT_FED_CAPACITY
+    assert PrefixConfig(mode="precise", capacity_blocks=1000).capacity_blocks == 1000
+    assert RoutingConfig().prefix.capacity_blocks == EVENT_FED_CAPACITY  # approximate too: never unbounded
+    assert PrefixConfig(capacity_blocks=1000).capacity_blocks == 1000
 
 
 def test_precise_router_index_and_applier_are_bounded_by_default() -> None:
@@ -192,7 +192,7 @@ def test_precise_router_index_and_applier_are_bounded_by_default() -> None:
     from middleware.routing.router import Router
 
     replicas = [ReplicaConfig(name="r", api_base="http://127.0.0.1:9/v1", events="tcp://127.0.0.1:9")]
-    router = Router(replicas, RoutingConfig(mode="precise", block_size=BS))
+    router = Router(replicas, RoutingConfig(prefix=PrefixConfig(mode="precise", block_size=BS)))
     try:
         assert router.index.capacity("r") == EVENT_FED_CAPACITY
         applier = router.precise.subscribers["r"].applier

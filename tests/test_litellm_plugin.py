@@ -8,8 +8,8 @@ import pytest
 
 from engines.demo import Calls, create_fake_app
 from tools.bench.procs import ServerThread
-from middleware.config import RoutingConfig
-from middleware.litellm_plugin import PrefixRoutingPlugin
+from middleware.config import PrefixConfig, RoutingConfig
+from middleware.sdk.litellm_plugin import PrefixRoutingPlugin
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def two_servers():
 
 
 async def test_router_sticks_conversations_to_their_prefix(two_servers):
-    plugin = PrefixRoutingPlugin(RoutingConfig(policy="cache_aware", tokenizer="smollm2"))
+    plugin = PrefixRoutingPlugin(RoutingConfig(policy="cache_aware", prefix=PrefixConfig(tokenizer="smollm2")))
     model_list = [
         {"model_name": "smol", "litellm_params": {"model": "openai/smol", "api_base": f"{s.url}/v1", "api_key": "none"},
          "model_info": {"id": f"replica-{i}"}}

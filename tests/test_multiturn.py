@@ -64,7 +64,7 @@ def test_bench_multiturn_rejects_bad_files(tmp_path, content):
 
 
 def test_semantic_context_lets_paraphrased_followups_hit_within_their_conversation(make_proxy):
-    """context: semantic (middleware/parents.py): earlier user turns judged equivalent one by one.
+    """context: semantic (middleware/cache/parents.py): earlier user turns judged equivalent one by one.
     Goal of issue 15: at least half of the paraphrased follow-ups hit, none from another conversation."""
     proxy = make_proxy(context="semantic")
     result = summarise(play(proxy.http, load_conversations(DATA), model="demo-1", headers=AUTH))

@@ -1,4 +1,4 @@
-"""Which requests' cache work runs on the event loop (middleware.offload), and the estimate of a
+"""Which requests' cache work runs on the event loop (middleware.cache.offload), and the estimate of a
 prompt's new characters it reads (PromptHasher.uncached_chars)."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from engines.demo import Calls, create_fake_app
 from index.prompt import PromptHasher
 from index.tokenizer import TextTokenizer
 from middleware.config import parse_config
-from middleware.offload import (
+from middleware.cache.offload import (
     INLINE_NEW_CHARS_HF, INLINE_NEW_CHARS_TEXT, INLINE_TOTAL_CHARS, new_chars_limit, prompt_chars, runs_inline,
 )
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 from tools.bench.procs import ServerThread
 
 
@@ -84,15 +84,15 @@ def test_inline_and_offloaded_requests_give_the_same_cache_behaviour(embedder, t
             "routing": {"tokenizer": "text"},
         }],
     })
-    pipeline = Pipeline(config, embedder=embedder)
+    pipeline = build_pipeline(config, embedder=embedder)
     threads: list[str] = []
-    look_up = pipeline._look_up
+    look_up = pipeline.cache._look_up
 
     def noting(*args, **kwargs):  # the real step, noting the thread it ran on
         threads.append(threading.current_thread().name)
         return look_up(*args, **kwargs)
 
-    pipeline._look_up = noting  # type: ignore[method-assign]
+    pipeline.cache._look_up = noting  # type: ignore[method-assign]
     server = ServerThread(create_app(config, pipeline)).start()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
@@ -133,16 +133,16 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
             "routing": {"tokenizer": "text"},
         }],
     })
-    pipeline = Pipeline(config, embedder=embedder)
+    pipeline = build_pipeline(config, embedder=embedder)
     steps: list[tuple[str, str]] = []
-    for name in ("_look_up", "_record"):
-        real = getattr(pipeline, name)
+    for name in ("_look_up", "record"):
+        real = getattr(pipeline.cache, name)
 
         def noting(*args, _real=real, _name=name, **kwargs):  # the real step, noting its thread
             steps.append((_name, threading.current_thread().name))
             return _real(*args, **kwargs)
 
-        setattr(pipeline, name, noting)
+        setattr(pipeline.cache, name, noting)
     server = ServerThread(create_app(config, pipeline)).start()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
@@ -155,7 +155,7 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
                     assert resp.status_code == 200 and resp.headers["x-kvgate-cache"] == "miss", resp.text
                     assert len(resp.text) > size
                     on_loop = {name: thread == server.thread.name for name, thread in steps}
-                    assert on_loop == {"_look_up": True, "_record": record_inline}, steps
+                    assert on_loop == {"_look_up": True, "record": record_inline}, steps
                     again = client.post("/v1/chat/completions", json=body)
                     assert again.headers["x-kvgate-cache"] == "exact"  # stored either way
     finally:

@@ -1,4 +1,4 @@
-"""The relay (middleware/relay.py): proxy misses on OpenAI-compatible replicas pass through as the
+"""The relay (middleware/forward/relay.py): proxy misses on OpenAI-compatible replicas pass through as the
 replica's bytes. Same answers as the LiteLLM path, the same failover and resume rules, and the
 SSE parser's framing on its own."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ from fastapi.responses import JSONResponse
 from engines.demo import Calls, create_fake_app
 from middleware.config import parse_config
 from middleware.errors import ConfigError
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
-from middleware.relay import wire_model
-from middleware.relay_events import ReplicaError, SseParser
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
+from middleware.forward.relay import wire_model
+from middleware.forward.relay_events import ReplicaError, SseParser
 from tools.bench.procs import ServerThread
 
 
@@ -36,7 +36,7 @@ def _config(tmp: Path, urls: list[str], forward: str, **routing: Any) -> Any:
 
 class Proxy:
     def __init__(self, tmp: Path, urls: list[str], forward: str, **routing: Any) -> None:
-        self.pipeline = Pipeline(_config(tmp, urls, forward, **routing))
+        self.pipeline = build_pipeline(_config(tmp, urls, forward, **routing))
         self.server = ServerThread(create_app(self.pipeline.config, self.pipeline)).start()
         self.http = httpx.Client(base_url=self.server.url, timeout=30)
 

@@ -13,8 +13,8 @@ from index.chunks import ChunkStore, DiskTier, MemoryTier
 from index.kv_events import ZmqEventPublisher
 from tools.bench.procs import ServerThread
 from middleware.config import parse_config
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 from engines.replica.engine import ReplicaEngine
 from engines.replica.model import load_model
 from engines.replica.server import create_replica_app
@@ -49,10 +49,10 @@ def test_precise_routing_over_reference_replicas(model_and_tokenizer, tmp_path):
             "semantic": {"enabled": False},
             "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1", "events": p.endpoint}
                          for i, (r, p) in enumerate(zip(replicas, pubs))],
-            "routing": {"policy": "cache_aware", "mode": "precise", "tokenizer": "smollm2", "block_size": CHUNK},
+            "routing": {"policy": "cache_aware", "prefix": {"mode": "precise", "tokenizer": "smollm2", "block_size": CHUNK}},
         }],
     })
-    pipeline = Pipeline(config)
+    pipeline = build_pipeline(config)
     proxy = ServerThread(create_app(config, pipeline)).start()
     client = httpx.Client(base_url=proxy.url, timeout=300)
     try:
@@ -108,8 +108,8 @@ def test_multi_turn_demo_example(model_and_tokenizer, tmp_path):
     config = parse_config({"cache_dir": str(tmp_path / "cache"), "routes": [{
         "name": "local", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 300},
         "replicas": [{"name": "r1", "api_base": f"{replica.url}/v1"}],
-        "routing": {"tokenizer": "smollm2", "block_size": CHUNK}}]})
-    pipeline = Pipeline(config)
+        "routing": {"prefix": {"tokenizer": "smollm2", "block_size": CHUNK}}}]})
+    pipeline = build_pipeline(config)
     proxy = ServerThread(create_app(config, pipeline)).start()
     root = Path(__file__).resolve().parents[1]
     try:

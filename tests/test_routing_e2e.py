@@ -12,8 +12,8 @@ import pytest
 from engines.demo import Calls, create_fake_app
 from tools.bench.procs import ServerThread
 from middleware.config import parse_config
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 from tests.conftest import wait_until
 
 
@@ -51,7 +51,7 @@ def cluster(embedder, tmp_path):
                 "routing": {"policy": policy, "block_size": 16, "tokenizer": "smollm2", "probe_interval_s": 0.2, **routing},
             }],
         })
-        pipeline = Pipeline(config, embedder=embedder)
+        pipeline = build_pipeline(config, embedder=embedder)
         server = ServerThread(create_app(config, pipeline)).start()
         started.append((server, pipeline))
         return httpx.Client(base_url=server.url, timeout=30), pipeline
@@ -154,7 +154,7 @@ def test_precise_mode_follows_replica_events(embedder, tmp_path):
             "routing": {"policy": "cache_aware", "mode": "precise", "block_size": 16, "tokenizer": "smollm2"},
         }],
     })
-    pipeline = Pipeline(config, embedder=embedder)
+    pipeline = build_pipeline(config, embedder=embedder)
     server = ServerThread(create_app(config, pipeline)).start()
     try:
         router = pipeline.routers["local"]

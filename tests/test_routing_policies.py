@@ -108,19 +108,20 @@ def test_wait_bound_slacks_come_from_the_routing_config():
     from pydantic import ValidationError
 
     from middleware.config import RoutingConfig
-    from middleware.routing.router import policy_options
 
-    cfg = RoutingConfig(**yaml.safe_load("{policy: cache_aware, queue_slack: .inf, prompt_slack: 0.25}"))
-    policy = make_policy(cfg.policy, **policy_options(cfg))
-    assert policy.queue_slack == float("inf") and policy.prompt_slack == 0.25
-    default = make_policy("cache_aware", **policy_options(RoutingConfig(policy="cache_aware")))
+    cfg = RoutingConfig(**yaml.safe_load("{policy: {name: cache_aware, queue_slack: .inf, prompt_slack: 0.25}}"))
+    policy = make_policy(cfg.policy)
+    assert policy.queue_slack == float("inf") and policy.prompt_slack == 0.25 and policy.settings is cfg.policy
+    default = make_policy(RoutingConfig(policy="cache_aware").policy)
     assert (default.queue_slack, default.prompt_slack, default.session_slack) == (2.5, 0.5, float("inf"))
-    assert make_policy("cache_aware", **policy_options(RoutingConfig(policy="cache_aware", session_slack=3))
-                       ).session_slack == 3
+    assert make_policy(RoutingConfig(policy={"name": "cache_aware", "session_slack": 3}).policy).session_slack == 3
+    assert make_policy(RoutingConfig(policy={"name": "affinity", "load_factor": 2}).policy).load_factor == 2
     with pytest.raises(ValidationError, match="session_slack"):
-        RoutingConfig(policy="cache_aware", session_slack=-1)
+        RoutingConfig(policy={"name": "cache_aware", "session_slack": -1})
     with pytest.raises(ValidationError, match="queue_slack"):
-        RoutingConfig(policy="cache_aware", queue_slack=-1)
+        RoutingConfig(policy={"name": "cache_aware", "queue_slack": -1})
+    with pytest.raises(ValueError, match="queue_slack"):
+        make_policy("cache_aware", queue_slack=-1)  # knobs by name are validated as the config is
 
 
 @pytest.mark.parametrize("seed", range(20))

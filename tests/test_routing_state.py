@@ -24,7 +24,7 @@ def hubs():
 
 
 def _router(hub: WorkerHub) -> Router:
-    cfg = RoutingConfig(policy="cache_aware", tokenizer="text", block_size=4)
+    cfg = RoutingConfig(policy="cache_aware", prefix={"tokenizer": "text", "block_size": 4})
     return Router(REPLICAS, cfg, state=hub.state("chat", ["r0", "r1"]))
 
 

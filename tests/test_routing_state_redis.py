@@ -37,7 +37,7 @@ def proxies(redis_server):
 
 
 def _router(hub: RedisRoutingHub) -> Router:
-    cfg = RoutingConfig(policy="cache_aware", tokenizer="text", block_size=4)
+    cfg = RoutingConfig(policy="cache_aware", prefix={"tokenizer": "text", "block_size": 4})
     return Router(REPLICAS, cfg, state=hub.state("chat", ["r0", "r1"]))
 
 
@@ -161,14 +161,15 @@ def test_bad_shared_routing_config_names_the_field(tmp_path: Path) -> None:
 def test_pipelines_on_a_redis_store_share_their_routing_view(redis_server, tmp_path: Path) -> None:
     """`store.backend: redis` is enough: each Pipeline's routers get the Redis state, no extra wiring."""
     from middleware.pipeline import Pipeline
+    from middleware.build import build_pipeline
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         "routes: [{name: chat, model: '*', backend: {model: openai/x, api_key: none}, exact: false,\n"
-        "          semantic: {enabled: false}, routing: {tokenizer: text, block_size: 4},\n"
+        "          semantic: {enabled: false}, routing: {prefix: {tokenizer: text, block_size: 4}},\n"
         "          replicas: [{name: r0, api_base: 'http://127.0.0.1:9/v1'}, {name: r1, api_base: 'http://127.0.0.1:8/v1'}]}]\n"
         f"store: {{backend: redis, url: '{redis_server.url}', routing: {{sync_s: 0.05, load_ttl_s: 0.6}}}}\n")
-    one, two = Pipeline(load_config(cfg)), Pipeline(load_config(cfg))
+    one, two = build_pipeline(load_config(cfg)), build_pipeline(load_config(cfg))
     try:
         a, b = one.routers["chat"], two.routers["chat"]
         chat = [{"role": "user", "content": "through the pipeline " * 6}]

@@ -10,6 +10,7 @@ import pytest
 from middleware.config import parse_config
 from middleware.errors import ConfigError
 from middleware.pipeline import Pipeline
+from middleware.build import build_pipeline
 from tests.conftest import route_config
 from tools.redis_proc import RedisServer
 
@@ -74,20 +75,20 @@ def test_redis_out_of_reach_at_start_up(backend, tmp_path: Path, monkeypatch) ->
     raw = redis_config(backend.api_base, tmp_path, f"redis://admin@127.0.0.1:{down.port}/0",
                        password_env="KVGATE_TEST_REDIS_PW")
     with pytest.raises(ConfigError) as err:
-        Pipeline(parse_config(raw))
+        build_pipeline(parse_config(raw))
     message = err.value.message
     assert message.startswith("store.url: Redis at redis://127.0.0.1:") and "\n" not in message
     assert "s3cret" not in message and "admin" not in message
     raw["store"]["password_env"] = "KVGATE_TEST_NOT_SET"
     with pytest.raises(ConfigError, match="store.password_env: the environment variable KVGATE_TEST_NOT_SET"):
-        Pipeline(parse_config(raw))
+        build_pipeline(parse_config(raw))
     with pytest.raises(ConfigError, match="store.password: a password is never read"):
         parse_config({**raw, "store": {"backend": "redis", "url": "redis://127.0.0.1", "password": "x"}})
 
 
 def test_degrade_starts_without_redis_and_recovers(backend, embedder, tmp_path: Path) -> None:
     server = RedisServer()  # not started yet
-    pipeline = Pipeline(parse_config(redis_config(backend.api_base, tmp_path, server.url, on_error="degrade")),
+    pipeline = build_pipeline(parse_config(redis_config(backend.api_base, tmp_path, server.url, on_error="degrade")),
                         embedder=embedder)
     try:
         assert ask(pipeline, "degraded question one")[0] == "miss"
@@ -105,8 +106,8 @@ def test_degrade_starts_without_redis_and_recovers(backend, embedder, tmp_path: 
 
 def test_redis_killed_then_restarted_empty(backend, embedder, redis_server: RedisServer, tmp_path: Path) -> None:
     """SIGKILL mid-run: misses, never errors; restarted empty: misses, never a stale or wrong answer."""
-    a = Pipeline(parse_config(redis_config(backend.api_base, tmp_path / "a", redis_server.url)), embedder=embedder)
-    b = Pipeline(parse_config(redis_config(backend.api_base, tmp_path / "b", redis_server.url)), embedder=embedder)
+    a = build_pipeline(parse_config(redis_config(backend.api_base, tmp_path / "a", redis_server.url)), embedder=embedder)
+    b = build_pipeline(parse_config(redis_config(backend.api_base, tmp_path / "b", redis_server.url)), embedder=embedder)
     try:
         tier, first = ask(a, QUESTION)
         assert tier == "miss" and ask(b, QUESTION) == ("exact", first)
@@ -143,11 +144,11 @@ def test_password_comes_from_the_named_variable(backend, embedder, tmp_path: Pat
     with RedisServer(password="s3cret-pw") as server:
         raw = redis_config(backend.api_base, tmp_path, server.url)
         with pytest.raises(ConfigError, match="store.url: Redis at redis://127.0.0.1:") as err:
-            Pipeline(parse_config(raw), embedder=embedder)  # no password: refused by Redis
+            build_pipeline(parse_config(raw), embedder=embedder)  # no password: refused by Redis
         assert "s3cret" not in err.value.message
         monkeypatch.setenv("KVGATE_TEST_REDIS_PW", "s3cret-pw")
         raw["store"]["password_env"] = "KVGATE_TEST_REDIS_PW"
-        pipeline = Pipeline(parse_config(raw), embedder=embedder)
+        pipeline = build_pipeline(parse_config(raw), embedder=embedder)
         try:
             assert ask(pipeline, "a question behind a password")[0] == "miss"
             assert ask(pipeline, "a question behind a password")[0] == "exact"
@@ -156,24 +157,23 @@ def test_password_comes_from_the_named_variable(backend, embedder, tmp_path: Pat
 
 
 def test_link_backs_off_after_a_failure_and_closes_on_success() -> None:
-    import time
-
     import redis as redis_py
 
     from index.redis_link import LinkSettings, RedisLink, StoreDown, redacted
 
+    now = [100.0]  # the link's clock: it moves only when the test moves it
     server = RedisServer()  # its port, nobody listening yet
-    link = RedisLink(LinkSettings(server.url, backoff_min_s=0.2, backoff_max_s=0.4))
+    link = RedisLink(LinkSettings(server.url, backoff_min_s=0.2, backoff_max_s=0.4), clock=lambda: now[0])
     with pytest.raises(redis_py.exceptions.ConnectionError) as first:
         link.ping()
     assert not isinstance(first.value, StoreDown) and not link.up
-    started = time.monotonic()
-    with pytest.raises(StoreDown):  # refused at once: no connect attempt while backing off
-        link.ping()
-    assert time.monotonic() - started < 0.05 and link.errors["ping"] == 2
-    server.start()
+    server.start()  # listening now, but the link is backing off
     try:
-        time.sleep(0.25)
+        now[0] += 0.19
+        with pytest.raises(StoreDown):  # refused without a round trip: a try would have worked
+            link.ping()
+        assert link.errors["ping"] == 2 and not link.up
+        now[0] += 0.02
         link.ping()  # the backoff is over: one try, it works, the link closes
         assert link.up and link.run("get", lambda r: r.get("x")) is None
     finally:

@@ -20,11 +20,11 @@ def ask(content, **kw):
 
 @pytest.fixture
 def gateway(embedder, backend, tmp_path):
-    from middleware.pipeline import Pipeline
+    from middleware.build import build_pipeline
     from middleware.config import parse_config
 
     config = parse_config(route_config(backend.api_base, tmp_path / "cache"))
-    gw = Gateway(config, pipeline=Pipeline(config, embedder=embedder))
+    gw = Gateway(config, pipeline=build_pipeline(config, embedder=embedder))
     yield gw
     gw.close()
 

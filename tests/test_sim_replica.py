@@ -360,27 +360,49 @@ def test_litellm_sees_cached_tokens(fresh: ServerThread):
     assert built.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens_details.cached_tokens
 
 
+class InstantClock:
+    """Virtual time for an engine behind a real server: sleep() moves the clock at once (and
+    yields), so the engine's own TTFTs are exact and nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, delay: float) -> None:
+        self.slept.append(delay)
+        self.now += max(0.0, delay)
+        await asyncio.sleep(0)
+
+
 def test_ttft_follows_the_cache_and_queue():
-    """A slow replica (4000 uncached tokens ≈ 0.2 s). Only safe bounds on measured times: the
-    modelled prefill is a lower bound of TTFT; cached and queued counts are exact."""
-    engine = SimEngine(1_000_000, 16, prefill_tps=20_000, decode_tps=1e4, overhead_s=0.0)
+    """A slow replica (4000 uncached tokens ≈ 0.2 s of modelled prefill) on a virtual clock: a
+    streamed answer's first token comes after the prefill the engine waited, which the cache
+    shortens; cached and queued counts are exact."""
+    clock = InstantClock()
+    engine = SimEngine(1_000_000, 16, prefill_tps=20_000, decode_tps=1e4, overhead_s=0.0,
+                       clock=clock.time, sleep=clock.sleep)
     server = ServerThread(create_sim_app(engine, "slow")).start()
     try:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
         msgs = user("w" * 4000)
-        cold_prefill = (len(render_transcript(msgs))) / 20_000
+        tokens = len(render_transcript(msgs))
+        cold_prefill = tokens / 20_000
+        warm_prefill = (tokens - tokens // 16 * 16) / 20_000  # only the partial last block is not cached
 
         def ttft() -> float:
-            start, first = time.perf_counter(), None
             with client.chat.completions.create(model="m", messages=msgs, stream=True, max_tokens=2) as stream:
-                for chunk in stream:  # read to the end: an abandoned stream can deadlock httpcore's pool on GC
-                    if first is None and chunk.choices and chunk.choices[0].delta.content:
-                        first = time.perf_counter() - start
-            assert first is not None
-            return first
+                # read to the end: an abandoned stream can deadlock httpcore's pool on GC
+                content = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+            assert content
+            return engine.ttfts()[-1]  # the engine's, on the virtual clock
 
-        cold, warm = ttft(), ttft()
-        assert cold >= 0.8 * cold_prefill
+        cold = ttft()
+        assert clock.slept[0] == pytest.approx(cold_prefill)  # the first token waited the whole prefill
+        warm = ttft()
+        assert cold == pytest.approx(cold_prefill) and warm == pytest.approx(warm_prefill)
         assert warm < cold / 2
         # concurrent identical requests: FIFO prefill, each after the first reuses the cache
         engine.reset()

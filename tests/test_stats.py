@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from engines.demo import create_fake_app
 from middleware.config import parse_config
-from middleware.replica_scrape import metrics_url, parse_metrics
-from middleware.stats_samples import growth, quantile
+from middleware.telemetry.replica_scrape import metrics_url, parse_metrics
+from middleware.telemetry.stats_samples import growth, quantile
 from tests.conftest import Proxy
 from tools.bench.procs import ServerThread
 

@@ -15,7 +15,7 @@ from index.trust import Observation
 from middleware.cli import main as cli_main
 from middleware.config import parse_config
 from middleware.errors import ConfigError
-from middleware.trust_gate import Exploration, TrustGate
+from middleware.cache.trust_gate import Exploration, TrustGate
 from tests.conftest import Proxy
 from tools.bench.procs import ServerThread
 from tools.bench.trust import backend_app
@@ -57,7 +57,7 @@ def test_unsure_candidate_is_explored_and_its_verdict_kept(embedder, same_answer
         metrics = proxy.http.get("/metrics").text
         assert 'kvgate_semantic_explorations_total{route="chat"} 1.0' in metrics
         assert 'kvgate_semantic_exploration_verdicts_total{route="chat",verdict="agree"} 1.0' in metrics
-        # the dashboard's data carries the exploration for the route (middleware/stats.py)
+        # the dashboard's data carries the exploration for the route (middleware/telemetry/stats.py)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             totals = proxy.http.get("/v1/stats").json()["totals"].get("chat", {})

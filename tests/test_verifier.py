@@ -19,11 +19,11 @@ from tools.bench.proxy_latency import SEED_QUESTIONS
 from middleware.cli import main
 from middleware.config import parse_config
 from middleware.errors import ConfigError
-from middleware.pipeline import Pipeline
-from middleware.operating_point import operating_point_path, read_operating_point
+from middleware.build import build_pipeline
+from middleware.cache.operating_point import operating_point_path, read_operating_point
 from tools.tuning.split import assign_parts, group_keys
 from tools.tuning.synthetic import hard_negatives, edit_negation, edit_number, edit_roles, edit_unit
-from middleware.verification import SemanticSettings, choose, to_verify
+from middleware.cache.verification import SemanticSettings, choose, to_verify
 
 from conftest import route_config
 
@@ -176,7 +176,7 @@ def test_tune_writes_a_point_the_pipeline_loads(tmp_path: Path, verifier_dir: Pa
     config_file.write_text(json.dumps(raw))  # JSON is YAML
     config = parse_config(raw)
     with pytest.raises(ConfigError, match=r"routes\.0\.semantic\.target_precision.*kvgate tune"):
-        Pipeline(config, embedder=embedder)  # no tuned point yet: start-up names the field and the command
+        build_pipeline(config, embedder=embedder)  # no tuned point yet: start-up names the field and the command
 
     report_file = tmp_path / "report.json"
     assert main(["tune", "--pairs", str(pairs), "--route", "chat", "--config", str(config_file),
@@ -188,7 +188,7 @@ def test_tune_writes_a_point_the_pipeline_loads(tmp_path: Path, verifier_dir: Pa
     report = json.loads(report_file.read_text())
     assert report["written"] == str(operating_point_path(tmp_path / "cache", "chat"))
 
-    pipeline = Pipeline(config, embedder=embedder)
+    pipeline = build_pipeline(config, embedder=embedder)
     try:
         settings = pipeline.semantic["chat"]
         assert settings.threshold == point.cosine_threshold
@@ -210,13 +210,13 @@ def test_config_rejects_threshold_with_target_and_stale_points(tmp_path: Path, e
                                 "verifier_threshold": None, "candidates": 1, "expected_precision": 0.91,
                                 "expected_recall": 0.3}))
     with pytest.raises(ConfigError, match=r"target_precision: 0\.99, but the tuned point was made for 0\.9"):
-        Pipeline(parse_config(raw), embedder=embedder)
+        build_pipeline(parse_config(raw), embedder=embedder)
 
 
 def test_missing_verifier_fails_at_start_up(tmp_path: Path, embedder: Any) -> None:
     raw = _config(tmp_path, tmp_path / "no-such-verifier", verifier=True)
     with pytest.raises(ConfigError, match=r"routes\.0\.semantic\.verifier: no trained verifier.*kvgate tune"):
-        Pipeline(parse_config(raw), embedder=embedder)
+        build_pipeline(parse_config(raw), embedder=embedder)
 
 
 # ------------------------------------------------------------------------------------------ end to end

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from middleware.config import parse_config
-from middleware.pipeline import Pipeline
-from middleware.proxy import create_app
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app
 from tests.conftest import wait_until
 from tools.bench.procs import ServerThread
 
@@ -36,7 +36,7 @@ def config(tmp: Path, servers: list[Any], **routing: Any) -> dict[str, Any]:
 class Proxy:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.config = parse_config(cfg)
-        self.pipeline = Pipeline(self.config)
+        self.pipeline = build_pipeline(self.config)
         self.server = ServerThread(create_app(self.config, self.pipeline)).start()
         self.client = httpx.Client(base_url=self.server.url, timeout=120)
 

@@ -16,7 +16,7 @@ from index.kv_events import BlockStored, EventApplier, KVEventBatch, ZmqEventSub
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import TextTokenizer
-from middleware.config import ReplicaConfig, RoutingConfig, parse_config
+from middleware.config import PrefixConfig, ReplicaConfig, parse_config
 from middleware.engines.vllm import binds, cache_config, parse_version, version_error
 from middleware.errors import ConfigError
 from middleware.routing.precise import PreciseRouting
@@ -34,12 +34,13 @@ def route(**routing: object) -> dict[str, object]:
 
 def test_precise_mode_refuses_the_text_tokenizer_naming_both_fields() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_config(route(mode="precise", tokenizer="text"))
-    assert "routing.mode: precise" in err.value.message and "routing.tokenizer: text" in err.value.message
-    cfg = RoutingConfig(mode="precise")
+        parse_config(route(prefix={"mode": "precise", "tokenizer": "text"}))
+    assert "routing.prefix.mode: precise" in err.value.message
+    assert "routing.prefix.tokenizer: text" in err.value.message
+    cfg = PrefixConfig(mode="precise")
     assert cfg.tokenizer == "auto" and cfg.block_size is None  # both from the engine
-    with pytest.raises(ValueError, match="auto needs routing.mode: precise"):
-        RoutingConfig(tokenizer="auto")
+    with pytest.raises(ValueError, match="auto needs routing.prefix.mode: precise"):
+        PrefixConfig(tokenizer="auto")
 
 
 def test_salts_are_per_tenant_secret_and_fold_in_the_clients(tmp_path: Path) -> None:
@@ -132,7 +133,7 @@ def test_precise_checks_count_unmatched_requests_and_drop_a_silent_replica() -> 
     now = [0.0]
     index = PrefixIndex(None)
     index.add_replica("a")
-    cfg = RoutingConfig(mode="precise", tokenizer="codepoints", block_size=BS)
+    cfg = PrefixConfig(mode="precise", tokenizer="codepoints", block_size=BS)
     replica = ReplicaConfig(name="a", api_base="http://127.0.0.1:1/v1", events="tcp://127.0.0.1:1")
     hashers: list[PromptHasher] = []
     precise = PreciseRouting("r", cfg, index, [replica], hashers.append, clock=lambda: now[0])

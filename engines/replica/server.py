@@ -371,4 +371,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `python -m engines.replica.server` owns its process: the same defaults `kvgate replica` sets
+    # (middleware/cli.py), before the model loads
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 The chunk store holds only full chunks, so without this every later turn re-prefills up to
 chunk_tokens − 1 tokens of history (the tail of the previous prompt + the previous answer) before
-its own new tokens: ~180 tokens, 0.5 s on 2 CPU cores for SmolLM2, most of a warm turn's TTFT.
+its own new tokens: on a CPU, most of a warm turn's TTFT.
 
 Invariant: a tail is stored under the chained hash of the full chunk before it (None at the
 start), which covers every earlier token, and carries its own token ids; it is reused only for a

@@ -8,8 +8,8 @@ Scheduling (the CPU analogue of chunked prefill with prefill priority)
     PREEMPT_SLICE tokens while anything else is started or waiting, so a cached next turn (tens
     of tokens to prefill) waits for at most one slice of someone's cold prompt or one round of
     decode steps, never for a whole cold prefill or answer; alone, a request is fed PREFILL_SLICE
-    tokens per forward (bigger forwards are faster on the CPU: 2048 tokens in 128-token slices
-    cost ~20% more than in one forward, in 512-token ~10%). The price of prefill priority on a
+    tokens per forward (bigger forwards are faster on the CPU: the smaller the slices, the more a
+    prompt costs in total). The price of prefill priority on a
     CPU, which cannot batch the decode steps into the prefill forward as a GPU does: while a cold
     prompt is being prefilled, the requests already decoding advance one token per slice.
 

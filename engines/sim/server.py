@@ -33,6 +33,7 @@ prefix index in precise mode against sim replicas exactly as against vLLM.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
@@ -237,4 +238,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `python -m engines.sim.server` owns its process: the same defaults `kvgate sim-replica` sets
+    # (middleware/cli.py), before a tokenizer loads
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

@@ -1,9 +1,9 @@
 """Keep freed KV buffers in the process instead of handing them back to the OS (glibc only).
 
-A chunk read from the disk tier is a fresh ~12 MB buffer (plus its copy when promoted to RAM).
-glibc serves blocks that large with mmap and returns them on free, so every load faults its
-memory back in page by page: measured here, 40k minor faults and ~0.17 s for 7 chunks (83 MB),
-against ~0.09 s when the memory is reused, the two alternating with the allocator's trimming.
+A chunk read from the disk tier is a fresh buffer of megabytes (plus its copy when promoted to
+RAM). glibc serves blocks that large with mmap and returns them on free, so every load faults its
+memory back in page by page (tens of thousands of minor faults for a few chunks), which makes a
+load markedly slower than one into reused memory, the two alternating with the allocator's trimming.
 Raising the mmap threshold (to glibc's maximum, 32 MiB) and the trim threshold makes freed
 buffers come back from the heap with no faults. The cost: memory the process freed stays in its
 RSS for reuse (a replica fills its RAM tier to budget anyway).

@@ -2,13 +2,13 @@
 
 A chunk loaded from the remote tier is copied into RAM at once (the next read wants it there)
 and into the disk tier by this one worker thread: that copy only matters once RAM has evicted
-the chunk, and writing ~12 MB files while the request waits for its first token cost more than
-the Redis read itself (docs/BENCHMARKS.md, issue 14). The queue is bounded; a copy that does not
+the chunk, and writing chunk-sized files (megabytes each) while the request waits for its first
+token can cost more than the Redis read itself. The queue is bounded; a copy that does not
 fit is dropped (counted) — the chunk is still in RAM and in the tier it came from.
 
 The copies also wait while their owner holds them (`hold`): a replica holds them while it
-prefills, so a request's first token does not share two cores with 12 MB file writes (measured:
-~0.1 s of a warm TTFT, docs/BENCHMARKS.md issue 14). A copy held longer than MAX_HOLD_S runs
+prefills, so a request's first token does not share the CPU with chunk-sized file writes (on a
+small machine they delay a warm request's first token). A copy held longer than MAX_HOLD_S runs
 anyway, so a replica that is never idle still fills its disk tier.
 """
 from __future__ import annotations
@@ -37,6 +37,7 @@ class Promoter:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.dropped = 0
+        self.overdue = 0  # copies run while still held, their max_hold_s over (written by the thread only)
 
     def submit(self, job: Callable[[], None]) -> bool:
         """Queue `job`; False (counted in `dropped`) when the queue is full or closed."""
@@ -60,7 +61,8 @@ class Promoter:
             try:
                 if job is None:
                     return
-                self._open.wait(self.max_hold_s)
+                if not self._open.wait(self.max_hold_s):
+                    self.overdue += 1
                 job()
             except Exception:  # a failed copy costs a slower later read, never the request
                 log.exception("background chunk promotion failed")

@@ -86,9 +86,11 @@ class RedisTier:
 
     def __init__(self, url: str, *, prefix: str = "kvgate", password: str | None = None, timeout_s: float = 2.0,
                  connect_timeout_s: float = 1.0, ttl_s: int | None = None, pool_size: int = 16,
-                 backoff_s: float = 0.5, max_backoff_s: float = 30.0, max_value_bytes: int = MAX_VALUE_BYTES) -> None:
+                 backoff_s: float = 0.5, max_backoff_s: float = 30.0, max_value_bytes: int = MAX_VALUE_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """Connects lazily: an unreachable server is an outage (misses), not a start-up error.
-        Raises ValueError for a URL redis-py cannot parse or a bad number."""
+        `clock` times the backoff (seconds; tests pass their own). Raises ValueError for a URL
+        redis-py cannot parse or a bad number."""
         if not prefix or any(c.isspace() for c in prefix):
             raise ValueError(f"prefix must be a non-empty word, got {prefix!r}")
         if timeout_s <= 0 or connect_timeout_s <= 0:
@@ -107,7 +109,7 @@ class RedisTier:
         )
         kw = self._client.connection_pool.connection_kwargs
         self._where = kw["path"] if "path" in kw else f"{kw.get('host')}:{kw.get('port')}"  # never the password
-        self.backoff = Backoff(backoff_s, max_backoff_s)
+        self.backoff = Backoff(backoff_s, max_backoff_s, clock)
         self._failures = SoftFailures(log, f"remote KV tier {self._where}")
         self._lock = threading.Lock()  # guards the counters
         self.errors = {op: 0 for op in OPS}  # round trips that failed

@@ -12,7 +12,7 @@ a reader never sees the entry's list grow without the route's counter moving wit
 proxies appending to one entry both land. Entry ids come from the entry store's shared counter
 (index.entries.redis), so they name one entry across proxies. Calls go through the store's
 RedisLink (pool, timeouts, circuit): Redis trouble raises a RedisError, which the caller
-(middleware.trust_gate) treats as "no observations" — a miss, never an error.
+(middleware.cache.trust_gate) treats as "no observations" — a miss, never an error.
 """
 from __future__ import annotations
 

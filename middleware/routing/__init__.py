@@ -1,4 +1,10 @@
-"""Prefix-aware routing: a RoutingPolicy protocol, one file per policy, and the Router."""
+"""Prefix-aware routing: which replica takes a miss.
+
+Owns: the RoutingPolicy protocol with one file per policy, the Router that composes scoring, the
+prefix index, the KV-event feed (precise.py), replica health and shared routing state.
+May import: index/, middleware.config (and its routing_config), middleware.errors and
+middleware.engines; never telemetry/, cache/, forward/, the pipeline or a face.
+"""
 from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
 from middleware.routing.factory import make_policy
 

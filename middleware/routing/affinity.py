@@ -13,6 +13,7 @@ import math
 from typing import Sequence
 
 from middleware.routing.base import ReplicaState, RoutePlan
+from middleware.routing_config import AffinityConfig
 
 VIRTUAL_NODES = 64
 
@@ -24,10 +25,10 @@ def _point(key: str) -> int:
 class Affinity:
     name = "affinity"
 
-    def __init__(self, load_factor: float = 1.25) -> None:
-        if load_factor < 1:
-            raise ValueError("affinity load_factor must be ≥ 1")
-        self.load_factor = load_factor
+    def __init__(self, settings: AffinityConfig | None = None, **knobs: float) -> None:
+        """`settings`: routing.policy of the route; else built from `knobs` (load_factor=...)."""
+        self.settings = settings if settings is not None else AffinityConfig(**knobs)
+        self.load_factor = self.settings.load_factor
         self._ring: tuple[list[int], list[str]] | None = None
         self._ring_names: tuple[str, ...] = ()
 

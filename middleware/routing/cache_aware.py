@@ -45,7 +45,8 @@ unbounded, and the cost (ttft estimate + duplicate charge) alone decides.
 
 Defaults (miss_weight 64, queue_slack 2.5, prompt_slack 0.5, session_slack ∞) were chosen on
 tuning slices only (requests 0–800 of the arena's traces, `kvgate bench routing-model` and
-`kvgate bench routing --tune-slice`; docs/BENCHMARKS.md, issue 13), never on reported ones.
+`kvgate bench routing --tune-slice`), never on reported ones, so the reported figures are not
+fitted to the requests they are measured on.
 """
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ import threading
 from typing import Sequence
 
 from middleware.routing.base import ReplicaState, RoutePlan
+from middleware.routing_config import CacheAwareConfig
 
+# = CacheAwareConfig's defaults (middleware/routing_config.py), for the pure functions below
 DEFAULT_DECODE_WEIGHT = 8.0
 DEFAULT_MISS_WEIGHT = 64.0
 DEFAULT_QUEUE_SLACK = 2.5
@@ -120,16 +123,15 @@ def admissible(candidates: Sequence[ReplicaState], plan: RoutePlan, decode_weigh
 class CacheAware:
     name = "cache_aware"
 
-    def __init__(self, decode_weight: float = DEFAULT_DECODE_WEIGHT, miss_weight: float = DEFAULT_MISS_WEIGHT,
-                 queue_slack: float = DEFAULT_QUEUE_SLACK, prompt_slack: float = DEFAULT_PROMPT_SLACK,
-                 session_slack: float = DEFAULT_SESSION_SLACK) -> None:
-        if queue_slack < 0 or prompt_slack < 0 or session_slack < 0:
-            raise ValueError("cache_aware queue_slack, prompt_slack and session_slack must be >= 0")
-        self.decode_weight = decode_weight
-        self.miss_weight = miss_weight
-        self.queue_slack = queue_slack
-        self.prompt_slack = prompt_slack
-        self.session_slack = session_slack
+    def __init__(self, settings: CacheAwareConfig | None = None, **knobs: float) -> None:
+        """`settings`: routing.policy of the route; else built from `knobs` (decode_weight=...),
+        validated as the config is (pydantic.ValidationError, a ValueError, naming the knob)."""
+        self.settings = settings if settings is not None else CacheAwareConfig(**knobs)
+        self.decode_weight = self.settings.decode_weight
+        self.miss_weight = self.settings.miss_weight
+        self.queue_slack = self.settings.queue_slack
+        self.prompt_slack = self.settings.prompt_slack
+        self.session_slack = self.settings.session_slack
         self._tie = itertools.count()
         self._lock = threading.Lock()
 

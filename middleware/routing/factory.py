@@ -1,4 +1,6 @@
-"""Policy names → implementations. Adding a policy: one file, one line here."""
+"""Policy settings → implementations: routing.policy (one member of the config's union) names its
+class by `name` and is handed to it. Adding a policy: one file, its settings model in
+middleware/routing_config.py, one line here."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -8,8 +10,9 @@ from middleware.routing.base import RoutingPolicy
 from middleware.routing.cache_aware import CacheAware
 from middleware.routing.least_loaded import LeastLoaded
 from middleware.routing.round_robin import RoundRobin
+from middleware.routing_config import PolicyConfig, policy_config
 
-POLICIES: dict[str, Callable[..., RoutingPolicy]] = {
+POLICIES: dict[str, Callable[[Any], RoutingPolicy]] = {
     "round_robin": RoundRobin,
     "least_loaded": LeastLoaded,
     "cache_aware": CacheAware,
@@ -17,9 +20,13 @@ POLICIES: dict[str, Callable[..., RoutingPolicy]] = {
 }
 
 
-def make_policy(name: str, **options: Any) -> RoutingPolicy:
-    try:
-        factory = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown routing policy {name!r}; choose from {sorted(POLICIES)}") from None
-    return factory(**options)
+def make_policy(policy: PolicyConfig | str, **knobs: Any) -> RoutingPolicy:
+    """The policy of a route's `routing.policy` settings, or of a name and its knobs
+    (make_policy("cache_aware", miss_weight=4)), validated as the config is."""
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r}; choose from {sorted(POLICIES)}")
+        policy = policy_config(policy, **knobs)
+    elif knobs:
+        raise TypeError("make_policy: knobs go in the settings object, not beside it")
+    return POLICIES[policy.name](policy)

@@ -4,10 +4,14 @@ from __future__ import annotations
 from typing import Sequence
 
 from middleware.routing.base import ReplicaState, RoutePlan
+from middleware.routing_config import LeastLoadedConfig
 
 
 class LeastLoaded:
     name = "least_loaded"
+
+    def __init__(self, settings: LeastLoadedConfig | None = None) -> None:
+        self.settings = settings or LeastLoadedConfig()
 
     def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
         return min(candidates, key=lambda r: (r.in_flight, r.requests))

@@ -3,9 +3,9 @@
 Owns the replicas' event subscribers, the hashing set-up the engines dictate and the checks that
 say when the router and an engine disagree:
 
-- Block size: the route's `routing.block_size` if set, replaced by the engine's own (its
+- Block size: the route's `routing.prefix.block_size` if set, replaced by the engine's own (its
   `/metrics` says it, its first BlockStored too); a disagreement is logged, the engine wins.
-- Tokenizer: `routing.tokenizer` if it names one; `auto` loads the tokenizer (and chat template)
+- Tokenizer: `routing.prefix.tokenizer` if it names one; `auto` loads the tokenizer (and chat template)
   from the model dir the engine reports serving, when that dir exists on this machine.
 - Until both are known the route routes by load alone (an empty match), never on a guess.
 - Socket roles and replay come from the engine's own event config (middleware.engines).
@@ -29,7 +29,7 @@ from index.kv_events import EventApplier, ZmqEventSubscriber
 from index.prefix import PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import ChatTokenizer, load_tokenizer
-from middleware.config import ReplicaConfig, RoutingConfig
+from middleware.config import PrefixConfig, ReplicaConfig
 from middleware.engines.base import EngineInfo
 
 log = logging.getLogger("kvgate.router")
@@ -50,7 +50,7 @@ class _Watch:
 
 
 class PreciseRouting:
-    def __init__(self, route: str, cfg: RoutingConfig, index: PrefixIndex, replicas: list[ReplicaConfig],
+    def __init__(self, route: str, cfg: PrefixConfig, index: PrefixIndex, replicas: list[ReplicaConfig],
                  on_hasher: Callable[[PromptHasher], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.route = route
         self.cfg = cfg
@@ -116,7 +116,7 @@ class PreciseRouting:
         if info.kind != "vllm":
             if self.cfg.tokenizer == "auto" and self.tokenizer is None:
                 self._tokenizer_error(f"replica {name} is not a vLLM server, so it reports no model dir; set "
-                                      "routing.tokenizer to the replicas' tokenizer dir")
+                                      "routing.prefix.tokenizer to the replicas' tokenizer dir")
             return
         cfg = self._configs.get(name)
         if cfg is not None and info.events_bind and (info.events_endpoint or "") != cfg.events:
@@ -147,8 +147,8 @@ class PreciseRouting:
         if path is None or not path.is_dir() or not any((path / f).exists() for f in ("tokenizer.json",
                                                                                        "tokenizer_config.json")):
             self._tokenizer_error(f"replica {name} serves {root!r}, which is not a model dir on this machine; "
-                                  "set routing.tokenizer to a local copy of its tokenizer (a dir with tokenizer.json "
-                                  "and the chat template)")
+                                  "set routing.prefix.tokenizer to a local copy of its tokenizer (a dir with "
+                                  "tokenizer.json and the chat template)")
             return
         try:
             self.tokenizer = load_tokenizer(str(path))
@@ -169,9 +169,9 @@ class PreciseRouting:
             if size == self.block_size:
                 return
             if self.block_size is not None:
-                log.warning("route %s: replica %s cuts KV blocks of %d tokens, routing.block_size says %d; using "
-                            "the engine's %d (leave routing.block_size out in precise mode)", self.route, name, size,
-                            self.block_size, size)
+                log.warning("route %s: replica %s cuts KV blocks of %d tokens, routing.prefix.block_size says "
+                            "%d; using the engine's %d (leave routing.prefix.block_size out in precise mode)",
+                            self.route, name, size, self.block_size, size)
             self.block_size = size
         for sub in self.subscribers.values():
             sub.applier.set_block_size(size)
@@ -247,8 +247,8 @@ class PreciseRouting:
         bad = sum(1 for v in self._verdicts if not v)
         log.error("route %s: replica %s stored KV blocks for a routed request, but none matches the hashes kvgate "
                   "computed for it (%d of the last %d requests): the router's tokenizer or chat template differs "
-                  "from the engine's (routing.tokenizer: %s); prefix matches will be missed", self.route, replica,
-                  bad, len(self._verdicts), self.cfg.tokenizer)
+                  "from the engine's (routing.prefix.tokenizer: %s); prefix matches will be missed",
+                  self.route, replica, bad, len(self._verdicts), self.cfg.tokenizer)
 
     def stats(self) -> dict[str, dict[str, object]]:
         """Per replica: verdict counts, replayed batches and the engine-hash check (`engine_hash`:

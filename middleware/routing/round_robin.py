@@ -6,12 +6,14 @@ import threading
 from typing import Sequence
 
 from middleware.routing.base import ReplicaState, RoutePlan
+from middleware.routing_config import RoundRobinConfig
 
 
 class RoundRobin:
     name = "round_robin"
 
-    def __init__(self) -> None:
+    def __init__(self, settings: RoundRobinConfig | None = None) -> None:
+        self.settings = settings or RoundRobinConfig()
         self._counter = itertools.count()
         self._lock = threading.Lock()
 

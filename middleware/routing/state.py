@@ -5,7 +5,7 @@ tokens queued ahead of the first token) and, in approximate mode, a prefix index
 itself from its own decisions. With one proxy process both live in that process
 (`state_local.LocalState`). With several processes in front of the same replicas —
 `kvgate serve --workers N` on one host (`state_workers.WorkerState`), or several proxies on
-several machines (a shared store, issue 14) — each must see the others' load and learn from the
+several machines (a shared store) — each must see the others' load and learn from the
 others' routing decisions, or they pile requests onto one replica and scatter prefixes.
 
 The contract, for every implementation:

@@ -23,8 +23,8 @@ import httpx
 import orjson
 
 from engines.sim.engine import PrefixCache, SimEngine, matchable
-from middleware.http1 import Pool
-from middleware.loop_lag import watch_loop_lag
+from middleware.forward.http1 import Pool
+from middleware.telemetry.loop_lag import watch_loop_lag
 from middleware.progress import Progress
 from tools.bench.stats import pct
 from tools.bench.stream_client import answered, timed_stream

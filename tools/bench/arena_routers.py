@@ -77,18 +77,29 @@ def anchor_launch(name: str, port: int, urls: list[str], params: dict[str, float
 def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list[str] | None = None,
                   capacity_blocks: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """`kvgate serve` config for one policy: both cache tiers off; approximate mode told only the
-    capacity hint (None: capacity_blocks unset); `cache_aware_precise` follows KV events."""
-    from middleware.config import RoutingConfig
+    capacity hint (None: capacity_blocks unset); `cache_aware_precise` follows KV events. `extra`:
+    flat routing options (`--routing`, `--kvgate-grid`), each put in its block: a policy knob into
+    routing.policy when it is this policy's (dropped for the others), a prefix field into
+    routing.prefix, anything else on routing itself."""
+    from middleware.config import PrefixConfig
+    from middleware.routing_config import KNOB_POLICY, PREFIX_FIELDS
 
     precise = policy == "cache_aware_precise"
-    routing: dict[str, Any] = {"policy": "cache_aware" if precise else policy,
-                               "tokenizer": "codepoints" if precise else "text", "max_attempts": 2,
-                               "mode": "precise" if precise else "approximate"}
+    name = "cache_aware" if precise else policy
+    knobs: dict[str, Any] = {"name": name}
+    prefix: dict[str, Any] = {"tokenizer": "codepoints" if precise else "text",
+                              "mode": "precise" if precise else "approximate"}
+    routing: dict[str, Any] = {"policy": knobs, "prefix": prefix, "max_attempts": 2}
     if precise:  # the replicas' blocks; approximate mode keeps its own default (64 characters with text)
-        routing["block_size"] = BLOCK_SIZE
+        prefix["block_size"] = BLOCK_SIZE
     if capacity_blocks is not None and not precise:  # the hint is in the replicas' blocks: the same tokens in ours
-        routing["capacity_blocks"] = max(1, capacity_blocks * BLOCK_SIZE // RoutingConfig(tokenizer="text").block_size)
-    routing.update(extra or {})
+        prefix["capacity_blocks"] = max(1, capacity_blocks * BLOCK_SIZE // PrefixConfig(tokenizer="text").block_size)
+    for key, value in (extra or {}).items():
+        if key in KNOB_POLICY:
+            if KNOB_POLICY[key] == name:
+                knobs[key] = value
+        else:
+            (prefix if key in PREFIX_FIELDS else routing)[key] = value
     replica_cfg = [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)]
     if precise:
         for r, e in zip(replica_cfg, events or []):

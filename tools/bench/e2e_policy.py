@@ -20,8 +20,9 @@ from tools.bench.stats import pct
 
 def proxy_config(policy: str, replicas: list[str], events: list[str], chunk_tokens: int, cache_dir: Path) -> dict[str, Any]:
     precise = policy == "cache_aware"
-    routing = {"policy": policy.removesuffix("_approximate"), "block_size": chunk_tokens, "tokenizer": "smollm2",
-               "mode": "precise" if precise else "approximate", "max_attempts": 2}
+    routing = {"policy": policy.removesuffix("_approximate"), "max_attempts": 2,
+               "prefix": {"block_size": chunk_tokens, "tokenizer": "smollm2",
+                          "mode": "precise" if precise else "approximate"}}
     reps: list[dict[str, Any]] = [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)]
     if precise:
         for r, e in zip(reps, events):

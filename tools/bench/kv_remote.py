@@ -1,4 +1,4 @@
-"""`kvgate bench kv-remote`: the remote KV tier (index.chunks.redis) — issue 14's `kv` figures.
+"""`kvgate bench kv-remote`: the remote KV tier (index.chunks.redis), the figures of `bench kv` for it.
 
 A throwaway redis-server (tools.redis_proc, `maxmemory` + allkeys-lru as the README recommends)
 and two in-process replica engines over one loaded SmolLM2-135M (greedy), each with its own RAM

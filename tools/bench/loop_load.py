@@ -13,7 +13,7 @@ event-loop lag (`kvgate_event_loop_lag_seconds`, scraped at the end). `--anchor-
 runs the same workload against a proxy started from another source tree (e.g. `git archive` of an
 older commit) so the two are compared within one run.
 
-`--rate R` is the router-overhead figure of issue 13 instead (open loop: a request every 1/R s
+`--rate R` measures the router's overhead instead (open loop: a request every 1/R s
 whatever the answers do): one instant backend, one proxy per tokenizer (`--tokenizers`) with it as
 the only replica, and per prompt shape (`--shapes`: `fresh` = a new document every request,
 `continue` = the next turn of one of `--conversations` conversations, the prompt-prefix cache's
@@ -41,7 +41,7 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.http1 import Pool
+from middleware.forward.http1 import Pool
 from tools.bench.procs import Proc, free_port, kvgate_argv
 from tools.bench.stats import pct, write_json
 from tools.bench.stream_client import timed_stream
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default="fresh,continue", help="--rate: prompt shapes (fresh | continue)")
     p.add_argument("--conversations", type=int, default=20, help="--rate, continue: conversations taking turns")
     p.add_argument("--block-size", type=int, default=None,
-                   help="--rate: routing.block_size of the proxies (default: the route's default for the tokenizer)")
+                   help="--rate: routing.prefix.block_size of the proxies (default: the route's default for the tokenizer)")
     p.add_argument("--json", type=Path, default=None)
 
 
@@ -78,7 +78,8 @@ def config(replicas: list[str], tokenizer: str, cache_dir: str, block_size: int 
             "name": "load", "model": "*", "backend": {"model": "openai/demo", "api_key": "none", "timeout": 120},
             "exact": True, "semantic": {"enabled": False},
             "replicas": [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)],
-            "routing": {"policy": "cache_aware", "tokenizer": tokenizer, "block_size": block_size, "record_answers": True},
+            "routing": {"policy": "cache_aware",
+                        "prefix": {"tokenizer": tokenizer, "block_size": block_size, "record_answers": True}},
         }],
         "server": {"max_body_bytes": 64 * 1024 * 1024},
     }
@@ -182,7 +183,7 @@ def run_one(label: str, tree: Path | None, replicas: list[str], args: argparse.N
         proxy.wait_http(f"{base}/health")
         if args.py_spy is not None:
             spy = _spy(proxy.proc.pid, Path(f"{args.py_spy}-{label}.txt"))
-        # warm-up: LiteLLM's lazy imports (its tokenizer for cost, ~1 s) on the first requests stay out of the figures
+        # warm-up: LiteLLM's lazy imports (its tokenizer for cost, loaded on first use) stay out of the figures
         asyncio.run(drive(f"{base}/v1/chat/completions", argparse.Namespace(**{**vars(args), "requests": 4, "concurrency": 2}),
                           seed=1))
         lag0 = _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
@@ -312,7 +313,7 @@ def hash_ms(tokenizer: str, prompts: Prompts, block_size: int, n: int = 10) -> d
 
 
 def run_overhead(args: argparse.Namespace) -> int:
-    from middleware.config import RoutingConfig
+    from middleware.config import PrefixConfig
 
     work = Path(tempfile.mkdtemp(prefix="kvgate-overhead-"))
     count = int(args.rate * args.duration_s)
@@ -325,7 +326,7 @@ def run_overhead(args: argparse.Namespace) -> int:
         backend.wait_http(f"{backend_url}/v1/models")
         for tokenizer in [t.strip() for t in args.tokenizers.split(",") if t.strip()]:
             cfg_path = work / f"{tokenizer}.yaml"
-            block_size = args.block_size or RoutingConfig(tokenizer=tokenizer).block_size  # the route's default
+            block_size = args.block_size or PrefixConfig(tokenizer=tokenizer).block_size  # the route's default
             cfg_path.write_text(yaml.safe_dump(config([backend_url], tokenizer, str(work / f"cache-{tokenizer}"),
                                                         block_size)))
             proxy_port = free_port()

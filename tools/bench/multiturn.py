@@ -166,8 +166,8 @@ def run(path: Path, threshold: float = DEFAULT_THRESHOLD, contexts: Sequence[str
     from engines.demo import create_fake_app
     from tools.bench.procs import ServerThread
     from middleware.config import parse_config
-    from middleware.pipeline import Pipeline
-    from middleware.proxy import create_app
+    from middleware.build import build_pipeline
+    from middleware.server.proxy import create_app
 
     conversations = load_conversations(path)
     embedder = make_embedder("onnx")
@@ -177,7 +177,7 @@ def run(path: Path, threshold: float = DEFAULT_THRESHOLD, contexts: Sequence[str
         for context in contexts:
             with tempfile.TemporaryDirectory(prefix="kvgate-multiturn-") as tmp:
                 config = parse_config(bench_config(Path(tmp), f"{backend.url}/v1", threshold, context))
-                pipeline = Pipeline(config, embedder=embedder)
+                pipeline = build_pipeline(config, embedder=embedder)
                 proxy = ServerThread(create_app(config, pipeline)).start()
                 try:
                     with httpx.Client(base_url=proxy.url, timeout=60) as client:

@@ -42,7 +42,8 @@ from tools.bench.seed_questions import SEED_QUESTIONS, paraphrases, semantic_que
 from tools.bench.semantic_filler import Query, RealFiller, filler_answer, filler_base, load_real_filler
 from middleware.config import parse_config
 from middleware.pipeline import Pipeline
-from middleware.proxy import create_app, tenant_of
+from middleware.build import build_pipeline
+from middleware.server.proxy import create_app, tenant_of
 from middleware.request import CacheControl, build_view
 from tools.bench.stats import percentiles_ms
 
@@ -157,7 +158,7 @@ def run_proxy_latency(
         try:
             config = parse_config(bench_config(Path(tmp) / "cache", fake.url, threshold, entries), "bench config")
             progress("proxy bench: loading the embedder")
-            pipeline = Pipeline(config)
+            pipeline = build_pipeline(config)
             try:
                 tenant = tenant_of(BENCH_TOKEN)
                 scope = build_view(config, chat_body(SEED_QUESTIONS[0][0]), tenant, CacheControl()).scope

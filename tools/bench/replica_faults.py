@@ -82,7 +82,7 @@ class Cluster:
                 "backend": {"model": "openai/sim", "api_key": "none", "timeout": self.timeout_s},
                 "semantic": {"enabled": False},
                 "replicas": [{"name": f"r{i}", "api_base": f"http://127.0.0.1:{p}/v1"} for i, p in enumerate(self.ports)],
-                "routing": {"policy": self.policy, "tokenizer": "text", "max_attempts": 3,
+                "routing": {"policy": self.policy, "prefix": {"tokenizer": "text"}, "max_attempts": 3,
                             "down_for_s": 2.0, "probe_interval_s": 0.5},
             }],
         }

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from index.hashing import block_hashes
-from middleware.config import ReplicaConfig, RoutingConfig
+from middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig
 from middleware.routing.router import Router
 from tools.bench.stats import pct, write_json
 
@@ -54,7 +54,7 @@ def conversation(turns: int, tokens: int, rng: random.Random) -> list[dict[str, 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(7)
-    cfg = RoutingConfig(policy=args.policy, tokenizer=args.tokenizer, block_size=16)
+    cfg = RoutingConfig(policy=args.policy, prefix=PrefixConfig(tokenizer=args.tokenizer, block_size=16))
     replicas = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9100 + i}/v1") for i in range(args.replicas)]
     router = Router(replicas, cfg)
     history = conversation(args.turns, args.tokens, rng)

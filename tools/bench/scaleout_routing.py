@@ -1,4 +1,4 @@
-"""Section `routing` of `kvgate bench scaleout` (issue 14): the routing arena through N proxies.
+"""Section `routing` of `kvgate bench scaleout`: the routing arena through N proxies.
 
 The same slice of a trace (`--routing-trace`, first `--routing-limit` requests, at
 `--routing-speed`× its timestamps) is replayed three times against the same simulated replicas
@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     from tools.bench.scaleout import Context
 
 log = logging.getLogger("kvgate.bench.scaleout")
-GOAL = 0.95  # issue 14: N proxies on Redis reach >= 0.95x the hit rate of one proxy
+GOAL = 0.95  # scale-out goal: N proxies on Redis reach >= 0.95x the hit rate of one proxy
 REPLICAS = 4
-CAPACITY_TOKENS = 1_500_000  # per replica: the arena's published setting (docs/BENCHMARKS.md, issue 3)
+CAPACITY_TOKENS = 1_500_000  # per replica: the routing arena's setting, so the two benches compare
 MAX_OUTPUT_TOKENS = 256
 BLOCK_TOKENS = 512
 

@@ -1,6 +1,6 @@
 """`kvgate bench throughput`: requests/s and latency of one proxy process under concurrent load.
 
-Issue 13 asks whether the proxy, not the replicas, is the bottleneck. Every target sits in front
+The question: is the proxy, not the replicas, the bottleneck? Every target sits in front
 of the same instant backend (`kvgate demo-backend`, its own process) and gets the same load in the
 same run, one target at a time:
 
@@ -193,7 +193,7 @@ def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str, name: 
                     "backend": {"model": "openai/fake", "api_key": "none", "timeout": 60},
                     "semantic": {"enabled": False},
                     "replicas": [{"name": "r0", "api_base": f"{backend}/v1"}],
-                    "routing": {"policy": "cache_aware", "tokenizer": tokenizer, "forward": forward}}],
+                    "routing": {"policy": "cache_aware", "prefix": {"tokenizer": tokenizer}, "forward": forward}}],
     }
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))

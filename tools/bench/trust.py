@@ -76,6 +76,7 @@ def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: st
     from middleware.answers import answer_text
     from middleware.config import parse_config
     from middleware.pipeline import Pipeline
+    from middleware.build import build_pipeline
 
     with tempfile.TemporaryDirectory(prefix="kvgate-trust-") as tmp:
         raw: dict[str, Any] = {"cache_dir": tmp, "routes": [{
@@ -84,7 +85,7 @@ def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: st
         if store is not None:
             raw["store"] = store
         config = parse_config(raw)
-        pipeline = Pipeline(config, embedder=embedder)
+        pipeline = build_pipeline(config, embedder=embedder)
         calls_before = app.state.calls
         hits = wrong = 0
         started = time.perf_counter()

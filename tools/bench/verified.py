@@ -1,7 +1,7 @@
 """The verification stage in `kvgate bench semantic --pairs`: the same lookups with the verifier on.
 
 Given the index already filled with every question1, each question2 is searched for its top
-`candidates` entries and served by `middleware.verification.choose`, the pipeline's own rule. The
+`candidates` entries and served by `middleware.cache.verification.choose`, the pipeline's own rule. The
 precision pass scores the candidates in batches (same scores, faster); the latency pass does what
 a request does, one query at a time: embed, search, verify, choose.
 """
@@ -19,7 +19,7 @@ from tools.bench.stats import percentiles_ms
 from tools.tuning import calibrate
 from tools.tuning.calibrate import Candidates
 from tools.tuning.equivalence import Equivalence, credited
-from middleware.verification import SemanticSettings, choose, to_verify
+from middleware.cache.verification import SemanticSettings, choose, to_verify
 
 
 def _lookup(index: SemanticIndex, scope: str, vector: np.ndarray, k: int) -> tuple[list[int], list[float]]:

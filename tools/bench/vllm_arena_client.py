@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
-from middleware.http1 import Pool
+from middleware.forward.http1 import Pool
 
 
 @dataclass

@@ -41,11 +41,11 @@ def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, toke
     """`kvgate serve` config of a kvgate arm: both cache tiers off, the two servers as replicas."""
     replicas: list[dict[str, Any]] = [{"name": f"v{i}", "api_base": s.api_base} for i, s in enumerate(servers)]
     if arm == "kvgate_precise":
-        routing: dict[str, Any] = {"policy": "cache_aware", "mode": "precise"}
+        routing: dict[str, Any] = {"policy": "cache_aware", "prefix": {"mode": "precise"}}
         for r, s in zip(replicas, servers):
             r["events"] = s.events
     elif arm == "kvgate_approximate":
-        routing = {"policy": "cache_aware", "mode": "approximate", "tokenizer": tokenizer}
+        routing = {"policy": "cache_aware", "prefix": {"mode": "approximate", "tokenizer": tokenizer}}
     else:
         routing = {"policy": "round_robin"}
     return {"cache_dir": str(cache_dir),
@@ -69,7 +69,7 @@ def wait_workers(url: str, n: int, timeout: float = 120.0) -> None:
 
 async def warm_up(url: str, n: int = 2) -> None:
     """First-call costs of a fresh router (connections, lazy imports) before the measured run."""
-    from middleware.http1 import Pool
+    from middleware.forward.http1 import Pool
 
     client = Pool(keepalive_s=3.0)
     try:

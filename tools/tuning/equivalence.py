@@ -2,9 +2,8 @@
 
 Scoring only "the pair's own entry, labelled duplicate" as correct counts a hit on an identical
 question as wrong: in Quora's pairs the same question recurs across pairs, so a lookup's nearest
-entry is often another pair's question1 with the very same text (measured on the calibration part:
-about a quarter of the hits at cosine ≥ 0.95 went to another pair's entry, most of them the same
-question word for word). `Equivalence` uses every label in the file instead.
+entry is often another pair's question1 with the very same text (on the calibration part, many
+high-cosine hits go to another pair's entry, most of them the same question word for word). `Equivalence` uses every label in the file instead.
 """
 from __future__ import annotations
 

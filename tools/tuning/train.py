@@ -39,7 +39,7 @@ class TrainConfig:
     negatives_per_question: int = 1  # synthetic hard negatives made from each training question
     synthetic_fraction: float = 0.35  # share of training questions used as synthetic-negative sources
     layers: int = 6  # encoder layers kept from MiniLM (6 = all); fewer = faster, weaker
-    freeze_embeddings: bool = True  # the 30k-word table is half the weights: frozen, a step is ~2x cheaper
+    freeze_embeddings: bool = True  # the word-embedding table is half the weights: frozen, a step is much cheaper
     max_examples: int | None = None  # cap (tests / quick runs)
     seed: int = 13
     threads: int = 2
@@ -88,7 +88,7 @@ def build_examples(
 
 def _batches(examples: Sequence[Example], cfg: TrainConfig, epoch: int) -> list[list[int]]:
     """A deterministic order per epoch; within windows of 32 batches, examples of similar length
-    share a batch (less padding, ~30% less compute), then the batches themselves are shuffled."""
+    share a batch (less padding, so less compute), then the batches themselves are shuffled."""
     order = sorted(range(len(examples)), key=lambda i: _order_key(f"{epoch}:{i}", cfg.seed))
     window = cfg.batch_size * 32
     batches: list[list[int]] = []
@@ -110,9 +110,9 @@ def train_cross_encoder(
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    tok = AutoTokenizer.from_pretrained(str(base))
+    tok = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(
-        str(base), num_labels=1, num_hidden_layers=cfg.layers, attn_implementation="eager"
+        str(base), num_labels=1, num_hidden_layers=cfg.layers, attn_implementation="eager", local_files_only=True
     ).to(device)
     if cfg.freeze_embeddings:
         for param in model.base_model.embeddings.word_embeddings.parameters():

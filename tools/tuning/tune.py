@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -67,9 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """0 when an operating point was written, 1 when the target is out of reach, 2 on bad input."""
-    # on a shared machine, spinning OpenMP workers burn the cores the other worker needs; must be
-    # set before torch starts its thread pool
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from middleware.config import Config, load_config
     from middleware.errors import ConfigError
 
@@ -195,7 +191,7 @@ def run_tune(
     from index.embedder import make_embedder
     from index.verifier import default_verifier_dir
     from tools.tuning.pairs import BenchInputError, read_pairs
-    from middleware.operating_point import OperatingPoint, write_operating_point
+    from middleware.cache.operating_point import OperatingPoint, write_operating_point
 
     started = time.perf_counter()
     try:

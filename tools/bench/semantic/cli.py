@@ -122,7 +122,7 @@ def _route_settings(args: argparse.Namespace) -> tuple[Any, str | None]:
     """(SemanticSettings of --route or None, the configured verifier dir or None)."""
     from middleware.config import Config, RouteConfig, load_config
     from middleware.errors import ConfigError
-    from middleware.verification import resolve
+    from middleware.cache.verification import resolve
 
     if args.route is None:
         if args.config is not None:

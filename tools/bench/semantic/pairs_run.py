@@ -58,7 +58,7 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
               holdout: bool = False, verifier: bool = True, verifier_path: str | None = None) -> dict[str, Any]:
     """The whole --pairs benchmark; returns the JSON-ready result.
 
-    `settings` (middleware.verification.SemanticSettings) is the route's operating point; without
+    `settings` (middleware.cache.verification.SemanticSettings) is the route's operating point; without
     it the run with the verifier uses `threshold` and the config defaults for `verifier: true`.
     """
     from index.embedder import make_embedder

@@ -10,7 +10,7 @@ of that search are timed again on their own with the same vector: `faiss_search`
 holding the same vectors, `entry_read` = SemanticIndex.get of the entry found (diskcache get + JSON
 decode); `search_rest` = search - both (lock, follower poll, expiry check, LRU touch). After the
 lookup, outside it: `request_id_write`, the RequestLog.record a proxy request adds for feedback
-(middleware/request_log.py, a diskcache set beside the responses, the config's default bounds).
+(middleware/cache/request_log.py, a diskcache set beside the responses, the config's default bounds).
 
 GPTCache, per query: `get` (gptcache.adapter.api). Its stages come from GPTCache's own Report
 counters, which `adapt` feeds whether or not the report is disabled: `pre_process` (get_prompt),
@@ -68,7 +68,7 @@ def _journal_mode(path: Path) -> str:
 def _kvgate_lookup(index: Any, copy: Any, embedder: Any, requests: Any, text: str,
                    threshold: float) -> tuple[dict[str, float], bool]:
     """One kvgate lookup of `text` by stage (seconds; module docstring), and whether it hit."""
-    from middleware.request_log import RequestRecord, new_request_id
+    from middleware.cache.request_log import RequestRecord, new_request_id
 
     t0 = time.perf_counter()
     vec = embedder.embed([text])[0]
@@ -121,7 +121,7 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     from index.semantic import SemanticIndex
     from index.vectors import ScopeVectors
     from middleware.config import FeedbackConfig
-    from middleware.request_log import DiskRequestLog
+    from middleware.cache.request_log import DiskRequestLog
     from tools.bench.gptcache_anchor import GptcacheEmbedding, open_gptcache, require_gptcache
     from tools.tuning.pairs import BenchInputError
 

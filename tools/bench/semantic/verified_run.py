@@ -17,7 +17,7 @@ def verified_result(index: Any, scope: str, embedder: Any, pairs: Sequence[Pair]
     or {"skipped": reason} (--no-verifier, or no trained verifier)."""
     from index.verifier import VerifierMissing, load_verifier
     from middleware.config import SemanticConfig
-    from middleware.verification import SemanticSettings
+    from middleware.cache.verification import SemanticSettings
     from tools.bench.verified import run_verified
 
     if not enabled:

@@ -1,0 +1,130 @@
+"""The composition root: every object of a pipeline, built from config in one place.
+
+The proxy, the SDK and the CLI all build their pipeline here; a test or a benchmark may hand in a
+ready part (an embedder, an index, metrics, a verifier, a shared routing state) instead of the one
+the config would build.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from index.embedder import Embedder, make_embedder
+from index.semantic import SemanticIndex
+from index.verifier import Verifier, VerifierMissing, load_verifier
+from middleware.cache.offload import new_chars_limit
+from middleware.cache.response_cache import ResponseCache
+from middleware.cache.semantic_lookup import SemanticLookup
+from middleware.cache.store import open_observations, open_stores
+from middleware.cache.trust_gate import TrustGate
+from middleware.cache.verification import resolve
+from middleware.config import Config, RouteConfig
+from middleware.errors import ConfigError
+from middleware.forward.forwarder import Forwarder
+from middleware.forward.relay import Relay
+from middleware.pipeline import Pipeline
+from middleware.routing.router import Router
+from middleware.routing.salt import Salter, load_secret
+from middleware.routing.state import StateFactory
+from middleware.routing.state_redis import shared_routing
+from middleware.telemetry.metrics import Metrics
+
+MINILM_DIM = 384
+
+
+def build_pipeline(
+    config: Config,
+    *,
+    embedder: Embedder | None = None,
+    index: SemanticIndex | None = None,
+    metrics: Metrics | None = None,
+    verifier: Verifier | None = None,
+    routing_state: StateFactory | None = None,
+) -> Pipeline:
+    metrics = metrics or Metrics()
+    # thresholds from the config or from `kvgate tune`'s operating point, resolved once (ConfigError if missing)
+    settings = {r.name: resolve(r, config.cache_dir, i) for i, r in enumerate(config.routes)}
+    # the verifier model loads only when a semantic route uses it
+    verifying = [i for i, r in enumerate(config.routes) if r.semantic.enabled and settings[r.name].verifies]
+    verifier = verifier or (_load_verifier(config, verifying[0]) if verifying else None)
+    # no semantic route, no model to load (saves seconds of start-up and the model's memory)
+    semantic_routes = any(r.semantic.enabled for r in config.routes)
+    embedder = embedder or (_make_embedder(config) if semantic_routes else None)
+    dim = embedder.dim if embedder is not None else MINILM_DIM
+    # `store:` local dirs or a shared Redis (middleware.cache.store); the index follows the store's log
+    stores = open_stores(config, dim, with_entries=index is None)
+    index = index or SemanticIndex(None, dim, max_entries=config.max_entries, entries=stores.entries,
+                                   tighten_margin=config.feedback.margin, max_bytes=config.max_bytes,
+                                   follow_interval_s=stores.follow_interval_s)
+    # on Redis, the routing view is shared with every proxy process on it (one host's workers included)
+    hub = shared_routing(config, stores.link)
+    routing_state = hub.state if hub is not None else routing_state
+    metrics.entries.set_function(lambda: len(index))
+    metrics.cache_bytes.set_function(lambda: index.bytes)
+    # routes with semantic.max_error_rate: verified outcomes live next to the entries (shared, kept)
+    trust = None
+    if any(r.semantic.enabled and settings[r.name].max_error_rate is not None for r in config.routes):
+        embed = embedder.embed if embedder is not None else _no_embedder
+        trust = TrustGate(open_observations(config, stores.link), embed,
+                          lambda route, ok: metrics.exploration_verdicts.labels(route, "agree" if ok else "differ").inc())
+    salter = _salter(config)
+    relay = Relay()
+    forwarders = {route.name: Forwarder(route, _router_for(route, routing_state, salter), metrics, relay)
+                  for route in config.routes}
+    routers = {name: f.router for name, f in forwarders.items() if f.router is not None}
+    for name, router in routers.items():
+        for replica in router.replicas:
+            metrics.watch_replica(name, replica)
+    metrics.watch(routers, {"responses": index, "request_log": stores.requests})
+    metrics.watch_store(stores.link, index.follow_lag_s)
+    # per route: the prompt size up to which its cache steps run on the event loop (middleware.cache.offload)
+    inline_chars = {r.name: new_chars_limit(local_stores=stores.link is None, semantic=r.semantic.enabled,
+                                            tokenizer=r.routing.prefix.tokenizer if r.replicas else None)
+                    for r in config.routes}
+    lookup = SemanticLookup(index, embedder, settings, verifier, trust, metrics)
+    cache = ResponseCache(config, index, stores.requests, lookup, metrics, inline_chars)
+    # closed before the cache, in this order: queued trust comparisons finish while the index is open
+    closing: list[Any] = [*([trust] if trust is not None else []), *routers.values(), *([hub] if hub is not None else [])]
+    return Pipeline(config, cache, forwarders, relay, metrics, closing)
+
+
+def _no_embedder(texts: list[str]) -> Any:
+    raise RuntimeError("semantic tier used without an embedder")
+
+
+def _load_verifier(config: Config, position: int) -> Verifier:
+    """The trained verifier; a missing one is a ConfigError naming the route that needs it."""
+    try:
+        return load_verifier(config.embedder.verifier_path)
+    except VerifierMissing as exc:
+        raise ConfigError(f"routes.{position}.semantic.verifier: {exc}") from None
+
+
+def _make_embedder(config: Config) -> Embedder:
+    """The configured embedder; mpnet without its wheels is a ConfigError naming the field."""
+    from index.mpnet_files import MpnetMissing
+
+    try:
+        return make_embedder(config.embedder.backend, config.embedder.model_path, model=config.embedder.model)
+    except MpnetMissing as exc:
+        raise ConfigError(f"embedder.model: {exc}") from None
+
+
+def _salter(config: Config) -> Salter | None:
+    """The engines' cache-salt maker, when a tenant-scoped route forwards to replicas that may
+    take one (routing.cache_salt); a missing secret variable is a ConfigError naming the field."""
+    if not any(r.replicas and r.scope == "tenant" and r.routing.cache_salt and r.routing.engine != "openai"
+               for r in config.routes):
+        return None
+    try:
+        return Salter(load_secret(config.cache_dir, config.auth.salt_secret_env))
+    except ValueError as exc:
+        raise ConfigError(f"auth.salt_secret_env: {exc}") from None
+
+
+def _router_for(route: RouteConfig, state: StateFactory | None, salter: Salter | None = None) -> Router | None:
+    """The route's Router; `state` shares its load and decisions with other proxy processes."""
+    if not route.replicas:
+        return None
+    shared = state(route.name, [r.name for r in route.replicas]) if state is not None else None
+    return Router(route.replicas, route.routing, state=shared, defer_records=True,
+                  salter=salter if route.scope == "tenant" else None, name=route.name)

@@ -1,0 +1,71 @@
+"""Which requests' cache work runs on the event loop, and which in a worker thread.
+
+A hop to a worker thread is not free: in a proxy relaying all-miss traffic with small prompts,
+the lookup and the record of each miss cost more CPU per request in worker threads than inline
+(the threads and the event loop contend for the GIL on every hand-off). Work that grows with the prompt
+must still stay off the loop. So a request runs its cache steps inline only when they are cheap
+*and bounded*: local stores (no network round trip), no embedding (no semantic tier), and a prompt
+small enough that tokenising and hashing it costs well under a millisecond with its route's
+tokenizer; the step after the answer also needs the answer (hashed after the prompt for the
+router's records) within the same bound. Everything else hops, as before.
+
+Pure functions; each limit says what it bounds where it is defined.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+# The cold cost of hashing a prompt (index.prompt.PromptHasher, nothing cached) grows with its
+# characters, and an HF tokenizer + chat template (smollm2) costs an order of magnitude more per
+# character than `text`. A prompt whose leading messages were hashed before resumes from there (the
+# conversation's earlier turns, a shared system prompt): only its new characters are tokenised. The
+# limits keep the inline work well under a millisecond: new characters by the route's tokenizer,
+# and the whole prompt (what is digested at C speed for the keys and the hash resume) by
+# INLINE_TOTAL_CHARS. Long continuations run inline add more to the tail of every other request's
+# time to first token than their hops cost, so long prompts keep hopping.
+INLINE_TOTAL_CHARS = 16 * 1024
+INLINE_NEW_CHARS_TEXT = 4096
+INLINE_NEW_CHARS_HF = 256
+
+
+def prompt_chars(messages: Any) -> int:
+    """Characters of text in `messages` (string contents and text parts), without copying them;
+    -1 when `messages` is not a list of dicts (validation rejects it, cheaply, wherever it runs).
+
+    Invariant: O(number of messages and parts), never O(characters)."""
+    if not isinstance(messages, list):
+        return -1
+    total = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            return -1
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                total += len(text) if isinstance(text, str) else 0
+    return total
+
+
+def new_chars_limit(*, local_stores: bool, semantic: bool, tokenizer: str | None) -> int | None:
+    """The most *new* prompt characters (not hashed before) for which a route's cache work may
+    run on the event loop; None: never (always a worker thread).
+
+    `tokenizer`: the route's routing tokenizer (None: the route has no replicas, hashes nothing
+    but its keys). Invariant: None when a step could wait on the network (a Redis store) or
+    embed (a semantic tier); otherwise the limit of the route's tokenizer."""
+    if not local_stores or semantic:
+        return None
+    if tokenizer is None:
+        return INLINE_TOTAL_CHARS
+    return INLINE_NEW_CHARS_TEXT if tokenizer in ("text", "codepoints") else INLINE_NEW_CHARS_HF
+
+
+def runs_inline(total_chars: int, new_chars: int, limit: int | None) -> bool:
+    """Whether a request's cache steps run on the event loop: its route allows it, and both its
+    prompt (`total_chars`) and the part of it not hashed before (`new_chars`) are small.
+
+    Invariant: False whenever limit is None or total_chars > INLINE_TOTAL_CHARS."""
+    return limit is not None and total_chars <= INLINE_TOTAL_CHARS and new_chars <= limit

@@ -1,0 +1,65 @@
+"""RedisRequestLog: request id → RequestRecord in a shared Redis (store backend `redis`), so
+feedback given to any proxy reaches a request another proxy served.
+
+One key per request id, `<prefix>r:<request id>`, expiring after `ttl` (Redis's own expiry; the
+size bound is Redis's `maxmemory`). Values are the record's JSON, sealed (index.sealed): a damaged
+record reads as unknown. Storage trouble is counted and never raised (index.softfail).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from contextlib import AbstractContextManager
+from typing import Any
+
+import redis
+
+from index.redis_link import RedisLink
+from index.sealed import Damaged, seal, unseal
+from index.softfail import SoftFailures
+from middleware.cache.request_log import REQUEST_ID_PREFIX, RequestRecord
+
+log = logging.getLogger("kvgate.request_log")
+
+
+class RedisRequestLog:
+    """RequestLog on Redis; shares the link (pool, circuit) of the response cache's store."""
+
+    def __init__(self, link: RedisLink, key_prefix: str, ttl: float) -> None:
+        self.link = link
+        self.ttl_ms = max(1, int(ttl * 1000))
+        self._prefix = f"{key_prefix}r:"
+        self._soft = SoftFailures(log, f"request log {link.where}")
+
+    def record(self, request_id: str, record: RequestRecord) -> None:
+        try:
+            self.link.run("record", lambda r: r.set(self._prefix + request_id, seal(record.to_bytes()), px=self.ttl_ms))
+        except redis.exceptions.RedisError as exc:
+            self._soft.failed("record", exc)
+            return
+        self._soft.succeeded("record")
+
+    def get(self, request_id: str) -> RequestRecord | None:
+        if not request_id.startswith(REQUEST_ID_PREFIX):
+            return None
+        try:
+            raw = self.link.run("lookup", lambda r: r.get(self._prefix + request_id))
+        except redis.exceptions.RedisError as exc:
+            self._soft.failed("lookup", exc)
+            return None
+        self._soft.succeeded("lookup")
+        if raw is None:
+            return None
+        try:
+            return RequestRecord.from_bytes(unseal(raw))
+        except (Damaged, ValueError, TypeError):  # damaged: treated as unknown
+            return None
+
+    def batch(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # each record is one SET: nothing to group
+
+    def stats(self) -> dict[str, int]:
+        return {"storage_errors": self._soft.total}
+
+    def close(self) -> None:
+        """The link is the store's: it closes it."""

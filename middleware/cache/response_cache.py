@@ -1,0 +1,262 @@
+"""The response cache of a pipeline: look a request up (exact, then semantic), serve a hit, and
+record a miss's answer (the entry, the request-log record, the metrics).
+
+What grows with the prompt (canonical keys, the exact-tier read, embedding + search, the routing
+hashes) runs in one worker-thread hop, unless it is small and bounded (middleware.cache.offload):
+then the hop would cost more than the work, and the step runs on the loop, its writes committed
+with the other inline steps of the same loop turn (middleware.cache.group_commit).
+
+Invariant: an answer is written only when the request allows it (no no-store) and it is complete
+(`cacheable`); a hit never leaves its scope (route, model, output-affecting parameters, history,
+tenant: middleware.request).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+import numpy as np
+
+from index.semantic import CacheEntry, SemanticIndex
+from index.softfail import Batch
+from middleware.answers import cacheable, cost, replayed, served_response
+from middleware.cache.feedback import FeedbackOutcome, give_feedback
+from middleware.cache.group_commit import GroupCommit, Settle
+from middleware.cache.offload import INLINE_TOTAL_CHARS, prompt_chars, runs_inline
+from middleware.cache.request_log import RequestLog, RequestRecord
+from middleware.cache.semantic_lookup import SemanticLookup, count_lookup
+from middleware.config import Config
+from middleware.outcome import CacheInfo, Hit, Lookup, Result
+from middleware.request import CacheControl, RequestView, build_view
+from middleware.telemetry.metrics import Metrics
+
+UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
+
+
+class RouteHashing(Protocol):
+    """What the cache step needs from a route's forwarding: the routing hashes it may prepare in
+    the same worker-thread hop, and how much of a prompt they have not seen."""
+
+    def new_chars(self, messages: list[dict[str, Any]]) -> int | None: ...
+
+    def prepare(self, view: RequestView) -> None: ...
+
+    def model_for(self, view: RequestView) -> str: ...
+
+
+@dataclass
+class Looked:
+    """A request after its lookup: the served hit (`result`), or what its miss needs."""
+
+    view: RequestView
+    lookup: Lookup
+    inline: bool  # its cache steps run on the event loop
+    started: float
+    result: Result | None = None
+
+
+class ResponseCache:
+    """Owns the response index, the request log and the semantic tier; shared across requests."""
+
+    def __init__(self, config: Config, index: SemanticIndex, requests: RequestLog, semantic: SemanticLookup,
+                 metrics: Metrics, inline_chars: dict[str, int | None]) -> None:
+        self.config = config
+        self.index = index
+        self.requests = requests
+        self.semantic = semantic
+        self.metrics = metrics
+        self.inline_chars = inline_chars  # per route: the prompt size up to which cache steps run inline
+        self.commits = GroupCommit(self._write_batch)  # inline record steps, a batch per loop turn
+        self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
+
+    def close(self) -> None:
+        self.index.close()
+        self.requests.close()
+
+    # ------------------------------------------------------------------ lookup
+    async def look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
+                      hashing: Mapping[str, RouteHashing], started: float) -> Looked:
+        inline = self._inline(kwargs, hashing)
+        if inline:
+            return self._look_up(kwargs, tenant, control, hashing, started, inline, prepare=False)
+        return await asyncio.to_thread(self._look_up, kwargs, tenant, control, hashing, started, inline)
+
+    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None) -> RequestView:
+        return build_view(self.config, kwargs, tenant, control or CacheControl())
+
+    def _look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
+                 hashing: Mapping[str, RouteHashing], started: float, inline: bool, prepare: bool = True) -> Looked:
+        """With `prepare` (a worker thread), a miss's routing hashes are ready for its plan;
+        inline, the plan hashes the small prompt itself."""
+        view = self.view(kwargs, tenant, control)
+        hit = self.lookup_exact(view)
+        found = Lookup(hit) if hit else self.semantic.look_up(view)
+        if found.hit:
+            return Looked(view, found, inline, started, self.served(view, found.hit, started))
+        route = hashing.get(view.route.name)
+        if route is not None and prepare:
+            route.prepare(view)
+        return Looked(view, found, inline, started)
+
+    def lookup_exact(self, view: RequestView) -> Hit | None:
+        if view.control.no_cache or not view.route.exact:
+            return None
+        started = time.perf_counter()
+        entry = self.index.get_exact(view.exact_key)
+        count_lookup(self.metrics, view, "exact", started, entry is not None)
+        return Hit(entry, "exact") if entry else None
+
+    def _inline(self, kwargs: dict[str, Any], hashing: Mapping[str, RouteHashing]) -> bool:
+        """Whether this request's cache steps run on the event loop (middleware.cache.offload)."""
+        model, messages = kwargs.get("model"), kwargs.get("messages")
+        route = self.config.match(model) if isinstance(model, str) else None
+        total = prompt_chars(messages)
+        if route is None or total < 0:  # the view refuses it at once, wherever it runs
+            return True
+        limit = self.inline_chars[route.name]
+        if limit is None or total > INLINE_TOTAL_CHARS:  # decided before digesting a long prompt
+            return False
+        forward = hashing.get(route.name)
+        new = forward.new_chars(messages) if forward is not None else None
+        return runs_inline(total, total if new is None else new, limit)
+
+    def served(self, view: RequestView, hit: Hit, started: float) -> Result:
+        info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id)
+        self.remember(view, info)
+        stored = hit.entry.response
+        route = view.route.name
+        self.metrics.requests.labels(route, hit.tier).inc()
+        usage = stored.get("usage") or {}
+        self.metrics.tokens_saved.labels(route).inc(int(usage.get("total_tokens") or 0))
+        saved = stored.get("_kvgate_cost_usd")
+        if saved:
+            self.metrics.cost_saved.labels(route).inc(float(saved))
+        self.metrics.latency.labels(route, hit.tier).observe(time.perf_counter() - started)
+        if not view.stream:
+            return Result(info, response=served_response(stored, info))
+        include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
+        # the replay is in memory: its first chunk goes out as soon as the lookup is done
+        self.metrics.ttft.labels(route, hit.tier).observe(time.perf_counter() - started)
+        return Result(info, stream=replayed(stored, info, include_usage))
+
+    # ------------------------------------------------------------------ record
+    def stores(self, view: RequestView) -> bool:
+        """Whether this request's answer will be written anywhere."""
+        return not view.control.no_store and (view.route.exact or (view.route.semantic.enabled and view.query_text is not None))
+
+    def store(self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None,
+              model: str) -> tuple[bool, CacheEntry | None]:
+        """Write an answer (exact + semantic); skipped on no-store or an unfinished answer.
+        (written?, the entry or None when the write failed); `record`'s settle counts the
+        outcome once the write has committed. `model`: what the miss was sent as (its price)."""
+        route = view.route.name
+        if not self.stores(view) or not cacheable(response):
+            self.metrics.stores.labels(route, "skipped").inc()
+            return False, None
+        sem = view.route.semantic
+        semantic = sem.enabled and view.query_text is not None
+        # LiteLLM's price lookup costs more than the rest of a store; a model it cannot price is asked once
+        price = None if model in self._unpriced else cost(response, model)
+        if price is None and len(self._unpriced) < UNPRICED_MODELS:
+            self._unpriced.add(model)
+        if price:
+            response = {**response, "_kvgate_cost_usd": price}
+        if semantic and vector is None:
+            vector = self.semantic.embed(view.query_text)  # type: ignore[arg-type]
+        entry = self.index.add(
+            view.scope, response, exact_key=view.exact_key if view.route.exact else None,
+            text=view.query_text or "", vector=vector if semantic else None, ttl=view.control.ttl or sem.ttl,
+            route=route, model=view.model, parents=list(view.parents) if view.parents is not None else None,
+        )
+        # None: the cache could not write (disk full, damaged store); the answer is served anyway
+        return True, entry
+
+    def record(self, looked: Looked, info: CacheInfo, answer: str | None, payload: Callable[[], dict[str, Any] | None],
+               model: str, before: Callable[[], None] | None) -> Settle:
+        """After a complete answer, in a worker thread or a group commit: `before` (the routing
+        hashes of prompt + answer), the cache write, the request-log record, the metrics; what
+        it returns counts the write once its fate is known."""
+        view = looked.view
+        if before is not None:
+            before()
+        body = payload() if self.stores(view) else None
+        written, entry = self.store(view, body, looked.lookup.vector, model) if body else (False, None)
+        route = view.route.name
+        info.stored = entry is not None
+        if entry is not None:
+            info.entry_id = entry.id
+        self.remember(view, info)
+        self.metrics.requests.labels(route, "miss").inc()
+        self.metrics.latency.labels(route, "miss").observe(time.perf_counter() - looked.started)
+        self.semantic.explored(view, info.exploration, answer)
+
+        def settle(lost: bool) -> None:  # `lost`: the write's transaction failed to commit
+            if written:
+                self.metrics.stores.labels(route, "stored" if entry is not None and not lost else "failed").inc()
+        return settle
+
+    async def step(self, inline: bool, fn: Callable[..., Settle], *args: Any) -> None:
+        """`fn(*args)` on the loop, committed with the other inline steps of this turn, when the
+        request runs inline; else in a worker thread."""
+        if inline:
+            await self.commits.run(fn, *args)
+        else:
+            settle = await asyncio.to_thread(fn, *args)
+            settle(False)  # its writes committed one by one
+
+    @contextlib.contextmanager
+    def _write_batch(self) -> Iterator[Batch]:
+        with self.index.batch() as batch, self.requests.batch():
+            yield batch  # a lost request-log batch is the log's to count: the answers' fate is the index's
+
+    def remember(self, view: RequestView, info: CacheInfo) -> None:
+        """Log what this request id was served from / stored as, for feedback."""
+        record = RequestRecord(view.tenant, view.route.name, info.cache, view.scope, info.entry_id, info.similarity)
+        self.requests.record(info.request_id, record)
+
+    # ------------------------------------------------------------------ feedback
+    def feedback(self, request_id: str, correct: bool, tenant: str = "anonymous") -> FeedbackOutcome:
+        """Judge an earlier answer (see middleware/cache/feedback.py); RequestNotFound if not this tenant's."""
+        record = self.requests.get(request_id)
+        route = next((r for r in self.config.routes if record is not None and r.name == record.route), None)
+        mark_ttl = route.semantic.ttl if route is not None else None
+        outcome = give_feedback(self.index, self.requests, self.metrics, request_id, correct, tenant, mark_ttl)
+        trust = self.semantic.trust
+        verified = route is not None and trust is not None and self.semantic.settings[route.name].max_error_rate is not None
+        if verified and record is not None and record.tier == "semantic" and record.entry_id is not None \
+                and record.similarity is not None:  # a verdict on a served hit: an observation like an exploration's
+            trust.observe(route.name, record.entry_id, record.similarity, correct, mark_ttl)  # type: ignore[union-attr]
+        return outcome
+
+    def recording(self, looked: Looked, model: str) -> "Recording":
+        return Recording(self, looked, model)
+
+
+class Recording:
+    """Where one miss's answer goes once it is complete (middleware.outcome.AnswerSink)."""
+
+    def __init__(self, cache: ResponseCache, looked: Looked, model: str) -> None:
+        self.cache = cache
+        self.looked = looked
+        self.model = model
+
+    def miss(self, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
+        return CacheInfo("miss", self.looked.view.route.name, replica=replica, exploration=self.looked.lookup.explore,
+                         expected_cached_tokens=expected_cached_tokens)
+
+    def first_token(self) -> None:
+        """The miss's first bytes go to the client now."""
+        looked = self.looked
+        self.cache.metrics.ttft.labels(looked.view.route.name, "miss").observe(time.perf_counter() - looked.started)
+
+    async def record(self, info: CacheInfo, answer: str | None, payload: Callable[[], dict[str, Any] | None],
+                     before: Callable[[], None] | None = None) -> None:
+        """Store the answer (`payload()`, asked only when the request stores) before returning; an
+        inline request's step stays inline when its answer, hashed after the prompt for the
+        router's records, is held to the same new-characters bound."""
+        looked = self.looked
+        inline = looked.inline and len(answer or "") <= (self.cache.inline_chars[looked.view.route.name] or 0)
+        await self.cache.step(inline, self.cache.record, looked, info, answer, payload, self.model, before)

@@ -1,0 +1,104 @@
+"""The response cache's stores, opened from the `store:` config: local dirs or a shared Redis.
+
+`local` (the default): entries in `<cache_dir>/responses`, request ids in `<cache_dir>/requests`
+(diskcache; processes on one machine share them). `redis`: both on one Redis, reached through one
+RedisLink (index.redis_link: pool, timeouts, circuit with backoff). An unreachable Redis at
+start-up stops it with one line naming `store.url` (no credentials), unless `on_error: degrade`:
+then the proxy starts and serves misses until Redis answers.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import redis
+
+from index.entries.base import EntryStore
+from index.entries.disk import DiskEntryStore
+from index.entries.redis import RedisEntryStore
+from index.observations.base import ObservationStore
+from index.observations.disk import DiskObservationStore
+from index.observations.redis import RedisObservationStore
+from index.redis_link import LinkSettings, RedisLink
+from middleware.config import Config
+from middleware.errors import ConfigError
+from middleware.cache.request_log import DiskRequestLog, RequestLog
+from middleware.cache.request_log_redis import RedisRequestLog
+
+log = logging.getLogger("kvgate.store")
+LOCAL_FOLLOW_INTERVAL_S = 1.0  # processes on one cache dir look at each other's writes this often
+
+
+@dataclass
+class Stores:
+    """What a Pipeline keeps its answers and request ids in. `entries` is None when the caller
+    brings its own SemanticIndex; `link` is None for the local backend."""
+
+    entries: EntryStore | None
+    requests: RequestLog
+    follow_interval_s: float
+    link: RedisLink | None = None
+
+
+def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
+    """Open the configured backend; ConfigError (naming the store field) when it cannot start."""
+    st = config.store
+    if st.backend == "local":
+        entries = DiskEntryStore(config.cache_dir / "responses", dim) if with_entries else None
+        requests = DiskRequestLog(config.cache_dir / "requests", config.feedback.record_ttl,
+                                  int(config.feedback.record_max_mb * 2**20))
+        return Stores(entries, requests, LOCAL_FOLLOW_INTERVAL_S)
+    link = RedisLink(LinkSettings(st.url or "", _password(st.password_env), st.connect_timeout_s, st.timeout_s,
+                                  st.pool_size))
+    try:
+        _reach(link, st.on_error)
+    except ConfigError:
+        link.close()
+        raise
+    entries = RedisEntryStore(link, dim, st.key_prefix, st.log_max) if with_entries else None
+    requests = RedisRequestLog(link, st.key_prefix, config.feedback.record_ttl)
+    return Stores(entries, requests, st.follow_interval_s, link)
+
+
+def open_observations(config: Config, link: RedisLink | None) -> ObservationStore:
+    """Where `semantic.max_error_rate` routes keep their verified outcomes: beside the entries
+    (`<cache_dir>/observations` locally, the same Redis as the entries with `store: redis`)."""
+    if link is None:
+        return DiskObservationStore(config.cache_dir / "observations")
+    return RedisObservationStore(link, config.store.key_prefix)
+
+
+def _password(name: str | None) -> str | None:
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if value is None:
+        raise ConfigError(f"store.password_env: the environment variable {name} is not set")
+    return value
+
+
+def preflight(config: Config) -> None:
+    """Before a server starts its workers: the ConfigError `open_stores` would raise (a missing
+    password variable, Redis out of reach with on_error: fail), as one line, not a lifespan traceback."""
+    st = config.store
+    if st.backend != "redis":
+        return
+    link = RedisLink(LinkSettings(st.url or "", _password(st.password_env), st.connect_timeout_s, st.timeout_s, 1))
+    try:
+        if st.on_error == "fail":
+            _reach(link, st.on_error)
+    finally:
+        link.close()
+
+
+def _reach(link: RedisLink, on_error: str) -> None:
+    """Ping Redis: out of reach is a ConfigError naming store.url (fail) or a warning (degrade)."""
+    try:
+        link.ping()
+    except redis.exceptions.RedisError as exc:
+        reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        if on_error == "fail":
+            raise ConfigError(f"store.url: Redis at {link.where} is out of reach ({reason}); "
+                              "set store.on_error: degrade to start anyway and serve misses") from None
+        log.warning("store.url: Redis at %s is out of reach (%s); serving misses until it answers", link.where, reason)

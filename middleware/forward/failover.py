@@ -1,0 +1,157 @@
+"""Failover across a route's replicas, shared by both transports (LiteLLM and the relay).
+
+Rule: a connection error, timeout, 408/429 or 5xx marks the replica down (circuit open for
+`routing.down_for_s`, then half-open; a 429 is load, not a fault, so it does not open the circuit)
+and the request moves to the next best replica, up to `routing.max_attempts` replicas. A 4xx is
+the caller's problem and is returned as is. Streams fail over before their first chunk; a stream
+that breaks after it is re-issued on another replica and resumed where the client is
+(middleware.forward.resume) when the request is greedy, else it ends with an in-band error.
+
+Invariant: every ticket the router hands out (`Router.started`) is closed exactly once
+(`Router.finished`), by `failed` or by `done`; `Attempts.ticket` is the open one, or None.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from middleware.config import RouteConfig
+from middleware.errors import BackendError
+from middleware.forward.resume import StreamResume, resumable
+from middleware.request import RequestView
+from middleware.routing.router import RoutePlan, Router, Ticket
+from middleware.telemetry.metrics import Metrics
+
+log = logging.getLogger("kvgate.forward")
+
+
+@dataclass
+class Attempts:
+    """One request's way through its route's replicas."""
+
+    plan: RoutePlan | None  # the router's plan (None: a route with one backend and no router)
+    base: dict[str, Any]  # the call's arguments, the same on every replica
+    tried: set[str] = field(default_factory=set)
+    ticket: Ticket | None = None  # the replica answering now; None before an attempt and after a failure
+
+    @property
+    def replica(self) -> str | None:
+        return self.ticket.replica.name if self.ticket is not None else None
+
+    def expected_cached_tokens(self) -> int | None:
+        """The prefix the router expected the answering replica to hold (None without a router)."""
+        ticket = self.ticket
+        return None if ticket is None else ticket.plan.expected_cached_tokens(ticket.replica.name)
+
+
+def status_of(exc: Exception) -> int | None:
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def retryable(exc: Exception) -> bool:
+    """Connection errors (no HTTP status), timeouts (LiteLLM's Timeout says 408), 429 and 5xx may
+    succeed elsewhere."""
+    status = status_of(exc)
+    return status is None or status in (408, 429) or status >= 500
+
+
+def error_message(exc: Exception) -> str:
+    return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+
+
+class Failover:
+    """A route's replica choice and failover bookkeeping (the router decides, this books)."""
+
+    def __init__(self, route: RouteConfig, router: Router | None, metrics: Metrics | None = None) -> None:
+        self.route = route
+        self.router = router
+        self.metrics = metrics
+
+    def salt(self, view: RequestView) -> str | None:
+        """The engine's cache_salt for this request (middleware.routing.salt), or None."""
+        if self.router is None:
+            return None
+        return self.router.salt(view.tenant if self.route.scope == "tenant" else None, view.params.get("cache_salt"))
+
+    def begin(self, view: RequestView, base: dict[str, Any]) -> Attempts:
+        """The request's plan; no replica is chosen yet (`next` does)."""
+        if self.router is None:
+            return Attempts(None, base)
+        user = view.forwarded.get("user")
+        plan = self.router.plan(view.messages, session=user if isinstance(user, str) else None, salt=self.salt(view))
+        return Attempts(plan, base)
+
+    def next(self, attempts: Attempts) -> dict[str, Any]:
+        """The arguments for the best replica not tried yet; its ticket becomes `attempts.ticket`.
+        Raises BackendError when none is left."""
+        if self.router is None or attempts.plan is None:
+            return attempts.base
+        replica = self.router.choose(attempts.plan, attempts.tried)
+        if replica is None:
+            raise BackendError(f"no replica left to try on route {self.route.name!r}")
+        attempts.tried.add(replica.name)
+        attempts.ticket = self.router.started(replica, attempts.plan)
+        call = {**attempts.base, "api_base": replica.api_base}
+        if replica.api_key:
+            call["api_key"] = replica.api_key
+        call.setdefault("api_key", "none")  # openai-compatible servers behind us may need none
+        return call
+
+    def failed(self, attempts: Attempts, exc: Exception, when: str = "before_first_byte") -> bool:
+        """Book the open attempt's failure; True when another replica should be tried."""
+        ticket, attempts.ticket = attempts.ticket, None
+        if ticket is None or self.router is None:
+            return False
+        self.router.finished(ticket, ok=False)
+        if not retryable(exc):
+            return False
+        if status_of(exc) != 429:
+            self.router.mark_down(ticket.replica, error_message(exc))
+        more = len(attempts.tried) < min(self.route.routing.max_attempts, len(self.router.replicas))
+        if more:
+            log.info("route %s: retrying on another replica after %s failed", self.route.name, ticket.replica.name)
+            if self.metrics is not None:
+                self.metrics.failovers.labels(self.route.name, when).inc()
+        return more
+
+    def resume_or_raise(self, view: RequestView, attempts: Attempts, resume: StreamResume, exc: Exception) -> dict[str, Any]:
+        """A stream broke mid-way: book it and return the arguments for the next replica (whose
+        stream the caller resumes after what the client has), or re-raise when it cannot go on."""
+        if attempts.ticket is None or not resume.spliceable or not resumable(view.params):
+            raise exc
+        if not self.failed(attempts, exc, "mid_stream"):
+            raise exc
+        resume.restart()
+        log.info("route %s: stream broke after %d characters; resuming on another replica", self.route.name,
+                 len(resume.sent_text))
+        call = self.next(attempts)
+        self.first_token(attempts)  # its prefill is no longer queued work we wait on
+        return call
+
+    def first_token(self, attempts: Attempts) -> None:
+        if attempts.ticket is not None and self.router is not None:
+            self.router.first_token(attempts.ticket)
+
+    def done(self, attempts: Attempts, ok: bool, view: RequestView, answer: str | None = None) -> None:
+        """The answer is complete (or abandoned); tell the router what the replica now holds."""
+        ticket, attempts.ticket = attempts.ticket, None
+        if ticket is None or self.router is None:
+            return
+        conversation = None
+        if ok and answer is not None:
+            conversation = [*view.messages, {"role": "assistant", "content": answer}]
+        self.router.finished(ticket, ok, conversation)
+
+    def error(self, exc: Exception) -> BackendError:
+        message = error_message(exc)
+        log.warning("backend for route %s failed: %s", self.route.name, message)
+        return BackendError(f"backend error on route {self.route.name!r}: {message}", backend_status=status_of(exc))
+
+
+async def failing(exc: Exception) -> AsyncIterator[Any]:
+    """A stream that fails at once with `exc`: a re-issue that failed goes through the same path
+    as a stream that broke (booked, then the next replica or the end)."""
+    raise exc
+    yield  # pragma: no cover

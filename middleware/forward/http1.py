@@ -1,0 +1,287 @@
+"""The relay's HTTP/1.1 client: pooled keep-alive connections, responses parsed by httptools.
+
+The relay sends one POST per miss to a replica it knows and reads the answer back, streamed or
+whole; it needs no cookies, redirects, proxies, compression or multipart. aiohttp's client does
+all of that on every request, and on a proxy that relays every miss that per-request work is a
+large part of its CPU. The response parser is
+httptools (llhttp, the parser uvicorn serves with); this module keeps connections and frames
+requests.
+
+Semantics the relay relies on: `send` raises `ConnectionError` (refused, reset, closed early,
+a response that is not HTTP), `asyncio.TimeoutError` (connect, or no bytes for `timeout` s while
+a response is awaited or read) or `ValueError` (a header that would break the request's
+framing); a pooled connection the server had closed is retried once on a new one, as long as
+no byte of a response came back. A response read to its end goes back to the pool; `close()`
+on one that was not drops its connection. A reader slower than the replica pauses the socket
+(at most `HIGH_WATER` bytes buffered).
+"""
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httptools
+
+HIGH_WATER = 1 << 20  # bytes of a response buffered before the socket is paused
+LOW_WATER = 1 << 18  # resumed once the reader has taken it below this
+Target = tuple[str, str, int, str]  # scheme, host, port, path (with query)
+
+
+def target_of(url: str) -> Target:
+    """(scheme, host, port, path) of an http(s) URL; ValueError for anything else."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, parts.hostname, port, path
+
+
+def request_head(target: Target, body_len: int, headers: dict[str, str]) -> bytes:
+    """The request line and headers of a POST with a body of `body_len` bytes.
+
+    Invariant: the result is one well-framed HTTP/1.1 head (ValueError for a header name or
+    value holding CR, LF or NUL, or a name holding ':', which would end or split it)."""
+    _, host, port, path = target
+    default = 443 if target[0] == "https" else 80
+    authority = host if port == default else f"{host}:{port}"
+    if ":" in host and not host.startswith("["):  # an IPv6 literal
+        authority = f"[{host}]" if port == default else f"[{host}]:{port}"
+    lines = [f"POST {path} HTTP/1.1", f"host: {authority}", f"content-length: {body_len}"]
+    for name, value in headers.items():
+        if any(c in name for c in "\r\n\0:") or any(c in value for c in "\r\n\0"):
+            raise ValueError(f"header {name!r} holds a character that would break the request")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection; carries one response at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = time.monotonic()
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[None] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.keep_alive = False
+        self.headers_done = False
+        self.complete = False
+        self.got_bytes = False
+        self.error: BaseException | None = None
+        self._framed = False  # content-length or chunked: its end is in the stream, not at EOF
+        self._body: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+
+    # ------------------------------------------------------------ asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionError(f"replica sent a response that is not HTTP/1.1: {exc}"))
+            self.close()
+        except httptools.HttpParserUpgrade:  # never asked for: not a response we can read
+            self._fail(ConnectionError("replica switched protocols"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.headers_done and not self.complete and not self._framed and self.error is None:
+            self.complete = True  # a body that ends with the connection (no length, not chunked)
+            self._wake()
+        elif not self.complete:
+            self._fail(ConnectionError(f"replica closed the connection{f' ({exc})' if exc else ''}"))
+
+    # ------------------------------------------------------------ httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.keep_alive = self._parser.should_keep_alive()
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # ------------------------------------------------------------ the response's reader
+    async def wait(self, timeout: float) -> None:
+        """Until something happens (head, body bytes, end, error); TimeoutError after `timeout` s."""
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, self._timed_out, self._waiter)
+        try:
+            await self._waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def take(self) -> bytes:
+        """The body bytes buffered so far (resuming a paused socket once drained)."""
+        data = b"".join(self._body) if len(self._body) != 1 else self._body[0]
+        self._body.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def has_body(self) -> bool:
+        return bool(self._body)
+
+    def begin(self, head_and_body: bytes) -> None:
+        assert self.transport is not None
+        self._reset()
+        self.transport.write(head_and_body)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    @staticmethod
+    def _timed_out(waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(asyncio.TimeoutError())
+
+
+class Response:
+    """A replica's response: its status at once, its body read whole or as it comes."""
+
+    def __init__(self, conn: Connection, pool: Pool, key: tuple[str, str, int], timeout: float) -> None:
+        self._conn: Connection | None = conn
+        self._pool, self._key, self._timeout = pool, key, timeout
+        self.status = conn.status
+
+    async def read(self) -> bytes:
+        return b"".join([piece async for piece in self.chunks()])
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (whatever is buffered at each step)."""
+        while self._conn is not None:
+            conn = self._conn
+            if conn.has_body():
+                yield conn.take()
+            elif conn.error is not None:
+                raise conn.error
+            elif conn.complete:
+                self.close()  # read to its end: back to the pool
+                return
+            else:
+                await conn.wait(self._timeout)
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if conn.complete and conn.keep_alive and not conn.closed and conn.error is None:
+            self._pool.give_back(self._key, conn)
+        else:
+            conn.close()
+
+
+class Pool:
+    """Keep-alive connections per (scheme, host, port); idle ones older than `keepalive_s` are
+    dropped (before the server drops them)."""
+
+    def __init__(self, keepalive_s: float) -> None:
+        self.keepalive_s = keepalive_s
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._targets: dict[str, Target] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Response:
+        """POST `body`; the response once its head is in. See the module's docstring for errors."""
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = target_of(url)
+            if len(self._targets) > 1024:  # replicas come from the config: this never grows for long
+                self._targets.pop(next(iter(self._targets)))
+        key = target[:3]
+        message = request_head(target, len(body), headers) + body
+        conn = self._idle_connection(key)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, key, message, timeout)
+            except ConnectionError:
+                if conn.got_bytes:  # the replica answered something: not a stale connection
+                    raise
+        return await self._exchange(await self._connect(key, timeout), key, message, timeout)
+
+    def give_back(self, key: tuple[str, str, int], conn: Connection) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(key, []).append(conn)
+
+    async def aclose(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+
+    async def _exchange(self, conn: Connection, key: tuple[str, str, int], message: bytes,
+                        timeout: float) -> Response:
+        try:
+            conn.begin(message)
+            while not conn.headers_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(timeout)
+        except BaseException:
+            conn.close()
+            raise
+        return Response(conn, self, key, timeout)
+
+    def _idle_connection(self, key: tuple[str, str, int]) -> Connection | None:
+        conns = self._idle.get(key)
+        now = time.monotonic()
+        while conns:
+            conn = conns.pop()  # the most recently used: the likeliest to be alive
+            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, key: tuple[str, str, int], timeout: float) -> Connection:
+        scheme, host, port = key
+        tls = None
+        if scheme == "https":
+            tls = self._tls = self._tls or ssl.create_default_context()
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(Connection, host, port, ssl=tls), timeout)
+        except OSError as exc:
+            raise ConnectionError(f"cannot connect to {host}:{port}: {exc}") from exc
+        return conn

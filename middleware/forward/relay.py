@@ -1,0 +1,235 @@
+"""The relay: proxy misses on OpenAI-compatible replicas, passed through as the replica's own bytes.
+
+LiteLLM turns every streamed chunk into its response objects and back into JSON; for a replica
+that already speaks OpenAI's format (vLLM, SGLang, our replicas) that work buys nothing. The relay
+sends the request with one pooled HTTP client (middleware.forward.http1) and hands the replica's SSE events to the client
+as they arrive, parsing only what the cache and the router need: the first content token
+(`Router.first_token`), the text and finish reason (the stored answer, approximate mode's
+`record_answers`), the usage, and error events. A non-streamed answer goes through as the
+replica's JSON body.
+
+Failover is the LiteLLM path's (middleware.forward.failover): a connection error, timeout, 408/429
+or 5xx before the first event moves the request to the next replica; a stream that breaks later is
+re-issued and resumed where the client is when the request is greedy (middleware.forward.resume),
+otherwise it ends with an in-band error event. Usage: a streamed request is sent with
+`stream_options.include_usage` so the stored answer carries the replica's own counts; the
+usage-only chunk is dropped on its way to a client that did not ask for it.
+
+Only the proxy uses the relay; the SDK face and routes whose provider needs translation stay on
+LiteLLM (`routing.forward: litellm` turns it off for a route).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import orjson
+
+from middleware.forward.failover import Attempts, Failover, failing
+from middleware.forward.http1 import Pool, Response
+from middleware.forward.relay_events import ReplicaError, SseParser
+from middleware.request import RequestView
+from middleware.forward.resume import Diverged
+
+# LiteLLM providers whose wire format is OpenAI's own: `openai/<served name>` sends `<served name>`.
+OPENAI_COMPATIBLE = frozenset({"openai", "hosted_vllm", "custom_openai", "openai_like"})
+# Idle pooled connections are dropped before uvicorn-based replicas (vLLM, ours) drop them (5 s).
+KEEPALIVE_S = 3.0
+DONE = b"data: [DONE]\n\n"
+# headers the relay writes itself (the body's framing, the replica's key): a caller's are dropped
+OWN_HEADERS = frozenset({"content-type", "content-length", "transfer-encoding", "host", "connection",
+                         "accept-encoding", "authorization"})
+
+
+def wire_model(model: str) -> str | None:
+    """The model name an OpenAI-compatible replica is sent for a LiteLLM model string, or None
+    when the provider is not one the relay can speak for."""
+    provider, _, name = model.partition("/")
+    return name if name and provider in OPENAI_COMPATIBLE else None
+
+
+def _replica_error(status: int, body: bytes) -> ReplicaError:
+    """The error a replica's non-2xx answer stands for, with its own message when it gave one."""
+    try:
+        error = orjson.loads(body).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (orjson.JSONDecodeError, AttributeError):
+        message = None
+    text = message if isinstance(message, str) and message else body[:200].decode(errors="replace")
+    return ReplicaError(f"replica answered {status}: {text}", status)
+
+
+@dataclass
+class Relayed:
+    """A relayed call that has answered: a JSON body, or an open stream and its first events."""
+
+    attempts: Attempts  # ticket (follows the replica now answering), plan and replicas tried
+    request: tuple[bytes, dict[str, str], float]  # body, headers, timeout: the same on every replica
+    body: bytes | None = None
+    payload: dict[str, Any] | None = None
+    parser: SseParser | None = None
+    head: bytes = b""  # the first events, already read (the client's headers wait for them)
+    response: Response | None = None
+    chunks: AsyncIterator[bytes] | None = None
+    ok: bool = False  # the stream reached its end
+
+    @property
+    def text(self) -> str:
+        return self.parser.resume.sent_text if self.parser is not None else ""
+
+    def answer(self, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return self.parser.answer(messages) if self.parser is not None else self.payload
+
+    async def close(self) -> None:
+        """Release the replica's answer (one not read to its end closes its connection)."""
+        response, self.response = self.response, None
+        if response is not None:
+            response.close()
+
+
+class Relay:
+    """One pooled HTTP transport for every route's replicas (made in, and closed with, the loop that
+    uses it: the proxy's)."""
+
+    def __init__(self) -> None:
+        self._client: Pool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def client(self) -> Pool:
+        """The pool of this loop (connections belong to the loop that made them). `timeout` of a
+        request bounds its connect and every wait for the replica's next bytes."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client, self._loop = Pool(KEEPALIVE_S), loop
+        return self._client
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and self._loop is asyncio.get_running_loop():
+            await client.aclose()
+
+    # -------------------------------------------------------------- calls
+    async def open(self, failover: Failover, view: RequestView, model: str) -> Relayed:
+        """Send the request to the best replica, failing over until one answers (a JSON body, or a
+        stream's first event). Raises BackendError when none does."""
+        cfg = failover.route.backend
+        options = view.forwarded.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        attempts = failover.begin(view, {"api_key": cfg.api_key} if cfg.api_key else {})
+        body = _body(view, model, options)
+        if attempts.plan is not None and attempts.plan.salt is not None:
+            body["cache_salt"] = attempts.plan.salt  # the tenant's, never the client's alone (routing.salt)
+        request = (orjson.dumps(body), _headers(view), cfg.timeout)
+        while True:
+            attempt = failover.next(attempts)
+            relayed = Relayed(attempts, request=request)
+            try:
+                if view.stream:
+                    relayed.parser = SseParser(not options.get("include_usage"), lambda: failover.first_token(attempts))
+                    await self._start(relayed, attempt)
+                else:
+                    relayed.body, relayed.payload = await self._post(request, attempt)
+                return relayed
+            except Exception as exc:  # connection errors, timeouts, error statuses, bad bodies
+                await relayed.close()
+                if not failover.failed(attempts, exc):
+                    raise failover.error(exc) from exc
+
+    async def stream(self, failover: Failover, view: RequestView, relayed: Relayed) -> AsyncIterator[bytes]:
+        """The stream's bytes for the client, from its first events on; a replica that breaks
+        mid-stream is replaced (greedy requests) or the stream ends with an in-band error event.
+        `relayed.ok` says whether it reached its end. [DONE] is the caller's to send."""
+        parser = relayed.parser
+        assert parser is not None
+        try:
+            if relayed.head:
+                yield relayed.head
+            while True:
+                try:
+                    assert relayed.chunks is not None
+                    async for data in relayed.chunks:
+                        out = parser.feed(data)
+                        if out:
+                            yield out
+                    break
+                except Diverged:
+                    raise
+                except Exception as exc:
+                    # re-raises when it cannot go on
+                    attempt = failover.resume_or_raise(view, relayed.attempts, parser.resume, exc)
+                    await relayed.close()
+                    parser.restart()
+                    try:
+                        await self._start(relayed, attempt, first=False)
+                    except Exception as again:  # the new replica failed at once: booked on the next turn
+                        relayed.chunks = failing(again)
+            relayed.ok = True
+        except Exception as exc:
+            yield b"data: " + orjson.dumps(failover.error(exc).to_json()) + b"\n\n"
+        finally:
+            await relayed.close()
+
+    async def _post(self, request: tuple[bytes, dict[str, str], float],
+                    attempt: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        response = await self._send(request, attempt)
+        try:
+            content = await response.read()
+        finally:
+            response.close()
+        if response.status >= 400:
+            raise _replica_error(response.status, content)
+        try:
+            payload = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise ReplicaError("replica answered with a body that is not a JSON object")
+        return content, payload
+
+    async def _start(self, relayed: Relayed, attempt: dict[str, Any], first: bool = True) -> None:
+        """Open the stream on `attempt`'s replica; with `first`, read on to its first event."""
+        response = await self._send(relayed.request, attempt)
+        relayed.response = response
+        if response.status >= 400:
+            raise _replica_error(response.status, await response.read())
+        relayed.chunks = response.chunks()
+        if not first:
+            return
+        parser, head = relayed.parser, []
+        assert parser is not None
+        while parser.events == 0:
+            try:
+                data = await relayed.chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            head.append(parser.feed(data))
+        relayed.head = b"".join(head)
+
+    async def _send(self, request: tuple[bytes, dict[str, str], float], attempt: dict[str, Any]) -> Response:
+        body, headers, timeout = request
+        return await self.client().post(f"{attempt['api_base'].rstrip('/')}/chat/completions", body,
+                                        {**headers, "authorization": f"Bearer {attempt['api_key']}"}, timeout)
+
+
+def _body(view: RequestView, model: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The request as the replica gets it: the output-affecting parameters, the messages, and the
+    OpenAI fields we forward (never kvgate's or LiteLLM's own)."""
+    body = {**view.params, "model": model, "messages": view.messages}
+    if view.stream:
+        body["stream"] = True
+        body["stream_options"] = {**options, "include_usage": True}
+    if view.forwarded.get("user") is not None:
+        body["user"] = view.forwarded["user"]
+    return body
+
+
+def _headers(view: RequestView) -> dict[str, str]:
+    """The caller's extra headers (as LiteLLM passes them on), then ours; never framing headers."""
+    headers = {}
+    for key in ("extra_headers", "headers"):
+        extra = view.forwarded.get(key)
+        if isinstance(extra, dict):
+            headers.update({str(k): str(v) for k, v in extra.items() if str(k).lower() not in OWN_HEADERS})
+    headers.update({"content-type": "application/json", "accept-encoding": "identity"})
+    return headers

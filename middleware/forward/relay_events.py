@@ -1,0 +1,155 @@
+"""A replica's SSE stream as the relay reads it (middleware/forward/relay.py): cut into events, each
+event's JSON read once, the bytes passed on unchanged unless they must change.
+
+What is read: choice 0's text and finish reason (the answer to store, the conversation approximate
+routing records), the first content token (`Router.first_token`), the usage, and error events
+(a failed stream). What changes on the way: [DONE] is held back (the pipeline sends it once the
+answer is stored), a usage chunk the client did not ask for is dropped, and after a mid-stream
+resume each chunk is trimmed to what the client has not seen (middleware.forward.resume) and re-encoded.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import orjson
+
+from middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+from litellm.types.utils import ModelResponseStream
+
+from middleware.answers import assemble
+from middleware.forward.resume import StreamResume
+
+
+class ReplicaError(Exception):
+    """A replica answered with an error (status_code None: no usable HTTP status)."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+class SseParser:
+    """Follows one client stream through the replica's SSE bytes: cuts them into events, reads each
+    event's JSON once and says which bytes go on to the client (as they came, unless a resumed
+    stream's chunk had to be trimmed). [DONE] is held back (the pipeline sends it after storing)."""
+
+    def __init__(self, strip_usage: bool, on_first: Callable[[], None]) -> None:
+        self.resume = StreamResume()  # also keeps choice 0's text: the answer
+        self.chunks: list[dict[str, Any]] = []  # as sent to the client (for the rare non-plain answer)
+        self.usage: dict[str, Any] | None = None
+        self.finish: str | None = None
+        self.role: str | None = None
+        self.plain = True  # one choice, text only, no logprobs: the answer is built without LiteLLM
+        self.events = 0
+        self._strip_usage = strip_usage
+        self._on_first = on_first
+        self._first_seen = False
+        self._buffer = b""
+        self._sep: bytes | None = None
+
+    def restart(self) -> None:
+        """A re-issued stream begins (after StreamResume.restart): drop the dead one's partial event."""
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes read from the replica → the bytes to send on (b"" while an event is incomplete)."""
+        buffer = self._buffer + data if self._buffer else data
+        if self._sep is None:
+            newline = buffer.find(b"\n")
+            if newline < 0:
+                self._buffer = buffer
+                return b""
+            self._sep = b"\r\n\r\n" if newline and buffer[newline - 1:newline] == b"\r" else b"\n\n"
+        sep, out, start = self._sep, [], 0
+        while (end := buffer.find(sep, start)) >= 0:
+            kept = self._event(buffer[start:end + len(sep)])
+            start = end + len(sep)
+            if kept:
+                out.append(kept)
+        self._buffer = buffer[start:]
+        return b"".join(out)
+
+    def _event(self, event: bytes) -> bytes | None:
+        data = _data(event)
+        if data is None:  # a comment (keep-alive) or a field we do not read: passed on as is
+            return event
+        if data == b"[DONE]":
+            return None
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise ReplicaError("replica sent a stream event that is not JSON") from None
+        if not isinstance(chunk, dict):
+            raise ReplicaError("replica sent a stream event that is not a JSON object")
+        if "error" in chunk:  # vLLM / SGLang report a failure inside the stream
+            error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+            code = error.get("code")
+            raise ReplicaError(f"replica failed mid-stream: {error.get('message')}", code if isinstance(code, int) else None)
+        self.events += 1
+        resumed = self.resume.resumes > 0
+        if resumed:
+            chunk = self.resume.trim(chunk)  # Diverged when the retry says something else
+            if chunk is None:
+                return None
+        else:
+            self.resume.sent(chunk)
+        self.chunks.append(chunk)
+        rewrite = resumed
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+            if self._strip_usage:  # we asked for it; the client did not
+                if not chunk.get("choices"):
+                    return None
+                chunk = {k: v for k, v in chunk.items() if k != "usage"}
+                rewrite = True
+        self._read_choices(chunk.get("choices") or [])
+        return b"data: " + orjson.dumps(chunk) + self._sep if rewrite else event  # type: ignore[operator]
+
+    def _read_choices(self, choices: list[Any]) -> None:
+        if not choices:
+            return
+        first = choices[0]
+        if len(choices) > 1 or not isinstance(first, dict) or first.get("logprobs"):
+            self.plain = False
+            return
+        delta = first.get("delta") or {}
+        finish = first.get("finish_reason")
+        if finish:
+            self.finish = finish
+        if self.role is None and delta.get("role"):
+            self.role = delta["role"]
+        if not self._first_seen and (delta.get("content") or delta.get("tool_calls") or finish):
+            self._first_seen = True
+            self._on_first()
+
+    def answer(self, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The full answer as a `chat.completion` dict, for the cache; None when the stream did
+        not finish (no finish reason) or cannot be rebuilt."""
+        if not self.chunks:
+            return None
+        if not (self.plain and self.resume.spliceable):  # tool calls, several choices…: LiteLLM's builder
+            return assemble([ModelResponseStream(**c) for c in self.chunks], messages)
+        if self.finish is None:
+            return None
+        head = self.chunks[0]
+        answer: dict[str, Any] = {
+            "id": self.resume.stream_id or head.get("id"), "object": "chat.completion",
+            "created": head.get("created"), "model": head.get("model"),
+            "choices": [{"index": 0, "message": {"role": self.role or "assistant", "content": self.resume.sent_text},
+                         "finish_reason": self.finish}],
+        }
+        if head.get("system_fingerprint"):
+            answer["system_fingerprint"] = head["system_fingerprint"]
+        if self.usage:
+            answer["usage"] = self.usage
+        return answer
+
+
+def _data(event: bytes) -> bytes | None:
+    """The data of one SSE event (its `data:` lines joined), None when it has none."""
+    if event.startswith(b"data:") and event.count(b"\n") <= 2:  # the usual one-line event
+        return event[5:].strip()
+    lines = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None

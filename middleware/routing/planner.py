@@ -1,0 +1,102 @@
+"""A request's routing plan: its prompt's chained block hashes and the blocks each replica holds.
+
+Work that grows with the prompt (rendering, tokenising, hashing, matching) can be done ahead, in a
+worker thread, so the event loop only chooses: `prepare(messages)` before `plan` of the same
+messages list, `prepare_answer(plan, ...)` before the router's `finished`. Both are optional;
+without them `plan` and `conversation_hashes` compute the same hashes themselves.
+
+With deferred records, `prepare` waits up to SETTLE_WAIT_S for the records submitted before it, so
+a next turn normally finds its previous answer's blocks; bounded, because under overload an
+unbounded wait queues every request behind the recorder.
+
+Invariant: a plan's match is the full one: hashing stops early only past a block no replica holds.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+from index.prefix import PrefixIndex
+from index.prompt import PromptHasher, PromptHashes
+from middleware.routing.base import RoutePlan
+from middleware.routing.records import Records
+
+PREPARED_MAX = 1024  # prompts hashed ahead and not yet planned (a plan normally follows at once)
+SETTLE_WAIT_S = 0.005  # how long `prepare` waits for the records before it (see the module docstring)
+
+
+class Planner:
+    def __init__(self, hasher: PromptHasher | None, index: PrefixIndex, records: Records, block_size: int,
+                 records_answers: bool) -> None:
+        self.hasher = hasher  # None in precise mode until the engines said how to hash
+        self.index = index
+        self.records = records
+        self._block_size = block_size  # until there is a hasher
+        self.records_answers = records_answers
+        self._lock = threading.Lock()
+        # prompts hashed ahead, waiting for `plan` of the same list object (held, so its id cannot
+        # be reused meanwhile); bounded in case a plan never comes
+        self._prepared: OrderedDict[int, tuple[Sequence[dict[str, Any]], PromptHashes, dict[str, int]]] = OrderedDict()
+
+    @property
+    def waiting(self) -> int:
+        """Prompts prepared and not yet planned."""
+        with self._lock:
+            return len(self._prepared)
+
+    @property
+    def block_size(self) -> int:
+        return self.hasher.block_size if self.hasher is not None else self._block_size
+
+    def prepare(self, messages: Sequence[dict[str, Any]], salt: str | None = None) -> None:
+        """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread).
+
+        With deferred records, hashing stops soon after a block no replica holds (a match cannot
+        pass it); the recorder hashes the rest before recording the chain, off the request's path.
+        If a record lands meanwhile and some replica holds every block hashed so far, the rest is
+        hashed here and matched again, so the match is always the full one."""
+        hasher = self.hasher
+        if hasher is None:
+            return
+        prompt = hasher.prompt(messages, until=self.index.held if self.records.deferred else None, salt=salt)
+        self.records.settle(SETTLE_WAIT_S)
+        matched = self.index.match(prompt.hashes)
+        if prompt.partial and max(matched.values(), default=0) >= len(prompt.hashes):
+            matched = self.index.match(prompt.complete().hashes)
+        with self._lock:
+            self._prepared[id(messages)] = (messages, prompt, matched)
+            while len(self._prepared) > PREPARED_MAX:
+                self._prepared.popitem(last=False)
+
+    def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None, salt: str | None = None) -> RoutePlan:
+        if session is None and messages:
+            first = messages[0].get("content")
+            session = first if isinstance(first, str) else None
+        hasher = self.hasher
+        if hasher is None:  # precise mode before the engines said how to hash: route by load
+            return RoutePlan([], 0, self.block_size, {}, session, salt=salt)
+        with self._lock:
+            held = self._prepared.pop(id(messages), None)
+        if held is not None and held[0] is messages:
+            prompt, matched = held[1], held[2]
+        else:  # not prepared: computed here, on the caller's thread, without waiting
+            prompt = hasher.prompt(messages, salt=salt)
+            matched = self.index.match(prompt.hashes)
+        return RoutePlan(prompt.hashes, prompt.tokens, hasher.block_size, matched, session,
+                         shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt)
+
+    def prepare_answer(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> None:
+        """Hash prompt + answer ahead of the router's `finished` (thread-safe; for a worker thread)."""
+        hasher = self.hasher
+        if self.records_answers and conversation and hasher is not None:
+            plan.answer = (dict(conversation[-1]), hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes)
+
+    def conversation_hashes(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> list[int]:
+        """prompt + answer's hashes: ready if `prepare_answer` saw this answer, else worked out here,
+        resuming from the prompt's own chain states (only the answer is tokenised)."""
+        ready = plan.answer
+        if ready is not None and len(conversation) and conversation[-1] == ready[0]:
+            return ready[1]
+        hasher = self.hasher
+        return hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes if hasher is not None else []

@@ -1,0 +1,84 @@
+"""Approximate mode's records: which replica now caches which block chain, applied to the prefix
+index (and shared through the routing state) in order, off the caller's thread when deferred.
+
+With deferral (the proxy's routers) the records run in order on one background thread instead of
+the event loop. Past MAX_PENDING_RECORDS queued records the caller applies its own inline, and a
+short chain with nothing queued before it is applied at once: a hop to the recorder would cost
+more than the record. A partial prompt's chain is hashed to its end by whoever applies it.
+
+Invariant: records of one router are applied in the order they were submitted, whichever thread
+applies them (a chain is applied inline only when nothing is queued before it).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from index.prefix import PrefixIndex
+from index.prompt import PromptHashes
+from middleware.routing.state import RoutingState
+
+log = logging.getLogger("kvgate.router")
+
+MAX_PENDING_RECORDS = 64  # deferred records queued before a caller applies its own inline
+INLINE_RECORD_BLOCKS = 128  # a chain this short is applied at once when nothing is queued
+
+
+class Records:
+    def __init__(self, index: PrefixIndex, state: RoutingState, deferred: bool) -> None:
+        self.index = index
+        self.state = state
+        self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-index") if deferred else None
+        self._last: Future[None] | None = None
+        self._pending = 0  # submitted, not yet applied (under _lock)
+        self._lock = threading.Lock()
+
+    @property
+    def deferred(self) -> bool:
+        return self._recorder is not None
+
+    def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.shutdown(wait=True)
+
+    def record(self, replica: str, chain: list[int] | PromptHashes) -> None:
+        """`replica` now caches this chain (in order; off this thread when deferred)."""
+        if self._recorder is not None:
+            blocks = chain.blocks if isinstance(chain, PromptHashes) else len(chain)
+            with self._lock:
+                # a short chain with nothing before it in the queue stays in order applied here
+                queued = self._pending < MAX_PENDING_RECORDS and (self._pending > 0 or blocks > INLINE_RECORD_BLOCKS)
+                self._pending += queued
+            if queued:
+                try:
+                    self._last = self._recorder.submit(self._deferred, replica, chain)
+                    return
+                except RuntimeError:  # closed: a request finishing while the proxy shuts down
+                    with self._lock:
+                        self._pending -= 1
+        self._apply(replica, chain)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until the records submitted so far are in the index, at most `timeout` seconds
+        (None: however long). True when they are (at once when not deferred)."""
+        last = self._last
+        if last is None:
+            return True
+        done, _ = wait([last], timeout=timeout)
+        return bool(done)
+
+    def _deferred(self, replica: str, chain: list[int] | PromptHashes) -> None:
+        try:
+            self._apply(replica, chain)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def _apply(self, replica: str, chain: list[int] | PromptHashes) -> None:
+        try:
+            hashes = chain.complete().hashes if isinstance(chain, PromptHashes) else chain
+            self.index.record(replica, hashes)
+            self.state.recorded(replica, hashes)
+        except Exception:  # a record lost costs a worse route later, never the request
+            log.exception("route record for replica %s failed", replica)

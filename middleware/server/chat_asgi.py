@@ -1,0 +1,216 @@
+"""The lean ASGI path of POST /v1/chat/completions, the proxy's hot route.
+
+FastAPI serves every other route and documents this one in the OpenAPI schema; a chat completion
+is answered here in plain ASGI: the same KeyGate (401) and AdmissionGate (429), the body read from
+`receive`, the same parsing and checks, `Pipeline.acomplete`, the same headers and OpenAI error
+JSON, and a streamed answer sent one `send` per replica read. It skips what a chat completion does
+not use: Starlette's error, exception and routing middleware, the Request object, and
+StreamingResponse's task group (instead, one task waits for the client to leave and cancels the
+stream when it does). Each of those layers costs CPU on every relayed miss, and this route is
+the one every request takes.
+
+`ChatHandler` is the one implementation: the lean path calls it, and so does the FastAPI route
+(reached only when the app is mounted inside another one), through `Delegate`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from middleware.server.auth import bearer_text
+from middleware.config import Config
+from middleware.errors import BadRequest, KvgateError
+from middleware.server.input_checks import check_token_caps
+from middleware.outcome import CacheInfo
+from middleware.pipeline import Pipeline, Result
+from middleware.request import CacheControl
+
+log = logging.getLogger("kvgate.proxy")
+CONTROL_HEADER = b"x-kvgate-cache-control"
+CHAT_PATH = "/v1/chat/completions"
+LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "moderation"})
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+
+
+def openai_json(value: Any) -> Any:
+    """Drop LiteLLM's own bookkeeping fields so clients see OpenAI's wire format."""
+    if isinstance(value, dict):
+        return {k: openai_json(v) for k, v in value.items() if k not in LITELLM_ONLY_FIELDS}
+    if isinstance(value, list):
+        return [openai_json(v) for v in value]
+    return value
+
+
+def cache_headers(info: CacheInfo) -> dict[str, str]:
+    headers = {"x-kvgate-cache": info.cache, "x-kvgate-route": info.route}
+    if info.similarity is not None:
+        headers["x-kvgate-similarity"] = f"{info.similarity:.4f}"
+    if info.replica is not None:
+        headers["x-kvgate-replica"] = info.replica
+    if info.expected_cached_tokens is not None:
+        headers["x-kvgate-expected-cached-tokens"] = str(info.expected_cached_tokens)
+    headers["x-kvgate-request-id"] = info.request_id
+    return headers
+
+
+def too_large(limit: int) -> KvgateError:
+    err = BadRequest(f"request body larger than server.max_body_bytes ({limit} bytes)")
+    err.status = 413
+    return err
+
+
+async def _sse(result: Result) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in result.stream:
+            payload = openai_json(chunk.model_dump(exclude_none=True))
+            yield f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+    except KvgateError as exc:  # the backend failed mid-stream: tell the client in-band
+        yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return value
+    return None
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was in."""
+
+
+async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
+    """The request body; 413 as soon as it (or its declared length) passes `limit`."""
+    declared = _header(scope, b"content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    raw = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        raw += message.get("body", b"")
+        if len(raw) > limit:
+            raise too_large(limit)
+        if not message.get("more_body", False):
+            return bytes(raw)
+
+
+class ChatHandler:
+    """POST /v1/chat/completions as an ASGI app (behind the gates: the caller has a key)."""
+
+    def __init__(self, app: FastAPI, config: Config, worker: int | None,
+                 tenant: Callable[[str | None], str], parse: Callable[[bytes], Awaitable[dict[str, Any]]]) -> None:
+        self.app = app
+        self.config = config
+        self.extra = [(b"x-kvgate-worker", str(worker).encode())] if worker is not None else []
+        self._tenant = tenant
+        self._parse = parse
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        started = [False]
+
+        async def sending(message: dict[str, Any]) -> None:
+            started[0] = True
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, sending)
+        except ClientGone:
+            return
+        except KvgateError as exc:
+            if started[0]:
+                raise
+            await JSONResponse(exc.to_json(), status_code=exc.status)(scope, receive, send)
+        except Exception as exc:
+            if started[0]:  # mid-stream: the connection is cut, as Starlette would
+                raise
+            log.exception("unexpected error")
+            err = KvgateError(f"internal error: {type(exc).__name__}")
+            await JSONResponse(err.to_json(), status_code=err.status)(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
+        tenant = self._tenant(bearer_text(scope))
+        body = await self._parse(await read_body(scope, receive, self.config.server.max_body_bytes))
+        check_token_caps(body, self.config.server)
+        control_header = _header(scope, CONTROL_HEADER)
+        control = CacheControl.from_header(control_header.decode("latin-1") if control_header is not None else None)
+        pipeline: Pipeline = self.app.state.pipeline
+        result = await pipeline.acomplete(body, tenant, control, raw=True)
+        headers = [(k.encode(), v.encode()) for k, v in cache_headers(result.info).items()] + self.extra
+        if isinstance(result.raw, bytes):  # relayed from a replica as it answered (middleware/forward/relay.py)
+            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(result.raw)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": result.raw, "more_body": False})
+        elif result.raw is not None or result.stream is not None:
+            headers += [(b"cache-control", b"no-cache"), (b"content-type", b"text/event-stream; charset=utf-8")]
+            events = result.raw if result.raw is not None else _sse(result)
+            await _stream(events, headers, receive, send)
+        else:
+            response = JSONResponse(openai_json(result.response.model_dump()))
+            response.raw_headers += headers
+            await response(scope, receive, send)
+
+
+async def _stream(events: AsyncIterator[bytes], headers: list[tuple[bytes, bytes]], receive: Any, send: Any) -> None:
+    """Send `events` as they come; the client leaving cancels the stream (closing it, so the
+    pipeline's books balance) instead of relaying an answer nobody reads."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = [False]
+
+    def on_message(waiting: asyncio.Future[Any]) -> None:
+        if not waiting.cancelled() and waiting.exception() is None and waiting.result()["type"] == "http.disconnect":
+            gone[0] = True
+            task.cancel()
+
+    watch = asyncio.ensure_future(receive())
+    watch.add_done_callback(on_message)
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        async for blob in events:
+            await send({"type": "http.response.body", "body": blob, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not gone[0]:
+            raise
+        task.uncancel()
+    finally:
+        watch.remove_done_callback(on_message)
+        watch.cancel()
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class Delegate(Response):
+    """A FastAPI route's answer that hands the exchange to an ASGI app."""
+
+    def __init__(self, target: ASGIApp) -> None:
+        self.target = target
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        await self.target(scope, receive, send)
+
+
+class LeanApp(FastAPI):
+    """FastAPI whose POST /v1/chat/completions bypasses its middleware stack (`lean`, set by the proxy)."""
+
+    lean: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if self.lean is not None and scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST":
+            scope["app"] = self
+            await self.lean(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)

@@ -1,0 +1,245 @@
+"""The OpenAI-compatible proxy: thin FastAPI handlers over the Pipeline.
+
+Errors of every kind leave as OpenAI error JSON (`{"error": {...}}`), mapped here in one place.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from middleware.server.admin import add_admin
+from middleware.server.admission import AdmissionGate
+from middleware.server.heap import settle_heap
+from middleware.server.auth import KeyGate, bearer_text, key_allowed
+from middleware.server.chat_asgi import ChatHandler, Delegate, LeanApp, too_large
+from middleware.config import Config
+from middleware.errors import BadRequest, KvgateError, Unauthorized
+from middleware.server.input_checks import check_unicode
+from middleware.telemetry.loop_lag import watch_loop_lag
+from middleware.telemetry.metrics import Metrics
+from middleware.pipeline import Pipeline
+from middleware.build import build_pipeline
+from middleware.routing.router import Router
+from middleware.server.schema import ChatCompletionRequest, FeedbackRequest, chat_openapi_extra
+from middleware.server.ui import add_dashboard, make_recorder, record_stats
+
+if TYPE_CHECKING:
+    from middleware.routing.state import StateFactory
+
+log = logging.getLogger("kvgate.proxy")
+T = TypeVar("T")
+
+
+def tenant_of(token: str | None) -> str:
+    """A tenant id derived from the bearer token; the token itself is never stored."""
+    return hashlib.sha256(token.encode()).hexdigest()[:24] if token else "anonymous"
+
+
+def error_response(exc: KvgateError) -> JSONResponse:
+    return JSONResponse(exc.to_json(), status_code=exc.status)
+
+
+def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    return f"invalid request: {field}: {first.get('msg')}", field
+
+
+def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_state: StateFactory | None = None,
+               worker: int | None = None, server_process: bool = False) -> FastAPI:
+    """Build the app; the pipeline (embedder + index) is created at start-up unless given.
+    `routing_state` and `worker`: this process is worker `worker` of `kvgate serve --workers N`
+    (its responses say so in `x-kvgate-worker`, its /health in `worker`). `server_process`: the
+    process is the server's own (`kvgate serve`), so its garbage collector is set for it
+    (middleware.server.heap) once the pipeline is up."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = pipeline is None
+        app.state.pipeline = pipeline or build_pipeline(config, routing_state=routing_state)
+        pipe = app.state.pipeline
+        pipe.metrics.in_flight.set_function(lambda: admission.in_flight)
+        if server_process:
+            settle_heap()
+        tasks = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in pipe.routers.values()]
+        tasks.append(asyncio.create_task(watch_loop_lag(pipe.metrics.loop_lag.observe)))
+        # /health and /metrics read the disk (the index catches up with other processes): in a
+        # thread of their own, so a probe never queues behind request work in the default pool
+        app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")
+        app.state.stats, urls = make_recorder(pipe, config.stats)  # the dashboard's history (middleware/server/ui.py)
+        tasks.append(asyncio.create_task(record_stats(app.state.stats, pipe.metrics.registry, urls,
+                                                      app.state.probes, config.stats.interval_s)))
+        yield
+        for task in tasks:
+            task.cancel()
+        await app.state.pipeline.aclose()
+        app.state.probes.shutdown(wait=False, cancel_futures=True)
+        if owned:
+            app.state.pipeline.close()
+
+    app = LeanApp(title="kvgate", version="0.1.0", lifespan=lifespan)
+    keys = frozenset(config.auth.keys)
+    # every route but /health, present and future; admin keys pass it on the admin paths only
+    app.add_middleware(KeyGate, keys=keys, admin_keys=frozenset(config.auth.admin_keys))
+    chat = ChatHandler(app, config, worker, tenant_of, parse_json)
+    # chat completions take the lean path (middleware/server/chat_asgi.py) through the same key gate, and
+    # the admission gate inside it: a caller without a key is refused before it is counted
+    admission = AdmissionGate(chat, limit=config.server.max_in_flight,
+                              on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
+    app.lean = KeyGate(admission, keys=keys)
+
+    key_bytes = frozenset(k.encode() for k in keys)
+
+    def authorise(request: Request) -> str:
+        token = bearer_text(request.scope)
+        if keys and not key_allowed(token.encode() if token is not None else None, key_bytes):  # constant time
+            raise Unauthorized("missing or unknown API key" if token is None else "invalid API key")
+        return tenant_of(token)
+
+    @app.exception_handler(KvgateError)
+    async def _kvgate_error(_: Request, exc: KvgateError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, field = _validation_message(exc)
+        return error_response(BadRequest(message, param=field))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = KvgateError(str(exc.detail))
+        err.status, err.type = exc.status_code, "invalid_request_error"
+        return error_response(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return error_response(KvgateError(f"internal error: {type(exc).__name__}"))
+
+    @app.post("/v1/chat/completions", openapi_extra=chat_openapi_extra())
+    async def chat_completions() -> Response:  # documents the route; the lean path serves it
+        return Delegate(app.lean or chat)
+
+    @app.post("/v1/cache/feedback", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": FeedbackRequest.model_json_schema()}}}})
+    async def cache_feedback(request: Request) -> dict[str, Any]:
+        tenant = authorise(request)  # before reading the body: no key, no parsing
+        body = FeedbackRequest.model_validate(await _read_json(request, config.server.max_body_bytes, FeedbackRequest))
+        outcome = await asyncio.to_thread(request.app.state.pipeline.feedback, body.request_id, body.correct, tenant)
+        return outcome.to_json()
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authorise(request)
+        data = [{"id": r.model, "object": "model", "owned_by": f"kvgate:{r.name}"} for r in config.routes]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        entries = await _off_loop(request.app.state.probes, len, request.app.state.pipeline.index)
+        if worker is None:
+            return {"status": "ok", "entries": entries}
+        return {"status": "ok", "entries": entries, "worker": worker}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        authorise(request)
+        body = await _off_loop(request.app.state.probes, request.app.state.pipeline.metrics.render)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    add_dashboard(app)  # /ui and /v1/stats (middleware/server/ui.py)
+    add_admin(app, config, worker)  # /v1/admin/...: replicas added and removed at run time (middleware/server/admin.py)
+    return app
+
+
+async def _off_loop(pool: Executor, fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _metrics(app: FastAPI) -> Metrics:
+    return app.state.pipeline.metrics
+
+
+async def _probe_loop(router: Router, interval: float) -> None:
+    """Learn what engine each replica runs; re-admit replicas marked down once they answer."""
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                await router.discover(client)  # until every replica said what engine it runs
+            except Exception:
+                log.exception("engine discovery failed")
+            await asyncio.sleep(interval)
+            try:
+                await router.probe(client)
+            except Exception:  # a probe must never take the proxy down
+                log.exception("health probe failed")
+
+
+# Parsing and validating a body below this size costs less than a hop to a worker thread;
+# above it, the work grows with the prompt and must not stall the event loop.
+OFF_LOOP_BODY_BYTES = 64 * 1024
+
+
+async def _read_json(request: Request, limit: int, schema: type[BaseModel] = ChatCompletionRequest) -> dict[str, Any]:
+    """The body as a validated dict; 400/413 with a message naming the problem otherwise."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > limit:
+            raise too_large(limit)
+    return await parse_json(bytes(raw), schema)
+
+
+async def parse_json(raw: bytes, schema: type[BaseModel] = ChatCompletionRequest, *,
+                     limit: int = OFF_LOOP_BODY_BYTES) -> dict[str, Any]:
+    """`raw` parsed and validated against `schema`; in a worker thread from `limit` bytes up."""
+    if len(raw) < limit:
+        return _parse_body(raw, schema)
+    return await asyncio.to_thread(_parse_body, raw, schema)
+
+
+def _parse_body(raw: bytes, schema: type[BaseModel]) -> dict[str, Any]:
+    try:
+        # msgspec (a dependency already): 6x json's speed on a 4 MB prompt, 3.7x orjson's, and,
+        # unlike orjson, integers past 64 bits stay exact ints, as json gives them
+        body = msgspec.json.decode(raw)
+    except (msgspec.MsgspecError, ValueError):  # ValueError: invalid UTF-8
+        # what msgspec refuses (lone surrogate escapes, NaN, 1e400, UTF-16, bad UTF-8) json may accept, or
+        # explains in its own words: the error path answers exactly as it always did
+        body = _parse_json_stdlib(raw)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    check_unicode(body, raw)
+    try:
+        schema.model_validate(body)
+    except ValidationError as exc:
+        message, field = _validation_message(exc)
+        raise BadRequest(message, param=field) from None
+    return body
+
+
+def _parse_json_stdlib(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None

@@ -1,5 +1,7 @@
-"""One exception hierarchy; the proxy maps it to HTTP in one place (proxy.error_response)."""
+"""One exception hierarchy; the proxy maps it to HTTP in one place (middleware/server/responses.py)."""
 from __future__ import annotations
+
+import json
 
 
 class KvgateError(Exception):
@@ -16,6 +18,10 @@ class KvgateError(Exception):
 
     def to_json(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def sse(self) -> bytes:
+        """The error as an in-band server-sent event, for a stream that already answered 200."""
+        return b"data: " + json.dumps(self.to_json(), separators=(",", ":")).encode() + b"\n\n"
 
 
 class ConfigError(KvgateError):

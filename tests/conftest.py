@@ -137,3 +137,17 @@ def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
     yield servers
     for server in servers:
         server.stop()
+
+
+def one_replica_config(cache_dir: Path, replica_url: str, *, semantic: dict[str, Any] | None = None,
+                       routing: dict[str, Any] | None = None) -> Config:
+    """Route `r` (models smol*) on one OpenAI-compatible replica, the semantic tier off unless given."""
+    return parse_config({
+        "cache_dir": str(cache_dir),
+        "routes": [{
+            "name": "r", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
+            "semantic": semantic or {"enabled": False},
+            "replicas": [{"name": "r0", "api_base": f"{replica_url}/v1"}],
+            "routing": routing or {},
+        }],
+    })

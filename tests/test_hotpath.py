@@ -16,7 +16,8 @@ from index.tokenizer import TextTokenizer
 from middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
 from middleware.cache.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
 from middleware.build import build_pipeline
-from middleware.server.proxy import OFF_LOOP_BODY_BYTES, _parse_body, create_app
+from middleware.server.body import OFF_LOOP_BODY_BYTES, _parse_body
+from middleware.server.proxy import create_app
 from middleware.routing.records import INLINE_RECORD_BLOCKS
 from middleware.routing.router import Router
 from middleware.server.schema import ChatCompletionRequest

@@ -10,12 +10,12 @@ import pytest
 from engines.demo import Calls, create_fake_app
 from index.prompt import PromptHasher
 from index.tokenizer import TextTokenizer
-from middleware.config import parse_config
 from middleware.cache.offload import (
     INLINE_NEW_CHARS_HF, INLINE_NEW_CHARS_TEXT, INLINE_TOTAL_CHARS, new_chars_limit, prompt_chars, runs_inline,
 )
 from middleware.build import build_pipeline
 from middleware.server.proxy import create_app
+from tests.conftest import one_replica_config
 from tools.bench.procs import ServerThread
 
 
@@ -75,15 +75,8 @@ def test_inline_and_offloaded_requests_give_the_same_cache_behaviour(embedder, t
     worker threads) both miss, store, and hit on repeat; on a semantic route even the small one
     hops (its lookup embeds)."""
     replica = ServerThread(create_fake_app(Calls())).start()
-    config = parse_config({
-        "cache_dir": str(tmp_path / "cache"),
-        "routes": [{
-            "name": "r", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
-            "semantic": {"enabled": store_semantic, "threshold": 0.98},
-            "replicas": [{"name": "r0", "api_base": f"{replica.url}/v1"}],
-            "routing": {"tokenizer": "text"},
-        }],
-    })
+    config = one_replica_config(tmp_path / "cache", replica.url, semantic={"enabled": store_semantic, "threshold": 0.98},
+                                routing={"prefix": {"tokenizer": "text"}})
     pipeline = build_pipeline(config, embedder=embedder)
     threads: list[str] = []
     look_up = pipeline.cache._look_up
@@ -124,15 +117,8 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
     """The record step hashes the answer after the prompt (the router's records): an answer past
     the new-characters bound sends it to a worker thread, though the lookup ran inline."""
     replica = ServerThread(create_fake_app(Calls())).start()
-    config = parse_config({
-        "cache_dir": str(tmp_path / "cache"),
-        "routes": [{
-            "name": "r", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": "r0", "api_base": f"{replica.url}/v1"}],
-            "routing": {"tokenizer": "text"},
-        }],
-    })
+    config = one_replica_config(tmp_path / "cache", replica.url, semantic={"enabled": False},
+                                routing={"prefix": {"tokenizer": "text"}})
     pipeline = build_pipeline(config, embedder=embedder)
     steps: list[tuple[str, str]] = []
     for name in ("_look_up", "record"):

@@ -19,9 +19,9 @@ import pytest
 
 import middleware.pipeline
 from middleware.build import build_pipeline
-from middleware.config import parse_config
 from middleware.server.proxy import create_app
 from engines.demo import Calls, create_fake_app
+from tests.conftest import one_replica_config
 from tools.bench.procs import ServerThread
 
 PIPELINE = str(Path(middleware.pipeline.__file__).resolve())
@@ -57,15 +57,7 @@ class Entries:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_miss_enters_the_pipeline_at_most_three_times(tmp_path: Path, forward: str, stream: bool) -> None:
     replica = ServerThread(create_fake_app(Calls())).start()
-    config = parse_config({
-        "cache_dir": str(tmp_path / "cache"),
-        "routes": [{
-            "name": "r", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": "r0", "api_base": f"{replica.url}/v1"}],
-            "routing": {"forward": forward},
-        }],
-    })
+    config = one_replica_config(tmp_path / "cache", replica.url, routing={"forward": forward})
     pipeline = build_pipeline(config)
     app = create_app(config, pipeline)
     entries = Entries()

@@ -166,7 +166,7 @@ class Relay:
                         relayed.chunks = failing(again)
             relayed.ok = True
         except Exception as exc:
-            yield b"data: " + orjson.dumps(failover.error(exc).to_json()) + b"\n\n"
+            yield failover.error(exc).sse()
         finally:
             await relayed.close()
 

@@ -11,8 +11,9 @@ What it owns: the HTTP face only — the admin key check, the request bodies, wh
 refusal is. The work is the Router's (`add_replica` / `remove_replica`: prefix index, routing
 state, KV-event subscriber) and the Pipeline's (`watch_replica` / `forget_replica`: the
 kvgate_replica_up gauge). Errors are KvgateErrors, turned into OpenAI error JSON by the proxy's
-one mapper (its exception handlers, middleware/server/proxy.py); a body is validated against
-ReplicaConfig (middleware/config.py), so a 400 names the field as the YAML's check would.
+one mapper (middleware/server/responses.py, through the proxy's exception handlers); a body is read
+by the proxy's one reader (middleware/server/body.py: 413 past server.max_body_bytes) and validated
+against ReplicaConfig (middleware/config.py), so a 400 names the field as the YAML's check would.
 
 Auth: `Authorization: Bearer KEY` with KEY one of `auth.admin_keys`, compared in constant time
 against every one (middleware.server.auth.key_allowed). With no admin key configured every call is
@@ -28,15 +29,14 @@ changes are refused there (409); proxies sharing a Redis store each need the cal
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from middleware.server.auth import ADMIN_PREFIX, bearer_token, key_allowed
+from middleware.server.body import parse_json, read_body
 from middleware.config import Config, ReplicaConfig
 from middleware.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from middleware.routing.base import ReplicaState
@@ -108,7 +108,9 @@ def add_admin(app: FastAPI, config: Config, worker: int | None = None) -> None:
     async def add_replica(request: Request) -> dict[str, Any]:
         if worker is not None:
             raise Conflict(WORKERS)
-        body = await _body(request)  # after the key check: no key, no parsing
+        # after the key check: no key, no reading; a 400 names the field, as the YAML's check would
+        raw = await read_body(request.scope, request.receive, config.server.max_body_bytes)
+        body = AddReplica.model_validate(await parse_json(raw, AddReplica))
         router = router_of(request, body.route)
         cfg = ReplicaConfig.model_validate(body.model_dump(exclude={"route"}))
         if any(r.name == cfg.name for r in router.replicas):
@@ -144,17 +146,3 @@ def add_admin(app: FastAPI, config: Config, worker: int | None = None) -> None:
         request.app.state.pipeline.metrics.forget_replica(route, name)
         log.info("admin: replica %s removed from route %s", name, route)
         return {"route": route, "removed": name, "note": NOTE}
-
-
-async def _body(request: Request) -> AddReplica:
-    """The POST body, validated; a pydantic error goes to the proxy's mapper (400 naming the field)."""
-    try:
-        data = json.loads(await request.body())
-    except ValueError:  # also invalid UTF-8
-        raise BadRequest("request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    try:
-        return AddReplica.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from None

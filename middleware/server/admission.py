@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
-from starlette.responses import JSONResponse
-
 from middleware.errors import Overloaded
+from middleware.server.responses import error_response
 
 GATED_PATHS = frozenset({"/v1/chat/completions"})
 RETRY_AFTER_S = 1  # in-flight requests finish within seconds; a retry a second later may get in
@@ -43,8 +42,7 @@ class AdmissionGate:
             self._on_reject()
             err = Overloaded(f"kvgate is at its limit of {self.limit} requests in flight (server.max_in_flight); "
                              f"retry after {RETRY_AFTER_S} s")
-            response = JSONResponse(err.to_json(), status_code=err.status, headers={"retry-after": str(RETRY_AFTER_S)})
-            await response(scope, receive, send)
+            await error_response(err, {"retry-after": str(RETRY_AFTER_S)})(scope, receive, send)
             return
         self.in_flight += 1
         try:

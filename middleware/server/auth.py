@@ -22,9 +22,10 @@ import hmac
 import ipaddress
 from typing import Any, Awaitable, Callable
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from middleware.errors import Unauthorized
+from middleware.server.responses import error_response
 
 OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
 ADMIN_PREFIX = "/v1/admin/"  # the admin API (middleware/server/admin.py): auth.admin_keys pass the gate here
@@ -114,12 +115,12 @@ def _refusal(token: bytes | None, dashboard: bool, headers: list[tuple[bytes, by
     with a sign-in page instead of JSON for a browser."""
     err = Unauthorized("missing or unknown API key" if token is None else "invalid API key")
     if not dashboard:
-        return JSONResponse(err.to_json(), status_code=err.status, headers={"www-authenticate": "Bearer"})
+        return error_response(err, {"www-authenticate": "Bearer"})
     challenge = {"www-authenticate": BASIC_CHALLENGE}
     accept = next((v for k, v in headers if k == b"accept"), b"")
     if b"text/html" in accept:
         return Response(LOGIN_PAGE, status_code=err.status, media_type="text/html", headers=challenge)
-    return JSONResponse(err.to_json(), status_code=err.status, headers=challenge)
+    return error_response(err, challenge)
 
 
 def is_loopback(host: str) -> bool:

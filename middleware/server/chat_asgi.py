@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -24,14 +23,15 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from middleware.server.auth import bearer_text
+from middleware.server.body import ClientGone, header, read_body
 from middleware.config import Config
-from middleware.errors import BadRequest, KvgateError
+from middleware.errors import KvgateError
 from middleware.server.input_checks import check_token_caps
 from middleware.outcome import CacheInfo
 from middleware.pipeline import Pipeline, Result
 from middleware.request import CacheControl
+from middleware.server.responses import error_response
 
-log = logging.getLogger("kvgate.proxy")
 CONTROL_HEADER = b"x-kvgate-cache-control"
 CHAT_PATH = "/v1/chat/completions"
 LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "moderation"})
@@ -61,48 +61,14 @@ def cache_headers(info: CacheInfo) -> dict[str, str]:
     return headers
 
 
-def too_large(limit: int) -> KvgateError:
-    err = BadRequest(f"request body larger than server.max_body_bytes ({limit} bytes)")
-    err.status = 413
-    return err
-
-
 async def _sse(result: Result) -> AsyncIterator[bytes]:
     try:
         async for chunk in result.stream:
             payload = openai_json(chunk.model_dump(exclude_none=True))
             yield f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
     except KvgateError as exc:  # the backend failed mid-stream: tell the client in-band
-        yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
+        yield exc.sse()
     yield b"data: [DONE]\n\n"
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope.get("headers") or ():
-        if key == name:
-            return value
-    return None
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body was in."""
-
-
-async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
-    """The request body; 413 as soon as it (or its declared length) passes `limit`."""
-    declared = _header(scope, b"content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
-    raw = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        raw += message.get("body", b"")
-        if len(raw) > limit:
-            raise too_large(limit)
-        if not message.get("more_body", False):
-            return bytes(raw)
 
 
 class ChatHandler:
@@ -127,22 +93,16 @@ class ChatHandler:
             await self._serve(scope, receive, sending)
         except ClientGone:
             return
-        except KvgateError as exc:
-            if started[0]:
-                raise
-            await JSONResponse(exc.to_json(), status_code=exc.status)(scope, receive, send)
         except Exception as exc:
             if started[0]:  # mid-stream: the connection is cut, as Starlette would
                 raise
-            log.exception("unexpected error")
-            err = KvgateError(f"internal error: {type(exc).__name__}")
-            await JSONResponse(err.to_json(), status_code=err.status)(scope, receive, send)
+            await error_response(exc)(scope, receive, send)  # OpenAI error JSON; a 500 is logged there
 
     async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
         tenant = self._tenant(bearer_text(scope))
         body = await self._parse(await read_body(scope, receive, self.config.server.max_body_bytes))
         check_token_caps(body, self.config.server)
-        control_header = _header(scope, CONTROL_HEADER)
+        control_header = header(scope, CONTROL_HEADER)
         control = CacheControl.from_header(control_header.decode("latin-1") if control_header is not None else None)
         pipeline: Pipeline = self.app.state.pipeline
         result = await pipeline.acomplete(body, tenant, control, raw=True)

@@ -63,8 +63,8 @@ def build_pipeline(
     # routes with semantic.max_error_rate: verified outcomes live next to the entries (shared, kept)
     trust = None
     if any(r.semantic.enabled and settings[r.name].max_error_rate is not None for r in config.routes):
-        embed = embedder.embed if embedder is not None else _no_embedder
-        trust = TrustGate(open_observations(config, stores.link), embed,
+        assert embedder is not None  # a max_error_rate route is a semantic route: its embedder was made above
+        trust = TrustGate(open_observations(config, stores.link), embedder.embed,
                           lambda route, ok: metrics.exploration_verdicts.labels(route, "agree" if ok else "differ").inc())
     salter = _salter(config)
     relay = Relay()
@@ -85,10 +85,6 @@ def build_pipeline(
     # closed before the cache, in this order: queued trust comparisons finish while the index is open
     closing: list[Any] = [*([trust] if trust is not None else []), *routers.values(), *([hub] if hub is not None else [])]
     return Pipeline(config, cache, forwarders, relay, metrics, closing)
-
-
-def _no_embedder(texts: list[str]) -> Any:
-    raise RuntimeError("semantic tier used without an embedder")
 
 
 def _load_verifier(config: Config, position: int) -> Verifier:

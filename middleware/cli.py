@@ -151,6 +151,7 @@ BENCHES = {
     "scaleout": ("scaleout", "proxies on one Redis vs one proxy vs per-proxy caches: hit rate, hit latency, faults"),
     "throughput": ("throughput", "req/s and p50/p99 of one proxy process vs LiteLLM's proxy and sglang-router"),
     "vllm": ("vllm_arena", "real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router"),
+    "vllm-kv": ("vllm_kv", "kvgate as vLLM's KV tier: next turn on another engine, restart, codecs, disk GB/s, decode"),
     "plot": ("plot", "draw a saved result of bench semantic | routing | kv as a PNG (matplotlib)"),
 }
 

@@ -103,12 +103,14 @@ METRICS = """# HELP vllm:prompt_tokens_total x
 vllm:prompt_tokens_total{engine="0",model_name="smollm2"} 2044.0
 vllm:prompt_tokens_cached_total{engine="0",model_name="smollm2"} 512.0
 vllm:prompt_tokens_cached_created{engine="0",model_name="smollm2"} 1.7e+09
+vllm:external_prefix_cache_hits_total{engine="0",model_name="smollm2"} 256.0
 vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="46592",prefix_caching_hash_algo="sha256"} 1.0
 """
 
 
 def test_metrics_read():
-    assert counters([METRICS, METRICS.replace("2044.0", "100")]) == {"cached": 1024.0, "prompt": 2144.0}
+    assert counters([METRICS, METRICS.replace("2044.0", "100")]) == {"cached": 1024.0, "prompt": 2144.0,
+                                                                    "external": 512.0}
     info = metric_labels(METRICS, "vllm:cache_config_info")
     assert info["kv_cache_size_tokens"] == "46592" and info["block_size"] == "128"
     assert metric_labels(METRICS, "vllm:nothing") == {}

@@ -38,6 +38,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+CONNECTOR_MODULE = "engines.vllm.kv_connector.connector"
+
+
+def connector_config(extra: dict[str, object]) -> dict[str, object]:
+    """vLLM's `--kv-transfer-config` for kvgate's KV connector with `extra` as its
+    kv_connector_extra_config (engines/vllm/kv_connector/settings.py). A chunk that cannot be loaded
+    is recomputed ("recompute"), never an error for the request."""
+    return {"kv_connector": "KvgateConnector", "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+
+
+def tier_settings(disk: str | None = None, remote: str | None = None, *, codec: str = "int8",
+                  memory_mb: int = 256, disk_mb: int = 4096) -> dict[str, object]:
+    """The connector's settings for a shared disk directory and/or a Redis URL."""
+    tiers: dict[str, object] = {"memory": {"capacity_mb": memory_mb}} if memory_mb else {}
+    if disk:
+        tiers["disk"] = {"path": str(disk), "capacity_mb": disk_mb}
+    if remote:
+        tiers["remote"] = {"url": remote}
+    return {"tiers": tiers, "codec": codec}
+
+
 def events_config(port: int, replay_port: int | None = None, host: str = "127.0.0.1") -> dict[str, object]:
     """vLLM's `--kv-events-config`: ZMQ PUB on `port`, optionally the replay ROUTER on `replay_port`."""
     cfg: dict[str, object] = {"enable_kv_cache_events": True, "publisher": "zmq",
@@ -56,6 +78,7 @@ class VllmServer:
     `extra_args`: more vLLM flags (e.g. `--kv-transfer-config ...`).
     `extra_env`: more environment variables for it (e.g. VLLM_SERVER_DEV_MODE=1, which serves
     `POST /reset_prefix_cache`); named so because `env()` is the method that builds the whole environment.
+    `kv_connector`: kvgate's KV connector settings (`tier_settings(...)`), or None for none.
     """
 
     model: str
@@ -70,6 +93,7 @@ class VllmServer:
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    kv_connector: dict[str, object] | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
@@ -98,6 +122,8 @@ class VllmServer:
                 "--kv-events-config", json.dumps(events_config(self.events_port, self.replay_port))]
         if self.enforce_eager:
             args.append("--enforce-eager")
+        if self.kv_connector is not None:
+            args += ["--kv-transfer-config", json.dumps(connector_config(self.kv_connector))]
         return args + list(self.extra_args)
 
     def env(self) -> dict[str, str]:
@@ -196,10 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay-port", type=int, default=None)
     parser.add_argument("--core", type=int, default=None)
     parser.add_argument("--kv-cache-gib", type=int, default=1)
+    parser.add_argument("--kv-tier-dir", default=None,
+                        help="load kvgate's KV connector with this disk tier (servers naming one directory share it)")
+    parser.add_argument("--kv-tier-redis", default=None, metavar="redis://HOST:PORT/DB",
+                        help="with the connector: a Redis tier as well (shared by every engine naming it)")
+    parser.add_argument("--kv-codec", default="int8", choices=["raw", "int8", "int4"],
+                        help="how the connector stores KV chunks (default int8)")
     args, extra = parser.parse_known_args(argv)
     model = args.model or str(default_model_dir())
+    tiers = None
+    if args.kv_tier_dir or args.kv_tier_redis:
+        tiers = tier_settings(args.kv_tier_dir, args.kv_tier_redis, codec=args.kv_codec)
     server = VllmServer(model, args.served_model_name, args.port, args.events_port, args.replay_port,
-                        core=args.core, kv_cache_gib=args.kv_cache_gib, extra_args=extra)
+                        core=args.core, kv_cache_gib=args.kv_cache_gib, extra_args=extra, kv_connector=tiers)
     print("kvgate: starting vLLM:", " ".join(server.argv()), flush=True)
     os.execve(str(vllm_python()), server.argv(), server.env())
 

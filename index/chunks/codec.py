@@ -56,7 +56,7 @@ class CorruptChunk(ValueError):
     """Stored bytes are not a valid chunk for the requested key (damaged, truncated, misfiled)."""
 
 
-def _raw_bytes(t: torch.Tensor) -> memoryview:
+def raw_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes without copying (it must be contiguous and on the CPU)."""
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
@@ -89,24 +89,57 @@ def encode_chunk(chunk: KVChunk, key: str, meta: dict[str, Any] | None = None) -
         raise ValueError("all tensors of a chunk must share one dtype")
     if dtype not in _DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {dtype}; supported: {sorted(_DTYPES)}")
-    header = json.dumps(
-        {
-            "key": key,
-            "dtype": _DTYPE_NAMES[dtype],
-            "n_layers": len(chunk),
-            "shapes": [list(t.shape) for t in tensors],
-            "byteorder": sys.byteorder,
-            **({"meta": meta} if meta is not None else {}),
-        },
-        separators=(",", ":"),
-    ).encode()
-    # pad the header with JSON whitespace so the payload starts 64-byte aligned: a reader that
-    # takes over its buffer (decode of a bytearray) can then view tensors in place
-    header += b" " * (-(_PREFIX.size + len(header)) % _PAYLOAD_ALIGN)
-    parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header]
-    parts.extend(_raw_bytes(t) for t in tensors)
+    header = {
+        "key": key,
+        "dtype": _DTYPE_NAMES[dtype],
+        "n_layers": len(chunk),
+        "shapes": [list(t.shape) for t in tensors],
+        "byteorder": sys.byteorder,
+        **({"meta": meta} if meta is not None else {}),
+    }
+    return frame(header, [raw_bytes(t) for t in tensors], FORMAT_VERSION)
+
+
+def frame(header: dict[str, Any], payload: list[bytes | memoryview], version: int) -> bytes:
+    """magic, `version`, the JSON `header` padded so the payload starts 64-byte aligned, the
+    payload parts, and the checksum of everything before it (the layout in this module's docstring)."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    # JSON whitespace as padding: a reader that takes over its buffer (decode of a bytearray) can
+    # then view tensors in place
+    raw += b" " * (-(_PREFIX.size + len(raw)) % _PAYLOAD_ALIGN)
+    parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, version, len(raw)), raw, *payload]
     parts.append(_digest(parts))
     return b"".join(parts)
+
+
+def unframe(data: bytes | bytearray, key: str, version: int) -> tuple[dict[str, Any], int, int]:
+    """Verify the framing of `data` made by `frame(header, ..., version)` for `key`: (header,
+    payload start, payload end). Raises CorruptChunk for a short, truncated, damaged or misfiled
+    chunk and for another version; the header must name `key`."""
+    view = memoryview(data)
+    n = len(view)
+    if n < _PREFIX.size + _DIGEST_SIZE:
+        raise CorruptChunk(f"chunk {key!r}: {n} bytes is shorter than the fixed framing")
+    magic, got, header_len = _PREFIX.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise CorruptChunk(f"chunk {key!r}: bad magic {bytes(magic)!r}")
+    if got != version:
+        raise CorruptChunk(f"chunk {key!r}: format version {got}, this reader takes {version}")
+    start = _PREFIX.size + header_len
+    if header_len > _MAX_HEADER or start + _DIGEST_SIZE > n:
+        raise CorruptChunk(f"chunk {key!r}: header length {header_len} does not fit in {n} bytes")
+    end = n - _DIGEST_SIZE
+    if _digest([view[:end]]) != bytes(view[end:]):
+        raise CorruptChunk(f"chunk {key!r}: checksum mismatch (torn write or damaged bytes)")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : start]))
+        if not isinstance(header, dict):
+            raise TypeError("header is not an object")
+    except (ValueError, TypeError) as e:  # JSONDecodeError/UnicodeDecodeError are ValueErrors
+        raise CorruptChunk(f"chunk {key!r}: unreadable header ({e})") from None
+    if header.get("key") != key:
+        raise CorruptChunk(f"chunk {key!r}: holds the data of key {header.get('key')!r} (misfiled)")
+    return header, start, end
 
 
 def decode_chunk(data: bytes | bytearray, key: str) -> KVChunk:
@@ -122,21 +155,8 @@ def decode_chunk(data: bytes | bytearray, key: str) -> KVChunk:
 
 def decode_chunk_meta(data: bytes | bytearray, key: str) -> tuple[KVChunk, dict[str, Any] | None]:
     """`decode_chunk`, plus the `meta` object the chunk was encoded with (None if none)."""
-    view = memoryview(data)
-    n = len(view)
-    if n < _PREFIX.size + _DIGEST_SIZE:
-        raise CorruptChunk(f"chunk {key!r}: {n} bytes is shorter than the fixed framing")
-    magic, version, header_len = _PREFIX.unpack_from(view, 0)
-    if magic != MAGIC:
-        raise CorruptChunk(f"chunk {key!r}: bad magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise CorruptChunk(f"chunk {key!r}: format version {version}, this build reads {FORMAT_VERSION}")
-    start = _PREFIX.size + header_len
-    if header_len > _MAX_HEADER or start + _DIGEST_SIZE > n:
-        raise CorruptChunk(f"chunk {key!r}: header length {header_len} does not fit in {n} bytes")
+    header, start, end = unframe(data, key, FORMAT_VERSION)
     try:
-        header = json.loads(bytes(view[_PREFIX.size : start]))
-        stored_key = header["key"]
         dtype_name = header["dtype"]
         n_layers = int(header["n_layers"])
         shapes = [tuple(int(d) for d in s) for s in header["shapes"]]
@@ -144,10 +164,8 @@ def decode_chunk_meta(data: bytes | bytearray, key: str) -> tuple[KVChunk, dict[
         meta = header.get("meta")
         if meta is not None and not isinstance(meta, dict):
             raise TypeError("meta is not an object")
-    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError/UnicodeDecodeError are ValueErrors
+    except (ValueError, KeyError, TypeError) as e:
         raise CorruptChunk(f"chunk {key!r}: unreadable header ({e})") from None
-    if stored_key != key:
-        raise CorruptChunk(f"chunk {key!r}: holds the data of key {stored_key!r} (misfiled)")
     if dtype_name not in _DTYPES:
         raise CorruptChunk(f"chunk {key!r}: unknown dtype {dtype_name!r}")
     if byteorder != sys.byteorder:
@@ -157,18 +175,12 @@ def decode_chunk_meta(data: bytes | bytearray, key: str) -> tuple[KVChunk, dict[
     dtype = _DTYPES[dtype_name]
     itemsize = torch.empty((), dtype=dtype).element_size()
     counts = [math.prod(s) for s in shapes]
-    payload_len = sum(counts) * itemsize
-    if start + payload_len + _DIGEST_SIZE != n:
-        raise CorruptChunk(
-            f"chunk {key!r}: {n} bytes, header says {start + payload_len + _DIGEST_SIZE} (truncated or extended)"
-        )
-    end = start + payload_len
-    if _digest([view[:end]]) != bytes(view[end:]):
-        raise CorruptChunk(f"chunk {key!r}: checksum mismatch (torn write or damaged bytes)")
+    if sum(counts) * itemsize != end - start:
+        raise CorruptChunk(f"chunk {key!r}: payload of {end - start} bytes, header says {sum(counts) * itemsize}")
 
     # bytes: the one copy (writable, independent of `data`); a bytearray: taken over as it is
     own = isinstance(data, bytearray) and start % _PAYLOAD_ALIGN == 0
-    buf = data if own else bytearray(view[start:end])
+    buf = data if own else bytearray(memoryview(data)[start:end])
     base = start if own else 0
     tensors: list[torch.Tensor] = []
     offset = 0

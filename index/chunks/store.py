@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from index.chunks.base import BatchTier, StorageTier
 from index.chunks.codec import CorruptChunk, KVChunk, decode_chunk, encode_chunk
@@ -37,6 +37,25 @@ from index.chunks.promoter import Promoter
 from index.hashing import BlockHash, block_hashes
 
 log = logging.getLogger("kvgate.chunks")
+
+
+class ChunkCodec(Protocol):
+    """Chunk ⇄ bytes under a key. `decode` raises CorruptChunk for bytes `encode` did not make
+    under the same key (the store then drops the chunk everywhere and reports a miss)."""
+
+    def encode(self, chunk: Any, key: str) -> bytes: ...
+
+    def decode(self, data: bytes | bytearray, key: str) -> Any: ...
+
+
+class PairCodec:
+    """The (keys, values)-per-layer chunks of codec.py (the reference replica's)."""
+
+    def encode(self, chunk: KVChunk, key: str) -> bytes:
+        return encode_chunk(chunk, key)
+
+    def decode(self, data: bytes | bytearray, key: str) -> KVChunk:
+        return decode_chunk(data, key)
 
 
 def chunk_hashes(tokens: Sequence[int], chunk_tokens: int = 256, namespace: Sequence[str | int] = ()) -> list[int]:
@@ -52,7 +71,9 @@ class ChunkStore:
     checksum, and they are exactly the first len(result) chunks asked for.
     """
 
-    def __init__(self, tiers: list[StorageTier], namespace: str) -> None:
+    def __init__(self, tiers: list[StorageTier], namespace: str, codec: ChunkCodec | None = None) -> None:
+        """`codec`: how chunks become bytes and back (default: the (keys, values) pair codec of
+        codec.py; the vLLM connector passes a LayerCodec)."""
         if not tiers:
             raise ValueError("a ChunkStore needs at least one tier")
         names = [t.name for t in tiers]
@@ -63,6 +84,7 @@ class ChunkStore:
         self.tiers = list(tiers)
         self._batch = {t.name for t in tiers if isinstance(t, BatchTier)}  # asked one round trip per prompt
         self.namespace = namespace
+        self.codec: ChunkCodec = codec or PairCodec()
         self._prefix = f"kv:{namespace}:"
         self._lock = threading.Lock()  # guards the counters below
         self._queries = {name: 0 for name in names}  # reads asked of the tier (after the faster ones missed)
@@ -191,7 +213,7 @@ class ChunkStore:
                 data = read(i)
                 if data is None:
                     continue
-                chunk = decode_chunk(data, key)
+                chunk = self.codec.decode(data, key)
             except CorruptChunk as e:
                 self._drop_corrupt(key, tier.name, e)
                 return None
@@ -259,7 +281,7 @@ class ChunkStore:
             if not missing:
                 continue
             everywhere_missing[i] = len(missing) == len(self.tiers)
-            data = encode_chunk(chunk, key)
+            data = self.codec.encode(chunk, key)
             for t in missing:
                 if t.name in pending:
                     pending[t.name].append((i, key, data))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from index.engine_hash import checkable_salt, vllm_first_block_hash
 from index.hashing import DEFAULT_SEED, BlockHash, block_hashes, salted_seed, seed_hash
@@ -34,6 +34,15 @@ log = logging.getLogger(__name__)
 
 MAPPED_PER_BLOCK = 2  # default max_mapped = this x the index's capacity for the replica
 CHECK_FIRST, CHECK_EVERY = 8, 64  # engine-hash checks: the first root blocks, then one in this many
+
+
+class TierSink(Protocol):
+    """Where KV-tier media go (middleware/routing/tiers.py): the index replica holding a medium's
+    blocks for a replica, or None for media that stay with the replica itself."""
+
+    def tier_of(self, replica: str, medium: str | None) -> str | None: ...
+
+    def forget(self, replica: str) -> None: ...
 
 
 class EventApplier:
@@ -66,10 +75,15 @@ class EventApplier:
         seed: str = DEFAULT_SEED,
         max_mapped: int | None = None,
         on_block_size: Callable[[str, int], None] | None = None,
+        tiers: TierSink | None = None,
     ) -> None:
         """max_mapped: cap on engine hashes remembered; default MAPPED_PER_BLOCK x the index's
         capacity for `replica` (None when that is unbounded, or `replica` is not registered yet).
-        block_size None: taken from the first BlockStored, then `on_block_size(replica, size)`."""
+        block_size None: taken from the first BlockStored, then `on_block_size(replica, size)`.
+        tiers: where a KV tier's media go. Such an event is applied to the tier's own index
+        replica, for the blocks this replica's engine already reported (a tier stores only blocks
+        the engine computed, which its engine events announced first); blocks the mapping has
+        forgotten by the time a tier evicts them are left to the tier replica's capacity bound."""
         if block_size is not None and block_size <= 0:
             raise ValueError("block_size must be positive")
         if max_mapped is None:
@@ -94,6 +108,7 @@ class EventApplier:
                         "unknown_parent": 0, "bound_evictions": 0, "forgotten": 0,
                         "engine_hash_checked": 0, "engine_hash_differs": 0}
         self._on_block_size = on_block_size
+        self._tiers = tiers
         self._roots_seen = 0  # first blocks of chains seen (the engine-hash check samples them)
 
     def set_block_size(self, block_size: int) -> None:
@@ -126,6 +141,8 @@ class EventApplier:
     def reset(self) -> None:
         """Forget everything this replica holds (cache cleared, engine restarted, or events lost)."""
         self.index.cleared(self.replica)
+        if self._tiers is not None:
+            self._tiers.forget(self.replica)
         self._ours.clear()
         self._engine.clear()
         self._counts["cleared"] += 1
@@ -169,6 +186,10 @@ class EventApplier:
                             self.replica, ev.block_size, self.block_size)
             return
         known = [self._ours.get(h) for h in ev.block_hashes]
+        tier = self._tiers.tier_of(self.replica, ev.medium) if self._tiers is not None else None
+        if tier is not None:
+            self.index.stored(tier, [k[0] for k in known if k is not None])
+            return
         if all(k is not None for k in known):  # a re-store or another medium: no tokens needed
             ours = [k[0] for k in known if k is not None]
         else:
@@ -232,6 +253,10 @@ class EventApplier:
         return seed_hash(salted_seed(self.seed, "\x1f".join(str(k) for k in keys)))
 
     def _removed(self, ev: BlockRemoved) -> None:
+        tier = self._tiers.tier_of(self.replica, ev.medium) if self._tiers is not None else None
+        if tier is not None:
+            self.index.removed(tier, [k[0] for h in ev.block_hashes if (k := self._ours.get(h)) is not None])
+            return
         keep = 0 if ev.medium is None else ~self._bit(ev.medium)
         gone: list[BlockHash] = []
         for engine_h in ev.block_hashes:

@@ -43,9 +43,26 @@ class RoutePlan:
     prompt: PromptHashes | None = field(default=None, repr=False)
     answer: tuple[dict[str, Any], list[int]] | None = field(default=None, repr=False)
     salt: str | None = field(default=None, repr=False)  # the engine's cache_salt, part of these hashes
+    # leading blocks each replica could load from a KV tier it reads (middleware/routing/tiers.py),
+    # and what a loaded token costs in prefill tokens (middleware/routing/load_cost.py)
+    tier_blocks: dict[str, int] = field(default_factory=dict)
+    load_cost: float = 1.0
 
     def matched_tokens(self, replica: str) -> int:
         return min(self.matched_blocks.get(replica, 0) * self.block_size, self.prompt_tokens)
+
+    def loadable_tokens(self, replica: str) -> int:
+        """Prompt tokens beyond the engine's own match that `replica` could load from a tier
+        (never the block holding the prompt's last token, which the engine computes)."""
+        tier = self.tier_blocks.get(replica, 0)
+        if not tier or self.prompt_tokens <= 0 or self.block_size <= 0:
+            return 0
+        end = min(tier, (self.prompt_tokens - 1) // self.block_size) * self.block_size
+        return max(0, end - self.matched_tokens(replica))
+
+    def held_tokens(self, replica: str) -> int:
+        """Prompt tokens `replica` need not recompute: its engine's match plus what it can load."""
+        return self.matched_tokens(replica) + self.loadable_tokens(replica)
 
     def expected_cached_tokens(self, replica: str) -> int:
         """What the engine should report as cached on `replica`: the matched whole blocks, but

@@ -2,11 +2,20 @@
 queueing, with a bound on how much queueing a prefix match may buy.
 
 Per candidate replica r, in prefill tokens (the router knows no prefill rate, so tokens are its
-unit of time), with P = prompt_tokens, m(r) = matched_tokens(r), M = max over candidates of m:
+unit of time), with P = prompt_tokens, e(r) = tokens r's engine holds, l(r) = tokens beyond those
+it can load from a KV tier it reads (tiers.py), λ = what a loaded token costs in prefill tokens
+(measured: load_cost.py), h(r) = e(r) + l(r) the tokens r need not recompute, M = max over
+candidates of h:
 
     queue(r) = queued(r) + decode_weight · in_flight(r)            work ahead of us on r
-    ttft(r)  = queue(r) + (P − m(r))                                 ... plus our own prefill
-    cost(r)  = ttft(r) + (miss_weight − 1) · (M − m(r)) · M / P      ... plus the duplicate we make
+    ttft(r)  = queue(r) + (P − h(r)) + λ · l(r)                      ... plus our own prefill and loads
+    cost(r)  = ttft(r) + (miss_weight − 1) · (M − h(r)) · M / P      ... plus the duplicate we make
+
+With a tier every replica reads, l(r) makes a conversation's history cheap on any replica, so the
+duplicate charge fades and load decides: blocks in the engine, then blocks a tier can supply,
+then recompute, each at its measured cost (before λ is measured it is 1: a load is timed as a
+prefill, though it is not a duplicate). Without tiers (l = 0) this is the rule below, with
+m = e as the match.
 
 - queued(r): uncached prompt tokens of requests already sent to r that have not produced their
   first token (the Router's `pending_prefill_tokens`; `kvgate bench routing` samples it against
@@ -73,12 +82,14 @@ def queue_ahead(replica: ReplicaState, decode_weight: float = DEFAULT_DECODE_WEI
 
 def ttft_estimate(replica: ReplicaState, plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:
     """This request's time to first token on `replica`, in prefill tokens: queued work, running
-    decodes, its own uncached prefill (pure)."""
-    own = max(0, plan.prompt_tokens - plan.matched_tokens(replica.name))
-    return queue_ahead(replica, decode_weight) + own
+    decodes, its own prefill of what neither its engine holds nor a tier it reads can supply,
+    and the loads at plan.load_cost prefill tokens each (pure)."""
+    loaded = plan.loadable_tokens(replica.name)
+    own = max(0, plan.prompt_tokens - plan.matched_tokens(replica.name) - loaded)
+    return queue_ahead(replica, decode_weight) + own + plan.load_cost * loaded
 
 
-def duplicate_charge(matched: int, best_match: int, prompt_tokens: int) -> float:
+def duplicate_charge(matched: float, best_match: float, prompt_tokens: int) -> float:
     """Prompt tokens held elsewhere that this choice would copy, weighted by the share of the
     prompt they are: (best_match − matched) · best_match / prompt_tokens (pure; 0 for an empty
     prompt or when this replica holds the longest match)."""
@@ -94,8 +105,8 @@ def expected_cost(
     """ttft estimate + (miss_weight − 1) · duplicate charge (pure). best_match: the longest
     match among the candidates (default: among every replica in the plan)."""
     if best_match is None:
-        best_match = max((plan.matched_tokens(name) for name in plan.matched_blocks), default=0)
-    dup = duplicate_charge(plan.matched_tokens(replica.name), best_match, plan.prompt_tokens)
+        best_match = max((plan.held_tokens(name) for name in {*plan.matched_blocks, *plan.tier_blocks}), default=0)
+    dup = duplicate_charge(plan.held_tokens(replica.name), best_match, plan.prompt_tokens)
     return ttft_estimate(replica, plan, decode_weight) + (miss_weight - 1) * dup
 
 
@@ -140,7 +151,7 @@ class CacheAware:
             turn = next(self._tie)
         n = len(candidates)
         rotated = [candidates[(turn + i) % n] for i in range(n)]
-        best_match = max(plan.matched_tokens(r.name) for r in rotated)
+        best_match = max(plan.held_tokens(r.name) for r in rotated)
         queue_slack = self.queue_slack if plan.shared_prefix or best_match == 0 else self.session_slack
         allowed = admissible(rotated, plan, self.decode_weight, queue_slack, self.prompt_slack)
         return min(allowed, key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match),

@@ -21,6 +21,7 @@ from index.prefix import PrefixIndex
 from index.prompt import PromptHasher, PromptHashes
 from middleware.routing.base import RoutePlan
 from middleware.routing.records import Records
+from middleware.routing.tiers import TierMedia
 
 PREPARED_MAX = 1024  # prompts hashed ahead and not yet planned (a plan normally follows at once)
 SETTLE_WAIT_S = 0.005  # how long `prepare` waits for the records before it (see the module docstring)
@@ -34,6 +35,7 @@ class Planner:
         self.records = records
         self._block_size = block_size  # until there is a hasher
         self.records_answers = records_answers
+        self.tiers: TierMedia | None = None  # precise mode's KV tiers, once the router has a feed
         self._lock = threading.Lock()
         # prompts hashed ahead, waiting for `plan` of the same list object (held, so its id cannot
         # be reused meanwhile); bounded in case a plan never comes
@@ -83,8 +85,12 @@ class Planner:
         else:  # not prepared: computed here, on the caller's thread, without waiting
             prompt = hasher.prompt(messages, salt=salt)
             matched = self.index.match(prompt.hashes)
+        tier_blocks: dict[str, int] = {}
+        if self.tiers is not None:
+            matched, tier_blocks = self.tiers.split(matched, [r for r in self.index.replicas if not TierMedia.is_tier(r)])
         return RoutePlan(prompt.hashes, prompt.tokens, hasher.block_size, matched, session,
-                         shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt)
+                         shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt,
+                         tier_blocks=tier_blocks)
 
     def prepare_answer(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> None:
         """Hash prompt + answer ahead of the router's `finished` (thread-safe; for a worker thread)."""

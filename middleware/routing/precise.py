@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Callable
 
 from index.kv_events import EventApplier, ZmqEventSubscriber
-from index.prefix import PrefixIndex
+from index.prefix import EVENT_FED_CAPACITY, PrefixIndex
 from index.prompt import PromptHasher
 from index.tokenizer import ChatTokenizer, load_tokenizer
 from middleware.config import PrefixConfig, ReplicaConfig
 from middleware.engines.base import EngineInfo
+from middleware.routing.tiers import TierMedia
 
 log = logging.getLogger("kvgate.router")
 
@@ -68,6 +69,7 @@ class PreciseRouting:
             # when two discovery threads reach them first at once
             from transformers import AutoTokenizer  # noqa: F401
         self.subscribers: dict[str, ZmqEventSubscriber] = {}
+        self.tiers = TierMedia(index, cfg.capacity_blocks or EVENT_FED_CAPACITY)  # KV tiers the engines report
         self._configs: dict[str, ReplicaConfig] = {}
         self._watch: deque[_Watch] = deque(maxlen=WATCHED_MAX)
         self._verdicts: deque[bool] = deque(maxlen=WINDOW)
@@ -95,7 +97,7 @@ class PreciseRouting:
         if old is not None:
             old.stop()
         applier = EventApplier(self.index, replica.name, self.block_size, seed=self.cfg.seed,
-                               on_block_size=self._block_size_seen)
+                               on_block_size=self._block_size_seen, tiers=self.tiers)
         self._configs[replica.name] = replica
         self.counts.setdefault(replica.name, {"matched": 0, "unmatched": 0, "stale_drops": 0})
         self.subscribers[replica.name] = ZmqEventSubscriber(replica.events, applier, bind=bind, replay=replay).start()

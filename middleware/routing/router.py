@@ -27,6 +27,7 @@ from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
 from middleware.routing.factory import make_policy
 from middleware.routing.engines import EngineBook
 from middleware.routing.health import ReplicaHealth
+from middleware.routing.load_cost import LoadCost
 from middleware.routing.planner import Planner
 from middleware.routing.records import Records
 from middleware.routing.precise import PreciseRouting
@@ -45,6 +46,9 @@ class Ticket:
     plan: RoutePlan
     pending: int  # uncached tokens this attempt added to the replica's queue
     first_token_seen: bool = False
+    sent_at: float = 0.0  # the router's clock when it was sent
+    queued: int = 0  # prefill tokens queued ahead of it on the replica then
+    loaded: int = 0  # tokens the plan expected the replica to load from a KV tier
 
 
 
@@ -92,8 +96,10 @@ class Router:
         # what each replica's engine said of itself (middleware.engines), once it answered
         self.book = EngineBook(name, cfg.engine, cfg.cache_salt, salter, self._engine_found)
         self.precise: PreciseRouting | None = None
+        self.load_cost = LoadCost()  # what a token loaded from a KV tier costs, in prefill tokens
         if prefix.mode == "precise":
             self.precise = PreciseRouting(name, prefix, self.index, list(replicas), self._use_hasher, clock)
+            self.planner.tiers = self.precise.tiers
 
     def _use_hasher(self, hasher: PromptHasher) -> None:
         """Precise mode: the engines' block size and tokenizer are known (again): hash with them."""
@@ -154,7 +160,9 @@ class Router:
         return self.records.settle(timeout)
 
     def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None, salt: str | None = None) -> RoutePlan:
-        return self.planner.plan(messages, session, salt)
+        plan = self.planner.plan(messages, session, salt)
+        plan.load_cost = self.load_cost.value
+        return plan
 
     def prepare_answer(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> None:
         """Hash prompt + answer ahead of `finished` (Planner.prepare_answer; for a worker thread)."""
@@ -173,8 +181,10 @@ class Router:
 
     # ------------------------------------------------------------------ bookkeeping
     def started(self, replica: ReplicaState, plan: RoutePlan) -> Ticket:
-        pending = max(0, plan.prompt_tokens - plan.matched_tokens(replica.name))
+        loaded = plan.loadable_tokens(replica.name)
+        pending = max(0, plan.prompt_tokens - plan.matched_tokens(replica.name) - loaded)
         with self._lock:
+            queued = replica.pending_prefill_tokens
             self.state.add_load(replica.name, 1, pending)
             replica.in_flight += 1
             replica.requests += 1
@@ -183,19 +193,23 @@ class Router:
             self.records.record(replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes)
         elif self.precise is not None:
             self.precise.sent(replica.name, plan.hashes)
-        return Ticket(replica, plan, pending)
+        return Ticket(replica, plan, pending, sent_at=self._clock(), queued=queued, loaded=loaded)
 
-    def first_token(self, ticket: Ticket) -> None:
+    def first_token(self, ticket: Ticket, measured: bool = True) -> None:
+        """The attempt's first token arrived (`measured`: now, so its time is a TTFT sample)."""
         with self._lock:
-            if not ticket.first_token_seen:
-                ticket.first_token_seen = True
-                self.state.add_load(ticket.replica.name, 0, -ticket.pending)
-                ticket.replica.pending_prefill_tokens -= ticket.pending
+            if ticket.first_token_seen:
+                return
+            ticket.first_token_seen = True
+            self.state.add_load(ticket.replica.name, 0, -ticket.pending)
+            ticket.replica.pending_prefill_tokens -= ticket.pending
+        if measured and self.precise is not None and ticket.plan.hashes:
+            self.load_cost.observe(ticket.queued + ticket.pending, ticket.loaded, self._clock() - ticket.sent_at)
 
     def finished(self, ticket: Ticket, ok: bool, conversation: Sequence[dict[str, Any]] | None = None) -> None:
         """The attempt ended. On success the replica is healthy; in approximate mode the blocks of
         prompt + answer (`conversation`) are now in its cache, ready for the next turn."""
-        self.first_token(ticket)
+        self.first_token(ticket, measured=False)
         with self._lock:
             self.state.add_load(ticket.replica.name, -1, 0)
             ticket.replica.in_flight -= 1
@@ -244,6 +258,11 @@ class Router:
                 out[r.name]["engine"] = engine
             if r.name in precise:
                 out[r.name]["precise"] = precise[r.name]
+            if self.precise is not None and (tiers := self.precise.tiers.readable(r.name)):
+                # the KV tiers this replica's engine can load from (blocks each holds), and what a
+                # loaded token costs in prefill tokens on this route (measured; 1 until then)
+                out[r.name]["kv_tiers"] = {t: self.index.blocks(t) for t in sorted(tiers)}
+                out[r.name]["load_cost"] = round(self.load_cost.value, 4)
         return out
 
     # ------------------------------------------------------------------ replicas at run time

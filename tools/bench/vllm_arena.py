@@ -46,7 +46,7 @@ from typing import Any, Sequence
 import httpx
 import yaml
 
-from engines.vllm.launch import ROOT, VllmServer, default_model_dir, start_pair
+from engines.vllm.launch import ROOT, VllmServer, default_model_dir, start_pair, tier_settings
 from middleware.progress import Progress, say
 from tools.bench.arena import choose
 from tools.bench.arena_routers import ANCHOR_DEFAULTS, ANCHOR_GRID, anchor_launch, parse_grid
@@ -81,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchor-grid", default=ANCHOR_GRID, metavar="CT/ABS/REL,...", help="anchor threshold candidates")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="each vLLM server's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE: an integer)")
     p.add_argument("--dir", type=Path, default=None, help="where the work directory (logs, configs) goes")
+    p.add_argument("--kv-connector", action="store_true",
+                   help="every engine loads kvgate's KV connector over one shared disk directory (emptied with the "
+                        "prefix caches before each run); external_fraction = tokens it loaded / prompt tokens")
 
 
 def validate(args: argparse.Namespace) -> list[str]:
@@ -125,8 +128,9 @@ class Bench:
         for attempt in range(1, 4):
             try:  # a port picked free can be taken before vLLM binds it (its own ZMQ sockets, other processes)
                 with signals_deferred(self.log):
+                    tier = tier_settings(self.work / "kv-tier") if self.args.kv_connector else None
                     self.servers = start_pair(self.model_dir, served_name=MODEL, log_dir=self.work,
-                                              kv_cache_gib=self.args.kv_cache_gib,
+                                              kv_cache_gib=self.args.kv_cache_gib, kv_connector=tier,
                                               extra_env={"VLLM_SERVER_DEV_MODE": "1"})
                 break
             except RuntimeError as exc:
@@ -143,10 +147,11 @@ class Bench:
         return [httpx.get(f"{b}/metrics", timeout=30).text for b in self.bases]
 
     def reset(self, timeout: float = 60.0) -> None:
-        """Empty both prefix caches (vLLM refuses while blocks are held: retried)."""
+        """Empty both prefix caches, and the connector's tier (vLLM refuses while blocks are held: retried)."""
+        query = "?reset_external=true" if self.args.kv_connector else ""
         for b in self.bases:
             deadline = time.monotonic() + timeout
-            while not httpx.post(f"{b}/reset_prefix_cache", timeout=30).json().get("success"):
+            while not httpx.post(f"{b}/reset_prefix_cache{query}", timeout=30).json().get("success"):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{b}: /reset_prefix_cache kept failing for {timeout:.0f}s")
                 time.sleep(0.5)

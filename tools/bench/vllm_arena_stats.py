@@ -22,6 +22,7 @@ from tools.bench.stats import pct
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$", re.M)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 CACHED, PROMPT = "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total"
+EXTERNAL = "vllm:external_prefix_cache_hits_total"  # tokens a KV connector loaded
 
 
 def metric_sum(text: str, name: str) -> float:
@@ -40,7 +41,8 @@ def metric_labels(text: str, name: str) -> dict[str, str]:
 def counters(pages: Iterable[str]) -> dict[str, float]:
     """Cached and total prompt tokens summed over the servers' /metrics pages."""
     pages = list(pages)
-    return {"cached": sum(metric_sum(p, CACHED) for p in pages), "prompt": sum(metric_sum(p, PROMPT) for p in pages)}
+    return {"cached": sum(metric_sum(p, CACHED) for p in pages), "prompt": sum(metric_sum(p, PROMPT) for p in pages),
+            "external": sum(metric_sum(p, EXTERNAL) for p in pages)}
 
 
 @dataclass
@@ -92,12 +94,14 @@ def run_summary(ttfts: Sequence[float], errors: Sequence[str], requests: int, be
                 after: dict[str, float], **extra: Any) -> dict[str, Any]:
     """One run of one router: TTFTs of the answered requests, the engines' counter deltas."""
     prompt, cached = after["prompt"] - before["prompt"], after["cached"] - before["cached"]
+    external = after.get("external", 0.0) - before.get("external", 0.0)
     return {
         "requests": requests, "errors": len(errors), "error_samples": list(errors[:3]),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
         "ttft_p50_s": pct(ttfts, 0.5) if ttfts else None, "ttft_p90_s": pct(ttfts, 0.9) if ttfts else None,
         "prompt_tokens": int(prompt), "cached_tokens": int(cached),
         "cached_fraction": cached / prompt if prompt else None,
+        "external_tokens": int(external), "external_fraction": external / prompt if prompt else None,
         "ttfts_s": [round(t, 4) for t in ttfts], **extra,
     }
 
@@ -109,10 +113,12 @@ def router_summary(runs: Sequence[dict[str, Any]], **extra: Any) -> dict[str, An
     mean, _, high = mean_interval(means) if means else (None, None, None)
     pooled = [t for r in runs for t in r.get("ttfts_s", [])]
     prompt, cached = sum(r["prompt_tokens"] for r in runs), sum(r["cached_tokens"] for r in runs)
+    external = sum(r.get("external_tokens", 0) for r in runs)
     return {
         "ttft_mean_s": mean, "ttft_mean_ci_s": (high - mean) if len(means) > 1 else None,  # no interval from one run
         "ttft_p50_s": pct(pooled, 0.5) if pooled else None, "ttft_p90_s": pct(pooled, 0.9) if pooled else None,
         "cached_fraction": cached / prompt if prompt else None,
+        "external_fraction": external / prompt if prompt else None,
         "errors": sum(r["errors"] for r in runs), "requests": sum(r["requests"] for r in runs),
         **extra, "runs": list(runs),
     }

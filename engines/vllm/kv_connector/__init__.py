@@ -1,0 +1,16 @@
+"""kvgate as vLLM's KV tier: a KV connector (vLLM's `KVConnectorBase_V1`) over kvgate's chunk store.
+
+Runs inside the vLLM engine process, installed into vLLM's own environment without the proxy
+stack: it imports only `index.chunks` (tiers, codecs), `torch` and `vllm`. vLLM loads it with
+
+    --kv-transfer-config '{"kv_connector": "KvgateConnector",
+                           "kv_connector_module_path": "engines.vllm.kv_connector.connector",
+                           "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                           "kv_connector_extra_config": {...settings.py...}}'
+
+Modules: settings.py (the extra-config fields, validated, and the tiers they build), plan.py (pure
+scheduler arithmetic: what to load, what to save), namespace.py (what makes KV reusable, and the
+supported vLLM versions), worker.py (copies between vLLM's paged KV and chunks; the background
+saver), events.py (per-tier BlockStored/BlockRemoved for the router), connector.py (the class vLLM
+loads; the only module that imports vllm at module level).
+"""

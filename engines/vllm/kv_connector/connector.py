@@ -1,0 +1,281 @@
+"""KvgateConnector: the class vLLM loads (`kv_connector_module_path` =
+"engines.vllm.kv_connector.connector", `kv_connector` = "KvgateConnector").
+
+vLLM builds it twice: the scheduler's instance decides (get_num_new_matched_tokens: how many
+tokens beyond the engine's own cache a tier holds; build_connector_meta: which chunks each step
+loads and saves), the worker's instance moves bytes (start_load_kv, wait_for_save). Both open the
+same tiers; in one process (one GPU, or vLLM's CPU build) they share one store, so RAM hits count
+on both sides (the registry below: vLLM gives the two instances no handle on each other). Loads are
+synchronous at the start of the step (kv_load_failure_policy "recompute" turns a failed chunk into
+a recompute), saves are copied out after the forward pass and written in the background.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+import vllm
+from vllm.distributed.kv_events import KVConnectorKVEvents, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
+
+from engines.vllm.kv_connector import events as ev
+from engines.vllm.kv_connector.metrics import KvgatePromMetrics, KvgateStats, deltas
+from engines.vllm.kv_connector.namespace import check_version, namespace, vllm_parts
+from engines.vllm.kv_connector.plan import chunks_to_save, low64, plan_load
+from engines.vllm.kv_connector.settings import build_tiers, chunk_blocks, parse
+from engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
+from index.chunks import ChunkStore
+from index.chunks.layer_codec import LayerCodec
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger("vllm.kvgate")  # under vLLM's logger, so its handlers print it
+
+@dataclass
+class KvgateMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+
+
+class KvgateEvents(KVConnectorKVEvents):
+    """The worker's events of one step, handed to the scheduler (which publishes them)."""
+
+    def __init__(self, events: list[KVCacheEvent] | None = None) -> None:
+        self._events = list(events or [])
+        self._workers = 1
+
+    def add_events(self, events: list[KVCacheEvent]) -> None:
+        self._events.extend(events)
+
+    def aggregate(self) -> "KvgateEvents":
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self._workers += count
+
+    def get_all_events(self) -> list[KVCacheEvent]:
+        return self._events
+
+    def get_number_of_workers(self) -> int:
+        return self._workers
+
+    def clear_events(self) -> None:
+        self._events = []
+
+
+@dataclass
+class _Request:
+    request: Any
+    saved_upto: int | None = None  # first chunk not yet saved; None until first scheduled
+    plan: Any = None  # the LoadPlan of the last get_num_new_matched_tokens
+
+
+class KvgateConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        check_version(vllm.__version__)
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        tcfg = vllm_config.kv_transfer_config
+        self.settings = parse(tcfg.kv_connector_extra_config if tcfg else None)
+        if tcfg is not None and getattr(tcfg, "kv_load_failure_policy", "recompute") != "recompute":
+            log.warning("kv_load_failure_policy is %r: a missing or damaged KV chunk will FAIL its request. "
+                        "Set \"kv_load_failure_policy\": \"recompute\" so a lost chunk costs a prefill instead.",
+                        tcfg.kv_load_failure_policy)
+        self.block_size = vllm_config.cache_config.block_size
+        self.is_worker = role == KVConnectorRole.WORKER
+        rank = 0
+        if self.is_worker:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            rank = get_tensor_model_parallel_rank()
+        device = "cpu" if vllm_config.device_config is None else str(vllm_config.device_config.device_type)
+        parts = vllm_parts(vllm_config, device)
+        self.namespace = namespace(parts, rank)
+        # the scheduler has no tensors to measure: both sides size chunks from the config alike
+        itemsize = 1 if str(parts["kv_dtype"]).startswith("fp8") else vllm_config.model_config.dtype.itemsize
+        block_bytes = 2 * parts["kv_heads"] * parts["head_size"] * self.block_size * parts["layers"] * itemsize
+        self.chunk_blocks = chunk_blocks(self.settings, block_bytes)
+        self.media = ev.media(self.settings)
+        self.codec = LayerCodec(self.settings.codec, self.settings.entropy)  # type: ignore[arg-type]
+        self.store = ChunkStore(build_tiers(self.settings, with_memory=self.is_worker), self.namespace, self.codec)
+        self.counters = Counters()
+        self._reported: dict[str, float] = {}  # counter values already handed to vLLM's stats
+        # scheduler side
+        self._reqs: dict[str, _Request] = {}
+        self._to_load: dict[str, tuple[Any, list[int]]] = {}
+        self._events: list[KVCacheEvent] = []
+        self._kv_manager: Any = None
+        # worker side
+        self._kv: PagedKV | None = None
+        self._loader: Loader | None = None
+        self._saver: Saver | None = None
+        self._worker_events: list[KVCacheEvent] = []
+        self._events_lock = threading.Lock()
+        if self.is_worker:
+            self.store.watch_removed(self._removed)
+        log.info("kvgate connector (%s): namespace %s, tiers %s, codec %s, %d block(s) per chunk",
+                 role.name.lower(), self.namespace, self.settings.tier_names, self.codec.name, self.chunk_blocks)
+
+    # ---------------------------------------------------------------- scheduler side
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._kv_manager = kv_cache_manager
+
+    def _hashes(self, request: "Request") -> list[int]:
+        return [low64(h) for h in request.block_hashes]
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        state = self._reqs.setdefault(request.request_id, _Request(request))
+        hashes = self._hashes(request)
+        try:
+            plan = plan_load(hashes, request.num_tokens, num_computed_tokens, self.block_size, self.chunk_blocks,
+                             self.store.longest_prefix)
+        except Exception:  # a tier that cannot answer is a miss
+            log.exception("looking up KV chunks failed; prefilling instead")
+            plan = None
+        state.plan = plan
+        return (plan.tokens if plan else 0), False
+
+    def update_state_after_alloc(self, request: "Request", blocks: Any, num_external_tokens: int) -> None:
+        state = self._reqs.get(request.request_id)
+        if num_external_tokens <= 0 or state is None or state.plan is None:
+            return
+        self._to_load[request.request_id] = (state.plan, list(blocks.get_block_ids()[0]))
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta = KvgateMetadata()
+        cb = self.chunk_blocks
+        for req_id, (plan, block_ids) in self._to_load.items():
+            hashes = self._hashes(self._reqs[req_id].request)
+            chunks = range(plan.first_chunk, plan.first_chunk + plan.n_chunks)
+            meta.loads.append(LoadSpec(req_id, [hashes[(c + 1) * cb - 1] for c in chunks],
+                                       [block_ids[c * cb:(c + 1) * cb] for c in chunks], plan.skip_blocks))
+        self._to_load.clear()
+        scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
+        cached = scheduler_output.scheduled_cached_reqs
+        scheduled += list(zip(cached.req_ids, cached.num_computed_tokens))
+        for req_id, computed in scheduled:
+            state = self._reqs.get(req_id)
+            if state is None or self._kv_manager is None:
+                continue
+            if state.saved_upto is None:
+                state.saved_upto = (computed // self.block_size) // cb  # loaded or engine-cached before
+            hashes = self._hashes(state.request)
+            after = computed + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            todo = chunks_to_save(state.saved_upto, after, len(hashes), self.block_size, cb)
+            if not todo:
+                continue
+            block_ids = self._kv_manager.get_block_ids(req_id)[0]
+            for c in todo:
+                meta.saves.append(SaveSpec(hashes[(c + 1) * cb - 1], hashes[c * cb:(c + 1) * cb],
+                                           list(block_ids[c * cb:(c + 1) * cb])))
+            state.saved_upto = todo.stop
+        return meta
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._reqs.pop(request.request_id, None)
+        self._to_load.pop(request.request_id, None)
+        return False, None
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        got = getattr(connector_output, "kv_cache_events", None)
+        if got is not None:
+            self._events.extend(got.get_all_events())
+
+    def reset_cache(self) -> bool:
+        """`POST /reset_prefix_cache?reset_external=true`: empty the shared tiers (disk, remote)."""
+        try:
+            self.store.clear()
+            return True
+        except Exception:
+            log.exception("emptying the KV tiers failed")
+            return False
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        out, self._events = self._events, []
+        return out
+
+    # ---------------------------------------------------------------- worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._kv = PagedKV(kv_caches)
+        self._loader = Loader(self.store, self._kv, self.counters)
+        self._saver = Saver(self.store, self.settings.save_queue, self.counters, self._stored)
+        log.info("kvgate connector: %d layers, blocks of %s on %s (%.1f MB of KV per chunk)", len(self._kv.layers),
+                 self._kv.block_shape, self._kv.device, self._kv.block_bytes * self.chunk_blocks / 1e6)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if self._loader is None or not isinstance(meta, KvgateMetadata):
+            return
+        for spec in meta.loads:
+            try:
+                self._loader.load(spec)
+            except Exception:  # whatever broke, the blocks are recomputed, never served half-written
+                log.exception("loading KV for request %s failed; recomputing", spec.req_id)
+                self._loader.failed.update(b for i, ids in enumerate(spec.block_ids)
+                                           for b in ids[(spec.skip if i == 0 else 0):])
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return None  # the whole chunk is copied once after the forward pass (wait_for_save)
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        if self._kv is None or self._saver is None or not isinstance(meta, KvgateMetadata) or not meta.saves:
+            return
+        t0 = time.perf_counter()
+        for spec in meta.saves:
+            try:
+                rows, done = self._kv.gather(spec.block_ids)
+            except Exception:
+                log.exception("copying KV out for saving failed")
+                continue
+            self._saver.submit(spec, rows, done)
+        self.counters.save_copy_s += time.perf_counter() - t0
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._loader.take_failed() if self._loader else set()
+
+    def _stored(self, spec: SaveSpec) -> None:
+        with self._events_lock:
+            self._worker_events.extend(ev.stored(spec.block_hashes, self.block_size, m) for m in self.media.values())
+
+    def _removed(self, chunk_hashes: list[int]) -> None:
+        with self._events_lock:
+            self._worker_events.extend(ev.removed(list(chunk_hashes), m) for m in self.media.values())
+
+    def get_kv_connector_kv_cache_events(self) -> KvgateEvents | None:
+        with self._events_lock:
+            if not self._worker_events:
+                return None
+            out, self._worker_events = self._worker_events, []
+        return KvgateEvents(out)
+
+    def get_kv_connector_stats(self) -> KvgateStats | None:
+        step = deltas(self.counters, self._reported)
+        return KvgateStats(data=step) if any(step.values()) else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvgateStats:
+        return KvgateStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KvgatePromMetrics:
+        return KvgatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        if self._saver is not None:
+            self._saver.drain()
+            self._saver.close()
+        c = self.counters
+        log.info("kvgate connector: %d loads (%d chunks, %.1f MB, %.2f s, %d errors); %d chunks saved, %d dropped",
+                 c.loads, c.loaded_chunks, c.loaded_bytes / 1e6, c.load_s, c.load_errors, c.saved_chunks,
+                 c.dropped_saves)

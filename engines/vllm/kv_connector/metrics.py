@@ -1,0 +1,70 @@
+"""The connector's counters in vLLM's own stats: each step's increments travel from the worker to
+the engine's stats logger (vLLM's KVConnectorStats), which logs them ("KV Transfer metrics") and
+adds them to Prometheus counters on the engine's /metrics, `vllm:kvgate_<name>_total`.
+
+Counted: loads (requests that loaded), loaded_chunks, loaded_bytes, load_errors (chunks missing,
+damaged or misshapen at load time: recomputed), saved_chunks, dropped_saves (the writer was
+behind), load_seconds and save_copy_seconds (the latter on the forward path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+from engines.vllm.kv_connector.worker import Counters
+
+FIELDS = {  # stats key → (Counters attribute, help)
+    "loads": ("loads", "requests that loaded KV from a kvgate tier"),
+    "loaded_chunks": ("loaded_chunks", "KV chunks loaded from a kvgate tier"),
+    "loaded_bytes": ("loaded_bytes", "bytes of KV chunks loaded (as stored)"),
+    "load_errors": ("load_errors", "KV chunks that could not be loaded (missing, damaged, misshapen): recomputed"),
+    "saved_chunks": ("saved_chunks", "KV chunks written to the tiers"),
+    "dropped_saves": ("dropped_saves", "KV chunks not saved because the background writer was behind"),
+    "load_seconds": ("load_s", "seconds spent loading KV chunks (on the forward path)"),
+    "save_copy_seconds": ("save_copy_s", "seconds spent copying KV out for saving (on the forward path)"),
+}
+
+
+def deltas(now: Counters, last: dict[str, float]) -> dict[str, float]:
+    """Increments since `last` (updated in place), keyed as FIELDS (pure but for `last`)."""
+    out = {}
+    for key, (attr, _) in FIELDS.items():
+        value = float(getattr(now, attr))
+        out[key] = value - last.get(key, 0.0)
+        last[key] = value
+    return out
+
+
+@dataclass
+class KvgateStats(KVConnectorStats):
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "KvgateStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0.0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: round(v, 4) for k, v in self.data.items()}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class KvgatePromMetrics(KVConnectorPromMetrics):
+    def __init__(self, vllm_config: Any, metric_types: Any, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {}
+        for key, (_, help_text) in FIELDS.items():
+            counter = self._counter_cls(name=f"vllm:kvgate_{key}", documentation=help_text, labelnames=labelnames)
+            self._counters[key] = {idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for key, value in transfer_stats_data.items():
+            child = self._counters.get(key, {}).get(engine_idx)
+            if child is not None and value > 0:
+                child.inc(value)

@@ -95,3 +95,6 @@ def test_the_router_learns_the_shared_tier_from_the_engines(vllm_pair, proxy_fac
     blocks = (history - 1) // 128
     assert plan.tier_blocks.get("v1", 0) >= blocks and plan.tier_blocks.get("v2", 0) >= blocks
     assert plan.loadable_tokens("v2") >= blocks * 128 - plan.matched_tokens("v2")
+    scraped = proxy.client.get("/metrics").text
+    assert 'kvgate_replica_kv_tier_blocks{replica="v2",route="vllm",tier="tier:disk:' in scraped
+    assert 'kvgate_route_load_cost{route="vllm"}' in scraped

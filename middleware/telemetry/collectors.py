@@ -100,6 +100,12 @@ class RoutingCollector(Collector):
             for replica_name, checks in (router.precise.stats() if router.precise is not None else {}).items():
                 for name, _, key in _PRECISE_COUNTERS:
                     fam[name].add_metric([route, replica_name], float(checks.get(key, 0)))  # type: ignore[arg-type]
+            if router.precise is not None:
+                for replica in router.replicas:
+                    for tier in sorted(router.precise.tiers.readable(replica.name)):
+                        fam["kvgate_replica_kv_tier_blocks"].add_metric([route, replica.name, tier],
+                                                                        router.index.blocks(tier))
+            fam["kvgate_route_load_cost"].add_metric([route], router.load_cost.value)
         return fam.values()
 
 
@@ -133,6 +139,12 @@ def _routing_families() -> dict[str, Metric]:
         labels=ROUTE_REPLICA)
     for name, doc, _ in (*_FEED_COUNTERS, *_PRECISE_COUNTERS):
         fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
+    fam["kvgate_replica_kv_tier_blocks"] = GaugeMetricFamily(
+        "kvgate_replica_kv_tier_blocks", "Blocks a KV tier the replica's engine reads holds (from the engines' KV events)",
+        labels=[*ROUTE_REPLICA, "tier"])
+    fam["kvgate_route_load_cost"] = GaugeMetricFamily(
+        "kvgate_route_load_cost", "What a token loaded from a KV tier costs in prefill tokens, as measured (1 until then)",
+        labels=["route"])
     fam["kvgate_kv_events_ignored"] = CounterMetricFamily(
         "kvgate_kv_events_ignored", "KV cache events not applied, by reason", labels=[*ROUTE_REPLICA, "reason"])
     fam["kvgate_kv_events_mapped_blocks"] = GaugeMetricFamily(

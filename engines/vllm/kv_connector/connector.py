@@ -86,6 +86,10 @@ class KvgateConnector(KVConnectorBase_V1):
             log.warning("kv_load_failure_policy is %r: a missing or damaged KV chunk will FAIL its request. "
                         "Set \"kv_load_failure_policy\": \"recompute\" so a lost chunk costs a prefill instead.",
                         tcfg.kv_load_failure_policy)
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        if len(groups) > 1:
+            raise ValueError(f"kvgate's KV connector supports models with one KV cache group; this one has {len(groups)} "
+                             "(hybrid or sliding-window layouts). Remove --kv-transfer-config for this model.")
         self.block_size = vllm_config.cache_config.block_size
         self.is_worker = role == KVConnectorRole.WORKER
         rank = 0

@@ -11,6 +11,7 @@ stack: it imports only `index.chunks` (tiers, codecs), `torch` and `vllm`. vLLM 
 Modules: settings.py (the extra-config fields, validated, and the tiers they build), plan.py (pure
 scheduler arithmetic: what to load, what to save), namespace.py (what makes KV reusable, and the
 supported vLLM versions), worker.py (copies between vLLM's paged KV and chunks; the background
-saver), events.py (per-tier BlockStored/BlockRemoved for the router), connector.py (the class vLLM
-loads; the only module that imports vllm at module level).
+saver), events.py (per-tier BlockStored/BlockRemoved for the router), metrics.py (its counters in
+vLLM's stats), connector.py (the class vLLM loads). Only connector.py and metrics.py import vllm at
+module level; the rest is tested without it.
 """

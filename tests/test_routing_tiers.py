@@ -36,17 +36,17 @@ def test_a_shared_tier_is_loadable_by_every_replica_that_reads_it() -> None:
     b.apply(BlockStored([9], None, toks(1, 500), BS, None, "GPU"))
     b.apply(BlockStored([9], None, [], BS, None, "disk:abc"))  # b reads the same directory
     ours = block_hashes(toks(3), BS)
-    engines, loadable = tiers.split(index.match(ours), ["a", "b"])
+    engines, loadable = tiers.split(index.match(ours))
     assert {k: v for k, v in engines.items() if v} == {"a": 3}  # tier replicas never appear as engines
     assert loadable == {"a": 3, "b": 3}
     # the engine evicts: a's engine match goes, the tier still has them
     a.apply(BlockRemoved([1, 2, 3], "GPU"))
-    engines, loadable = tiers.split(index.match(ours), ["a", "b"])
+    engines, loadable = tiers.split(index.match(ours))
     assert engines.get("a", 0) == 0 and loadable == {"a": 3, "b": 3}
     # the disk tier evicts the last block: both can load two
     a.apply(BlockStored([1, 2, 3], None, toks(3), BS, None, "GPU"))
     a.apply(BlockRemoved([3], "disk:abc"))
-    _, loadable = tiers.split(index.match(ours), ["a", "b"])
+    _, loadable = tiers.split(index.match(ours))
     assert loadable == {"a": 3, "b": 2}  # a still has all three in its private RAM tier
 
 

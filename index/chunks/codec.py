@@ -39,17 +39,17 @@ MAGIC = b"KVGC"
 FORMAT_VERSION = 2
 _PREFIX = struct.Struct("<4sHI")  # magic, version, header_len
 _DIGEST_SIZE = 16
-_PAYLOAD_ALIGN = 64
+PAYLOAD_ALIGN = 64
 _MAX_HEADER = 1 << 20  # a sane bound so a corrupt length cannot make us slice absurdly
 
 # Only dtypes a KV cache is kept in. bfloat16 has no numpy dtype, so bytes are always moved as
 # raw storage (views as uint8), never through numpy's dtype system.
-_DTYPES: dict[str, torch.dtype] = {
+DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 class CorruptChunk(ValueError):
@@ -87,11 +87,11 @@ def encode_chunk(chunk: KVChunk, key: str, meta: dict[str, Any] | None = None) -
     dtype = tensors[0].dtype
     if any(t.dtype != dtype for t in tensors):
         raise ValueError("all tensors of a chunk must share one dtype")
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"unsupported dtype {dtype}; supported: {sorted(_DTYPES)}")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"unsupported dtype {dtype}; supported: {sorted(DTYPES)}")
     header = {
         "key": key,
-        "dtype": _DTYPE_NAMES[dtype],
+        "dtype": DTYPE_NAMES[dtype],
         "n_layers": len(chunk),
         "shapes": [list(t.shape) for t in tensors],
         "byteorder": sys.byteorder,
@@ -106,7 +106,7 @@ def frame(header: dict[str, Any], payload: list[bytes | memoryview], version: in
     raw = json.dumps(header, separators=(",", ":")).encode()
     # JSON whitespace as padding: a reader that takes over its buffer (decode of a bytearray) can
     # then view tensors in place
-    raw += b" " * (-(_PREFIX.size + len(raw)) % _PAYLOAD_ALIGN)
+    raw += b" " * (-(_PREFIX.size + len(raw)) % PAYLOAD_ALIGN)
     parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, version, len(raw)), raw, *payload]
     parts.append(_digest(parts))
     return b"".join(parts)
@@ -166,20 +166,20 @@ def decode_chunk_meta(data: bytes | bytearray, key: str) -> tuple[KVChunk, dict[
             raise TypeError("meta is not an object")
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptChunk(f"chunk {key!r}: unreadable header ({e})") from None
-    if dtype_name not in _DTYPES:
+    if dtype_name not in DTYPES:
         raise CorruptChunk(f"chunk {key!r}: unknown dtype {dtype_name!r}")
     if byteorder != sys.byteorder:
         raise CorruptChunk(f"chunk {key!r}: written on a {byteorder}-endian machine")
     if n_layers < 1 or len(shapes) != 2 * n_layers or any(d < 0 for s in shapes for d in s):
         raise CorruptChunk(f"chunk {key!r}: inconsistent header (n_layers={n_layers}, {len(shapes)} shapes)")
-    dtype = _DTYPES[dtype_name]
+    dtype = DTYPES[dtype_name]
     itemsize = torch.empty((), dtype=dtype).element_size()
     counts = [math.prod(s) for s in shapes]
     if sum(counts) * itemsize != end - start:
         raise CorruptChunk(f"chunk {key!r}: payload of {end - start} bytes, header says {sum(counts) * itemsize}")
 
     # bytes: the one copy (writable, independent of `data`); a bytearray: taken over as it is
-    own = isinstance(data, bytearray) and start % _PAYLOAD_ALIGN == 0
+    own = isinstance(data, bytearray) and start % PAYLOAD_ALIGN == 0
     buf = data if own else bytearray(memoryview(data)[start:end])
     base = start if own else 0
     tensors: list[torch.Tensor] = []

@@ -23,15 +23,13 @@ from typing import Literal, Sequence
 
 import torch
 
-from index.chunks.codec import CorruptChunk, raw_bytes, frame, unframe
+from index.chunks.codec import DTYPE_NAMES, DTYPES, PAYLOAD_ALIGN, CorruptChunk, frame, raw_bytes, unframe
 from index.chunks.quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8, scale_dtype
 
 LAYER_FORMAT_VERSION = 4
 CODECS = ("raw", "int8", "int4")
 GROUPS = {"int8": 32, "int4": 32}  # values per scale
 ENTROPY = ("none", "zstd")
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_NAMES = {v: k for k, v in _DTYPES.items()}
 _MAX_RAW = 1 << 31  # bound on a decompressed payload: a corrupt frame cannot make us allocate more
 
 
@@ -97,8 +95,8 @@ class LayerCodec:
         if not layers:
             raise ValueError("a chunk needs at least one layer")
         dtype, shape = layers[0].dtype, tuple(layers[0].shape)
-        if dtype not in _NAMES or any(t.dtype != dtype or tuple(t.shape) != shape for t in layers) or not shape:
-            raise ValueError(f"layers must share one shape and one of {sorted(_DTYPES)}")
+        if dtype not in DTYPE_NAMES or any(t.dtype != dtype or tuple(t.shape) != shape for t in layers) or not shape:
+            raise ValueError(f"layers must share one shape and one of {sorted(DTYPES)}")
         codec, group = self.codec, GROUPS.get(self.codec, 0)
         if group and shape[-1] % group:
             codec, group = "raw", 0
@@ -112,7 +110,7 @@ class LayerCodec:
             import zstandard
 
             payload = [memoryview(zstandard.ZstdCompressor(level=self.zstd_level).compress(b"".join(payload)))]
-        header = {"key": key, "codec": codec, "entropy": self.entropy, "dtype": _NAMES[dtype], "layers": len(layers),
+        header = {"key": key, "codec": codec, "entropy": self.entropy, "dtype": DTYPE_NAMES[dtype], "layers": len(layers),
                   "shape": list(shape), "group": group, "byteorder": sys.byteorder}
         return frame(header, payload, LAYER_FORMAT_VERSION)
 
@@ -122,7 +120,7 @@ class LayerCodec:
         header, start, end = unframe(data, key, LAYER_FORMAT_VERSION)
         try:
             codec, entropy, group = header["codec"], header["entropy"], int(header["group"])
-            dtype = _DTYPES[header["dtype"]]
+            dtype = DTYPES[header["dtype"]]
             layers = int(header["layers"])
             shape = tuple(int(d) for d in header["shape"])
             byteorder = header["byteorder"]
@@ -135,11 +133,11 @@ class LayerCodec:
             raise CorruptChunk(f"chunk {key!r}: inconsistent shape {shape} x {layers}")
         scale = scale_dtype(dtype)
         parts_layout = [((layers, *shp), dt or dtype) for shp, dt in _part_shapes(codec, shape, group, scale)]
-        sizes = [math.prod(shp) * torch.empty((), dtype=dt).element_size() for shp, dt in parts_layout]
+        sizes = [math.prod(shp) * dt.itemsize for shp, dt in parts_layout]
         buf, base = self._payload(data, key, start, end, entropy, sum(sizes))
         parts, offset = [], base
         for (shp, dt), n in zip(parts_layout, sizes):
-            count = n // torch.empty((), dtype=dt).element_size()
+            count = n // dt.itemsize
             t = torch.frombuffer(buf, dtype=dt, count=count, offset=offset) if count else torch.empty(0, dtype=dt)
             parts.append(t.view(shp))
             offset += n
@@ -159,7 +157,7 @@ class LayerCodec:
             except zstandard.ZstdError as e:
                 raise CorruptChunk(f"chunk {key!r}: zstd frame unreadable ({e})") from None
             buf, base, n = bytearray(raw), 0, len(raw)
-        elif isinstance(data, bytearray) and start % 64 == 0:
+        elif isinstance(data, bytearray) and start % PAYLOAD_ALIGN == 0:
             buf, base, n = data, start, end - start
         else:
             buf, base, n = bytearray(memoryview(data)[start:end]), 0, end - start

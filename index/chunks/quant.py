@@ -44,38 +44,41 @@ def _groups(x: torch.Tensor, group: int) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], c // group, group)
 
 
-def quantize_int8(x: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., C] float (C a multiple of `group`) → (q int8 [..., C], scale [..., C/group] in
-    scale_dtype(x.dtype))."""
+def _quantize(x: torch.Tensor, group: int, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped symmetric quantization: (integers in [-levels, levels] as int16, shaped
+    [..., C/group, group]; scales [..., C/group] in scale_dtype(x.dtype))."""
     g = _groups(x.float(), group)
-    scale = _scale(g.abs().amax(dim=-1), 127, scale_dtype(x.dtype))
-    q = torch.round(g / scale.float().unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
-    return q.reshape(x.shape), scale
+    scale = _scale(g.abs().amax(dim=-1), levels, scale_dtype(x.dtype))
+    return torch.round(g / scale.float().unsqueeze(-1)).clamp_(-levels, levels).to(torch.int16), scale
 
 
-def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, group: int = 32) -> torch.Tensor:
+def _apply_scale(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, group: int) -> torch.Tensor:
     """One allocation, one multiply in `dtype` (exact for the integers, rounded once)."""
     out = q.to(dtype)
     _groups(out, group).mul_(scale.to(dtype).unsqueeze(-1))
     return out
 
 
+def quantize_int8(x: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., C] float (C a multiple of `group`) → (q int8 [..., C], scale [..., C/group] in
+    scale_dtype(x.dtype))."""
+    q, scale = _quantize(x, group, 127)
+    return q.to(torch.int8).reshape(x.shape), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, group: int = 32) -> torch.Tensor:
+    return _apply_scale(q, scale, dtype, group)
+
+
 def quantize_int4(x: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., C] float (C a multiple of `group`, `group` even) → (packed uint8 [..., C/2],
     scale [..., C/group] in scale_dtype(x.dtype))."""
-    c = x.shape[-1]
-    g = _groups(x.float(), group)
-    scale = _scale(g.abs().amax(dim=-1), 7, scale_dtype(x.dtype))
-    q = torch.round(g / scale.float().unsqueeze(-1)).clamp_(-7, 7).to(torch.int16) + 8  # 1..15, 8 is zero
-    q = q.reshape(*x.shape[:-1], c // 2, 2)
-    packed = (q[..., 0] | (q[..., 1] << 4)).to(torch.uint8)
-    return packed, scale
+    q, scale = _quantize(x, group, 7)
+    q = (q + 8).reshape(*x.shape[:-1], x.shape[-1] // 2, 2)  # 1..15, 8 is zero
+    return (q[..., 0] | (q[..., 1] << 4)).to(torch.uint8), scale
 
 
 def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, group: int = 32) -> torch.Tensor:
     p = packed.to(torch.int16)
     q = torch.stack((p & 0xF, p >> 4), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2) - 8
-    c = q.shape[-1]
-    out = q.to(dtype)
-    _groups(out, group).mul_(scale.to(dtype).unsqueeze(-1))
-    return out
+    return _apply_scale(q, scale, dtype, group)

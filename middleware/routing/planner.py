@@ -87,7 +87,7 @@ class Planner:
             matched = self.index.match(prompt.hashes)
         tier_blocks: dict[str, int] = {}
         if self.tiers is not None:
-            matched, tier_blocks = self.tiers.split(matched, [r for r in self.index.replicas if not TierMedia.is_tier(r)])
+            matched, tier_blocks = self.tiers.split(matched)
         return RoutePlan(prompt.hashes, prompt.tokens, hasher.block_size, matched, session,
                          shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt,
                          tier_blocks=tier_blocks)

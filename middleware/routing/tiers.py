@@ -65,9 +65,9 @@ class TierMedia:
         with self._lock:
             return set(self._readable.get(replica, ()))
 
-    def split(self, matched: dict[str, int], replicas: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    def split(self, matched: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
         """(engine matches without tiers, replica → leading blocks of the best tier it reads)."""
         engines = {k: v for k, v in matched.items() if not k.startswith(PREFIX)}
         with self._lock:
-            tiers = {r: max((matched.get(t, 0) for t in self._readable.get(r, ())), default=0) for r in replicas}
+            tiers = {r: max((matched.get(t, 0) for t in names), default=0) for r, names in self._readable.items()}
         return engines, {r: b for r, b in tiers.items() if b}

@@ -130,12 +130,15 @@ class KvgateConnector(KVConnectorBase_V1):
         super().bind_kv_cache_manager(kv_cache_manager)
         self._kv_manager = kv_cache_manager
 
-    def _hashes(self, request: "Request") -> list[int]:
-        return [low64(h) for h in request.block_hashes]
+    def _chunk(self, request: "Request", c: int, block_ids: list[int]) -> tuple[int, list[int], list[int]]:
+        """Chunk c of `request`: its key hash (its last block's), its blocks' hashes and block ids."""
+        cb = self.chunk_blocks
+        blocks = [low64(h) for h in request.block_hashes[c * cb:(c + 1) * cb]]
+        return blocks[-1], blocks, list(block_ids[c * cb:(c + 1) * cb])
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._reqs.setdefault(request.request_id, _Request(request))
-        hashes = self._hashes(request)
+        hashes = [low64(h) for h in request.block_hashes]
         try:
             plan = plan_load(hashes, request.num_tokens, num_computed_tokens, self.block_size, self.chunk_blocks,
                              self.store.longest_prefix)
@@ -153,12 +156,12 @@ class KvgateConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = KvgateMetadata()
-        cb = self.chunk_blocks
         for req_id, (plan, block_ids) in self._to_load.items():
-            hashes = self._hashes(self._reqs[req_id].request)
-            chunks = range(plan.first_chunk, plan.first_chunk + plan.n_chunks)
-            meta.loads.append(LoadSpec(req_id, [hashes[(c + 1) * cb - 1] for c in chunks],
-                                       [block_ids[c * cb:(c + 1) * cb] for c in chunks], plan.skip_blocks))
+            request = self._reqs[req_id].request
+            span = range(plan.first_chunk, plan.first_chunk + plan.n_chunks)
+            chunks = [self._chunk(request, c, block_ids) for c in span]
+            meta.loads.append(LoadSpec(req_id, [key for key, _, _ in chunks], [ids for _, _, ids in chunks],
+                                       plan.skip_blocks))
         self._to_load.clear()
         scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
         cached = scheduler_output.scheduled_cached_reqs
@@ -167,17 +170,15 @@ class KvgateConnector(KVConnectorBase_V1):
             state = self._reqs.get(req_id)
             if state is None or self._kv_manager is None:
                 continue
-            if state.saved_upto is None:
-                state.saved_upto = (computed // self.block_size) // cb  # loaded or engine-cached before
-            hashes = self._hashes(state.request)
+            if state.saved_upto is None:  # loaded or engine-cached before
+                state.saved_upto = (computed // self.block_size) // self.chunk_blocks
             after = computed + scheduler_output.num_scheduled_tokens.get(req_id, 0)
-            todo = chunks_to_save(state.saved_upto, after, len(hashes), self.block_size, cb)
-            if not todo:
+            todo = chunks_to_save(state.saved_upto, after, len(state.request.block_hashes), self.block_size,
+                                  self.chunk_blocks)
+            if not todo:  # most decode steps: nothing converted, nothing looked up
                 continue
             block_ids = self._kv_manager.get_block_ids(req_id)[0]
-            for c in todo:
-                meta.saves.append(SaveSpec(hashes[(c + 1) * cb - 1], hashes[c * cb:(c + 1) * cb],
-                                           list(block_ids[c * cb:(c + 1) * cb])))
+            meta.saves.extend(SaveSpec(*self._chunk(state.request, c, block_ids)) for c in todo)
             state.saved_upto = todo.stop
         return meta
 
@@ -221,8 +222,7 @@ class KvgateConnector(KVConnectorBase_V1):
                 self._loader.load(spec)
             except Exception:  # whatever broke, the blocks are recomputed, never served half-written
                 log.exception("loading KV for request %s failed; recomputing", spec.req_id)
-                self._loader.failed.update(b for i, ids in enumerate(spec.block_ids)
-                                           for b in ids[(spec.skip if i == 0 else 0):])
+                self._loader.failed.update(spec.blocks_from(0))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None

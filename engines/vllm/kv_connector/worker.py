@@ -31,6 +31,10 @@ class LoadSpec:
     block_ids: list[list[int]]  # per chunk, the engine blocks its rows go to
     skip: int  # rows of the first chunk the engine already holds
 
+    def blocks_from(self, chunk: int) -> list[int]:
+        """The engine blocks this load writes, from chunk `chunk` on (those it then leaves to recompute)."""
+        return [b for i, ids in enumerate(self.block_ids[chunk:], start=chunk) for b in ids[(self.skip if i == 0 else 0):]]
+
 
 @dataclass
 class SaveSpec:
@@ -166,9 +170,7 @@ class Loader:
             good += 1
         self.counters.loaded_chunks += good
         if good < len(spec.hashes):
-            lost = [b for i, ids in enumerate(spec.block_ids[good:], start=good)
-                    for b in ids[(spec.skip if i == 0 else 0):]]
-            self.failed.update(lost)
+            self.failed.update(spec.blocks_from(good))
             self.counters.load_errors += len(spec.hashes) - good
             log.warning("request %s: %d of %d KV chunks could not be loaded; vLLM recomputes them",
                         spec.req_id, len(spec.hashes) - good, len(spec.hashes))

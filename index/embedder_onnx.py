@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from index.embedder import model_identity
+
 log = logging.getLogger("kvgate.embedder")
 
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -114,6 +116,7 @@ class OnnxEmbedder:
         self._session = ort.InferenceSession(str(onnx_file), opts, providers=["CPUExecutionProvider"])
         self._tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
         self.name = f"onnx:{model_path.name}"
+        self.identity = model_identity(model_path)
         self.dim = int(self._session.get_outputs()[0].shape[-1] or 384)
         self._inputs = [i.name for i in self._session.get_inputs()]
         self.path = onnx_file

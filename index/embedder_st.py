@@ -6,6 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
+from index.embedder import model_identity
+
 
 class SentenceTransformerEmbedder:
     """sentence-transformers model loaded from a local directory (no hub access)."""
@@ -15,6 +17,7 @@ class SentenceTransformerEmbedder:
 
         self._model = SentenceTransformer(str(model_path), device="cpu", local_files_only=True)
         self.name = f"st:{Path(model_path).name}"
+        self.identity = model_identity(model_path)
         dim_of = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self.dim = int(dim_of())
 

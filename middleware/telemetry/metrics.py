@@ -58,7 +58,7 @@ class Metrics:
         self.exploration_verdicts = Counter("kvgate_semantic_exploration_verdicts", "Explorations' comparisons: the "
                                             "cached answer agreed with the fresh one or not", ["route", "verdict"], registry=r)
         self.served_wrong_estimate = Counter("kvgate_semantic_served_wrong_estimate", "Sum over served semantic hits "
-                                             "of the upper bound on P(wrong): expected wrong hits, bounded", ["route"],
+                                             "of their estimated P(wrong): the expected wrong hits served", ["route"],
                                              registry=r)
         # when: before_first_byte (nothing sent yet) | mid_stream (resumed after what was sent)
         self.expected_cached = Counter(

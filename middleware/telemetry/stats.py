@@ -95,7 +95,7 @@ def _route_counts(samples: Samples, route: str) -> dict[str, float]:
     counts["correct"] = total(samples, "kvgate_cache_feedback_total", route=route, verdict="correct")
     counts["wrong"] = total(samples, "kvgate_cache_feedback_total", route=route, verdict="wrong")
     # semantic.max_error_rate routes (middleware/cache/trust_gate.py): explorations, and the expected
-    # number of wrong hits among those served (the sum of their upper bounds)
+    # number of wrong hits among those served (the sum of their estimated P(wrong))
     counts["explorations"] = total(samples, "kvgate_semantic_explorations_total", route=route)
     counts["wrong_estimate"] = _r(total(samples, "kvgate_semantic_served_wrong_estimate_total", route=route))
     return counts

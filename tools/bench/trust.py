@@ -70,9 +70,10 @@ def backend_app(answer_of: dict[str, str]) -> Any:
 
 
 def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: str, app: Any,
-           store: dict[str, Any] | None = None) -> dict[str, Any]:
+           store: dict[str, Any] | None = None, embedder_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """One setting: a fresh cache (a fresh dir, or `store` with its own key prefix), the whole
-    stream; counts from the pipeline's answers."""
+    stream; counts from the pipeline's answers. `embedder_config` is the config's `embedder:`
+    (the vectors come from `embedder` either way; the config brings the tuned model's prior)."""
     from middleware.answers import answer_text
     from middleware.config import parse_config
     from middleware.pipeline import Pipeline
@@ -84,6 +85,8 @@ def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: st
             "backend": {"model": "openai/fake", "api_base": api_base, "api_key": "sk-fake"}}]}
         if store is not None:
             raw["store"] = store
+        if embedder_config:
+            raw["embedder"] = embedder_config
         config = parse_config(raw)
         pipeline = build_pipeline(config, embedder=embedder)
         calls_before = app.state.calls
@@ -106,14 +109,16 @@ def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: st
             "backend_calls": app.state.calls - calls_before, "seconds": round(time.perf_counter() - started, 1)}
 
 
-def best_within(static: list[dict[str, Any]], delta: float) -> dict[str, Any]:
-    """The static threshold with the most hits whose measured wrong-hit rate is ≤ δ (None if none)."""
-    within = [s for s in static if s["error_rate"] <= delta]
+def best_within(static: list[dict[str, Any]], delta: float, key: str = "error_rate") -> dict[str, Any]:
+    """The static threshold with the most hits whose `key` (the measured wrong-hit rate, or with
+    key="error_rate_ci_high" its 95% upper bound, the verified runs' test) is ≤ δ."""
+    within = [s for s in static if s[key] <= delta]
     best = max(within, key=lambda s: (s["hit_rate"], -s["threshold"]), default=None)
     if best is None:
-        return {"max_error_rate": delta, "threshold": None, "hit_rate": 0.0, "error_rate": None}
+        return {"max_error_rate": delta, "threshold": None, "hit_rate": 0.0, "error_rate": None,
+                "error_rate_ci_high": None}
     return {"max_error_rate": delta, "threshold": best["threshold"], "hit_rate": best["hit_rate"],
-            "error_rate": best["error_rate"]}
+            "error_rate": best["error_rate"], "error_rate_ci_high": best["error_rate_ci_high"]}
 
 
 def ceiling(queries: int, classes: int, deltas: Sequence[float]) -> dict[str, Any]:
@@ -132,47 +137,105 @@ def _store(kind: str, url: str | None, n: int) -> dict[str, Any] | None:
     return {"backend": "redis", "url": url, "key_prefix": f"kvgate-trust-{n}:", "follow_interval_s": 0.1}
 
 
-def run(path: Path, deltas: Sequence[float], thresholds: Sequence[float], which: str, limit: int | None, seed: int,
-        progress: Callable[[str], None] = lambda _m: None, model: str = "minilm", store: str = "local") -> dict[str, Any]:
-    from index.embedder import make_embedder
+def _table(real: Any, texts: list[str], progress: Callable[[str], None]) -> tuple[TableEmbedder, str]:
+    """`real`'s vectors of `texts` from the benchmark embedding cache (keyed by the embedder's
+    identity, so a retrained model never reuses another's vectors)."""
+    from index.embedder import embedder_identity
     from tools.bench.embed_cache import cache_key, cached_embeddings
+
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    vectors, cache = cached_embeddings(texts, real, cache_key(digest, f"{real.name}:{embedder_identity(real)}"), progress)
+    table = TableEmbedder(real, texts, vectors)
+    table.identity = embedder_identity(real)  # type: ignore[attr-defined]
+    return table, cache.state
+
+
+def shared_questions(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many normalised questions two pair lists share (0 for a proper train / eval split)."""
+    from tools.tuning.split import normalise
+
+    def questions(pairs: Sequence[Any]) -> set[str]:
+        return {normalise(q) for p in pairs for q in (p.question1, p.question2)}
+
+    return len(questions(a) & questions(b))
+
+
+def sweep(stream: Stream, thresholds: Sequence[float], embedder: Any, api_base: str, app: Any, store: str,
+          url: str | None, first: int, label: str, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The static threshold sweep: one fresh cache per threshold."""
+    rows = []
+    for n, t in enumerate(thresholds, start=first):
+        row = {"threshold": t, **replay(stream, {"threshold": t}, embedder, api_base, app, _store(store, url, n))}
+        rows.append(row)
+        progress(f"{label} static {t}: hit rate {row['hit_rate']:.4f}, wrong-hit rate {row['error_rate']:.4f} "
+                 f"({row['seconds']}s)")
+    return rows
+
+
+def run(path: Path, deltas: Sequence[float], thresholds: Sequence[float], which: str, limit: int | None, seed: int,
+        progress: Callable[[str], None] = lambda _m: None, model: str = "minilm", store: str = "local",
+        train_pairs: Path | None = None, tune: dict[str, Any] | None = None, prior: bool = True) -> dict[str, Any]:
+    """With `train_pairs`: the embedder tuned on them (trained once, then reused) judges both the
+    static sweep and the δ runs, and the packaged MiniLM's static sweep is reported beside them."""
+    from index.embedder import make_embedder
     from tools.bench.procs import ServerThread
     from tools.redis_proc import RedisServer
 
     pairs, skipped = read_pairs(path, None)
     chosen = slice_pairs(pairs, which)[:limit]
     stream = build_stream(chosen, seed)
-    real = make_embedder("onnx", model=model)  # type: ignore[arg-type]
     texts = sorted(stream.questions)
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
-    vectors, cache = cached_embeddings(texts, real, cache_key(digest, real.name), progress)
-    embedder = TableEmbedder(real, texts, vectors)
+    tuned: dict[str, Any] | None = None
+    embedder_config: dict[str, Any] = {}
+    if train_pairs is not None:
+        from tools.tuning.embedder_train import EmbedderTrainConfig
+        from tools.tuning.embedder_tune import ensure_tuned_embedder
+
+        train, _ = read_pairs(train_pairs, None)
+        tuned_dir, manifest = ensure_tuned_embedder(train_pairs, cfg=EmbedderTrainConfig(**(tune or {})), log=progress)
+        tuned = {"dir": str(tuned_dir), "train_pairs_file": str(train_pairs),
+                 "shared_questions_with_eval": shared_questions(train, chosen),
+                 **{k: manifest.get(k) for k in ("identity", "reused", "tuning_seconds", "training", "split",
+                                                  "holdout_before", "holdout_after", "calibration")}}
+        real = make_embedder("onnx", model_path=tuned_dir)
+        embedder_config = {"model_path": str(tuned_dir), "calibration_prior": prior}
+    else:
+        real = make_embedder("onnx", model=model)  # type: ignore[arg-type]
+    embedder, cache_state = _table(real, texts, progress)
     app = backend_app(stream.answer_of)
     server = ServerThread(app).start()
     redis_server = RedisServer().start() if store == "redis" else None
     url = redis_server.url if redis_server is not None else None
-    static, verified = [], []
+    verified: list[dict[str, Any]] = []
+    minilm_static: list[dict[str, Any]] | None = None
     try:
         api_base = f"{server.url}/v1"
-        for n, t in enumerate(thresholds):
-            row = {"threshold": t, **replay(stream, {"threshold": t}, embedder, api_base, app, _store(store, url, n))}
-            static.append(row)
-            progress(f"static {t}: hit rate {row['hit_rate']:.4f}, wrong-hit rate {row['error_rate']:.4f} ({row['seconds']}s)")
+        static = sweep(stream, thresholds, embedder, api_base, app, store, url, 0, "tuned" if tuned else model, progress)
         for n, d in enumerate(deltas, start=len(thresholds)):
             row = {"max_error_rate": d, **replay(stream, {"max_error_rate": d}, embedder, api_base, app,
-                                                  _store(store, url, n))}
+                                                  _store(store, url, n), embedder_config)}
             verified.append(row)
             progress(f"δ {d}: hit rate {row['hit_rate']:.4f}, wrong-hit rate {row['error_rate']:.4f} "
                      f"(≤ {row['error_rate_ci_high']:.4f}), backend calls {row['backend_calls']} ({row['seconds']}s)")
+        if tuned is not None:
+            minilm, _state = _table(make_embedder("onnx"), texts, progress)
+            minilm_static = sweep(stream, thresholds, minilm, api_base, app, store, url, len(thresholds) + len(deltas),
+                                  "MiniLM", progress)
     finally:
         server.stop()
         if redis_server is not None:
             redis_server.stop()
-    return {"mode": "trust", "embedder": model, "store": store, "pairs_file": str(path), "slice": which, "limit": limit,
-            "seed": seed, "pairs_used": len(chosen), "rows_skipped": skipped, "embedding_cache": cache.state,
-            "queries": len(stream.questions), "classes": stream.classes,
-            "ceiling": ceiling(len(stream.questions), stream.classes, deltas),
-            "static": static, "verified": verified, "best_static_within": [best_within(static, d) for d in deltas]}
+    result = {"mode": "trust", "embedder": tuned or model, "calibration_prior": bool(tuned) and prior, "store": store,
+              "pairs_file": str(path), "slice": which,
+              "limit": limit, "seed": seed, "pairs_used": len(chosen), "rows_skipped": skipped,
+              "embedding_cache": cache_state, "queries": len(stream.questions), "classes": stream.classes,
+              "ceiling": ceiling(len(stream.questions), stream.classes, deltas),
+              "static": static, "verified": verified, "best_static_within": [best_within(static, d) for d in deltas],
+              "best_static_upper_within": [best_within(static, d, "error_rate_ci_high") for d in deltas]}
+    if tuned is not None:
+        result |= {"tuning_seconds": tuned["tuning_seconds"], "minilm_static": minilm_static,
+                   "minilm_best_static_within": [best_within(minilm_static or [], d) for d in deltas]}
+    return result
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
@@ -186,6 +249,10 @@ def plot(result: dict[str, Any], out: Path) -> None:
     static = sorted(result["static"], key=lambda s: s["error_rate"])
     ax.plot([s["error_rate"] for s in static], [s["hit_rate"] for s in static], "o-", color="grey",
             label="static threshold")
+    if result.get("minilm_static"):
+        other = sorted(result["minilm_static"], key=lambda s: s["error_rate"])
+        ax.plot([s["error_rate"] for s in other], [s["hit_rate"] for s in other], "^--", color="silver",
+                label="static threshold, packaged MiniLM")
     for s in static:
         ax.annotate(f"{s['threshold']:.2f}", (s["error_rate"], s["hit_rate"]), fontsize=6, xytext=(3, -6),
                     textcoords="offset points")
@@ -195,8 +262,10 @@ def plot(result: dict[str, Any], out: Path) -> None:
         ax.axvline(v["max_error_rate"], ls=":", lw=0.7, color="black")
     ax.set_xlabel("wrong-hit rate (wrong hits / queries)")
     ax.set_ylabel("hit rate")
+    judge = result.get("embedder", "minilm")
+    judge = "tuned" if isinstance(judge, dict) else judge
     ax.set_title(f"bench trust: {Path(result['pairs_file']).name}, {result['slice']} slice, {result['queries']} queries, "
-                 f"{result.get('embedder', 'minilm')}",
+                 f"{judge}",
                  fontsize=8)
     ax.legend(fontsize=6)
     fig.tight_layout()
@@ -222,10 +291,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the δ values to run (semantic.max_error_rate)")
     parser.add_argument("--thresholds", default=",".join(map(str, DEFAULT_THRESHOLDS)), metavar="T1,T2,...",
                         help="the static threshold sweep")
-    parser.add_argument("--slice", choices=SLICES, default="reported",
-                        help="usable rows: odd numbers = reported (default), even = tuning, or all")
+    parser.add_argument("--slice", choices=SLICES, default=None,
+                        help="usable rows: odd numbers = reported, even = tuning, or all "
+                             "(default: reported; all with --train-pairs, whose file is disjoint already)")
+    parser.add_argument("--train-pairs", type=Path, default=None, metavar="FILE.csv",
+                        help="tune the embedder on these pairs (reused when already tuned on the same file; "
+                             "`kvgate tune --embedder`) and judge with it; the packaged MiniLM's static sweep "
+                             "is reported beside (make disjoint files with `kvgate tune --split`)")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N pairs of the slice")
     parser.add_argument("--seed", type=int, default=0, help="stream shuffle seed")
+    parser.add_argument("--tune-max-minutes", type=float, default=None, metavar="M",
+                        help="--train-pairs: the training's wall-clock budget (default 12)")
+    parser.add_argument("--tune-max-steps", type=int, default=None, metavar="N",
+                        help="--train-pairs: cap training batches (quick runs)")
+    parser.add_argument("--no-prior", action="store_true",
+                        help="--train-pairs: the δ runs without the tuned model's calibration prior "
+                             "(embedder.calibration_prior: false), to measure what it buys")
     parser.add_argument("--embedder", choices=["minilm", "mpnet"], default="minilm", help="the judge (embedder.model)")
     parser.add_argument("--store", choices=["local", "redis"], default="local",
                         help="where the cache and the observations live (redis: a redis-server the run starts)")
@@ -242,8 +323,11 @@ def main(args: argparse.Namespace) -> int:
         thresholds = _floats(args.thresholds, "--thresholds")
         if args.limit is not None and args.limit < 1:
             raise BenchInputError(f"--limit must be at least 1, got {args.limit}")
-        result = run(args.pairs, deltas, thresholds, args.slice, args.limit, args.seed,
-                     lambda m: print(m, file=sys.stderr, flush=True), args.embedder, args.store)
+        which = args.slice or ("all" if args.train_pairs else "reported")
+        result = run(args.pairs, deltas, thresholds, which, args.limit, args.seed,
+                     lambda m: print(m, file=sys.stderr, flush=True), args.embedder, args.store, args.train_pairs,
+                     {k: v for k, v in (("max_minutes", args.tune_max_minutes), ("max_steps", args.tune_max_steps))
+                      if v is not None}, not args.no_prior)
     except (BenchInputError, MpnetMissing) as exc:
         print(f"kvgate bench trust: error: {exc}", file=sys.stderr)
         return 2
@@ -253,6 +337,9 @@ def main(args: argparse.Namespace) -> int:
     write_json(args.json, result)
     if args.plot is not None:
         plot(result, args.plot)
+    for best in result.get("minilm_best_static_within") or []:
+        print(f"δ={best['max_error_rate']}: packaged MiniLM's best static within δ: t={best['threshold']} "
+              f"hit rate {best['hit_rate']:.4f}")
     for best, v, top in zip(result["best_static_within"], result["verified"], result["ceiling"]["max_hit_rate_within"]):
         ratio = v["hit_rate"] / best["hit_rate"] if best["hit_rate"] else float("inf")
         print(f"δ={v['max_error_rate']}: verified hit rate {v['hit_rate']:.4f} wrong {v['error_rate']:.4f} "

@@ -10,6 +10,9 @@ Steps, each reported on stderr:
    the cosine-only point is computed too and used when it is as good or the route says verifier: false;
 4. score that point on the holdout part (and on the held-out extra positives: recall);
 5. write `<cache_dir>/tuned/<route>.json`, which the pipeline reads at start-up.
+
+`--embedder` fine-tunes the embedder instead (tools.tuning.embedder_tune); `--split` writes a
+training and an evaluation file (tools.tuning.split_files).
 """
 from __future__ import annotations
 
@@ -43,7 +46,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `kvgate tune`."""
     parser.add_argument("--pairs", type=Path, required=True, metavar="FILE.csv",
                         help="labelled pairs, columns question1,question2,is_duplicate")
-    parser.add_argument("--route", required=True, metavar="NAME", help="route whose operating point to write")
+    parser.add_argument("--route", default=None, metavar="NAME", help="route whose operating point to write")
+    parser.add_argument("--embedder", action="store_true",
+                        help="fine-tune the embedder on --pairs instead (a model dir for embedder.model_path)")
+    parser.add_argument("--split", action="store_true",
+                        help="write --pairs as a training and an evaluation file sharing no question, into --out-dir")
+    parser.add_argument("--out-dir", type=Path, default=None, metavar="DIR",
+                        help="--embedder: the model dir (default: the model cache, named by the data); --split: where the files go")
+    parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                        help="--embedder: wall-clock budget for training (default 12)")
+    parser.add_argument("--max-steps", type=int, default=None, metavar="N", help="--embedder: cap training batches (quick runs)")
+    parser.add_argument("--eval-fraction", type=float, default=0.4, metavar="F",
+                        help="--split: share of the question groups that go to the evaluation file (default 0.4)")
     parser.add_argument("--config", type=Path, default=None, metavar="CONFIG",
                         help="config file: its cache_dir receives tuned/<route>.json (default ./.kvgate)")
     parser.add_argument("--target-precision", type=float, default=None, metavar="P",
@@ -53,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "held-out part for a recall check")
     parser.add_argument("--verifier-dir", type=Path, default=None, metavar="DIR",
                         help="where the verifier is read / trained to (default: the model cache)")
-    parser.add_argument("--retrain", action="store_true", help="train the verifier even if one exists")
-    parser.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {TrainConfig.epochs})")
+    parser.add_argument("--retrain", action="store_true", help="train the verifier (--embedder: the embedder) even if one exists")
+    parser.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {TrainConfig.epochs}; --embedder: 2)")
     parser.add_argument("--max-examples", type=int, default=None, metavar="N", help="cap training examples (quick runs)")
     parser.add_argument("--layers", type=int, default=None, help=f"encoder layers kept (default {TrainConfig.layers})")
     parser.add_argument("--candidates", type=int, default=None, metavar="K",
@@ -66,6 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """0 when an operating point was written, 1 when the target is out of reach, 2 on bad input."""
+    if args.split:
+        from tools.tuning.split_files import main as split_main
+
+        return split_main(args)
+    if args.embedder:
+        from tools.tuning.embedder_tune import main as embedder_main
+
+        return embedder_main(args)
+    if args.route is None:
+        print("kvgate tune: error: --route NAME is required (or --embedder, or --split)", file=sys.stderr)
+        return 2
     from middleware.config import Config, load_config
     from middleware.errors import ConfigError
 

@@ -103,7 +103,8 @@ class _RouteState:
         return p, grads
 
     def ledger(self, extra: _Candidate) -> float:
-        """Upper bound on the expected wrong hits of the served hits in the window plus `extra`."""
+        """Upper prediction bound on the wrong answers among the hits served in the window plus
+        `extra` (index.trust.aggregate_upper; fixed charges added as they are)."""
         items = [*self.served, extra]
         rows = [c.row for c in items if c.row is not None]
         pooled = aggregate_upper(self.rule, np.stack(rows)) if rows else 0.0

@@ -219,7 +219,7 @@ def budget_cutoff(estimates: np.ndarray, gradients: np.ndarray, cov: np.ndarray,
     return float(p[ok[-1]]) if len(ok) else 0.0
 
 
-def wilson_upper(errors: int, n: int, z: float = 1.959963984540054) -> float:
+def wilson_upper(errors: float, n: int, z: float = Z_WILSON) -> float:
     """Upper end of the Wilson score interval for a proportion errors/n (two-sided 95% by default);
     1.0 for n = 0. Invariant: ≥ errors/n and ≤ 1."""
     if n <= 0:

@@ -164,6 +164,9 @@ def test_stream_is_seeded_and_slices_are_disjoint():
     assert build_stream(pairs, 1).questions != build_stream(pairs, 2).questions
     tuning, reported = slice_pairs(pairs, "tuning"), slice_pairs(pairs, "reported")
     assert not set(tuning) & set(reported) and len(tuning) + len(reported) == len(pairs)
+    # rows 0 and 2 tune; row 1 asks a tuning question again (normalised), so it is not reported
+    shared = [Pair("a0", "b0", True), Pair("A0 ", "f", True), Pair("x", "y", False), Pair("d", "e", True)]
+    assert slice_pairs(shared, "reported") == [Pair("d", "e", True)]
     stream = build_stream(pairs, 0)
     assert stream.classes == 20 + 20 - 7  # 7 duplicate pairs each join two questions
     assert stream.answer_of["a0"] == stream.answer_of["b0"] and stream.answer_of["a1"] != stream.answer_of["b1"]

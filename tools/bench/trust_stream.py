@@ -5,7 +5,8 @@ nothing); each class gets one canonical answer; the stream is every distinct que
 seeded shuffle. A hit is right when it serves the answer of the query's own class.
 
 Slices (the rule that keeps tuning data apart from reported data): the pairs file's usable rows
-are numbered from 0; rows with an even number form the tuning slice, odd ones the reported slice.
+are numbered from 0; rows with an even number form the tuning slice, odd ones the reported slice,
+less the odd rows that share a question with an even one.
 """
 from __future__ import annotations
 
@@ -26,11 +27,21 @@ class Stream:
 
 
 def slice_pairs(pairs: Sequence[Pair], which: str) -> list[Pair]:
-    """The rows of a slice: even row numbers = tuning, odd = reported, or all of them."""
+    """The rows of a slice: even row numbers = tuning, odd = reported (less any odd row sharing a
+    question with an even one), or all of them.
+
+    Invariant: no normalised question (tools.tuning.split.normalise) is in both the tuning and the
+    reported slice, so nothing chosen on the tuning slice has seen a reported question."""
     if which == "all":
         return list(pairs)
-    parity = 0 if which == "tuning" else 1
-    return [p for i, p in enumerate(pairs) if i % 2 == parity]
+    tuning = [p for i, p in enumerate(pairs) if i % 2 == 0]
+    if which == "tuning":
+        return tuning
+    from tools.tuning.split import normalise
+
+    seen = {normalise(q) for p in tuning for q in (p.question1, p.question2)}
+    return [p for i, p in enumerate(pairs)
+            if i % 2 == 1 and normalise(p.question1) not in seen and normalise(p.question2) not in seen]
 
 
 def classes_of(pairs: Sequence[Pair]) -> dict[str, str]:

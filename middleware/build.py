@@ -59,11 +59,7 @@ def build_pipeline(
         try:
             claim(config, stores.link, embedder_identity(embedder))
         except ConfigError:
-            if stores.entries is not None:
-                stores.entries.close()
-            stores.requests.close()
-            if stores.link is not None:
-                stores.link.close()
+            stores.close()
             raise
     index = index or SemanticIndex(None, dim, max_entries=config.max_entries, entries=stores.entries,
                                    tighten_margin=config.feedback.margin, max_bytes=config.max_bytes,

@@ -40,6 +40,14 @@ class Stores:
     follow_interval_s: float
     link: RedisLink | None = None
 
+    def close(self) -> None:
+        """Close what open_stores opened (a start-up that fails after opening them)."""
+        if self.entries is not None:
+            self.entries.close()
+        self.requests.close()
+        if self.link is not None:
+            self.link.close()
+
 
 def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
     """Open the configured backend; ConfigError (naming the store field) when it cannot start."""

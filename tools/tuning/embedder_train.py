@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from middleware.progress import Progress
+from tools.tuning.train import optimizer_step
 
 Row = tuple[str, str, bool]  # (question1, question2, duplicate?)
 
@@ -88,13 +89,7 @@ def train_embedder(rows: Sequence[Row], base: Path, cfg: EmbedderTrainConfig,
                 if time.monotonic() >= deadline:
                     stopped_by_budget = True
                     break
-                loss = _loss(model, [rows[i] for i in ids], cfg)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optim.step()
-                sched.step()
-                optim.zero_grad(set_to_none=True)
-                running += float(loss.detach())
+                running += optimizer_step(_loss(model, [rows[i] for i in ids], cfg), model, optim, sched)
                 step += 1
                 if step % 10 == 0:
                     bar.update(10, note=f"loss {running / 10:.4f}")

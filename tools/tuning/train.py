@@ -98,6 +98,19 @@ def _batches(examples: Sequence[Example], cfg: TrainConfig, epoch: int) -> list[
     return sorted(batches, key=lambda b: _order_key(f"{epoch}:b:{b[0]}", cfg.seed))
 
 
+def optimizer_step(loss, model, optim, sched) -> float:  # type: ignore[no-untyped-def]
+    """One training step on `loss` (gradients clipped to norm 1, then the schedule advances);
+    returns the loss as a float. Shared by the verifier's and the embedder's training loops."""
+    import torch
+
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optim.step()
+    sched.step()
+    optim.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
 def train_cross_encoder(
     examples: Sequence[Example],
     base: Path,
@@ -138,13 +151,7 @@ def train_cross_encoder(
                       max_length=cfg.max_length, return_tensors="pt").to(device)
             labels = torch.tensor([y for _, _, y in batch], dtype=torch.float32, device=device)
             logits = model(**enc).logits.squeeze(-1)
-            loss = loss_fn(logits, labels)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optim.step()
-            sched.step()
-            optim.zero_grad(set_to_none=True)
-            running += float(loss.detach())
+            running += optimizer_step(loss_fn(logits, labels), model, optim, sched)
             step += 1
             if step % 50 == 0:
                 bar.update(50, note=f"epoch {epoch + 1}/{cfg.epochs} loss {running / 50:.4f}")

@@ -136,11 +136,11 @@ bench-semantic:
 	$(BIN)/kvgate bench semantic --entries 100000 --json bench-out/semantic_proxy_100k.json
 
 bench-trust:
+	@# one file trains (the tuned embedder, about 10 minutes, once), the other is scored; the packaged MiniLM first
 	mkdir -p bench-out
-	$(BIN)/kvgate bench trust --pairs ../shared/data/qqp_dev.csv --limit 2500 --json bench-out/trust_qqp.json \
-		--plot bench-out/trust_qqp.png
-	@# the tuned embedder as the judge: trained on one file (about 10 minutes, once), scored on the other
 	$(BIN)/kvgate tune --split --pairs ../shared/data/qqp_dev.csv --out-dir bench-out/qqp
+	$(BIN)/kvgate bench trust --pairs bench-out/qqp/qqp_dev_eval.csv --slice reported \
+		--thresholds 0.85,0.88,0.9,0.92,0.94,0.96,0.98 --json bench-out/trust_minilm.json --plot bench-out/trust_minilm.png
 	$(BIN)/kvgate bench trust --pairs bench-out/qqp/qqp_dev_eval.csv --train-pairs bench-out/qqp/qqp_dev_train.csv \
 		--slice reported --tune-max-minutes 10 \
 		--thresholds 0.8,0.84,0.86,0.87,0.88,0.89,0.9,0.91,0.92,0.93,0.94,0.95,0.96,0.97,0.98 \

@@ -109,4 +109,39 @@ def create_fake_app(calls: Calls | None = None, break_streams_after: int | None 
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        """vLLM's /v1/completions shape: `Answer <n>: <prompt>` per prompt (token ids read as text)."""
+        body = await request.json()
+        n = calls.record(body)
+        prompt = body.get("prompt")
+        prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+        texts = [p if isinstance(p, str) else " ".join(map(str, p or [])) for p in prompts]
+        if any("[[fail]]" in t for t in texts):
+            return JSONResponse({"error": {"message": "fake backend exploded", "type": "server_error"}}, status_code=500)
+        answers = [f"Answer: {t}" if "[[fixed]]" in t else f"Answer {n}: {t}" for t in texts]
+        finish = "length" if any("[[length]]" in t for t in texts) else "stop"
+        prompt_tokens = sum(len(t.split()) for t in texts)
+        done = sum(len(a.split()) for a in answers)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
+        rid, created, model = f"cmpl-{uuid.uuid4().hex[:12]}", int(time.time()), body.get("model", "fake")
+        if not body.get("stream"):
+            return {"id": rid, "object": "text_completion", "created": created, "model": model, "usage": usage,
+                    "choices": [{"index": i, "text": a, "logprobs": None, "finish_reason": finish}
+                                for i, a in enumerate(answers)]}
+
+        async def events() -> Any:
+            base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+            for i, answer in enumerate(answers):
+                for word in (w for w in re.findall(r"\S*\s*", answer) if w):
+                    piece = {"index": i, "text": word, "logprobs": None, "finish_reason": None}
+                    yield f"data: {json.dumps({**base, 'choices': [piece]})}\n\n"
+                last = {"index": i, "text": "", "logprobs": None, "finish_reason": finish}
+                yield f"data: {json.dumps({**base, 'choices': [last]})}\n\n"
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     return app

@@ -25,14 +25,43 @@ passes them as `known` and resumes from there even if the shared caches evicted 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from index.hashing import DEFAULT_SEED, BlockHash, digests_to_hashes, packed_block_digests, salted_seed, unpack_tokens
+from index.hashing import (DEFAULT_SEED, BlockHash, digests_to_hashes, pack_tokens, packed_block_digests, salted_seed,
+                           unpack_tokens)
 from index.tokenizer import ChatTokenizer, content_text
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """A completions prompt: raw text (tokenized as the engine does, no chat template) or the
+    token ids the client sent (hashed as given). Exactly one of the two is set."""
+
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("a TextPrompt holds text or token ids, exactly one")
+
+    @property
+    def chars(self) -> int:
+        """Its size in the unit the offload decision counts (characters, or ids for a token prompt)."""
+        return len(self.text) if self.text is not None else len(self.token_ids or ())
+
+    def extended(self, answer: str) -> "TextPrompt | None":
+        """The prompt a next turn starting with this prompt and `answer` begins with (text only:
+        a token prompt's answer has no ids here)."""
+        return TextPrompt(self.text + answer) if self.text is not None else None
+
+
+# what the hasher takes: a chat conversation, or a completions prompt
+Prompt = Sequence[dict[str, Any]] | TextPrompt
 
 
 class _LRU(OrderedDict):
@@ -130,15 +159,15 @@ class PromptHasher:
         self._seen = _LRU(cache_size)  # running digests of leading message runs hashed so far
         self._lock = threading.Lock()
 
-    def tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return unpack_tokens(b"".join(self._encode(seg) for seg in self.tokenizer.segments(messages)))
+    def tokens(self, messages: Prompt) -> list[int]:
+        return unpack_tokens(b"".join(packed() for _, packed in self._parts(messages)))
 
-    def hashes(self, messages: Sequence[dict[str, Any]]) -> tuple[list[BlockHash], int]:
+    def hashes(self, messages: Prompt) -> tuple[list[BlockHash], int]:
         """(block hashes of the rendered prompt, its token count)."""
         out = self.prompt(messages)
         return out.hashes, out.tokens
 
-    def prompt(self, messages: Sequence[dict[str, Any]], known: PromptHashes | None = None,
+    def prompt(self, messages: Prompt, known: PromptHashes | None = None,
                until: Callable[[BlockHash], bool] | None = None, salt: str | None = None) -> PromptHashes:
         """The prompt's hashes, resuming from the longest run of leading segments whose chain
         state is in `known` (an earlier prompt of the same conversation) or in the cache.
@@ -148,15 +177,18 @@ class PromptHasher:
         hold this block?", and a prefix match cannot go past a block nobody holds.
 
         `salt` (an engine's cache_salt) roots the chain elsewhere (index.hashing.salted_seed):
-        prompts with different salts share no block."""
+        prompts with different salts share no block.
+
+        A TextPrompt is one segment: its text tokenized as the engine tokenizes a completions
+        prompt (special tokens added, no template), or its token ids as given."""
         if known is not None:
             known.complete()
         seed = salted_seed(self.seed, salt)
-        segments = self.tokenizer.segments(messages)
+        segments = self._parts(messages)
         digests = []
         d = hashlib.sha256(f"{self.block_size}:{seed}:{self.extra}".encode()).digest()
-        for seg in segments:
-            d = hashlib.sha256(d + seg.encode()).digest()
+        for material, _ in segments:
+            d = hashlib.sha256(d + material).digest()
             digests.append(d)
         pinned = known.states if known is not None else {}
         # resume from the longest run of segments already hashed
@@ -173,15 +205,15 @@ class PromptHasher:
         left: list[tuple[bytes, bytes]] = []  # segments after a stop: hashed by complete()
         for k in range(start, len(segments)):
             if left:
-                left.append((digests[k], self._encode(segments[k])))
+                left.append((digests[k], segments[k][1]()))
                 continue
-            tail += self._encode(segments[k])
+            tail += segments[k][1]()
             digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until, seed)
             if stopped:
                 left.append((digests[k], b""))  # its unhashed blocks are in `tail`
                 continue
             self._keep(states, digests[k], (digests_so_far, tail))
-        runs = message_runs(messages)
+        runs = message_runs(messages) if not isinstance(messages, TextPrompt) else []
         tokens = (len(digests_so_far) // 8) * self.block_size + (len(tail) + sum(len(p) for _, p in left)) // 4
         rest = _Rest(self, seed, digests_so_far, tail, left, runs) if left else None
         if rest is None:
@@ -226,12 +258,26 @@ class PromptHasher:
             for run in runs:
                 self._seen.put(run, True)
 
-    def uncached_chars(self, messages: Sequence[dict[str, Any]]) -> int:
+    def _parts(self, prompt: Prompt) -> list[tuple[bytes, Callable[[], bytes]]]:
+        """(digest material, its packed token ids on demand) per segment. Chat segments digest as
+        their text; a completions prompt's one segment carries a marker of its kind, so a text
+        never shares a chain state with a chat segment or a token prompt."""
+        if isinstance(prompt, TextPrompt):
+            if prompt.token_ids is not None:
+                packed = pack_tokens(prompt.token_ids)
+                return [(b"\0ids\0" + hashlib.sha256(packed).digest(), lambda: packed)]
+            text = prompt.text or ""
+            return [(b"\0text\0" + text.encode("utf-8", "surrogatepass"), lambda: self._encode_text(text))]
+        return [(seg.encode(), functools.partial(self._encode, seg)) for seg in self.tokenizer.segments(prompt)]
+
+    def uncached_chars(self, messages: Prompt) -> int:
         """Characters of content after the longest leading run of `messages` that an earlier
         `prompt()` call hashed (all of them for a new conversation): the part a `prompt()` of
         these messages would tokenise anew, estimated without rendering or tokenising.
 
         Invariant: 0 ≤ result ≤ total content characters; the total when nothing was seen."""
+        if isinstance(messages, TextPrompt):
+            return messages.chars
         runs = message_runs(messages)
         with self._lock:
             known = next((k + 1 for k in range(len(runs) - 1, -1, -1) if runs[k] in self._seen), 0)
@@ -245,6 +291,18 @@ class PromptHasher:
             ids = self.tokenizer.packed(segment)
             with self._lock:
                 self._segments.put(segment, ids)
+        return ids
+
+
+    def _encode_text(self, text: str) -> bytes:
+        """A completions prompt's token ids, packed (cached like a chat segment)."""
+        key = ("text", text)
+        with self._lock:
+            ids = self._segments.get_touch(key)
+        if ids is None:
+            ids = self.tokenizer.packed_text(text)
+            with self._lock:
+                self._segments.put(key, ids)
         return ids
 
 

@@ -38,6 +38,11 @@ class ChatTokenizer(Protocol):
         """encode(segment) as index.hashing.pack_tokens packs it (what the block hashes read)."""
         ...
 
+    def packed_text(self, text: str) -> bytes:
+        """The packed ids of a completions prompt: the whole text tokenized as an engine tokenizes
+        a raw prompt (the tokenizer's special tokens added, e.g. a BOS; no chat template)."""
+        ...
+
 
 def content_text(content: Any) -> str:
     """A message's content as the text the chat renderings use (text parts joined by newlines)."""
@@ -69,6 +74,9 @@ class TextTokenizer:
 
     def packed(self, segment: str) -> bytes:
         return segment.encode("utf-32-le")  # code points as uint32 little-endian: pack_tokens, at C speed
+
+    def packed_text(self, text: str) -> bytes:
+        return self.packed(text)
 
 
 class HFChatTokenizer:
@@ -103,6 +111,11 @@ class HFChatTokenizer:
 
     def packed(self, segment: str) -> bytes:
         return pack_tokens(self.encode(segment))
+
+    def packed_text(self, text: str) -> bytes:
+        if self._rust is not None:
+            return pack_tokens(self._rust.encode(text, add_special_tokens=True).ids)
+        return pack_tokens(list(self._tok(text, add_special_tokens=True)["input_ids"]))
 
     def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         return self.encode(self.render(messages))

@@ -29,7 +29,7 @@ def answer_text(payload: dict[str, Any]) -> str | None:
     """Content of choice 0 of a full answer (None for tool calls and the like)."""
     choices = payload.get("choices") or []
     message = (choices[0].get("message") or {}) if choices else {}
-    content = message.get("content")
+    content = message.get("content") if message else (choices[0].get("text") if choices else None)
     return content if isinstance(content, str) else None
 
 
@@ -39,7 +39,8 @@ def streamed_text(chunks: list[Any]) -> str:
     for chunk in chunks:
         choices = getattr(chunk, "choices", None) or []
         delta = getattr(choices[0], "delta", None) if choices else None
-        content = getattr(delta, "content", None) if delta is not None else None
+        # a chat chunk's delta, or a completions chunk's text
+        content = getattr(delta, "content", None) if delta is not None else getattr(choices[0], "text", None) if choices else None
         if content:
             parts.append(content)
     return "".join(parts)
@@ -72,6 +73,9 @@ def tag(response: Any, info: Any) -> None:
     if isinstance(hidden, dict):
         hidden["kvgate"] = info
         hidden["cache_hit"] = info.cache != "miss"
+    elif hidden is not None:  # text completions carry a HiddenParams model (extra fields allowed)
+        hidden.kvgate = info
+        hidden.cache_hit = info.cache != "miss"
 
 
 def served_response(stored: dict[str, Any], info: Any) -> ModelResponse:

@@ -95,6 +95,11 @@ class RouteConfig(_Strict):
         None, gt=0, description="seconds an answer stays in both tiers. Default: semantic.ttl (deprecated "
                                 "spelling), else 86400; to keep answers forever set semantic.ttl: null")
     replicas: list[ReplicaConfig] = Field(default_factory=list, description="servers to route misses across")
+    endpoints: list[Literal["chat", "completions"]] = Field(
+        default_factory=lambda: ["chat", "completions"], min_length=1,
+        description="which requests the route takes: chat (/v1/chat/completions, SDK completion) and completions "
+                    "(/v1/completions, SDK text_completion); a route listed earlier for one endpoint can give "
+                    "completions their own cache settings")
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
 
     @model_validator(mode="after")
@@ -130,8 +135,8 @@ class RouteConfig(_Strict):
             raise ValueError(f"replica names must be unique, repeated: {dupes}")
         return replicas
 
-    def matches(self, model: str) -> bool:
-        return fnmatch.fnmatchcase(model, self.model)
+    def matches(self, model: str, endpoint: str = "chat") -> bool:
+        return endpoint in self.endpoints and fnmatch.fnmatchcase(model, self.model)
 
 
 class AuthConfig(_Strict):
@@ -279,9 +284,9 @@ class Config(_Strict):
             seen.add(route.name)
         return routes
 
-    def match(self, model: str) -> RouteConfig | None:
-        """First route whose `model` glob matches, in file order."""
-        return next((r for r in self.routes if r.matches(model)), None)
+    def match(self, model: str, endpoint: str = "chat") -> RouteConfig | None:
+        """First route whose `model` glob matches and that takes `endpoint`, in file order."""
+        return next((r for r in self.routes if r.matches(model, endpoint)), None)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

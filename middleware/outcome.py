@@ -33,6 +33,7 @@ class CacheInfo:
     replica: str | None = None  # the replica that answered a miss, on routes with replicas
     expected_cached_tokens: int | None = None  # the prefix the router expected that replica to hold
     request_id: str = field(default_factory=new_request_id)  # for POST /v1/cache/feedback
+    skipped: str | None = None  # why the cache was neither read nor written (an answer not a function of the key)
     # max_error_rate routes: the candidate this miss explores (compared with the answer once in)
     exploration: Any = field(default=None, repr=False, compare=False)
 

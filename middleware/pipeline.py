@@ -49,13 +49,15 @@ class Pipeline:
 
     async def acomplete(
         self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
-        *, raw: bool = False,
+        *, raw: bool = False, endpoint: str = "chat",
     ) -> Result:
-        """With `raw` (the proxy), a miss on a relayed route comes back as the replica's bytes."""
+        """With `raw` (the proxy), a miss on a relayed route comes back as the replica's bytes,
+        a completions hit as its JSON body or SSE events. `endpoint` "completions": `kwargs` is
+        one completions prompt (`prompt`, not `messages`)."""
         started = time.perf_counter()
         if not self._engines_known:  # the steady state: one read per request
             self._engines_known = await know_engines(self.config, self.forwarders, kwargs)
-        looked = await self.cache.look_up(kwargs, tenant, control, self.forwarders, started)
+        looked = await self.cache.look_up(kwargs, tenant, control, self.forwarders, started, endpoint)
         if looked.result is not None:
             return looked.result
         forwarder = self.forwarders[looked.view.route.name]
@@ -63,11 +65,12 @@ class Pipeline:
         return await forwarder.forward(looked.view, sink, raw=raw)
 
     def complete(
-        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None
+        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
+        endpoint: str = "chat",
     ) -> Result:
         """`acomplete` for sync callers, run on this pipeline's own loop thread; a stream comes
         back as a sync iterator (closing or dropping it cancels the backend stream)."""
-        result = self._sync.run(self.acomplete(kwargs, tenant, control))
+        result = self._sync.run(self.acomplete(kwargs, tenant, control, endpoint=endpoint))
         if result.stream is not None and not isinstance(result.stream, Replay):  # a Replay iterates as is
             result.stream = self._sync.iterate(result.stream)
         return result
@@ -76,8 +79,9 @@ class Pipeline:
         """Judge an earlier answer (middleware/cache/feedback.py); RequestNotFound if not this tenant's."""
         return self.cache.feedback(request_id, correct, tenant)
 
-    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None) -> RequestView:
-        return self.cache.view(kwargs, tenant, control)
+    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
+             endpoint: str = "chat") -> RequestView:
+        return self.cache.view(kwargs, tenant, control, endpoint)
 
     def close(self) -> None:
         self._sync.close()  # first: open sync streams end (unstored) while the index is still open

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
+from index.prompt import TextPrompt
 from middleware.config import Config, RouteConfig
 from middleware.errors import BadRequest, ModelNotFound
 
@@ -28,6 +29,7 @@ NON_OUTPUT_PARAMS = frozenset(
         "fallbacks", "context_window_fallback_dict", "service_tier",
     }
 )
+MAX_TOKEN_ID = (1 << 31) - 1  # token ids are int32 in every engine we front
 # Sent on to the backend but kept out of the keys.
 FORWARDED_NON_OUTPUT = ("stream_options", "user", "metadata", "extra_headers", "headers")
 KEY_VERSION = 1
@@ -98,6 +100,24 @@ class RequestView:
     query_text: str | None  # the last user turn, when it is plain text
     control: CacheControl = field(default_factory=CacheControl)
     parents: tuple[str, ...] | None = None  # context: semantic: the earlier user turns (texts), judged per entry
+    prompt: TextPrompt | None = None  # a completions request's prompt (`messages` is then empty)
+    skip: str | None = None  # why this request is neither looked up nor stored (the answer is not a function of the key)
+
+    @property
+    def completions(self) -> bool:
+        return self.prompt is not None
+
+    @property
+    def routing_prompt(self) -> "list[dict[str, Any]] | TextPrompt":
+        """What the router hashes: the conversation, or the completions prompt."""
+        return self.prompt if self.prompt is not None else self.messages
+
+    def with_answer(self, answer: str) -> "list[dict[str, Any]] | TextPrompt | None":
+        """What a next turn of this conversation starts with: the prompt followed by `answer`
+        (None when it cannot be told: a token-id prompt)."""
+        if self.prompt is not None:
+            return self.prompt.extended(answer)
+        return [*self.messages, {"role": "assistant", "content": answer}]
 
 
 def canonical_json(value: Any) -> str:
@@ -206,13 +226,8 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
 
 def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl) -> RequestView:
     """Match the route and compute the exact key, the semantic scope and the query text."""
-    model = kwargs.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("`model` is required and must be a string", param="model")
-    route = config.match(model)
-    if route is None:
-        known = ", ".join(repr(r.model) for r in config.routes)
-        raise ModelNotFound(f"no route serves model {model!r}; routes accept: {known}", param="model")
+    route = _route(config, kwargs)
+    model = kwargs["model"]
     messages = validate_messages(kwargs.get("messages"))
     params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and v is not None}
     params = json.loads(canonical_json(params))
@@ -236,3 +251,72 @@ def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: 
     scope = digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), cache_tenant)
     return RequestView(route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control,
                        parents)
+
+
+def uncacheable(params: Mapping[str, Any]) -> str | None:
+    """Why a completions request's answer is not a function of its key (None when it is):
+    several sampled choices, log-probabilities or the echoed prompt are forwarded and not cached."""
+    n = params.get("n")
+    temperature = params.get("temperature")
+    if isinstance(n, int) and n > 1 and (temperature is None or float(temperature) > 0):
+        return "n>1 with temperature>0"
+    if params.get("logprobs") is not None and params.get("logprobs") is not False:
+        return "logprobs"
+    if params.get("echo"):
+        return "echo"
+    return None
+
+
+def text_prompt(prompt: Any, where: str = "prompt") -> TextPrompt:
+    """One completions prompt: a non-empty string or a non-empty list of token ids. Raises
+    BadRequest naming the field (the engine would refuse it after a round trip)."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest(f"`{where}` must not be empty", param=where)
+        return TextPrompt(prompt)
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in prompt):
+        bad = next((i for i, t in enumerate(prompt) if not 0 <= t <= MAX_TOKEN_ID), None)
+        if bad is not None:
+            raise BadRequest(f"`{where}[{bad}]` = {prompt[bad]} is not a token id", param=f"{where}[{bad}]")
+        return TextPrompt(token_ids=tuple(prompt))
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        raise BadRequest(f"`{where}` must not be empty", param=where)
+    raise BadRequest(f"`{where}` must be a string or a list of token ids", param=where)
+
+
+def build_text_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl) -> RequestView:
+    """A completions request (one prompt; a batch is split before it gets here): the exact key
+    covers the prompt (text or ids), model, output-affecting parameters and tenant; the semantic
+    tier's query is the prompt text. Requests whose answer is not a function of the key
+    (`uncacheable`) skip both tiers."""
+    route = _route(config, kwargs, "completions")
+    model = kwargs["model"]
+    prompt = text_prompt(kwargs.get("prompt"))
+    params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and k != "prompt" and v is not None}
+    params = json.loads(canonical_json(params))
+    n = params.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise BadRequest(f"`n` must be a positive integer, got {n!r}", param="n")
+    forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
+    stream = bool(kwargs.get("stream", False))
+    cache_tenant = tenant if route.scope == "tenant" else None
+    keyed = ["text", prompt.text] if prompt.text is not None else ["ids", list(prompt.token_ids or ())]
+    exact_key = digest("exact-completions", route.name, model, keyed, params, cache_tenant)
+    scope = digest("scope-completions", route.name, model, params, cache_tenant)
+    skip = uncacheable(params)
+    if skip is not None:
+        control = CacheControl(no_cache=True, no_store=True)
+    return RequestView(route, model, [], params, forwarded, stream, tenant, exact_key, scope, prompt.text, control,
+                       None, prompt, skip)
+
+
+def _route(config: Config, kwargs: Mapping[str, Any], endpoint: str = "chat") -> RouteConfig:
+    model = kwargs.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("`model` is required and must be a string", param="model")
+    route = config.match(model, endpoint)
+    if route is None:
+        known = ", ".join(repr(r.model) for r in config.routes if endpoint in r.endpoints)
+        raise ModelNotFound(f"no route serves model {model!r} on {endpoint}; routes accept: {known}", param="model")
+    return route

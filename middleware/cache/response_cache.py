@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
 from index.semantic import CacheEntry, SemanticIndex
 from index.softfail import Batch
-from middleware.answers import cacheable, cost, replayed, served_response
+from middleware.answers import Replay, cacheable, cost, replayed, served_response, tag
 from middleware.cache.feedback import FeedbackOutcome, give_feedback
 from middleware.cache.group_commit import GroupCommit, Settle
 from middleware.cache.offload import INLINE_TOTAL_CHARS, prompt_chars, runs_inline
@@ -30,7 +30,8 @@ from middleware.cache.request_log import RequestLog, RequestRecord
 from middleware.cache.semantic_lookup import SemanticLookup, count_lookup
 from middleware.config import Config
 from middleware.outcome import CacheInfo, Hit, Lookup, Result
-from middleware.request import CacheControl, RequestView, build_view
+from middleware.request import CacheControl, RequestView, build_text_view, build_view
+from middleware.text_answers import json_body, replay_events, served_text, stream_objects
 from middleware.telemetry.metrics import Metrics
 
 UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
@@ -78,20 +79,25 @@ class ResponseCache:
 
     # ------------------------------------------------------------------ lookup
     async def look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
-                      hashing: Mapping[str, RouteHashing], started: float) -> Looked:
-        inline = self._inline(kwargs, hashing)
+                      hashing: Mapping[str, RouteHashing], started: float, endpoint: str = "chat") -> Looked:
+        inline = self._inline(kwargs, hashing, endpoint)
         if inline:
-            return self._look_up(kwargs, tenant, control, hashing, started, inline, prepare=False)
-        return await asyncio.to_thread(self._look_up, kwargs, tenant, control, hashing, started, inline)
+            return self._look_up(kwargs, tenant, control, hashing, started, inline, False, endpoint)
+        return await asyncio.to_thread(self._look_up, kwargs, tenant, control, hashing, started, inline, True,
+                                       endpoint)
 
-    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None) -> RequestView:
-        return build_view(self.config, kwargs, tenant, control or CacheControl())
+    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
+             endpoint: str = "chat") -> RequestView:
+        """The request view of a chat request, or of one completions prompt (`endpoint` completions)."""
+        build = build_text_view if endpoint == "completions" else build_view
+        return build(self.config, kwargs, tenant, control or CacheControl())
 
     def _look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
-                 hashing: Mapping[str, RouteHashing], started: float, inline: bool, prepare: bool = True) -> Looked:
+                 hashing: Mapping[str, RouteHashing], started: float, inline: bool, prepare: bool = True,
+                 endpoint: str = "chat") -> Looked:
         """With `prepare` (a worker thread), a miss's routing hashes are ready for its plan;
         inline, the plan hashes the small prompt itself."""
-        view = self.view(kwargs, tenant, control)
+        view = self.view(kwargs, tenant, control, endpoint)
         hit = self.lookup_exact(view)
         found = Lookup(hit) if hit else self.semantic.look_up(view)
         if found.hit:
@@ -109,10 +115,16 @@ class ResponseCache:
         count_lookup(self.metrics, view, "exact", started, entry is not None)
         return Hit(entry, "exact") if entry else None
 
-    def _inline(self, kwargs: dict[str, Any], hashing: Mapping[str, RouteHashing]) -> bool:
+    def _inline(self, kwargs: dict[str, Any], hashing: Mapping[str, RouteHashing], endpoint: str = "chat") -> bool:
         """Whether this request's cache steps run on the event loop (middleware.cache.offload)."""
         model, messages = kwargs.get("model"), kwargs.get("messages")
-        route = self.config.match(model) if isinstance(model, str) else None
+        route = self.config.match(model, endpoint) if isinstance(model, str) else None
+        if endpoint == "completions":  # a prompt is hashed whole: all of it is new
+            prompt = kwargs.get("prompt")
+            total = len(prompt) if isinstance(prompt, (str, list)) else -1
+            limit = self.inline_chars[route.name] if route is not None else None
+            return route is None or total < 0 or (limit is not None and total <= INLINE_TOTAL_CHARS
+                                                  and runs_inline(total, total, limit))
         total = prompt_chars(messages)
         if route is None or total < 0:  # the view refuses it at once, wherever it runs
             return True
@@ -135,12 +147,28 @@ class ResponseCache:
         if saved:
             self.metrics.cost_saved.labels(route).inc(float(saved))
         self.metrics.latency.labels(route, hit.tier).observe(time.perf_counter() - started)
+        if view.completions:
+            return self._served_text(view, info, stored, started)
         if not view.stream:
             return Result(info, response=served_response(stored, info))
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
         # the replay is in memory: its first chunk goes out as soon as the lookup is done
         self.metrics.ttft.labels(route, hit.tier).observe(time.perf_counter() - started)
         return Result(info, stream=replayed(stored, info, include_usage))
+
+    def _served_text(self, view: RequestView, info: CacheInfo, stored: dict[str, Any], started: float) -> Result:
+        """A completions hit: LiteLLM's objects for the SDK, the JSON body or the SSE events
+        (byte for byte those of a streamed miss) for the proxy."""
+        if not view.stream:
+            response = served_text(stored)
+            tag(response, info)
+            return Result(info, response=response, raw=json_body(stored))
+        include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
+        self.metrics.ttft.labels(view.route.name, info.cache).observe(time.perf_counter() - started)
+        chunks = stream_objects(stored, include_usage)
+        for chunk in chunks:
+            tag(chunk, info)
+        return Result(info, stream=Replay(chunks), raw=_events(replay_events(stored, include_usage)))
 
     # ------------------------------------------------------------------ record
     def stores(self, view: RequestView) -> bool:
@@ -235,6 +263,11 @@ class ResponseCache:
         return Recording(self, looked, model)
 
 
+async def _events(events: list[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+
+
 class Recording:
     """Where one miss's answer goes once it is complete (middleware.outcome.AnswerSink)."""
 
@@ -245,7 +278,7 @@ class Recording:
 
     def miss(self, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
         return CacheInfo("miss", self.looked.view.route.name, replica=replica, exploration=self.looked.lookup.explore,
-                         expected_cached_tokens=expected_cached_tokens)
+                         expected_cached_tokens=expected_cached_tokens, skipped=self.looked.view.skip)
 
     def first_token(self) -> None:
         """The miss's first bytes go to the client now."""

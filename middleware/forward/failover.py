@@ -80,7 +80,7 @@ class Failover:
         if self.router is None:
             return Attempts(None, base)
         user = view.forwarded.get("user")
-        plan = self.router.plan(view.messages, session=user if isinstance(user, str) else None, salt=self.salt(view))
+        plan = self.router.plan(view.routing_prompt, session=user if isinstance(user, str) else None, salt=self.salt(view))
         return Attempts(plan, base)
 
     def next(self, attempts: Attempts) -> dict[str, Any]:
@@ -139,9 +139,7 @@ class Failover:
         ticket, attempts.ticket = attempts.ticket, None
         if ticket is None or self.router is None:
             return
-        conversation = None
-        if ok and answer is not None:
-            conversation = [*view.messages, {"role": "assistant", "content": answer}]
+        conversation = view.with_answer(answer) if ok and answer is not None else None
         self.router.finished(ticket, ok, conversation)
 
     def error(self, exc: Exception) -> BackendError:

@@ -25,6 +25,7 @@ from middleware.outcome import AnswerSink, CacheInfo, Result
 from middleware.request import RequestView
 from middleware.routing.router import Router
 from middleware.telemetry.metrics import Metrics
+from middleware.text_answers import streamed_text_answer
 
 ENGINE_PROBE_S = 3.0  # how long a route's first request waits to learn its replicas' engines
 
@@ -51,7 +52,7 @@ class Forwarder:
     def prepare(self, view: RequestView) -> None:
         """Hash the prompt for the plan now (the caller is on a worker thread)."""
         if self.router is not None:
-            self.router.prepare(view.messages, salt=self.failover.salt(view))
+            self.router.prepare(view.routing_prompt, salt=self.failover.salt(view))
 
     # ------------------------------------------------------ a miss
     async def forward(self, view: RequestView, sink: AnswerSink, raw: bool = False) -> Result:
@@ -75,7 +76,11 @@ class Forwarder:
 
     def _wire(self, view: RequestView) -> str | None:
         """The wire model when this request can be relayed, else None (LiteLLM takes it)."""
-        if self.router is None or self.route.routing.forward != "relay":
+        if self.route.routing.forward != "relay":
+            return None
+        # a completions request also takes the relay to a route's one OpenAI-compatible backend:
+        # LiteLLM's text-completion stream rewrites the chunks, which a byte-exact replay cannot keep
+        if self.router is None and not (view.completions and self.route.backend.api_base):
             return None
         return wire_model(self.model_for(view))
 
@@ -83,8 +88,10 @@ class Forwarder:
         """The routing hashes of prompt + answer, for the router's record of what the replica holds."""
         if self.router is None or attempts.ticket is None or answer is None:
             return None
-        router, plan = self.router, attempts.ticket.plan
-        return lambda: router.prepare_answer(plan, [*view.messages, {"role": "assistant", "content": answer}])
+        router, plan, conversation = self.router, attempts.ticket.plan, view.with_answer(answer)
+        if conversation is None:
+            return None
+        return lambda: router.prepare_answer(plan, conversation)
 
     async def _counted(self, pending: Any) -> Any:
         try:
@@ -114,7 +121,8 @@ class Forwarder:
                 self.failover.done(call.attempts, False, view)
         answer = streamed_text(chunks)
         try:  # LiteLLM may count prompt tokens while assembling: only when the request stores
-            await sink.record(info, answer, lambda: assemble(chunks, view.messages),
+            await sink.record(info, answer, lambda: streamed_text_answer(chunks) if view.completions
+                              else assemble(chunks, view.messages),
                               self._hash_answer(view, call.attempts, answer))
         finally:  # also when the client leaves meanwhile: the replica's books must balance
             self.failover.done(call.attempts, True, view, answer)
@@ -178,7 +186,8 @@ async def know_engines(config: Config, forwarders: Mapping[str, Forwarder], kwar
     hashing depend on it); bounded, and a replica that does not answer is asked again by the health
     loop. True once every route's replicas have answered."""
     model = kwargs.get("model")
-    route = config.match(model) if isinstance(model, str) else None
+    route = next((r for r in config.routes if r.matches(model, "chat") or r.matches(model, "completions")), None) \
+        if isinstance(model, str) else None
     forwarder = forwarders.get(route.name) if route is not None else None
     router = forwarder.router if forwarder is not None else None
     if router is not None and not router.discovered:

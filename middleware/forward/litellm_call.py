@@ -32,7 +32,8 @@ class Call:
 
 
 class LiteLLMCall:
-    """Misses sent through `litellm.acompletion` (the SDK, and routes whose provider needs translation)."""
+    """Misses sent through `litellm.acompletion` / `atext_completion` (the SDK, and routes whose
+    provider needs translation)."""
 
     def __init__(self, route: RouteConfig, failover: Failover) -> None:
         self.route = route
@@ -44,11 +45,15 @@ class LiteLLMCall:
             **view.params,
             **view.forwarded,
             "model": model,
-            "messages": view.messages,
             "stream": view.stream,
             "timeout": backend.timeout,
             "num_retries": backend.num_retries,
         }
+        prompt = view.prompt
+        if prompt is None:
+            kwargs["messages"] = view.messages
+        else:
+            kwargs["prompt"] = prompt.text if prompt.text is not None else list(prompt.token_ids or ())
         if backend.api_base:
             kwargs["api_base"] = backend.api_base
         if backend.api_key:
@@ -70,7 +75,7 @@ class LiteLLMCall:
         while True:
             kwargs = self.failover.next(attempts)
             try:
-                response = await litellm.acompletion(**kwargs)
+                response = await _call(view, kwargs)
                 if not view.stream:
                     return Call(attempts, response=response)
                 rest = response.__aiter__()
@@ -107,12 +112,19 @@ class LiteLLMCall:
                     kwargs = self.failover.resume_or_raise(view, call.attempts, resume, exc)
                     await _aclose(call.rest)
                     try:
-                        response = await litellm.acompletion(**kwargs)
+                        response = await _call(view, kwargs)
                         call.rest = response.__aiter__()
                     except Exception as again:  # the new replica failed at once: book it and go on
                         call.rest = failing(again)
         finally:
             await _aclose(call.rest)
+
+
+async def _call(view: RequestView, kwargs: dict[str, Any]) -> Any:
+    """`litellm.acompletion`, or `litellm.atext_completion` for a completions request."""
+    if view.completions:
+        return await litellm.atext_completion(**kwargs)
+    return await litellm.acompletion(**kwargs)
 
 
 async def _aclose(stream: Any) -> None:

@@ -65,7 +65,7 @@ class Relayed:
     """A relayed call that has answered: a JSON body, or an open stream and its first events."""
 
     attempts: Attempts  # ticket (follows the replica now answering), plan and replicas tried
-    request: tuple[bytes, dict[str, str], float]  # body, headers, timeout: the same on every replica
+    request: tuple[bytes, dict[str, str], float, str]  # body, headers, timeout, path: the same on every replica
     body: bytes | None = None
     payload: dict[str, Any] | None = None
     parser: SseParser | None = None
@@ -116,17 +116,22 @@ class Relay:
         cfg = failover.route.backend
         options = view.forwarded.get("stream_options")
         options = options if isinstance(options, dict) else {}
-        attempts = failover.begin(view, {"api_key": cfg.api_key} if cfg.api_key else {})
+        base: dict[str, Any] = {"api_key": cfg.api_key} if cfg.api_key else {}
+        if failover.router is None:  # the route's one backend (Failover.next hands back `base`)
+            base = {"api_key": cfg.api_key or "none", "api_base": cfg.api_base}
+        attempts = failover.begin(view, base)
         body = _body(view, model, options)
         if attempts.plan is not None and attempts.plan.salt is not None:
             body["cache_salt"] = attempts.plan.salt  # the tenant's, never the client's alone (routing.salt)
-        request = (orjson.dumps(body), _headers(view), cfg.timeout)
+        path = "/completions" if view.completions else "/chat/completions"
+        request = (orjson.dumps(body), _headers(view), cfg.timeout, path)
         while True:
             attempt = failover.next(attempts)
             relayed = Relayed(attempts, request=request)
             try:
                 if view.stream:
-                    relayed.parser = SseParser(not options.get("include_usage"), lambda: failover.first_token(attempts))
+                    relayed.parser = SseParser(not options.get("include_usage"), lambda: failover.first_token(attempts),
+                                               completions=view.completions)
                     await self._start(relayed, attempt)
                 else:
                     relayed.body, relayed.payload = await self._post(request, attempt)
@@ -170,7 +175,7 @@ class Relay:
         finally:
             await relayed.close()
 
-    async def _post(self, request: tuple[bytes, dict[str, str], float],
+    async def _post(self, request: tuple[bytes, dict[str, str], float, str],
                     attempt: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         response = await self._send(request, attempt)
         try:
@@ -206,16 +211,20 @@ class Relay:
             head.append(parser.feed(data))
         relayed.head = b"".join(head)
 
-    async def _send(self, request: tuple[bytes, dict[str, str], float], attempt: dict[str, Any]) -> Response:
-        body, headers, timeout = request
-        return await self.client().post(f"{attempt['api_base'].rstrip('/')}/chat/completions", body,
+    async def _send(self, request: tuple[bytes, dict[str, str], float, str], attempt: dict[str, Any]) -> Response:
+        body, headers, timeout, path = request
+        return await self.client().post(f"{attempt['api_base'].rstrip('/')}{path}", body,
                                         {**headers, "authorization": f"Bearer {attempt['api_key']}"}, timeout)
 
 
 def _body(view: RequestView, model: str, options: dict[str, Any]) -> dict[str, Any]:
     """The request as the replica gets it: the output-affecting parameters, the messages, and the
     OpenAI fields we forward (never kvgate's or LiteLLM's own)."""
-    body = {**view.params, "model": model, "messages": view.messages}
+    prompt = view.prompt
+    if prompt is not None:  # a completions request: its one prompt, as the client sent it
+        body = {**view.params, "model": model, "prompt": prompt.text if prompt.text is not None else list(prompt.token_ids or ())}
+    else:
+        body = {**view.params, "model": model, "messages": view.messages}
     if view.stream:
         body["stream"] = True
         body["stream_options"] = {**options, "include_usage": True}

@@ -34,8 +34,11 @@ class SseParser:
     event's JSON once and says which bytes go on to the client (as they came, unless a resumed
     stream's chunk had to be trimmed). [DONE] is held back (the pipeline sends it after storing)."""
 
-    def __init__(self, strip_usage: bool, on_first: Callable[[], None]) -> None:
+    def __init__(self, strip_usage: bool, on_first: Callable[[], None], completions: bool = False) -> None:
         self.resume = StreamResume()  # also keeps choice 0's text: the answer
+        self.completions = completions  # /v1/completions events (choice text, not deltas)
+        # a completions stream's events as the replica sent them (usage included), for a byte-exact replay
+        self.events_raw: list[str] | None = [] if completions else None
         self.chunks: list[dict[str, Any]] = []  # as sent to the client (for the rare non-plain answer)
         self.usage: dict[str, Any] | None = None
         self.finish: str | None = None
@@ -88,6 +91,8 @@ class SseParser:
             raise ReplicaError(f"replica failed mid-stream: {error.get('message')}", code if isinstance(code, int) else None)
         self.events += 1
         resumed = self.resume.resumes > 0
+        if self.events_raw is not None and not resumed:
+            self.events_raw.append(event.decode("utf-8", "surrogatepass"))
         if resumed:
             chunk = self.resume.trim(chunk)  # Diverged when the retry says something else
             if chunk is None:
@@ -120,7 +125,7 @@ class SseParser:
             self.finish = finish
         if self.role is None and delta.get("role"):
             self.role = delta["role"]
-        if not self._first_seen and (delta.get("content") or delta.get("tool_calls") or finish):
+        if not self._first_seen and (delta.get("content") or delta.get("tool_calls") or first.get("text") or finish):
             self._first_seen = True
             self._on_first()
 
@@ -129,6 +134,8 @@ class SseParser:
         not finish (no finish reason) or cannot be rebuilt."""
         if not self.chunks:
             return None
+        if self.completions:
+            return self._completion()
         if not (self.plain and self.resume.spliceable):  # tool calls, several choices…: LiteLLM's builder
             return assemble([ModelResponseStream(**c) for c in self.chunks], messages)
         if self.finish is None:
@@ -144,6 +151,23 @@ class SseParser:
             answer["system_fingerprint"] = head["system_fingerprint"]
         if self.usage:
             answer["usage"] = self.usage
+        return answer
+
+
+    def _completion(self) -> dict[str, Any] | None:
+        """A completions stream as the `text_completion` answer it makes up, with the stream's
+        own events (`_kvgate_sse`) for a replay byte for byte; None when it did not finish or
+        holds what a text answer cannot (several choices, log-probabilities, a resumed splice)."""
+        if self.finish is None or not self.plain or self.resume.resumes:
+            return None
+        head = self.chunks[0]
+        choice: dict[str, Any] = {"index": 0, "text": self.resume.sent_text, "logprobs": None,
+                                  "finish_reason": self.finish}
+        answer: dict[str, Any] = {"id": head.get("id"), "object": "text_completion", "created": head.get("created"),
+                                  "model": head.get("model"), "choices": [choice]}
+        if self.usage:
+            answer["usage"] = self.usage
+        answer["_kvgate_sse"] = list(self.events_raw or [])
         return answer
 
 

@@ -48,6 +48,20 @@ def _delta(chunk: Any) -> Any:
     return _get(choices[0], "delta") if choices else None
 
 
+def _text_field(chunk: Any) -> tuple[Any, str]:
+    """Where choice 0's new text sits: a chat chunk's `delta.content`, a completions chunk's
+    `text` ((None, "") when the chunk has neither)."""
+    choices = _get(chunk, "choices") or []
+    if not choices:
+        return None, ""
+    delta = _get(choices[0], "delta")
+    if delta is not None:
+        return delta, "content"
+    if isinstance(_get(choices[0], "text"), str):
+        return choices[0], "text"
+    return None, ""
+
+
 def _plain(chunk: Any) -> bool:
     """A chunk we know how to splice: only role / text content on choice 0."""
     choices = _get(chunk, "choices") or []
@@ -74,8 +88,8 @@ class StreamResume:
         elif _get(chunk, "id") is not None:
             _set(chunk, "id", self.stream_id)  # one id per client stream, whichever replica wrote it
         self.spliceable = self.spliceable and _plain(chunk)
-        delta = _delta(chunk)
-        content = _get(delta, "content") if delta is not None else None
+        holder, key = _text_field(chunk)
+        content = _get(holder, key) if holder is not None else None
         if isinstance(content, str):
             self.sent_text += content
         return chunk
@@ -91,8 +105,8 @@ class StreamResume:
             return self.sent(chunk)
         if not _plain(chunk):
             raise Diverged("the retried stream carries tool calls where text was expected")
-        delta = _delta(chunk)
-        content = _get(delta, "content") if delta is not None else None
+        holder, key = _text_field(chunk)
+        content = _get(holder, key) if holder is not None else None
         content = content if isinstance(content, str) else ""
         n = min(len(content), len(self._skip))
         if content[:n] != self._skip[:n]:
@@ -107,8 +121,8 @@ class StreamResume:
             return None
         if not rest and finish is None:
             return None
-        if delta is not None:
-            _set(delta, "content", rest)
-            if _get(delta, "role") is not None:
-                _set(delta, "role", None)  # the client already had the role in the first chunk
+        if holder is not None:
+            _set(holder, key, rest)
+            if key == "content" and _get(holder, "role") is not None:
+                _set(holder, "role", None)  # the client already had the role in the first chunk
         return self.sent(chunk)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from typing import Any, Sequence
 
 from index.prefix import PrefixIndex
-from index.prompt import PromptHasher, PromptHashes
+from index.prompt import Prompt, PromptHasher, PromptHashes, TextPrompt
 from middleware.routing.base import RoutePlan
 from middleware.routing.records import Records
 from middleware.routing.tiers import TierMedia
@@ -51,7 +51,7 @@ class Planner:
     def block_size(self) -> int:
         return self.hasher.block_size if self.hasher is not None else self._block_size
 
-    def prepare(self, messages: Sequence[dict[str, Any]], salt: str | None = None) -> None:
+    def prepare(self, messages: Prompt, salt: str | None = None) -> None:
         """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread).
 
         With deferred records, hashing stops soon after a block no replica holds (a match cannot
@@ -71,8 +71,8 @@ class Planner:
             while len(self._prepared) > PREPARED_MAX:
                 self._prepared.popitem(last=False)
 
-    def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None, salt: str | None = None) -> RoutePlan:
-        if session is None and messages:
+    def plan(self, messages: Prompt, session: str | None = None, salt: str | None = None) -> RoutePlan:
+        if session is None and messages and not isinstance(messages, TextPrompt):
             first = messages[0].get("content")
             session = first if isinstance(first, str) else None
         hasher = self.hasher
@@ -92,17 +92,23 @@ class Planner:
                          shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt,
                          tier_blocks=tier_blocks)
 
-    def prepare_answer(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> None:
+    def prepare_answer(self, plan: RoutePlan, conversation: Prompt) -> None:
         """Hash prompt + answer ahead of the router's `finished` (thread-safe; for a worker thread)."""
         hasher = self.hasher
         if self.records_answers and conversation and hasher is not None:
-            plan.answer = (dict(conversation[-1]), hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes)
+            plan.answer = (_answer_mark(conversation), hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes)
 
-    def conversation_hashes(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> list[int]:
+    def conversation_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int]:
         """prompt + answer's hashes: ready if `prepare_answer` saw this answer, else worked out here,
         resuming from the prompt's own chain states (only the answer is tokenised)."""
         ready = plan.answer
-        if ready is not None and len(conversation) and conversation[-1] == ready[0]:
+        if ready is not None and conversation and _answer_mark(conversation) == ready[0]:
             return ready[1]
         hasher = self.hasher
         return hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes if hasher is not None else []
+
+
+def _answer_mark(conversation: Prompt) -> Any:
+    """What tells two prompt + answer inputs of one plan apart: the answer message of a
+    conversation, the whole text of a completions prompt."""
+    return conversation if isinstance(conversation, TextPrompt) else dict(conversation[-1])

@@ -19,7 +19,7 @@ import httpx
 
 from index.kv_events import FeedStats
 from index.prefix import PrefixIndex
-from index.prompt import PromptHasher
+from index.prompt import Prompt, PromptHasher
 from index.tokenizer import load_tokenizer
 from middleware.config import ReplicaConfig, RoutingConfig
 from middleware.engines.base import EngineInfo
@@ -151,7 +151,7 @@ class Router:
             r.in_flight, r.pending_prefill_tokens = self.state.load(r.name)
 
     # ------------------------------------------------------------------ decisions
-    def prepare(self, messages: Sequence[dict[str, Any]], salt: str | None = None) -> None:
+    def prepare(self, messages: Prompt, salt: str | None = None) -> None:
         """Hash and match a prompt ahead of its `plan` (Planner.prepare; for a worker thread)."""
         self.planner.prepare(messages, salt)
 
@@ -159,12 +159,12 @@ class Router:
         """Wait for the records submitted so far (Records.settle)."""
         return self.records.settle(timeout)
 
-    def plan(self, messages: Sequence[dict[str, Any]], session: str | None = None, salt: str | None = None) -> RoutePlan:
+    def plan(self, messages: Prompt, session: str | None = None, salt: str | None = None) -> RoutePlan:
         plan = self.planner.plan(messages, session, salt)
         plan.load_cost = self.load_cost.value
         return plan
 
-    def prepare_answer(self, plan: RoutePlan, conversation: Sequence[dict[str, Any]]) -> None:
+    def prepare_answer(self, plan: RoutePlan, conversation: Prompt) -> None:
         """Hash prompt + answer ahead of `finished` (Planner.prepare_answer; for a worker thread)."""
         self.planner.prepare_answer(plan, conversation)
 
@@ -206,7 +206,7 @@ class Router:
         if measured and self.precise is not None and ticket.plan.hashes:
             self.load_cost.observe(ticket.queued + ticket.pending, ticket.loaded, self._clock() - ticket.sent_at)
 
-    def finished(self, ticket: Ticket, ok: bool, conversation: Sequence[dict[str, Any]] | None = None) -> None:
+    def finished(self, ticket: Ticket, ok: bool, conversation: Prompt | None = None) -> None:
         """The attempt ended. On success the replica is healthy; in approximate mode the blocks of
         prompt + answer (`conversation`) are now in its cache, ready for the next turn."""
         self.first_token(ticket, measured=False)

@@ -26,8 +26,10 @@ def cache_info(response: Any) -> CacheInfo | None:
     info = getattr(response, "kvgate", None)
     if isinstance(info, CacheInfo):
         return info
-    hidden = getattr(response, "_hidden_params", None) or {}
-    return hidden.get("kvgate")
+    hidden = getattr(response, "_hidden_params", None)
+    if isinstance(hidden, dict):
+        return hidden.get("kvgate")
+    return getattr(hidden, "kvgate", None)  # text completions: LiteLLM's HiddenParams model
 
 
 class _Served:
@@ -91,6 +93,17 @@ class Gateway:
     async def acompletion(self, **kwargs: Any) -> Any:
         """Like `litellm.acompletion`: a ModelResponse, or an AsyncStream when stream=True."""
         result = await self.pipeline.acomplete(*self._split(kwargs))
+        return AsyncStream(result) if result.stream is not None else result.response
+
+    def text_completion(self, **kwargs: Any) -> Any:
+        """Like `litellm.text_completion` (one prompt: a string or a list of token ids): a
+        TextCompletionResponse, or a Stream of chunks when stream=True."""
+        result = self.pipeline.complete(*self._split(kwargs), endpoint="completions")
+        return Stream(result) if result.stream is not None else result.response
+
+    async def atext_completion(self, **kwargs: Any) -> Any:
+        """Like `litellm.atext_completion`."""
+        result = await self.pipeline.acomplete(*self._split(kwargs), endpoint="completions")
         return AsyncStream(result) if result.stream is not None else result.response
 
     def feedback(self, request_id: str, correct: bool, *, namespace: str | None = None) -> FeedbackOutcome:

@@ -1,4 +1,4 @@
-"""Admission control: at most `server.max_in_flight` chat completions at once; the rest get 429.
+"""Admission control: at most `server.max_in_flight` completions (chat and text) at once; the rest get 429.
 
 A proxy past its capacity does not get faster by queueing more: every admitted request adds work
 to the same event loop and stretches every other request's time to first token. Refusing at the
@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 from middleware.errors import Overloaded
 from middleware.server.responses import error_response
 
-GATED_PATHS = frozenset({"/v1/chat/completions"})
+GATED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 RETRY_AFTER_S = 1  # in-flight requests finish within seconds; a retry a second later may get in
 
 Scope = dict[str, Any]

@@ -34,6 +34,8 @@ from middleware.server.responses import error_response
 
 CONTROL_HEADER = b"x-kvgate-cache-control"
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+LEAN_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
 LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "moderation"})
 
 Scope = dict[str, Any]
@@ -57,6 +59,8 @@ def cache_headers(info: CacheInfo) -> dict[str, str]:
         headers["x-kvgate-replica"] = info.replica
     if info.expected_cached_tokens is not None:
         headers["x-kvgate-expected-cached-tokens"] = str(info.expected_cached_tokens)
+    if info.skipped is not None:
+        headers["x-kvgate-cache-skipped"] = info.skipped
     headers["x-kvgate-request-id"] = info.request_id
     return headers
 
@@ -98,15 +102,25 @@ class ChatHandler:
                 raise
             await error_response(exc)(scope, receive, send)  # OpenAI error JSON; a 500 is logged there
 
-    async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def request(self, scope: Scope, receive: Any) -> tuple[str, dict[str, Any], CacheControl]:
+        """(tenant, the parsed and checked body, the cache-control header's directives)."""
         tenant = self._tenant(bearer_text(scope))
         body = await self._parse(await read_body(scope, receive, self.config.server.max_body_bytes))
         check_token_caps(body, self.config.server)
         control_header = header(scope, CONTROL_HEADER)
-        control = CacheControl.from_header(control_header.decode("latin-1") if control_header is not None else None)
+        return tenant, body, CacheControl.from_header(control_header.decode("latin-1") if control_header is not None
+                                                      else None)
+
+    async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
+        tenant, body, control = await self.request(scope, receive)
         pipeline: Pipeline = self.app.state.pipeline
         result = await pipeline.acomplete(body, tenant, control, raw=True)
-        headers = [(k.encode(), v.encode()) for k, v in cache_headers(result.info).items()] + self.extra
+        await self.respond(result, cache_headers(result.info), scope, receive, send)
+
+    async def respond(self, result: Result, extra: dict[str, str], scope: Scope, receive: Any, send: Any) -> None:
+        """Send a pipeline result: the replica's or the store's bytes as they are, else the JSON
+        or SSE rendering of LiteLLM's objects; `extra`: the kvgate headers."""
+        headers = [(k.encode(), v.encode()) for k, v in extra.items()] + self.extra
         if isinstance(result.raw, bytes):  # relayed from a replica as it answered (middleware/forward/relay.py)
             headers += [(b"content-type", b"application/json"), (b"content-length", str(len(result.raw)).encode())]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -163,13 +177,25 @@ class Delegate(Response):
         await self.target(scope, receive, send)
 
 
+class ByPath:
+    """One ASGI app per lean path (behind one key gate and one admission gate)."""
+
+    def __init__(self, apps: dict[str, ASGIApp]) -> None:
+        self.apps = apps
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        await self.apps[scope["path"]](scope, receive, send)
+
+
 class LeanApp(FastAPI):
-    """FastAPI whose POST /v1/chat/completions bypasses its middleware stack (`lean`, set by the proxy)."""
+    """FastAPI whose POST /v1/chat/completions and /v1/completions bypass its middleware stack
+    (`lean`, set by the proxy)."""
 
     lean: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if self.lean is not None and scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST":
+        if self.lean is not None and scope["type"] == "http" and scope["path"] in LEAN_PATHS \
+                and scope["method"] == "POST":
             scope["app"] = self
             await self.lean(scope, receive, send)
             return

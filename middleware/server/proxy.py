@@ -26,7 +26,8 @@ from middleware.server.admission import AdmissionGate
 from middleware.server.heap import settle_heap
 from middleware.server.auth import KeyGate, bearer_text, key_allowed
 from middleware.server.body import ClientGone, parse_json, read_body
-from middleware.server.chat_asgi import ChatHandler, Delegate, LeanApp
+from middleware.server.chat_asgi import CHAT_PATH, COMPLETIONS_PATH, ByPath, ChatHandler, Delegate, LeanApp
+from middleware.server.completions_asgi import CompletionsHandler
 from middleware.config import Config
 from middleware.errors import KvgateError, Unauthorized
 from middleware.server.responses import error_response
@@ -35,7 +36,7 @@ from middleware.telemetry.metrics import Metrics
 from middleware.pipeline import Pipeline
 from middleware.build import build_pipeline
 from middleware.routing.router import Router
-from middleware.server.schema import FeedbackRequest, chat_openapi_extra
+from middleware.server.schema import CompletionRequest, FeedbackRequest, chat_openapi_extra
 from middleware.server.ui import add_dashboard, make_recorder, record_stats
 
 if TYPE_CHECKING:
@@ -87,9 +88,12 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
     # every route but /health, present and future; admin keys pass it on the admin paths only
     app.add_middleware(KeyGate, keys=keys, admin_keys=frozenset(config.auth.admin_keys))
     chat = ChatHandler(app, config, worker, tenant_of, parse_json)
-    # chat completions take the lean path (middleware/server/chat_asgi.py) through the same key gate, and
-    # the admission gate inside it: a caller without a key is refused before it is counted
-    admission = AdmissionGate(chat, limit=config.server.max_in_flight,
+    completions = CompletionsHandler(app, config, worker, tenant_of,
+                                     lambda raw: parse_json(raw, CompletionRequest))
+    lean = ByPath({CHAT_PATH: chat, COMPLETIONS_PATH: completions})
+    # chat and text completions take the lean path (middleware/server/chat_asgi.py) through the same key
+    # gate, and the admission gate inside it: a caller without a key is refused before it is counted
+    admission = AdmissionGate(lean, limit=config.server.max_in_flight,
                               on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
     app.lean = KeyGate(admission, keys=keys)
 
@@ -112,6 +116,10 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
     @app.post("/v1/chat/completions", openapi_extra=chat_openapi_extra())
     async def chat_completions() -> Response:  # documents the route; the lean path serves it
         return Delegate(app.lean or chat)
+
+    @app.post("/v1/completions", openapi_extra=chat_openapi_extra(CompletionRequest))
+    async def text_completions() -> Response:  # documents the route; the lean path serves it
+        return Delegate(app.lean or completions)
 
     @app.post("/v1/cache/feedback", openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": FeedbackRequest.model_json_schema()}}}})

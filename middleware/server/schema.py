@@ -94,6 +94,32 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
 
 
+class CompletionRequest(BaseModel):
+    """`POST /v1/completions` (vLLM's and OpenAI's shape): a prompt as text, token ids, or a batch
+    of either. Fields not declared here go to the engine as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str = Field(min_length=1)
+    # checked by the pipeline (middleware.request.text_prompt), whose errors name the prompt's place
+    prompt: Any = Field(json_schema_extra={"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "integer"}},
+        {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]})
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    n: int | None = Field(None, ge=1, le=128)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    user: str | None = None
+    stream_options: dict[str, Any] | None = None
+
+
 class FeedbackRequest(BaseModel):
     """Body of `POST /v1/cache/feedback`: was the answer to this request right?"""
 
@@ -113,10 +139,10 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-def chat_openapi_extra() -> dict[str, Any]:
-    """The chat operation's request body for the OpenAPI document, self-contained (no $refs):
+def chat_openapi_extra(model: type[BaseModel] = ChatCompletionRequest) -> dict[str, Any]:
+    """A completions operation's request body for the OpenAPI document, self-contained (no $refs):
     the handler reads the raw body itself (size limit, our own error messages), so FastAPI
     cannot derive it. Schemathesis fuzzes the proxy from this document."""
-    schema = ChatCompletionRequest.model_json_schema()
+    schema = model.model_json_schema()
     body = _inline(schema, schema.get("$defs", {}))
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}

@@ -50,6 +50,8 @@ vllm:
 	@# kvgate's KV connector runs inside vLLM: this checkout on the engine's path (a .pth file, no proxy stack)
 	@# plus only what the connector imports (tiers: diskcache, redis; chunks: xxhash, zstandard)
 	$(VLLM_VENV)/bin/pip install -q xxhash diskcache 'redis[hiredis]' zstandard
+	@# pandas: vLLM's benchmark client reads `custom` datasets (JSONL) with it (tests run it multi-turn)
+	$(VLLM_VENV)/bin/pip install -q pandas
 	$(VLLM_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/kvgate-connector.pth', 'w').write('$(CURDIR)\n')"
 	$(VLLM_VENV)/bin/python -c "import vllm, engines.vllm.kv_connector.connector; print('vLLM', vllm.__version__, 'with kvgate KV connector ready in $(VLLM_VENV)')"
 

@@ -197,3 +197,14 @@ def test_sdk_text_completion(backend, tmp_path, embedder):
         stream = gw.text_completion(model="demo-1", prompt="sdk prompt", max_tokens=8, stream=True)
         assert "".join(c.choices[0].text for c in stream) == first.choices[0].text
         assert stream.kvgate.cache == "exact"
+
+
+def test_failover_to_the_next_replica(make_proxy, backend, tmp_path):
+    raw = relay_config(backend.api_base, tmp_path / "failover")
+    raw["routes"][0]["replicas"][0]["api_base"] = "http://127.0.0.1:9/v1"  # nothing listens there
+    raw["routes"][0]["routing"] = {"policy": "round_robin"}
+    proxy = make_proxy(raw=raw)
+    for i in range(3):
+        resp = post(proxy, {"prompt": f"failover prompt {i}", "max_tokens": 8})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-kvgate-replica"] == "b"

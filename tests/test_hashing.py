@@ -142,3 +142,25 @@ def test_chat_tokenizer_encode_matches_the_tokenizers_own_call():
     for text in ["<|im_start|>user\nwhat about é, 日本語 and emoji 🙂?<|im_end|>\n", "<|im_start|>assistant\n",
                  " leading space", "", "tabs\tand\nnewlines  ", "word and more " * 500]:
         assert tok.encode(text) == list(tok._tok(text, add_special_tokens=False)["input_ids"])
+
+
+@given(st.text(min_size=1, max_size=300), st.integers(1, 9), st.sampled_from([None, "tenant-salt"]))
+@settings(max_examples=60, deadline=None)
+def test_completions_prompts_hash_their_own_tokens(text, bs, salt):
+    """A completions prompt hashes as the engine's tokens of the raw text (no template) or the ids
+    as given, under the same salt rule as chat; text, ids and chat never share a chain state."""
+    from index.prompt import PromptHasher, TextPrompt
+    from index.tokenizer import TextTokenizer
+    from index.hashing import salted_seed, text_tokens
+
+    hasher = PromptHasher(TextTokenizer(), bs)
+    tokens = text_tokens(text)
+    expected = block_hashes(tokens, bs, seed=salted_seed(hasher.seed, salt))
+    by_text = hasher.prompt(TextPrompt(text), salt=salt)
+    assert (by_text.hashes, by_text.tokens) == (expected, len(tokens))
+    by_ids = hasher.prompt(TextPrompt(token_ids=tuple(tokens)), salt=salt)
+    assert (by_ids.hashes, by_ids.tokens) == (expected, len(tokens))
+    # the chat rendering of the same text is another prompt
+    chat = hasher.prompt([{"role": "user", "content": text}], salt=salt)
+    assert chat.tokens > len(tokens)
+    assert hasher.prompt(TextPrompt(text), salt=salt).hashes == expected  # again, from the caches

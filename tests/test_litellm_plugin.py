@@ -55,3 +55,36 @@ async def test_router_sticks_conversations_to_their_prefix(two_servers):
         assert len(set(served)) == 1, results
     assert {s[0] for s in results} == {"replica-0", "replica-1"}
     assert all(v["in_flight"] == 0 and v["blocks"] > 0 for v in stats().values())
+
+
+async def test_router_routes_text_completions_by_their_prompt(two_servers):
+    """litellm.Router.atext_completion: LiteLLM hands the plugin the prompt as one user message
+    (nothing tells it apart from a chat request), so the plugin hashes that; a prompt that extends
+    an earlier one still shares its leading blocks and goes where that one went."""
+    plugin = PrefixRoutingPlugin(RoutingConfig(policy="cache_aware", prefix=PrefixConfig(tokenizer="smollm2")))
+    model_list = [
+        {"model_name": "smol", "litellm_params": {"model": "openai/smol", "api_base": f"{s.url}/v1", "api_key": "none"},
+         "model_info": {"id": f"replica-{i}"}}
+        for i, s in enumerate(two_servers)
+    ]
+    saved = litellm.callbacks
+    litellm.callbacks = [plugin]
+    try:
+        router = litellm.Router(model_list=model_list)
+
+        async def conversation(topic: str) -> list[str]:
+            prompt, served = f"Notes on {topic}. " * 40, []
+            for turn in range(3):
+                resp = await router.atext_completion(model="smol", prompt=prompt)
+                served.append(resp._hidden_params["model_id"])
+                prompt += resp.choices[0].text + f" More, {turn}."
+                await asyncio.sleep(0.05)
+            return served
+
+        results = await asyncio.gather(*(conversation(t) for t in ["volcanoes", "glaciers", "deserts", "rainforests"]))
+    finally:
+        litellm.callbacks = saved
+    assert plugin.decisions == 12
+    for served in results:
+        assert len(set(served)) == 1, results
+    assert {s[0] for s in results} == {"replica-0", "replica-1"}

@@ -27,6 +27,7 @@ class EngineInfo:
     replay: str | None = None
     accepts_cache_salt: bool = False
     error: str | None = None
+    max_model_len: int | None = None  # the context the engine refuses prompts beyond (vLLM's /v1/models)
 
 
 class EngineAdapter(Protocol):

@@ -54,7 +54,7 @@ def cache_config(metrics_text: str) -> dict[str, str]:
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value not in (None, "", "None") else None
-    except ValueError:
+    except (TypeError, ValueError):
         return None
 
 
@@ -77,11 +77,12 @@ class VllmAdapter:
             return None
         if not isinstance(version, str):
             return None
-        model_root = None
+        model_root, max_model_len = None, None
         models = await client.get(f"{api_base.rstrip('/')}/models")
         if models.status_code == 200:
             data = models.json().get("data") or [{}]
             model_root = data[0].get("root") or data[0].get("id")
+            max_model_len = _int(data[0].get("max_model_len"))
         labels: dict[str, str] = {}
         metrics = await client.get(f"{root}/metrics")
         if metrics.status_code == 200:
@@ -96,4 +97,4 @@ class VllmAdapter:
             "vllm", version=version, block_size=_int(labels.get("block_size")), model_root=model_root,
             kv_cache_tokens=_int(labels.get("kv_cache_size_tokens")), events_endpoint=endpoint,
             events_bind=endpoint is not None and not binds(endpoint), replay=replay, accepts_cache_salt=True,
-            error=version_error(version))
+            error=version_error(version), max_model_len=max_model_len)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from middleware.config import RouteConfig
-from middleware.errors import BackendError
+from middleware.errors import BackendError, BadRequest
 from middleware.forward.resume import StreamResume, resumable
 from middleware.request import RequestView
 from middleware.routing.router import RoutePlan, Router, Ticket
@@ -81,7 +81,19 @@ class Failover:
             return Attempts(None, base)
         user = view.forwarded.get("user")
         plan = self.router.plan(view.routing_prompt, session=user if isinstance(user, str) else None, salt=self.salt(view))
+        self._check_context(view, plan)
         return Attempts(plan, base)
+
+    def _check_context(self, view: RequestView, plan: RoutePlan) -> None:
+        """Refuse, before any replica sees it, a prompt longer than the engines' context, as the
+        engine itself would (400). Only in precise mode: its token count is the engine's own."""
+        router = self.router
+        limit = router.context_limit if router is not None and router.cfg.prefix.mode == "precise" else None
+        if limit is None or plan.prompt_tokens <= limit or "truncate_prompt_tokens" in view.params:
+            return
+        raise BadRequest(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                         f"{plan.prompt_tokens} input tokens. Please reduce the length of the input prompt.",
+                         param="prompt" if view.completions else "messages")
 
     def next(self, attempts: Attempts) -> dict[str, Any]:
         """The arguments for the best replica not tried yet; its ticket becomes `attempts.ticket`.

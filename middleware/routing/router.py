@@ -136,6 +136,12 @@ class Router:
         if self.precise is not None and name in self._names:
             self.precise.engine_found(name, info)
 
+    @property
+    def context_limit(self) -> int | None:
+        """The smallest context length the route's engines reported (None until one did)."""
+        limits = [e.max_model_len for e in self.engines.values() if e.max_model_len]
+        return min(limits) if limits else None
+
     def salt(self, tenant: str | None, client_salt: object = None) -> str | None:
         """The cache_salt of a request of `tenant` (EngineBook.salt); part of its hashes too."""
         return self.book.salt(tenant, client_salt)

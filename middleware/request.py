@@ -307,8 +307,11 @@ def build_text_view(config: Config, kwargs: Mapping[str, Any], tenant: str, cont
     skip = uncacheable(params)
     if skip is not None:
         control = CacheControl(no_cache=True, no_store=True)
-    return RequestView(route, model, [], params, forwarded, stream, tenant, exact_key, scope, prompt.text, control,
-                       None, prompt, skip)
+    # raw prompts that differ only in a few words (one document, another question at its end) embed
+    # close together: the semantic tier serves them only on a route that turns it on by name
+    semantic = "enabled" in route.semantic.model_fields_set and route.semantic.enabled
+    return RequestView(route, model, [], params, forwarded, stream, tenant, exact_key, scope,
+                       prompt.text if semantic else None, control, None, prompt, skip)
 
 
 def _route(config: Config, kwargs: Mapping[str, Any], endpoint: str = "chat") -> RouteConfig:

@@ -172,7 +172,7 @@ def test_semantic_tier_on_a_completions_route(make_proxy, backend, tmp_path):
     raw = {"cache_dir": str(tmp_path / "sem"), "routes": [
         {"name": "text", "model": "demo-*", "endpoints": ["completions"],
          "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"},
-         "semantic": {"threshold": 0.9}},
+         "semantic": {"enabled": True, "threshold": 0.9}},
         {"name": "chat", "model": "demo-*", "endpoints": ["chat"],
          "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"},
          "semantic": {"enabled": False}}]}
@@ -181,6 +181,14 @@ def test_semantic_tier_on_a_completions_route(make_proxy, backend, tmp_path):
     hit = post(proxy, {"prompt": "Tell me the capital city of France"})
     assert hit.headers["x-kvgate-cache"] == "semantic" and hit.headers["x-kvgate-route"] == "text"
     assert proxy.chat("What is the capital of France?").headers["x-kvgate-route"] == "chat"
+
+
+def test_semantic_tier_needs_turning_on_for_completions(make_proxy, backend):
+    proxy = make_proxy()  # the route's semantic tier is on by default: for chat only
+    post(proxy, {"prompt": "What is the capital of France?"})
+    assert post(proxy, {"prompt": "Tell me the capital city of France"}).headers["x-kvgate-cache"] == "miss"
+    proxy.chat("What is the capital of France?")
+    assert proxy.chat("Tell me the capital city of France").headers["x-kvgate-cache"] == "semantic"
 
 
 def test_sdk_text_completion(backend, tmp_path, embedder):

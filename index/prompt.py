@@ -285,22 +285,17 @@ class PromptHasher:
 
     def _encode(self, segment: str) -> bytes:
         """The segment's token ids, packed (index.hashing.pack_tokens)."""
-        with self._lock:
-            ids = self._segments.get_touch(segment)
-        if ids is None:
-            ids = self.tokenizer.packed(segment)
-            with self._lock:
-                self._segments.put(segment, ids)
-        return ids
-
+        return self._cached(segment, self.tokenizer.packed)
 
     def _encode_text(self, text: str) -> bytes:
-        """A completions prompt's token ids, packed (cached like a chat segment)."""
-        key = ("text", text)
+        """A completions prompt's token ids, packed (cached like a chat segment, under its own key)."""
+        return self._cached(("text", text), lambda _: self.tokenizer.packed_text(text))
+
+    def _cached(self, key: Any, encode: Callable[[Any], bytes]) -> bytes:
         with self._lock:
             ids = self._segments.get_touch(key)
         if ids is None:
-            ids = self.tokenizer.packed_text(text)
+            ids = encode(key)
             with self._lock:
                 self._segments.put(key, ids)
         return ids

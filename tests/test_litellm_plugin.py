@@ -20,36 +20,41 @@ def two_servers():
         s.stop()
 
 
-async def test_router_sticks_conversations_to_their_prefix(two_servers):
+def model_list(servers) -> list[dict]:
+    return [{"model_name": "smol", "model_info": {"id": f"replica-{i}"},
+             "litellm_params": {"model": "openai/smol", "api_base": f"{s.url}/v1", "api_key": "none"}}
+            for i, s in enumerate(servers)]
+
+
+@pytest.fixture
+def routed(two_servers):
+    """(a litellm.Router over the two servers, the plugin it calls), the plugin installed for the test."""
     plugin = PrefixRoutingPlugin(RoutingConfig(policy="cache_aware", prefix=PrefixConfig(tokenizer="smollm2")))
-    model_list = [
-        {"model_name": "smol", "litellm_params": {"model": "openai/smol", "api_base": f"{s.url}/v1", "api_key": "none"},
-         "model_info": {"id": f"replica-{i}"}}
-        for i, s in enumerate(two_servers)
-    ]
     saved = litellm.callbacks
     litellm.callbacks = [plugin]
-    try:
-        router = litellm.Router(model_list=model_list)
+    yield litellm.Router(model_list=model_list(two_servers)), plugin
+    litellm.callbacks = saved
 
-        async def conversation(topic: str) -> list[str]:
-            messages = [{"role": "user", "content": f"Tell me about {topic}. " * 40 + " [[sleep=0.2]]"}]
-            served = []
-            for turn in range(3):
-                resp = await router.acompletion(model="smol", messages=messages)
-                served.append(resp._hidden_params["model_id"])
-                messages += [{"role": "assistant", "content": resp.choices[0].message.content},
-                             {"role": "user", "content": f"More please, {turn}. [[sleep=0.2]]"}]
-            return served
 
-        results = await asyncio.gather(*(conversation(t) for t in ["volcanoes", "glaciers", "deserts", "rainforests"]))
-        stats = next(iter(plugin._routers.values())).stats
-        for _ in range(100):  # LiteLLM runs success loggers as background tasks
-            if all(v["in_flight"] == 0 for v in stats().values()):
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        litellm.callbacks = saved
+async def test_router_sticks_conversations_to_their_prefix(routed):
+    router, plugin = routed
+
+    async def conversation(topic: str) -> list[str]:
+        messages = [{"role": "user", "content": f"Tell me about {topic}. " * 40 + " [[sleep=0.2]]"}]
+        served = []
+        for turn in range(3):
+            resp = await router.acompletion(model="smol", messages=messages)
+            served.append(resp._hidden_params["model_id"])
+            messages += [{"role": "assistant", "content": resp.choices[0].message.content},
+                         {"role": "user", "content": f"More please, {turn}. [[sleep=0.2]]"}]
+        return served
+
+    results = await asyncio.gather(*(conversation(t) for t in ["volcanoes", "glaciers", "deserts", "rainforests"]))
+    stats = next(iter(plugin._routers.values())).stats
+    for _ in range(100):  # LiteLLM runs success loggers as background tasks
+        if all(v["in_flight"] == 0 for v in stats().values()):
+            break
+        await asyncio.sleep(0.02)
     assert plugin.decisions == 12
     for served in results:
         assert len(set(served)) == 1, results
@@ -57,33 +62,22 @@ async def test_router_sticks_conversations_to_their_prefix(two_servers):
     assert all(v["in_flight"] == 0 and v["blocks"] > 0 for v in stats().values())
 
 
-async def test_router_routes_text_completions_by_their_prompt(two_servers):
+async def test_router_routes_text_completions_by_their_prompt(routed):
     """litellm.Router.atext_completion: LiteLLM hands the plugin the prompt as one user message
     (nothing tells it apart from a chat request), so the plugin hashes that; a prompt that extends
     an earlier one still shares its leading blocks and goes where that one went."""
-    plugin = PrefixRoutingPlugin(RoutingConfig(policy="cache_aware", prefix=PrefixConfig(tokenizer="smollm2")))
-    model_list = [
-        {"model_name": "smol", "litellm_params": {"model": "openai/smol", "api_base": f"{s.url}/v1", "api_key": "none"},
-         "model_info": {"id": f"replica-{i}"}}
-        for i, s in enumerate(two_servers)
-    ]
-    saved = litellm.callbacks
-    litellm.callbacks = [plugin]
-    try:
-        router = litellm.Router(model_list=model_list)
+    router, plugin = routed
 
-        async def conversation(topic: str) -> list[str]:
-            prompt, served = f"Notes on {topic}. " * 40, []
-            for turn in range(3):
-                resp = await router.atext_completion(model="smol", prompt=prompt)
-                served.append(resp._hidden_params["model_id"])
-                prompt += resp.choices[0].text + f" More, {turn}."
-                await asyncio.sleep(0.05)
-            return served
+    async def conversation(topic: str) -> list[str]:
+        prompt, served = f"Notes on {topic}. " * 40, []
+        for turn in range(3):
+            resp = await router.atext_completion(model="smol", prompt=prompt)
+            served.append(resp._hidden_params["model_id"])
+            prompt += resp.choices[0].text + f" More, {turn}."
+            await asyncio.sleep(0.05)
+        return served
 
-        results = await asyncio.gather(*(conversation(t) for t in ["volcanoes", "glaciers", "deserts", "rainforests"]))
-    finally:
-        litellm.callbacks = saved
+    results = await asyncio.gather(*(conversation(t) for t in ["volcanoes", "glaciers", "deserts", "rainforests"]))
     assert plugin.decisions == 12
     for served in results:
         assert len(set(served)) == 1, results

@@ -11,7 +11,10 @@ tiers off (every turn is routed) and a fresh cache_dir; every router is a fresh 
 
 Workload (tools/bench/vllm_arena_workload.py): conversations grouped from a Mooncake-format trace,
 each trace block of 512 tokens scaled to `--block-tokens` real tokens (default 64, ×1/8), sent as
-chat turns, `--concurrency` conversations at once (tools/bench/vllm_arena_client.py). Reported
+chat turns, `--concurrency` conversations at once (tools/bench/vllm_arena_client.py);
+`--endpoint completions` sends the same turns as growing plain-text prompts to `/v1/completions`
+through every arm (kvgate hashes them with the engine's tokenizer and no chat template; sglang-router
+keys its tree on the prompt text; vllm-router asks a worker for `/v1/completions/render`). Reported
 conversations are the first `--conversations` that fit; the anchors' thresholds (arena_routers'
 ANCHOR_GRID) are tuned on the next `--tune-conversations`, disjoint from them, with the routing
 arena's rule (tools.bench.arena.choose: cached fraction within 0.01 of the best, then lowest TTFT
@@ -22,10 +25,11 @@ and reads vLLM's own counters before and after it (tools/bench/vllm_arena_stats.
 cached_fraction = Δ prompt_tokens_cached / Δ prompt_tokens, both servers together. Runs
 interleave the arms (run 1 of every arm, then run 2, ...), so slow drift on the machine hits all.
 
-JSON (`--json`): `routers.<arm>`: ttft_mean_s (mean over runs of each run's mean TTFT),
+JSON (`--json`): `endpoint` (chat or completions); `routers.<arm>`: ttft_mean_s (mean over runs of each run's mean TTFT),
 ttft_mean_ci_s (its 95% normal half-width, arena_table.mean_interval; null with one run),
 ttft_p50_s / ttft_p90_s (every TTFT pooled), cached_fraction (all runs' tokens), errors, requests,
-runs (each run: its TTFTs, engine counters, requests per server, its oracle); top level:
+runs (each run: its TTFTs, engine counters, requests per server, render_requests: the engines'
+`.../render` calls, vllm-router's tokenization; its oracle); top level:
 oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
 cache_config_info), machine (with the other vLLM servers found running), command, scaling, tuning.
 A default run (16 conversations × 4 turns, 5 arms × 3 runs, tuning on 8) takes about 30 minutes
@@ -54,11 +58,11 @@ from tools.bench.machine import hardware_info, machine_info
 from tools.bench.procs import Proc, free_port, kvgate_argv
 from tools.bench.stats import pct, write_json
 from tools.bench.trace import load_trace
-from tools.bench.vllm_arena_client import Turn, converse
+from tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
 from tools.bench.vllm_arena_setup import (ANCHOR_OF, MODEL, kvgate_config, other_vllm_servers, preflight,
                                           signals_deferred, wait_workers, warm_up)
-from tools.bench.vllm_arena_stats import Computed, counters, metric_labels, metric_sum, oracle_cached, router_summary, \
-    run_summary
+from tools.bench.vllm_arena_stats import Computed, counters, metric_labels, metric_sum, oracle_cached, render_requests, \
+    router_summary, run_summary
 from tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
 ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
@@ -80,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="conversations (after the reported ones) the anchors are tuned on; 0: ANCHOR_DEFAULTS")
     p.add_argument("--anchor-grid", default=ANCHOR_GRID, metavar="CT/ABS/REL,...", help="anchor threshold candidates")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="each vLLM server's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE: an integer)")
+    p.add_argument("--endpoint", choices=tuple(ENDPOINTS), default="chat",
+                   help="chat: /v1/chat/completions turns; completions: the same turns as one growing text prompt "
+                        "(\"User: ...\\nAssistant: ...\\n\", no chat template) to /v1/completions")
     p.add_argument("--dir", type=Path, default=None, help="where the work directory (logs, configs) goes")
     p.add_argument("--kv-connector", action="store_true",
                    help="every engine loads kvgate's KV connector over one shared disk directory (emptied with the "
@@ -163,7 +170,7 @@ class Bench:
                 "block_size": int(info.get("block_size", 0)) or None, "vllm_version": version}
 
     def router(self, arm: str, params: dict[str, Any]) -> tuple[Proc, str, str]:
-        """Start `arm`'s router: (process, chat completions URL, label)."""
+        """Start `arm`'s router: (process, the URL of --endpoint's path on it, label)."""
         self.count += 1
         port, name = free_port(), f"{arm}-{self.count}"
         if arm in ANCHOR_OF:
@@ -183,13 +190,13 @@ class Bench:
         except BaseException:  # Ctrl-C included: the router runs in its own session
             proc.stop()
             raise
-        return proc, f"http://127.0.0.1:{port}/v1/chat/completions", label
+        return proc, f"http://127.0.0.1:{port}{ENDPOINTS[self.args.endpoint]}", label
 
     def run(self, arm: str, params: dict[str, Any], texts: list[list[str]], tag: str, block_size: int) -> dict[str, Any]:
         """One run of `arm` on the conversations `texts`, cold engine caches; the run's summary."""
         proc, url, label = self.router(arm, params)
         try:
-            asyncio.run(warm_up(url))
+            asyncio.run(warm_up(url, endpoint=self.args.endpoint))
             self.reset()
             others = other_vllm_servers([s.proc.pid for s in self.servers if s.proc is not None])
             if others:
@@ -199,7 +206,8 @@ class Bench:
             t0 = time.perf_counter()
             with Progress(total, f"{arm} {tag}", unit="requests") as bar:
                 turns = asyncio.run(converse(url, texts, model=MODEL, max_tokens=self.args.max_tokens,
-                                             concurrency=self.args.concurrency, on_turn=lambda _: bar.update()))
+                                             concurrency=self.args.concurrency, on_turn=lambda _: bar.update(),
+                                             endpoint=self.args.endpoint))
             wall = time.perf_counter() - t0
             time.sleep(1.0)  # the engines' last stats reach /metrics
             after_pages = self.pages()
@@ -208,18 +216,22 @@ class Bench:
         per_server = [int(metric_sum(a, "vllm:request_success_total") - metric_sum(b, "vllm:request_success_total"))
                       for a, b in zip(after_pages, before_pages)]
         ok = [t for t in turns if t.error is None]
+        rendered = render_requests(after_pages)
+        before_rendered = render_requests(before_pages)
         oracle = self.oracle(ok, block_size)
         summary = run_summary([t.ttft for t in ok if t.ttft is not None], [t.error for t in turns if t.error],
                               len(turns), counters(before_pages), counters(after_pages),
                               not_sent=total - len(turns), wall_s=round(wall, 2), requests_per_server=per_server,
-                              other_vllm_servers=others,
+                              other_vllm_servers=others, render_requests=None if rendered is None
+                              else int(rendered - (before_rendered or 0)),
                               usage_prompt_tokens=sum(t.prompt_tokens or 0 for t in ok),
                               usage_cached_tokens=sum(t.cached_tokens or 0 for t in ok), **oracle)
         summary.update(router=label, params=params)
         return summary
 
     def oracle(self, turns: Sequence[Turn], block_size: int) -> dict[str, Any]:
-        """The oracle on what this run sent: token ids from vLLM's own /tokenize (its chat template)."""
+        """The oracle on what this run sent: token ids from vLLM's own /tokenize (its chat template for
+        chat turns; a completions prompt as /v1/completions tokenizes it)."""
         base = self.bases[0]
         with httpx.Client(timeout=60) as client:
             def tokens(body: dict[str, Any]) -> list[int]:
@@ -227,7 +239,8 @@ class Bench:
 
             reqs, mismatched = [], 0
             for t in turns:
-                prompt = tokens({"messages": t.messages, "add_generation_prompt": True})
+                prompt = tokens({"messages": t.messages, "add_generation_prompt": True} if t.prompt is None
+                                else {"prompt": t.prompt})
                 out = tokens({"prompt": t.answer, "add_special_tokens": False}) if t.answer else []
                 # the last generated token's KV is never computed: an answer cut at max_tokens loses its
                 # last token, one that stopped at EOS loses the EOS (not in the answer's text)
@@ -278,7 +291,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="kvgate-vllm-arena-", dir=args.dir))
     bench = Bench(args, work)
     result: dict[str, Any] = {
-        "routers": {}, "oracle_cached_fraction": None, "kv_cache_tokens": None,
+        "endpoint": args.endpoint, "routers": {}, "oracle_cached_fraction": None, "kv_cache_tokens": None,
         "machine": {**hardware_info(work), "load_average_1_5_15m": machine_info()["load_average_1_5_15m"],
                     "other_vllm_servers_at_start": others},
         "command": "kvgate " + shlex.join(sys.argv[1:]),
@@ -286,6 +299,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                     "trace": str(args.trace), "turns": args.turns, "concurrency": args.concurrency,
                     "reported_conversations": [c.requests[0] for c in reported]},
     }
+    if args.endpoint == "completions":  # the chat template `how` names is not sent
+        result["scaling"]["prompt_format"] = ("completions: 'User: <text>\\nAssistant:'; turn k = turn k-1's prompt + "
+                                              "its answer + '\\nUser: <text>\\nAssistant:', no chat template")
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     t_start = time.perf_counter()
     try:

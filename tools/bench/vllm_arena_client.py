@@ -1,10 +1,12 @@
 """The load generator of `kvgate bench vllm` (tools/bench/vllm_arena.py): conversations sent as
-chat turns through one router, `concurrency` conversations at a time, each one's turns in order.
-Every turn streams (temperature 0); its TTFT is the time from sending to the first chunk with
-non-empty `delta.content`, router included, read with the relay's own HTTP/1.1 client (the same
-client for every router, as tools/bench/stream_client.py measures the arena). Turn k's messages are
-the earlier user texts, the answers the engine returned and the new text: later turns extend
-earlier prompts as a real chat does. After a failed turn the rest of that conversation is not sent.
+chat turns (or completions prompts) through one router, `concurrency` conversations at a time, each
+one's turns in order. Every turn streams (temperature 0); its TTFT is the time from sending to the
+first chunk with non-empty `delta.content` (completions: `text`), router included, read with the
+relay's own HTTP/1.1 client (the same client for every router, as tools/bench/stream_client.py
+measures the arena). Turn k's messages are the earlier user texts, the answers the engine returned
+and the new text: later turns extend earlier prompts as a real chat does. With the completions
+endpoint turn k's prompt is turn k-1's prompt, its answer and the new text
+(vllm_arena_workload.next_prompt). After a failed turn the rest of that conversation is not sent.
 """
 from __future__ import annotations
 
@@ -17,15 +19,19 @@ from typing import Any, Callable, Sequence
 import orjson
 
 from middleware.forward.http1 import Pool
+from tools.bench.vllm_arena_workload import next_prompt
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 @dataclass
 class Turn:
-    """One sent turn: where it belongs, its messages, and what came back."""
+    """One sent turn: where it belongs, its messages (or its completions prompt), and what came back."""
 
     conversation: int
     turn: int
     messages: list[dict[str, str]]
+    prompt: str | None = None  # set: the turn goes to /v1/completions with this prompt, `messages` unused
     sent: float = 0.0  # perf_counter
     done: float = 0.0
     ttft: float | None = None
@@ -38,12 +44,12 @@ class Turn:
 
 
 def take_event(turn: Turn, event: dict[str, Any], now: float) -> None:
-    """Fold one SSE event of a chat completion stream into `turn`."""
+    """Fold one SSE event of a chat completion (or completion) stream into `turn`."""
     if "error" in event:
         turn.error = json.dumps(event["error"])[:200]
         return
     for choice in event.get("choices") or []:
-        content = (choice.get("delta") or {}).get("content")
+        content = choice.get("text") if turn.prompt is not None else (choice.get("delta") or {}).get("content")
         if content:
             if turn.ttft is None:
                 turn.ttft = now - turn.sent
@@ -60,7 +66,8 @@ def take_event(turn: Turn, event: dict[str, Any], now: float) -> None:
 
 async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: int, timeout: float) -> None:
     """Stream one turn; never raises for the server's failures (they end in `turn.error`)."""
-    body = orjson.dumps({"model": model, "messages": turn.messages, "max_tokens": max_tokens, "temperature": 0,
+    what = {"messages": turn.messages} if turn.prompt is None else {"prompt": turn.prompt}
+    body = orjson.dumps({"model": model, **what, "max_tokens": max_tokens, "temperature": 0,
                          "stream": True, "stream_options": {"include_usage": True}})
     turn.sent = time.perf_counter()
     buf = b""
@@ -97,9 +104,10 @@ async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: 
 
 
 async def converse(url: str, texts: Sequence[Sequence[str]], *, model: str, max_tokens: int, concurrency: int,
-                   timeout: float = 600.0, on_turn: Callable[[Turn], None] | None = None) -> list[Turn]:
-    """Every conversation (`texts[c]`: its user messages), `concurrency` at a time in list order;
-    the turns sent, in the order they were sent."""
+                   timeout: float = 600.0, on_turn: Callable[[Turn], None] | None = None,
+                   endpoint: str = "chat") -> list[Turn]:
+    """Every conversation (`texts[c]`: its user messages), `concurrency` at a time in list order, as
+    chat turns or (`endpoint` "completions") text prompts; the turns sent, in the order they were sent."""
     sent: list[Turn] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
     for c in range(len(texts)):
@@ -110,16 +118,22 @@ async def converse(url: str, texts: Sequence[Sequence[str]], *, model: str, max_
         while not queue.empty():
             c = queue.get_nowait()
             messages: list[dict[str, str]] = []
+            prompt = answer = ""
             for k, text in enumerate(texts[c]):
-                messages = [*messages, {"role": "user", "content": text}]
-                turn = Turn(c, k, messages)
+                if endpoint == "completions":
+                    prompt = next_prompt(prompt, answer, text)
+                    turn = Turn(c, k, [], prompt)
+                else:
+                    messages = [*messages, {"role": "user", "content": text}]
+                    turn = Turn(c, k, messages)
                 sent.append(turn)
                 await send_turn(client, url, turn, model, max_tokens, timeout)
                 if on_turn is not None:
                     on_turn(turn)
                 if turn.error is not None:
                     break
-                messages = [*messages, {"role": "assistant", "content": turn.answer}]
+                answer = turn.answer
+                messages = [*messages, {"role": "assistant", "content": answer}]
 
     try:
         await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))

@@ -16,6 +16,7 @@ import httpx
 from engines.vllm.launch import VllmServer, default_model_dir, vllm_available, vllm_python
 from tools.bench.procs import sglang_router_bin, vllm_router_bin
 from tools.bench.vllm_arena_client import Turn, send_turn
+from tools.bench.vllm_arena_workload import next_prompt
 
 MODEL = "smollm2"  # the servers' --served-model-name
 ANCHOR_OF = {"sglang": "sglang", "vllm_router": "vllm_router"}  # arm -> arena_routers.anchor_launch name
@@ -67,14 +68,17 @@ def wait_workers(url: str, n: int, timeout: float = 120.0) -> None:
     raise RuntimeError(f"{url}: not {n} healthy workers within {timeout:.0f}s (last answer {seen})")
 
 
-async def warm_up(url: str, n: int = 2) -> None:
-    """First-call costs of a fresh router (connections, lazy imports) before the measured run."""
+async def warm_up(url: str, n: int = 2, endpoint: str = "chat") -> None:
+    """First-call costs of a fresh router (connections, lazy imports) before the measured run, on
+    the endpoint the run uses."""
     from middleware.forward.http1 import Pool
 
     client = Pool(keepalive_s=3.0)
     try:
         for i in range(n):
-            turn = Turn(-1, i, [{"role": "user", "content": f"warm-up {i}"}])
+            text = f"warm-up {i}"
+            prompt = next_prompt("", "", text) if endpoint == "completions" else None
+            turn = Turn(-1, i, [{"role": "user", "content": text}], prompt)
             await send_turn(client, url, turn, MODEL, 2, 120.0)
             if turn.error:
                 raise RuntimeError(f"warm-up through {url} failed: {turn.error}")

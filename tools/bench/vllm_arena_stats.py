@@ -30,6 +30,18 @@ def metric_sum(text: str, name: str) -> float:
     return sum(float(v) for n, _, v in _SAMPLE.findall(text) if n == name)
 
 
+def render_requests(pages: Iterable[str]) -> float | None:
+    """Requests vLLM's API server answered on a `.../render` path (vllm-router asks for the token
+    ids of a prompt there), summed over the pages; None when no page counts requests per handler."""
+    total, found = 0.0, False
+    for page in pages:
+        for n, labels, v in _SAMPLE.findall(page):
+            if n == "http_requests_total":
+                found = True
+                total += float(v) if dict(_LABEL.findall(labels or "")).get("handler", "").endswith("/render") else 0.0
+    return total if found else None
+
+
 def metric_labels(text: str, name: str) -> dict[str, str]:
     """The labels of the first sample of `name` (an *_info gauge), {} when absent."""
     for n, labels, _ in _SAMPLE.findall(text):

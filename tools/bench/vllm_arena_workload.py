@@ -18,6 +18,11 @@ text is the blocks of its ids beyond turn k-1's full blocks (turn 1: all its ids
 of turn k (chat template + every earlier user text + the answers the engine returned + the new
 text) grows by the trace's own increments, ×B/512. Conversations whose last sent turn would
 exceed `max_prompt_tokens` (an estimate: blocks × B + answers + template) are skipped.
+
+Completions (`--endpoint completions`). The same turns as one growing plain-text prompt, no chat
+template (`next_prompt`): "User: <text>\nAssistant:", then turn k-1's prompt + the answer the
+engine returned + "\nUser: <text>\nAssistant:". The estimate above stays the chat one (an upper
+bound here), so both endpoints pick the same conversations.
 """
 from __future__ import annotations
 
@@ -126,6 +131,13 @@ def block_words(hash_id: int, block_tokens: int) -> str:
 def user_texts(conv: Conversation, block_tokens: int) -> list[str]:
     """Each turn's user message."""
     return [" ".join(block_words(h, block_tokens) for h in ids) for ids in conv.new_ids]
+
+
+def next_prompt(previous: str, answer: str, text: str) -> str:
+    """A completions turn's prompt: the previous turn's prompt and its answer verbatim (so the
+    engine's cached prefix is a prefix of this prompt's text), then the new user text."""
+    head = f"{previous}{answer}\n" if previous else ""
+    return f"{head}User: {text}\nAssistant:"
 
 
 def scaling(block_tokens: int, max_prompt_tokens: int, max_tokens: int, counts: dict[str, int]) -> dict[str, Any]:

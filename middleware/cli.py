@@ -154,7 +154,9 @@ BENCHES = {
     "scaleout": ("scaleout", "proxies on one Redis vs one proxy vs per-proxy caches: hit rate, hit latency, faults"),
     "throughput": ("throughput", "req/s and p50/p99 of one proxy process vs LiteLLM's proxy and sglang-router"),
     "vllm": ("vllm_arena", "real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router"),
+    "vllm-client": ("vllm_client_arena", "vLLM's own benchmark client (default backend, /v1/completions) through each router"),
     "vllm-kv": ("vllm_kv", "kvgate as vLLM's KV tier: next turn on another engine, restart, codecs, disk GB/s, decode"),
+    "kv-gpu": ("kv_gpu", "the vLLM KV connector's load/save path at device speed vs a Llama-shaped prefill (no vLLM)"),
     "plot": ("plot", "draw a saved result of bench semantic | routing | kv as a PNG (matplotlib)"),
 }
 

@@ -56,3 +56,11 @@ def test_example_connector_bytes_from_its_files(tmp_path) -> None:
     per_token = example_bytes_per_token(tmp_path)
     assert per_token is not None and 2 * 768 < per_token < 2 * 768 + 5
     assert example_bytes_per_token(tmp_path / "missing") is None
+
+
+def test_p99_is_nearest_rank() -> None:
+    from tools.bench.vllm_kv_itl import p99
+
+    assert p99([]) is None and p99([0.5]) == 0.5
+    assert p99([float(i) for i in range(1, 101)]) == 99.0
+    assert p99([float(i) for i in range(1, 201)]) == 198.0

@@ -1,5 +1,6 @@
 """kvgate's KV connector inside the session's two real vLLM servers (`vllm_pair`: one shared disk
-tier, raw chunks): a next turn on the other engine loads its history, a damaged chunk is recomputed
+tier, raw chunks): a next turn on the other engine loads its history (in the background, as a
+history of that size is estimated slower than a step), a damaged chunk is recomputed
 with the same output and no client error, and kvgate's router learns the shared tier from the
 engines' own events."""
 from __future__ import annotations
@@ -50,6 +51,9 @@ def test_the_next_turn_on_the_other_engine_loads_its_history(vllm_pair):
     assert cached_b >= (history - 1) // 128 * 128 > 0  # the whole history's blocks, loaded
     assert text_b == text_a  # raw chunks: the loaded KV is the computed KV
     assert wait_until(lambda: metric(b, "vllm:kvgate_loaded_chunks_total") >= (history - 1) // 128, 20)
+    # a history this long is estimated slower than the background threshold: it loaded beside b's steps
+    assert metric(b, "vllm:kvgate_background_loads_total") >= 1
+    assert metric(b, "vllm:kvgate_gate_load_gbps") > 0  # the gate's estimate, on b's /metrics
 
 
 def test_a_damaged_chunk_is_recomputed_not_served(vllm_pair):
@@ -98,3 +102,18 @@ def test_the_router_learns_the_shared_tier_from_the_engines(vllm_pair, proxy_fac
     scraped = proxy.client.get("/metrics").text
     assert 'kvgate_replica_kv_tier_blocks{replica="v2",route="vllm",tier="tier:disk:' in scraped
     assert 'kvgate_route_load_cost{route="vllm"}' in scraped
+
+
+def test_a_decode_stream_keeps_going_while_histories_load(vllm_pair):
+    """`kvgate bench vllm-kv`'s inter-token measurement on the real engines: B streams while two
+    histories A stored load into B beside it; both loads are served from the tier."""
+    from tools.bench.vllm_kv_itl import itl_during_loads
+
+    a, b = vllm_pair
+    firsts = [conversation() for _ in range(2)]
+    answers = [ask(a, first)[0] for first in firsts]
+    time.sleep(1.5)
+    got = itl_during_loads(b.api_base, 48, [next_turn(f, ans) for f, ans in zip(firsts, answers)])
+    assert got["itl_p99_no_loads_s"] > 0 and got["itl_p99_during_loads_s"] > 0
+    assert all(c >= 128 for c in got["loads_cached_tokens"])
+    print("inter-token p99 during loads / alone:", got["itl_p99_during_loads_s"], got["itl_p99_no_loads_s"])

@@ -52,14 +52,16 @@ class LayerChunk:
 
     def tensors(self, device: torch.device | str = "cpu") -> list[torch.Tensor]:
         """The layers' tensors on `device`, dequantized there (one operation for all layers)."""
-        moved = [p.to(device, non_blocking=True) for p in self.parts]
+        return list(self.expand([p.to(device, non_blocking=True) for p in self.parts]).unbind(0))
+
+    def expand(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """All layers at once, [layers, *shape], from this chunk's `parts` wherever they are (a
+        loader moves them to the device first, so the integers, not the floats, cross the bus)."""
         if self.codec == "raw":
-            whole = moved[0]
-        elif self.codec == "int8":
-            whole = dequantize_int8(moved[0], moved[1], self.dtype, self.group)
-        else:
-            whole = dequantize_int4(moved[0], moved[1], self.dtype, self.group)
-        return list(whole.unbind(0))
+            return parts[0]
+        if self.codec == "int8":
+            return dequantize_int8(parts[0], parts[1], self.dtype, self.group)
+        return dequantize_int4(parts[0], parts[1], self.dtype, self.group)
 
 
 def _part_shapes(codec: str, shape: tuple[int, ...], group: int,

@@ -157,9 +157,10 @@ class ChunkStore:
         """The tier key of chunk hash `h` in this namespace."""
         return f"{self._prefix}{h:016x}"
 
-    def longest_prefix(self, hashes: Sequence[BlockHash]) -> int:
+    def longest_prefix(self, hashes: Sequence[BlockHash], holders: list[str] | None = None) -> int:
         """Number of leading chunks present in any tier (no reads, no LRU effect). A BatchTier is
-        asked at most once, for every key from the first one the faster tiers lack."""
+        asked at most once, for every key from the first one the faster tiers lack. `holders`, when
+        given, gets the name of the fastest tier holding each counted chunk."""
         keys = [self.key(h) for h in hashes]
         asked: dict[str, tuple[int, list[bool]]] = {}  # batch tier → (first index asked, answers)
 
@@ -172,14 +173,18 @@ class ChunkStore:
             return answers[i - first]
 
         for i in range(len(keys)):
-            if not any(has(t, i) for t in self.tiers):
+            holder = next((t.name for t in self.tiers if has(t, i)), None)
+            if holder is None:
                 return i
+            if holders is not None:
+                holders.append(holder)
         return len(keys)
 
-    def get_many(self, hashes: Sequence[BlockHash]) -> list[KVChunk]:
+    def get_many(self, hashes: Sequence[BlockHash], served: list[str] | None = None) -> list[KVChunk]:
         """The longest run of leading chunks that load and verify; stops at the first missing or
         corrupt one. A hit in a slower tier is copied into the faster ones. A BatchTier serves
-        each run of keys that the faster tiers lack with one call."""
+        each run of keys that the faster tiers lack with one call. `served`, when given, gets the
+        name of the tier that served each returned chunk."""
         keys = [self.key(h) for h in hashes]
         fetched: dict[str, dict[str, bytes]] = {}  # batch tier → values read ahead
         asked: dict[str, set[str]] = {}  # batch tier → keys already asked (found or not)
@@ -199,13 +204,13 @@ class ChunkStore:
 
         out: list[KVChunk] = []
         for i, key in enumerate(keys):
-            chunk = self._load(key, lambda ti: read(ti, i))
+            chunk = self._load(key, lambda ti: read(ti, i), served)
             if chunk is None:
                 break
             out.append(chunk)
         return out
 
-    def _load(self, key: str, read: Callable[[int], bytes | None]) -> KVChunk | None:
+    def _load(self, key: str, read: Callable[[int], bytes | None], served: list[str] | None = None) -> KVChunk | None:
         for i, tier in enumerate(self.tiers):
             with self._lock:
                 self._queries[tier.name] += 1
@@ -228,6 +233,8 @@ class ChunkStore:
                 self._promotions += bool(promoted)
                 for name in promoted:
                     self._writes[name] += 1
+            if served is not None:
+                served.append(tier.name)
             return chunk
         with self._lock:
             self._misses += 1

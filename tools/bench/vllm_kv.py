@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restarts", type=int, default=3, help="conversations whose next turn follows A's restart")
     p.add_argument("--decode-runs", type=int, default=4, help="long generations per engine for decode tokens/s")
     p.add_argument("--decode-tokens", type=int, default=192)
+    p.add_argument("--itl-loads", type=int, default=4,
+                   help="histories loaded from disk into B during its decode stream, for the p99 inter-token latency (0: skip)")
     p.add_argument("--codecs", default="raw,int4", help="codecs besides the default int8 (comma list; '' for none)")
     p.add_argument("--routers", action="store_true", help="also rerun the routing comparison with the connector")
     p.add_argument("--router-runs", type=int, default=3)
@@ -95,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     example = phase("example", all_convs=False, extra_args=example_connector_args(example_dir))
     disk_dirs = {"int8": work / "tier-int8"}
     disk = phase("kvgate_disk", connector=tier_settings(disk_dirs["int8"]), restart=restart_convs,
-                 decode_runs=args.decode_runs)
+                 decode_runs=args.decode_runs, itl=conversations(300, args.itl_loads, args.history_tokens))
     redis = RedisServer().start()
     try:
         remote = phase("kvgate_redis", all_convs=False, connector=tier_settings(None, redis.url))
@@ -145,6 +147,10 @@ def main(args: argparse.Namespace) -> int:
         "disk_read_detail": reads,
         "decode_tps_ratio": (mean(disk.decode_tps) / mean(cold.decode_tps)) if cold.decode_tps and disk.decode_tps else None,
         "decode_tps": {"without": cold.decode_tps, "with_saving": disk.decode_tps},
+        # one decode stream on B with --itl-loads histories loading from disk beside it, and alone
+        "itl_p99_during_loads_s": disk.itl.get("itl_p99_during_loads_s"),
+        "itl_p99_no_loads_s": disk.itl.get("itl_p99_no_loads_s"),
+        "itl_detail": disk.itl,
         "cached_tokens_next_turn": {name: [r.cached_tokens for r in ph.next_turn[:n_long]] for name, ph in phases.items()},
         "ttft_next_turn_each_s": {name: [round(r.ttft_s, 4) for r in ph.next_turn] for name, ph in phases.items()},
         "ttft_restart_each_s": {"cold": [round(r.ttft_s, 4) for r in cold.restart_next],

@@ -1,7 +1,8 @@
 """One phase of `kvgate bench vllm-kv`: a fresh pair of real vLLM servers in one configuration
 (no connector, vLLM's ExampleConnector, or kvgate's connector over a disk or Redis tier with one
 codec), the conversations' turn k on engine A, then their next turn on engine B; optionally a
-restart of A followed by next turns on A, and decode speed on both engines at once."""
+restart of A followed by next turns on A, decode speed on both engines at once, and B's decode
+pace while other histories load into it (vllm_kv_itl.py)."""
 from __future__ import annotations
 
 import statistics
@@ -12,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from engines.vllm.launch import start_pair
 from tools.bench.vllm_kv_client import Reply, ask, decode_tps, first_message, next_turn
+from tools.bench.vllm_kv_itl import itl_during_loads
 
 
 @dataclass
@@ -39,6 +41,7 @@ class PhaseResult:
     again: list[Reply] = field(default_factory=list)  # the same next turns on B again: its own prefix cache
     restart_next: list[Reply] = field(default_factory=list)  # on engine A after its restart
     decode_tps: list[float] = field(default_factory=list)  # per engine, the median of its runs
+    itl: dict[str, Any] = field(default_factory=dict)  # B's decode stream with and without loads beside it
     connector: dict[str, float] = field(default_factory=dict)  # B's vllm:kvgate_* counters after the next turns
     seconds: float = 0.0
 
@@ -71,6 +74,7 @@ def connector_counters(api_base: str) -> dict[str, float]:
 def run_phase(name: str, model: str, log_dir: Path, convs: Sequence[Conversation], *,
               connector: dict[str, Any] | None = None, extra_args: Sequence[str] = (),
               restart: Sequence[Conversation] = (), decode_runs: int = 0, decode_tokens: int = 256,
+              itl: Sequence[Conversation] = (),
               say: Callable[[str], None] = print, settle_s: float = 2.0, warm_tokens: int = 1800) -> PhaseResult:
     t0 = time.perf_counter()
     out = PhaseResult(name)
@@ -93,6 +97,12 @@ def run_phase(name: str, model: str, log_dir: Path, convs: Sequence[Conversation
             time.sleep(2.0)  # the engine's stats reach /metrics
             out.connector = connector_counters(b.api_base)
         out.again = [ask(b.api_base, c.turn_next()) for c in convs]
+        if itl:
+            for c in itl:  # histories A stores in the tier, that B has never seen
+                c.answer = c.answer or ask(a.api_base, c.turn_k()).text
+            time.sleep(settle_s)
+            say(f"[{name}] B's decode stream alone, then while {len(itl)} histories load into B")
+            out.itl = itl_during_loads(b.api_base, decode_tokens, [c.turn_next() for c in itl])
         if restart:
             say(f"[{name}] restarting A")
             a.stop()

@@ -10,8 +10,11 @@ stack: it imports only `index.chunks` (tiers, codecs), `torch` and `vllm`. vLLM 
 
 Modules: settings.py (the extra-config fields, validated, and the tiers they build), plan.py (pure
 scheduler arithmetic: what to load, what to save), namespace.py (what makes KV reusable, and the
-supported vLLM versions), worker.py (copies between vLLM's paged KV and chunks; the background
-saver), events.py (per-tier BlockStored/BlockRemoved for the router), metrics.py (its counters in
+supported vLLM versions), worker.py (the background saver), specs.py (what the scheduler tells
+the worker), paged.py (vLLM's KV layouts; block gather and scatter), staging.py (reusable pinned
+buffers), loader.py (batched, layer-wise loads), background.py (loads beside the engine's steps),
+gate.py (load or recompute, from measured costs), step_clock.py (the measured prefill rate),
+events.py (per-tier BlockStored/BlockRemoved for the router), metrics.py (its counters in
 vLLM's stats), connector.py (the class vLLM loads). Only connector.py and metrics.py import vllm at
 module level; the rest is tested without it.
 """

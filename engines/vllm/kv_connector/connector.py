@@ -4,10 +4,13 @@
 vLLM builds it twice: the scheduler's instance decides (get_num_new_matched_tokens: how many
 tokens beyond the engine's own cache a tier holds; build_connector_meta: which chunks each step
 loads and saves), the worker's instance moves bytes (start_load_kv, wait_for_save). Both open the
-same tiers; in one process (one GPU, or vLLM's CPU build) they share one store, so RAM hits count
-on both sides (the registry below: vLLM gives the two instances no handle on each other). Loads are
-synchronous at the start of the step (kv_load_failure_policy "recompute" turns a failed chunk into
-a recompute), saves are copied out after the forward pass and written in the background.
+same tiers. The scheduler loads a stored prefix only where the gate (gate.py) estimates reading it
+faster than prefilling it, from the worker's measurements that travel back in vLLM's stats. A load
+estimated short runs before the step's forward pass (on CUDA layer by layer, on the loader's own
+stream); a longer one runs beside the engine's steps (background.py: load_async, vLLM parks the
+request until get_finished reports it). kv_load_failure_policy "recompute" turns a failed chunk
+into a recompute either way. Saves are copied out after the forward pass and written in the
+background.
 """
 from __future__ import annotations
 
@@ -23,13 +26,20 @@ from vllm.distributed.kv_events import KVConnectorKVEvents, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from engines.vllm.kv_connector import events as ev
+from engines.vllm.kv_connector.background import BackgroundLoads
+from engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading, in_background, load_seconds, slowest
 from engines.vllm.kv_connector.metrics import KvgatePromMetrics, KvgateStats, deltas
 from engines.vllm.kv_connector.namespace import check_version, namespace, vllm_parts
 from engines.vllm.kv_connector.plan import chunks_to_save, low64, plan_load
 from engines.vllm.kv_connector.settings import build_tiers, chunk_blocks, parse
+from engines.vllm.kv_connector.staging import StagingPool
+from engines.vllm.kv_connector.step_clock import StepClock
 from engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
 from index.chunks import ChunkStore
 from index.chunks.layer_codec import LayerCodec
+
+# stored bytes per raw 16-bit KV byte: int8/int4 values plus one 16-bit scale per 32 values (quant.py)
+STORED_RATIO = {"raw": 1.0, "int8": (1 + 2 / 32) / 2, "int4": (0.5 + 2 / 32) / 2}
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -41,6 +51,7 @@ log = logging.getLogger("vllm.kvgate")  # under vLLM's logger, so its handlers p
 class KvgateMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
+    step_tokens: int = 0  # tokens this step computes (the gate times prefill-heavy steps)
 
 
 class KvgateEvents(KVConnectorKVEvents):
@@ -74,6 +85,7 @@ class _Request:
     request: Any
     saved_upto: int | None = None  # first chunk not yet saved; None until first scheduled
     plan: Any = None  # the LoadPlan of the last get_num_new_matched_tokens
+    background: bool = False  # that plan loads beside the engine's steps
 
 
 class KvgateConnector(KVConnectorBase_V1):
@@ -104,6 +116,10 @@ class KvgateConnector(KVConnectorBase_V1):
         itemsize = 1 if str(parts["kv_dtype"]).startswith("fp8") else vllm_config.model_config.dtype.itemsize
         block_bytes = 2 * parts["kv_heads"] * parts["head_size"] * self.block_size * parts["layers"] * itemsize
         self.chunk_blocks = chunk_blocks(self.settings, block_bytes)
+        self.chunk_stored_bytes = block_bytes * self.chunk_blocks * STORED_RATIO[self.settings.codec]
+        self.num_blocks = getattr(kv_cache_config, "num_blocks", None)
+        self.estimates = Estimates()
+        self._gauges_sent: dict[str, float] = {}
         self.media = ev.media(self.settings)
         self.codec = LayerCodec(self.settings.codec, self.settings.entropy)  # type: ignore[arg-type]
         self.store = ChunkStore(build_tiers(self.settings, with_memory=self.is_worker), self.namespace, self.codec)
@@ -117,7 +133,11 @@ class KvgateConnector(KVConnectorBase_V1):
         # worker side
         self._kv: PagedKV | None = None
         self._loader: Loader | None = None
+        self._background: BackgroundLoads | None = None
         self._saver: Saver | None = None
+        self._pool: StagingPool | None = None
+        self._save_stream: Any = None
+        self._clock: StepClock | None = None
         self._worker_events: list[KVCacheEvent] = []
         self._events_lock = threading.Lock()
         if self.is_worker:
@@ -139,29 +159,44 @@ class KvgateConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._reqs.setdefault(request.request_id, _Request(request))
         hashes = [low64(h) for h in request.block_hashes]
+        holders: list[str] = []
         try:
             plan = plan_load(hashes, request.num_tokens, num_computed_tokens, self.block_size, self.chunk_blocks,
-                             self.store.longest_prefix)
+                             lambda chunk_hashes: self.store.longest_prefix(chunk_hashes, holders))
         except Exception:  # a tier that cannot answer is a miss
             log.exception("looking up KV chunks failed; prefilling instead")
             plan = None
-        state.plan = plan
-        return (plan.tokens if plan else 0), False
+        tier = slowest(holders[:plan.n_chunks] if plan else [], self.settings.tier_names)
+        state.plan, state.background = self._gated(plan, tier)
+        return (state.plan.tokens if state.plan else 0), state.background
+
+    def _gated(self, plan: Any, tier: str) -> tuple[Any, bool]:
+        """The plan the gate lets through (None: prefill it all), and whether it loads in the
+        background; costs are those of `tier`, the slowest one the plan reads from."""
+        if plan is None or plan.n_chunks == 0:
+            return None, False
+        costs = self.estimates.costs(tier)
+        if self.settings.gate and not chunks_worth_loading(plan.n_chunks, self.chunk_blocks * self.block_size,
+                                                           self.chunk_stored_bytes, costs):
+            self.counters.gated_loads += 1
+            return None, False
+        estimate = load_seconds(self.chunk_stored_bytes * plan.n_chunks, plan.n_chunks, costs)
+        return plan, in_background(estimate, self.settings.background_load_ms / 1e3)
 
     def update_state_after_alloc(self, request: "Request", blocks: Any, num_external_tokens: int) -> None:
         state = self._reqs.get(request.request_id)
         if num_external_tokens <= 0 or state is None or state.plan is None:
             return
-        self._to_load[request.request_id] = (state.plan, list(blocks.get_block_ids()[0]))
+        self._to_load[request.request_id] = (state.plan, list(blocks.get_block_ids()[0]), state.background)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        meta = KvgateMetadata()
-        for req_id, (plan, block_ids) in self._to_load.items():
+        meta = KvgateMetadata(step_tokens=int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0))
+        for req_id, (plan, block_ids, background) in self._to_load.items():
             request = self._reqs[req_id].request
             span = range(plan.first_chunk, plan.first_chunk + plan.n_chunks)
             chunks = [self._chunk(request, c, block_ids) for c in span]
             meta.loads.append(LoadSpec(req_id, [key for key, _, _ in chunks], [ids for _, _, ids in chunks],
-                                       plan.skip_blocks))
+                                       plan.skip_blocks, background))
         self._to_load.clear()
         scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
         cached = scheduler_output.scheduled_cached_reqs
@@ -191,6 +226,12 @@ class KvgateConnector(KVConnectorBase_V1):
         got = getattr(connector_output, "kv_cache_events", None)
         if got is not None:
             self._events.extend(got.get_all_events())
+        stats = getattr(connector_output, "kv_connector_stats", None)
+        step = getattr(stats, "data", None) or {}
+        for tier in self.settings.tier_names:
+            self.estimates.observe_load(step.get(f"tier_bytes:{tier}", 0.0), int(step.get(f"tier_chunks:{tier}", 0)),
+                                        step.get(f"tier_seconds:{tier}", 0.0), tier)
+        self.estimates.observe_prefill(int(step.get("prefill_tokens", 0)), step.get("prefill_seconds", 0.0))
 
     def reset_cache(self) -> bool:
         """`POST /reset_prefix_cache?reset_external=true`: empty the shared tiers (disk, remote)."""
@@ -207,45 +248,72 @@ class KvgateConnector(KVConnectorBase_V1):
 
     # ---------------------------------------------------------------- worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._kv = PagedKV(kv_caches)
-        self._loader = Loader(self.store, self._kv, self.counters)
+        self._kv = PagedKV(kv_caches, self.num_blocks)
+        cuda = self._kv.device.type == "cuda"
+        staging = self.settings.staging_mb << 20
+        self._pool = StagingPool(staging, pinned=cuda)
+        self._loader = Loader(self.store, self._kv, self.counters, self._pool, group_bytes=staging // 4)
+        self._background = BackgroundLoads(Loader(self.store, self._kv, self.counters, self._pool, layerwise=False,
+                                                  group_bytes=staging // 4))
         self._saver = Saver(self.store, self.settings.save_queue, self.counters, self._stored)
+        self._save_stream = torch.cuda.Stream(device=self._kv.device) if cuda else None
+        self._clock = StepClock(self._kv.device)
         log.info("kvgate connector: %d layers, blocks of %s on %s (%.1f MB of KV per chunk)", len(self._kv.layers),
                  self._kv.block_shape, self._kv.device, self._kv.block_bytes * self.chunk_blocks / 1e6)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._clock is not None and isinstance(connector_metadata, KvgateMetadata):
+            self._clock.start(connector_metadata.step_tokens, self.counters)
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
-        if self._loader is None or not isinstance(meta, KvgateMetadata):
+        if self._loader is None or self._background is None or not isinstance(meta, KvgateMetadata):
             return
         for spec in meta.loads:
+            if spec.background:
+                self._background.submit(spec)
+                continue
             try:
                 self._loader.load(spec)
             except Exception:  # whatever broke, the blocks are recomputed, never served half-written
                 log.exception("loading KV for request %s failed; recomputing", spec.req_id)
-                self._loader.failed.update(spec.blocks_from(0))
+                self._loader.fail(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None
+        if self._loader is not None:
+            self._loader.wait_for_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         return None  # the whole chunk is copied once after the forward pass (wait_for_save)
 
     def wait_for_save(self) -> None:
+        if self._loader is not None:
+            self._loader.finish_step()
+        if self._clock is not None:
+            self._clock.stop(self.counters)
         meta = self._get_connector_metadata()
         if self._kv is None or self._saver is None or not isinstance(meta, KvgateMetadata) or not meta.saves:
             return
         t0 = time.perf_counter()
         for spec in meta.saves:
             try:
-                rows, done = self._kv.gather(spec.block_ids)
+                rows, done = self._kv.gather(spec.block_ids, self._pool, self._save_stream)
             except Exception:
                 log.exception("copying KV out for saving failed")
                 continue
             self._saver.submit(spec, rows, done)
+        if self._save_stream is not None:  # a block freed after this step is rewritten only once copied out
+            torch.cuda.current_stream(self._kv.device).wait_stream(self._save_stream)
         self.counters.save_copy_s += time.perf_counter() - t0
 
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done = self._background.take_finished() if self._background else set()
+        return None, (done or None)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._loader.take_failed() if self._loader else set()
+        failed = self._loader.take_failed() if self._loader else set()
+        return failed | (self._background.take_failed() if self._background else set())
 
     def _stored(self, spec: SaveSpec) -> None:
         with self._events_lock:
@@ -263,8 +331,21 @@ class KvgateConnector(KVConnectorBase_V1):
         return KvgateEvents(out)
 
     def get_kv_connector_stats(self) -> KvgateStats | None:
+        if self._pool is not None:
+            self.counters.staging_allocs = self._pool.allocs
         step = deltas(self.counters, self._reported)
+        if not self.is_worker:  # the scheduler's instance also reports the gate's estimates when they move
+            gauges = self.estimates.gauges(self.settings.tier_names)
+            if gauges != self._gauges_sent:
+                step.update(gauges)
+                self._gauges_sent = gauges
         return KvgateStats(data=step) if any(step.values()) else None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-by-layer loads make each attention layer's stream wait on an event; a captured CUDA
+        graph would replay without that wait, so attention must run outside the graphs."""
+        return True
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvgateStats:
@@ -276,6 +357,9 @@ class KvgateConnector(KVConnectorBase_V1):
         return KvgatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        if self._background is not None:
+            self._background.drain()
+            self._background.close()
         if self._saver is not None:
             self._saver.drain()
             self._saver.close()

@@ -9,7 +9,8 @@ Reads try them in that order; writes go to all of them. Example:
                "disk": {"path": "/var/cache/kvgate/kv", "capacity_mb": 51200},
                "remote": {"url": "rediss://kv.internal:6380/0", "password_env": "KVGATE_REDIS_PASSWORD",
                           "key_prefix": "kvgate", "timeout_s": 0.5, "ttl_s": 0}},
-     "codec": "int8", "entropy": "none", "chunk_blocks": "auto", "min_chunk_mb": 1}
+     "codec": "int8", "entropy": "none", "chunk_blocks": "auto", "min_chunk_mb": 1,
+     "gate": "on", "background_load_ms": 10, "staging_mb": 256}
 
 Every error names the field (`kv_connector_extra_config.tiers.disk.path: ...`), and an unknown
 field is refused rather than ignored.
@@ -60,6 +61,9 @@ class ConnectorSettings:
     chunk_blocks: int | None  # None = auto: the fewest blocks that make min_chunk_mb
     min_chunk_mb: float
     save_queue: int  # chunks waiting for the background writer before new saves are dropped
+    gate: bool = True  # load only what is estimated faster than prefilling it (gate.py)
+    background_load_ms: float = 10.0  # loads estimated slower than this run beside the engine's steps
+    staging_mb: int = 256  # host staging buffers (pinned on CUDA) shared by loads and saves
 
     @property
     def tier_names(self) -> list[str]:
@@ -102,7 +106,8 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
     if extra is not None and not isinstance(extra, Mapping):
         raise SettingsError(f"{FIELD}: expected an object, got {type(extra).__name__}")
     extra = dict(extra or {})
-    _take(extra, FIELD, {"tiers", "codec", "entropy", "chunk_blocks", "min_chunk_mb", "save_queue"})
+    _take(extra, FIELD, {"tiers", "codec", "entropy", "chunk_blocks", "min_chunk_mb", "save_queue", "gate",
+                         "background_load_ms", "staging_mb"})
     tiers = extra.get("tiers")
     where = f"{FIELD}.tiers"
     if tiers is None:
@@ -152,6 +157,9 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         chunk_blocks=None if blocks == "auto" else blocks,
         min_chunk_mb=_num(extra, "min_chunk_mb", FIELD, 1.0, 0),
         save_queue=_int(extra, "save_queue", FIELD, 64, 1),
+        gate=_choice(extra, "gate", FIELD, "on", ("on", "off")) == "on",
+        background_load_ms=0.0 if extra.get("background_load_ms") is not False and extra.get("background_load_ms") == 0 else _num(extra, "background_load_ms", FIELD, 10.0, 0),
+        staging_mb=_int(extra, "staging_mb", FIELD, 256, 1),
     )
 
 

@@ -38,6 +38,11 @@ class ChatTokenizer(Protocol):
         """encode(segment) as index.hashing.pack_tokens packs it (what the block hashes read)."""
         ...
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids are below this (None: any code point, the `text` tokenizer)."""
+        ...
+
     def packed_text(self, text: str) -> bytes:
         """The packed ids of a completions prompt: the whole text tokenized as an engine tokenizes
         a raw prompt (the tokenizer's special tokens added, e.g. a BOS; no chat template)."""
@@ -78,6 +83,10 @@ class TextTokenizer:
     def packed_text(self, text: str) -> bytes:
         return self.packed(text)
 
+    @property
+    def vocab_size(self) -> int | None:
+        return None
+
 
 class HFChatTokenizer:
     """A transformers tokenizer with a chat template (loaded from a local directory)."""
@@ -111,6 +120,10 @@ class HFChatTokenizer:
 
     def packed(self, segment: str) -> bytes:
         return pack_tokens(self.encode(segment))
+
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self._tok)
 
     def packed_text(self, text: str) -> bytes:
         if self._rust is not None:

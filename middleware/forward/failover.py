@@ -85,10 +85,19 @@ class Failover:
         return Attempts(plan, base)
 
     def _check_context(self, view: RequestView, plan: RoutePlan) -> None:
-        """Refuse, before any replica sees it, a prompt longer than the engines' context, as the
-        engine itself would (400). Only in precise mode: its token count is the engine's own."""
+        """Refuse, before any replica sees it, what the engine itself would refuse (400): a token
+        id outside its vocabulary, a prompt longer than its context. Only in precise mode: there
+        the tokenizer and the token count are the engine's own."""
         router = self.router
-        limit = router.context_limit if router is not None and router.cfg.prefix.mode == "precise" else None
+        if router is None or router.cfg.prefix.mode != "precise":
+            return
+        ids = view.prompt.token_ids if view.prompt is not None else None
+        vocab = router.hasher.tokenizer.vocab_size if router.hasher is not None else None
+        if ids and vocab is not None and max(ids) >= vocab:
+            bad = next(i for i, t in enumerate(ids) if t >= vocab)
+            raise BadRequest(f"token id {ids[bad]} is out of vocabulary (the model's vocabulary has {vocab} tokens)",
+                             param=f"prompt[{bad}]")
+        limit = router.context_limit
         if limit is None or plan.prompt_tokens <= limit or "truncate_prompt_tokens" in view.params:
             return
         raise BadRequest(f"This model's maximum context length is {limit} tokens. However, your prompt contains "

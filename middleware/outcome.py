@@ -34,6 +34,7 @@ class CacheInfo:
     expected_cached_tokens: int | None = None  # the prefix the router expected that replica to hold
     request_id: str = field(default_factory=new_request_id)  # for POST /v1/cache/feedback
     skipped: str | None = None  # why the cache was neither read nor written (an answer not a function of the key)
+    entry_age_s: float | None = None  # a hit: how long ago the entry that served it was stored
     # max_error_rate routes: the candidate this miss explores (compared with the answer once in)
     exploration: Any = field(default=None, repr=False, compare=False)
 

@@ -3,6 +3,7 @@ text completion, and the relay on a route with replicas); the SDK's text_complet
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -216,3 +217,16 @@ def test_failover_to_the_next_replica(make_proxy, backend, tmp_path):
         resp = post(proxy, {"prompt": f"failover prompt {i}", "max_tokens": 8})
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-kvgate-replica"] == "b"
+
+
+def test_a_hit_carries_its_receipt(proxy, backend):
+    miss = post(proxy, {"prompt": "receipt prompt"})
+    assert "x-kvgate-entry-id" not in miss.headers
+    time.sleep(0.2)
+    hit = post(proxy, {"prompt": "receipt prompt"})
+    assert hit.headers["x-kvgate-cache"] == "exact"
+    assert int(hit.headers["x-kvgate-entry-id"]) >= 0 and float(hit.headers["x-kvgate-entry-age"]) >= 0.2
+    chat_miss = proxy.chat("receipt chat")
+    chat_hit = proxy.chat("receipt chat")
+    assert chat_hit.headers["x-kvgate-entry-id"] != hit.headers["x-kvgate-entry-id"]
+    assert "x-kvgate-entry-id" not in chat_miss.headers

@@ -136,7 +136,8 @@ class ResponseCache:
         return runs_inline(total, total if new is None else new, limit)
 
     def served(self, view: RequestView, hit: Hit, started: float) -> Result:
-        info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id)
+        info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id,
+                         entry_age_s=max(0.0, time.time() - hit.entry.created))
         self.remember(view, info)
         stored = hit.entry.response
         route = view.route.name

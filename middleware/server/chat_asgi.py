@@ -59,6 +59,9 @@ def cache_headers(info: CacheInfo) -> dict[str, str]:
         headers["x-kvgate-replica"] = info.replica
     if info.expected_cached_tokens is not None:
         headers["x-kvgate-expected-cached-tokens"] = str(info.expected_cached_tokens)
+    if info.cache != "miss" and info.entry_id is not None:  # a receipt: which entry served it, how old
+        headers["x-kvgate-entry-id"] = str(info.entry_id)
+        headers["x-kvgate-entry-age"] = f"{info.entry_age_s or 0.0:.3f}"
     if info.skipped is not None:
         headers["x-kvgate-cache-skipped"] = info.skipped
     headers["x-kvgate-request-id"] = info.request_id
@@ -178,13 +181,16 @@ class Delegate(Response):
 
 
 class ByPath:
-    """One ASGI app per lean path (behind one key gate and one admission gate)."""
+    """One ASGI app per lean path (behind one key gate and one admission gate). Matched on the
+    path's end: mounted inside another app, the scope's path carries the mount's prefix."""
 
     def __init__(self, apps: dict[str, ASGIApp]) -> None:
         self.apps = apps
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        await self.apps[scope["path"]](scope, receive, send)
+        path = scope["path"]
+        app = self.apps.get(path) or next(a for p, a in self.apps.items() if path.endswith(p))
+        await app(scope, receive, send)
 
 
 class LeanApp(FastAPI):

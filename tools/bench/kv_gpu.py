@@ -123,3 +123,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"raw disk {result['raw_disk_read_gbps']} GB/s; steady pinned allocations {result['pinned_allocs_steady']}; "
           f"{result['seconds']} s", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":  # the GPU machine has torch but no kvgate install: `python3 -m tools.bench.kv_gpu`
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.kv_gpu", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

@@ -62,8 +62,10 @@ def request_head(target: Target, body_len: int, headers: dict[str, str]) -> byte
 class Connection(asyncio.Protocol):
     """One keep-alive connection; carries one response at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: frozenset[bytes] = frozenset()) -> None:
         self.transport: asyncio.Transport | None = None
+        self.keep = keep  # response headers (lower-case names) a caller reads back (Response.headers)
+        self.kept: dict[str, str] = {}
         self.closed = False
         self.idle_since = time.monotonic()
         self._parser = httptools.HttpResponseParser(self)
@@ -72,6 +74,8 @@ class Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.status = 0
+        if self.keep:
+            self.kept = {}
         self.keep_alive = False
         self.headers_done = False
         self.complete = False
@@ -107,8 +111,11 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        lower = name.lower()
+        if lower in (b"content-length", b"transfer-encoding"):
             self._framed = True
+        if lower in self.keep:
+            self.kept[lower.decode("latin-1")] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
@@ -185,6 +192,7 @@ class Response:
         self._conn: Connection | None = conn
         self._pool, self._key, self._timeout = pool, key, timeout
         self.status = conn.status
+        self.headers = dict(conn.kept)  # the pool's `keep_headers` this response carried
 
     async def read(self) -> bytes:
         return b"".join([piece async for piece in self.chunks()])
@@ -217,8 +225,11 @@ class Pool:
     """Keep-alive connections per (scheme, host, port); idle ones older than `keepalive_s` are
     dropped (before the server drops them)."""
 
-    def __init__(self, keepalive_s: float) -> None:
+    def __init__(self, keepalive_s: float, keep_headers: frozenset[str] = frozenset()) -> None:
+        """`keep_headers`: response headers (lower-case names) to hand back on `Response.headers`;
+        none by default (the relay reads none, and parses no header it does not need)."""
         self.keepalive_s = keepalive_s
+        self._keep = frozenset(h.encode("latin-1") for h in keep_headers)
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._targets: dict[str, Target] = {}
         self._tls: ssl.SSLContext | None = None
@@ -281,7 +292,7 @@ class Pool:
             tls = self._tls = self._tls or ssl.create_default_context()
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(Connection, host, port, ssl=tls), timeout)
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: Connection(self._keep), host, port, ssl=tls), timeout)
         except OSError as exc:
             raise ConnectionError(f"cannot connect to {host}:{port}: {exc}") from exc
         return conn

@@ -29,7 +29,10 @@ JSON (`--json`): `endpoint` (chat or completions); `routers.<arm>`: ttft_mean_s 
 ttft_mean_ci_s (its 95% normal half-width, arena_table.mean_interval; null with one run),
 ttft_p50_s / ttft_p90_s (every TTFT pooled), cached_fraction (all runs' tokens), errors, requests,
 runs (each run: its TTFTs, engine counters, requests per server, render_requests: the engines'
-`.../render` calls, vllm-router's tokenization; its oracle); top level:
+`.../render` calls, vllm-router's tokenization; its oracle; router_cpu_s, router_cpu_ms_per_request,
+engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/bench/vllm_arena_cpu.py;
+request_records: one small dict per request, with per_replica where a kvgate router named the replica);
+the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs; top level:
 oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
 cache_config_info), machine (with the other vLLM servers found running), command, scaling, tuning.
 A default run (16 conversations × 4 turns, 5 arms × 3 runs, tuning on 8) takes about 30 minutes
@@ -59,6 +62,7 @@ from tools.bench.procs import Proc, free_port, kvgate_argv
 from tools.bench.stats import pct, write_json
 from tools.bench.trace import load_trace
 from tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
+from tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records
 from tools.bench.vllm_arena_setup import (ANCHOR_OF, MODEL, kvgate_config, other_vllm_servers, preflight,
                                           signals_deferred, wait_workers, warm_up)
 from tools.bench.vllm_arena_stats import Computed, counters, metric_labels, metric_sum, oracle_cached, render_requests, \
@@ -203,11 +207,14 @@ class Bench:
                 self.log(f"warning: {others} other vLLM server(s) running: this run's timings share the cores")
             before_pages = self.pages()
             total = sum(len(t) for t in texts)
+            cpu = CpuWindow({"router": [proc.proc.pid], "engines": [s.proc.pid for s in self.servers if s.proc]})
             t0 = time.perf_counter()
+            cpu.start()
             with Progress(total, f"{arm} {tag}", unit="requests") as bar:
                 turns = asyncio.run(converse(url, texts, model=MODEL, max_tokens=self.args.max_tokens,
                                              concurrency=self.args.concurrency, on_turn=lambda _: bar.update(),
                                              endpoint=self.args.endpoint))
+            spent = cpu.stop()
             wall = time.perf_counter() - t0
             time.sleep(1.0)  # the engines' last stats reach /metrics
             after_pages = self.pages()
@@ -225,7 +232,9 @@ class Bench:
                               other_vllm_servers=others, render_requests=None if rendered is None
                               else int(rendered - (before_rendered or 0)),
                               usage_prompt_tokens=sum(t.prompt_tokens or 0 for t in ok),
-                              usage_cached_tokens=sum(t.cached_tokens or 0 for t in ok), **oracle)
+                              usage_cached_tokens=sum(t.cached_tokens or 0 for t in ok), **oracle,
+                              **cpu_fields(spent, len(turns)), request_records=(records := request_records(turns)),
+                              per_replica=replica_summary(records))
         summary.update(router=label, params=params)
         return summary
 
@@ -328,7 +337,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         bench.stop()
     for arm in arms:
         if runs[arm]:
-            result["routers"][arm] = router_summary(runs[arm], router=runs[arm][0]["router"], params=runs[arm][0]["params"])
+            result["routers"][arm] = router_summary(runs[arm], router=runs[arm][0]["router"], params=runs[arm][0]["params"],
+                                                    **arm_cpu(runs[arm]))
     done = [r for rs in runs.values() for r in rs]
     oracle_prompt = sum(r["oracle_prompt_tokens"] for r in done)
     result["oracle_cached_fraction"] = sum(r["oracle_cached_tokens"] for r in done) / oracle_prompt if oracle_prompt else None
@@ -341,11 +351,14 @@ def print_table(result: dict[str, Any]) -> None:
     def ms(x: float | None) -> str:
         return "–" if x is None else f"{x * 1000:.0f}"
 
-    print(f"{'router':20s} {'ttft mean ms':>14s} {'p50':>6s} {'p90':>6s} {'cached':>7s} {'errors':>6s} {'requests':>8s}")
+    print(f"{'router':20s} {'ttft mean ms':>14s} {'p50':>6s} {'p90':>6s} {'cached':>7s} {'errors':>6s} {'requests':>8s} "
+          f"{'router cpu ms/req':>17s} {'engines cpu s':>13s}")
     for name, s in result["routers"].items():
         cached = "–" if s["cached_fraction"] is None else f"{s['cached_fraction']:.3f}"
+        per_req, engines = s.get("router_cpu_ms_per_request"), s.get("engines_cpu_s")
         print(f"{name:20s} {ms(s['ttft_mean_s']):>7s} ±{ms(s['ttft_mean_ci_s']):>5s} {ms(s['ttft_p50_s']):>6s} "
-              f"{ms(s['ttft_p90_s']):>6s} {cached:>7s} {s['errors']:>6d} {s['requests']:>8d}")
+              f"{ms(s['ttft_p90_s']):>6s} {cached:>7s} {s['errors']:>6d} {s['requests']:>8d} "
+              f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s}")
     if result["oracle_cached_fraction"] is not None:
         print(f"oracle cached fraction {result['oracle_cached_fraction']:.3f}; kv cache {result['kv_cache_tokens']} tokens "
               f"per server, block {result.get('block_size')}")

@@ -7,6 +7,8 @@ measures the arena). Turn k's messages are the earlier user texts, the answers t
 and the new text: later turns extend earlier prompts as a real chat does. With the completions
 endpoint turn k's prompt is turn k-1's prompt, its answer and the new text
 (vllm_arena_workload.next_prompt). After a failed turn the rest of that conversation is not sent.
+Each turn keeps the replica a kvgate router names in its `x-kvgate-replica` response header; the
+anchors name none, so theirs stays None.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class Turn:
     prompt_tokens: int | None = None  # the engine's usage, when the router passed it on
     cached_tokens: int | None = None
     finish_reason: str | None = None
+    replica: str | None = None  # x-kvgate-replica: where kvgate sent it (None through the anchors)
     pieces: list[str] = field(default_factory=list, repr=False)
 
 
@@ -74,6 +77,7 @@ async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: 
     try:
         resp = await client.post(url, body, {"content-type": "application/json", "authorization": "Bearer bench"},
                                  timeout)
+        turn.replica = resp.headers.get("x-kvgate-replica")
         try:
             if resp.status != 200:
                 turn.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
@@ -112,7 +116,7 @@ async def converse(url: str, texts: Sequence[Sequence[str]], *, model: str, max_
     queue: asyncio.Queue[int] = asyncio.Queue()
     for c in range(len(texts)):
         queue.put_nowait(c)
-    client = Pool(keepalive_s=3.0)
+    client = Pool(keepalive_s=3.0, keep_headers=frozenset({"x-kvgate-replica"}))
 
     async def worker() -> None:
         while not queue.empty():

@@ -1,0 +1,153 @@
+"""`kvgate bench vllm`'s CPU accounting (tools/bench/vllm_arena_cpu.py) against processes that burn
+a known amount of CPU, its per-request records, and the client reading x-kvgate-replica."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from middleware.forward.http1 import Connection, Pool
+from tools.bench.vllm_arena_client import Turn, send_turn
+from tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records, tree_pids
+
+# Waits for a line on stdin, then burns CPU (by its own CPU clock, so a busy machine makes it slower,
+# not cheaper): itself SELF_S, a forked child REAPED_S (exits, is waited for), a forked child LIVE_S
+# (stays alive, asleep). Prints "done" and waits for stdin to close.
+BURNER = textwrap.dedent("""
+    import os, sys, time
+    def burn(seconds):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+    self_s, reaped_s, live_s = (float(a) for a in sys.argv[1:4])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    burn(self_s)
+    pid = os.fork()
+    if pid == 0:
+        burn(reaped_s)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    r, w = os.pipe()
+    if os.fork() == 0:
+        burn(live_s)
+        os.write(w, b"x")
+        time.sleep(60)
+        os._exit(0)
+    os.read(r, 1)
+    print("done", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def _burner(self_s: float, reaped_s: float, live_s: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", BURNER, str(self_s), str(reaped_s), str(live_s)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _go(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+def _finish(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    import os
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def test_cpu_window_counts_the_tree_it_watches_and_nothing_else():
+    watched, other = _burner(0.5, 0.3, 0.2), _burner(0.6, 0.0, 0.0)
+    try:
+        window = CpuWindow({"router": [watched.pid], "engines": [other.pid]}).start()
+        _go(watched)
+        _finish(watched)
+        assert len(tree_pids([watched.pid])) == 2  # the burner and its live child; the reaped one is gone
+        spent = window.stop()
+        assert 0.95 <= spent["router"] <= 1.3, spent  # 0.5 + 0.3 reaped + 0.2 alive
+        assert spent["engines"] < 0.1, spent  # started, not yet told to burn
+        window = CpuWindow({"router": [watched.pid], "engines": [other.pid]}).start()
+        _go(other)
+        _finish(other)
+        spent = window.stop()
+        assert spent["router"] < 0.1, spent  # its burning was before this window
+        assert 0.55 <= spent["engines"] <= 0.8, spent
+    finally:
+        _end(watched)
+        _end(other)
+
+
+def test_cpu_fields_and_arm_means():
+    run = cpu_fields({"router": 0.5, "engines": 40.0, "client": 1.0}, 100)
+    assert run == {"router_cpu_s": 0.5, "router_cpu_ms_per_request": 5.0, "engines_cpu_s": 40.0, "client_cpu_s": 1.0}
+    other = {**cpu_fields({"router": 1.5, "engines": 60.0, "client": 2.0}, 100), "requests": 100}
+    arm = arm_cpu([{**run, "requests": 100}, other])
+    assert arm == {"router_cpu_s": 1.0, "engines_cpu_s": 50.0, "client_cpu_s": 1.5, "router_cpu_ms_per_request": 10.0}
+    assert arm_cpu([]) == {}
+
+
+def test_request_records_count_the_clients_own_in_flight_requests_per_replica():
+    def turn(c: int, sent: float, done: float, replica: str | None, prompt: int, cached: int) -> Turn:
+        t = Turn(c, 0, [], "p", sent=sent, done=done, ttft=0.1, prompt_tokens=prompt, cached_tokens=cached)
+        t.replica = replica
+        return t
+
+    turns = [turn(0, 0.0, 5.0, "v0", 100, 64), turn(1, 1.0, 3.0, "v1", 50, 0), turn(2, 2.0, 4.0, "v0", 80, 16),
+             turn(3, 3.5, 6.0, "v1", 10, 0)]
+    recs = request_records(turns)
+    assert [r["inflight"] for r in recs] == [0, 1, 2, 2]
+    assert [r["queue"] for r in recs] == [0, 0, 1, 0]  # turn 1 ended at 3.0, before turn 3 was sent
+    assert [r["uncached"] for r in recs] == [36, 50, 64, 10]
+    assert replica_summary(recs) == {"v0": {"requests": 2, "uncached_tokens": 100, "queue_mean": 0.5},
+                                     "v1": {"requests": 2, "uncached_tokens": 60, "queue_mean": 0.0}}
+    anchor = request_records([turn(0, 0.0, 1.0, None, 10, 0)])
+    assert "replica" not in anchor[0] and "queue" not in anchor[0]
+    assert replica_summary(anchor) is None
+
+
+def test_a_connection_keeps_only_the_headers_asked_for():
+    conn = Connection(frozenset({b"x-kvgate-replica"}))
+    conn.data_received(b"HTTP/1.1 200 OK\r\nX-Kvgate-Replica: v1\r\nServer: x\r\ncontent-length: 0\r\n\r\n")
+    assert conn.kept == {"x-kvgate-replica": "v1"}
+    plain = Connection()  # the relay's: keeps none
+    plain.data_received(b"HTTP/1.1 200 OK\r\nX-Kvgate-Replica: v1\r\ncontent-length: 0\r\n\r\n")
+    assert plain.kept == {}
+
+
+@pytest.mark.parametrize("header", [b"x-kvgate-replica: v0\r\n", b""])
+def test_send_turn_records_the_replica_a_router_names(header):
+    body = b'data: {"choices":[{"text":"hi","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+
+    async def main() -> Turn:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\n" + header + b"content-length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = Pool(keepalive_s=3.0, keep_headers=frozenset({"x-kvgate-replica"}))
+        turn = Turn(0, 0, [], "User: x\nAssistant:")
+        try:
+            await send_turn(pool, f"http://127.0.0.1:{port}/v1/completions", turn, "m", 4, 10.0)
+        finally:
+            await pool.aclose()
+            server.close()
+        return turn
+
+    turn = asyncio.run(main())
+    assert turn.error is None and turn.answer == "hi"
+    assert turn.replica == ("v0" if header else None)

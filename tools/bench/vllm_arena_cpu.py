@@ -1,0 +1,143 @@
+"""CPU accounting and per-request records of `kvgate bench vllm` (tools/bench/vllm_arena.py).
+
+On a 2-core machine the router's CPU is taken from the engines' prefill, so each run reports the
+CPU the router and the engines spent over its measured requests, read from /proc: every router
+arm (kvgate included) is its own subprocess, each vLLM server a subprocess that forks its engine
+core. A process tree's CPU is utime + stime + cutime + cstime of every live process in it (the
+root and its descendants, found by their parent ids): a child that exits and is reaped inside the
+window moves its time into its parent's c-fields, so it is counted once either way. Time of a
+descendant reaped by someone outside the tree (an orphan adopted by init) is lost; none of these
+routers or servers leaves one behind while it serves.
+
+Per request (`request_records`): conversation and turn, TTFT, the replica a kvgate router named
+(x-kvgate-replica; None through the anchors, which name none), the uncached prompt tokens sent
+(the engine's usage: prompt tokens minus cached tokens), the requests the bench client itself had
+in flight when it sent this one (`inflight`: all replicas; `queue`: those to the same replica, only
+where the replica is known: the client's view, not the engine's scheduler queue).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from tools.bench.vllm_arena_client import Turn
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, CPU ticks: utime + stime + cutime + cstime) of `pid`, None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    # from the state on: [1] is ppid, [11:15] utime stime cutime cstime (proc(5) fields 4 and 14-17)
+    return int(fields[1]), sum(int(f) for f in fields[11:15])
+
+
+def tree_pids(roots: Iterable[int]) -> list[int]:
+    """`roots` and every live descendant of theirs."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st is not None:
+                parent[int(entry.name)] = st[0]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [r for r in roots if r in parent]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def tree_cpu_s(roots: Iterable[int]) -> float:
+    """CPU seconds (user + system) the process trees under `roots` have spent so far."""
+    ticks = 0
+    for pid in tree_pids(roots):
+        st = _stat(pid)
+        ticks += st[1] if st is not None else 0
+    return ticks / CLOCK_TICKS
+
+
+@dataclass
+class CpuWindow:
+    """CPU seconds of named process trees between `start()` and `stop()`, and of this process (the
+    bench client: its load generator shares the same cores)."""
+
+    groups: dict[str, list[int]]
+    before: dict[str, float] = field(default_factory=dict)
+    spent: dict[str, float] = field(default_factory=dict)
+
+    def start(self) -> "CpuWindow":
+        self.before = {name: tree_cpu_s(pids) for name, pids in self.groups.items()}
+        self.before["client"] = time.process_time()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self.spent = {name: tree_cpu_s(pids) - self.before[name] for name, pids in self.groups.items()}
+        self.spent["client"] = time.process_time() - self.before["client"]
+        return self.spent
+
+
+def cpu_fields(spent: dict[str, float], requests: int) -> dict[str, Any]:
+    """One run's CPU figures from CpuWindow.stop() of the groups "router" and "engines"."""
+    return {"router_cpu_s": round(spent["router"], 3),
+            "router_cpu_ms_per_request": round(spent["router"] * 1000 / requests, 3) if requests else None,
+            "engines_cpu_s": round(spent["engines"], 3), "client_cpu_s": round(spent["client"], 3)}
+
+
+def request_records(turns: Sequence[Turn]) -> list[dict[str, Any]]:
+    """One small dict per sent turn, in sending order (see the module docstring)."""
+    out = []
+    for t in turns:
+        busy = [u for u in turns if u is not t and u.sent <= t.sent < u.done]
+        rec: dict[str, Any] = {"c": t.conversation, "t": t.turn,
+                               "ttft_s": None if t.ttft is None else round(t.ttft, 4), "inflight": len(busy)}
+        if t.prompt_tokens is not None:
+            rec["uncached"] = t.prompt_tokens - (t.cached_tokens or 0)
+        if t.replica is not None:
+            rec["replica"] = t.replica
+            rec["queue"] = sum(u.replica == t.replica for u in busy)
+        if t.error is not None:
+            rec["error"] = True
+        out.append(rec)
+    return out
+
+
+def replica_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per replica (where the router named it): requests, uncached tokens sent, mean client queue."""
+    named = [r for r in records if "replica" in r]
+    if not named:
+        return None
+    out = {}
+    for name in sorted({r["replica"] for r in named}):
+        mine = [r for r in named if r["replica"] == name]
+        out[name] = {"requests": len(mine), "uncached_tokens": sum(r.get("uncached", 0) for r in mine),
+                     "queue_mean": round(statistics.fmean(r["queue"] for r in mine), 3)}
+    return out
+
+
+def arm_cpu(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """An arm over its runs: router, engines and client CPU seconds as the mean of the runs', router
+    ms per request over every run's requests together."""
+    measured = [r for r in runs if r.get("router_cpu_s") is not None]
+    if not measured:
+        return {}
+    requests = sum(r["requests"] for r in measured)
+
+    def mean(key: str) -> float:
+        return round(statistics.fmean(r[key] for r in measured), 3)
+
+    return {"router_cpu_s": mean("router_cpu_s"), "engines_cpu_s": mean("engines_cpu_s"),
+            "client_cpu_s": mean("client_cpu_s"),
+            "router_cpu_ms_per_request": round(sum(r["router_cpu_s"] for r in measured) * 1000 / requests, 3)
+            if requests else None}

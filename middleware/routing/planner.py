@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from index.prefix import PrefixIndex
 from index.prompt import Prompt, PromptHasher, PromptHashes, TextPrompt
 from middleware.routing.base import RoutePlan
+from middleware.routing.inflight import InFlightPrefixes
 from middleware.routing.records import Records
 from middleware.routing.tiers import TierMedia
 
@@ -36,6 +37,7 @@ class Planner:
         self._block_size = block_size  # until there is a hasher
         self.records_answers = records_answers
         self.tiers: TierMedia | None = None  # precise mode's KV tiers, once the router has a feed
+        self.inflight: InFlightPrefixes | None = None  # precise mode: prefixes routed, not yet reported
         self._lock = threading.Lock()
         # prompts hashed ahead, waiting for `plan` of the same list object (held, so its id cannot
         # be reused meanwhile); bounded in case a plan never comes
@@ -63,6 +65,8 @@ class Planner:
             return
         prompt = hasher.prompt(messages, until=self.index.held if self.records.deferred else None, salt=salt)
         self.records.settle(SETTLE_WAIT_S)
+        if self.inflight is not None:
+            self.inflight.expire()
         matched = self.index.match(prompt.hashes)
         if prompt.partial and max(matched.values(), default=0) >= len(prompt.hashes):
             matched = self.index.match(prompt.complete().hashes)
@@ -84,8 +88,12 @@ class Planner:
             prompt, matched = held[1], held[2]
         else:  # not prepared: computed here, on the caller's thread, without waiting
             prompt = hasher.prompt(messages, salt=salt)
+            if self.inflight is not None:
+                self.inflight.expire()
             matched = self.index.match(prompt.hashes)
         tier_blocks: dict[str, int] = {}
+        if self.inflight is not None:
+            matched = self.inflight.fold(matched)
         if self.tiers is not None:
             matched, tier_blocks = self.tiers.split(matched)
         return RoutePlan(prompt.hashes, prompt.tokens, hasher.block_size, matched, session,

@@ -27,6 +27,7 @@ from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
 from middleware.routing.factory import make_policy
 from middleware.routing.engines import EngineBook
 from middleware.routing.health import ReplicaHealth
+from middleware.routing.inflight import InFlightPrefixes
 from middleware.routing.load_cost import LoadCost
 from middleware.routing.planner import Planner
 from middleware.routing.records import Records
@@ -96,10 +97,13 @@ class Router:
         # what each replica's engine said of itself (middleware.engines), once it answered
         self.book = EngineBook(name, cfg.engine, cfg.cache_salt, salter, self._engine_found)
         self.precise: PreciseRouting | None = None
+        self.inflight: InFlightPrefixes | None = None
         self.load_cost = LoadCost()  # what a token loaded from a KV tier costs, in prefill tokens
         if prefix.mode == "precise":
             self.precise = PreciseRouting(name, prefix, self.index, list(replicas), self._use_hasher, clock)
             self.planner.tiers = self.precise.tiers
+            # prefixes routed and not yet reported by the engine count as held by their replica
+            self.planner.inflight = self.inflight = InFlightPrefixes(self.index, clock)
 
     def _use_hasher(self, hasher: PromptHasher) -> None:
         """Precise mode: the engines' block size and tokenizer are known (again): hash with them."""
@@ -199,6 +203,8 @@ class Router:
             self.records.record(replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes)
         elif self.precise is not None:
             self.precise.sent(replica.name, plan.hashes)
+        if self.inflight is not None:
+            self.inflight.sent(replica.name, plan.hashes)
         return Ticket(replica, plan, pending, sent_at=self._clock(), queued=queued, loaded=loaded)
 
     def first_token(self, ticket: Ticket, measured: bool = True) -> None:
@@ -223,6 +229,8 @@ class Router:
             self.health.mark_up(ticket.replica)
         if self.precise is not None:
             self.precise.check()
+        if self.inflight is not None:
+            self.inflight.done(ticket.replica.name, ticket.plan.hashes)
         if ok and conversation is not None and self.planner.records_answers:
             self.records.record(ticket.replica.name, self.planner.conversation_hashes(ticket.plan, conversation))
 
@@ -240,6 +248,8 @@ class Router:
     def engine_gone(self, name: str) -> None:
         """The replica's engine process is gone: forget its cache and what it said of itself."""
         self.book.forget(name)
+        if self.inflight is not None:
+            self.inflight.forget(name)
         if self.precise is not None and self.index.blocks(name):
             log.warning("route %s: replica %s refuses connections; its %d blocks leave the prefix index",
                         self.name, name, self.index.blocks(name))
@@ -320,4 +330,6 @@ class Router:
         if self.precise is not None:
             self.precise.unsubscribe(name)
         self.book.forget(name)
+        if self.inflight is not None:
+            self.inflight.forget(name)
         self.index.remove_replica(name)

@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 PAIRS ?= ../shared/data/qqp_dev.csv
 POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
 
-.PHONY: install install-kvgate vllm mpnet tune test run run-vllm run-cluster demo bench-vllm bench-vllm-kv bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
+.PHONY: install install-kvgate vllm mpnet tune test run run-vllm run-cluster demo bench-vllm bench-vllm-completions bench-vllm-kv bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
 
 # kvgate's environment and vLLM's are independent: built side by side
 install:
@@ -162,6 +162,13 @@ bench-vllm:
 	@# real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router (~1 h)
 	mkdir -p bench-out
 	$(BIN)/kvgate bench vllm --json bench-out/vllm.json
+
+bench-vllm-completions:
+	@# the same on /v1/completions (~25 min), then vLLM's own benchmark client through each router (~10 min)
+	mkdir -p bench-out
+	$(BIN)/kvgate bench vllm --endpoint completions --arms kvgate_precise,kvgate_approximate,sglang,vllm_router \
+	  --json bench-out/vllm-completions.json
+	$(BIN)/kvgate bench vllm-client --json bench-out/vllm-client.json
 
 bench-kv:
 	mkdir -p bench-out

@@ -50,6 +50,11 @@ class TextPrompt:
             raise ValueError("a TextPrompt holds text or token ids, exactly one")
 
     @property
+    def wire(self) -> str | list[int]:
+        """The prompt as an engine's `/completions` takes it."""
+        return self.text if self.text is not None else list(self.token_ids or ())
+
+    @property
     def chars(self) -> int:
         """Its size in the unit the offload decision counts (characters, or ids for a token prompt)."""
         return len(self.text) if self.text is not None else len(self.token_ids or ())

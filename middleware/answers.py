@@ -6,7 +6,7 @@ Pure helpers over LiteLLM's objects and plain dicts; no I/O, no pipeline state.
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterable, Iterator
 
 from middleware.litellm_env import litellm  # before any import from litellm
 from litellm import ModelResponse
@@ -97,7 +97,7 @@ class Replay:
     """A hit's chunks, already in memory: an async iterator that is also a sync one, so the sync
     face serves it without a trip to its loop per chunk."""
 
-    def __init__(self, chunks: list[ModelResponseStream]) -> None:
+    def __init__(self, chunks: Iterable[Any]) -> None:
         self._chunks: Iterator[ModelResponseStream] = iter(chunks)
 
     def __iter__(self) -> Iterator[ModelResponseStream]:

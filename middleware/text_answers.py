@@ -93,13 +93,11 @@ def replay_text_chunks(stored: dict[str, Any], include_usage: bool) -> Iterator[
         yield {**base, "choices": [], "usage": stored["usage"]}
 
 
-def stream_objects(stored: dict[str, Any], include_usage: bool) -> list[TextCompletionResponse]:
-    """A streamed hit's chunks as the SDK iterates them."""
-    out = []
+def stream_objects(stored: dict[str, Any], include_usage: bool) -> Iterator[TextCompletionResponse]:
+    """A streamed hit's chunks as the SDK iterates them, built as they are read (the proxy sends
+    `replay_events` and never reads these)."""
     for event in replay_events(stored, include_usage)[:-1]:
-        data = event.split(b"data:", 1)[1].strip()
-        out.append(TextCompletionResponse(**orjson.loads(data)))
-    return out
+        yield TextCompletionResponse(**orjson.loads(event.split(b"data:", 1)[1].strip()))
 
 
 def _usage_only(event: str) -> bool:

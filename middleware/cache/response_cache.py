@@ -166,10 +166,8 @@ class ResponseCache:
             return Result(info, response=response, raw=json_body(stored))
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
         self.metrics.ttft.labels(view.route.name, info.cache).observe(time.perf_counter() - started)
-        chunks = stream_objects(stored, include_usage)
-        for chunk in chunks:
-            tag(chunk, info)
-        return Result(info, stream=Replay(chunks), raw=_events(replay_events(stored, include_usage)))
+        return Result(info, stream=Replay(_tagged(stream_objects(stored, include_usage), info)),
+                      raw=_events(replay_events(stored, include_usage)))
 
     # ------------------------------------------------------------------ record
     def stores(self, view: RequestView) -> bool:
@@ -262,6 +260,12 @@ class ResponseCache:
 
     def recording(self, looked: Looked, model: str) -> "Recording":
         return Recording(self, looked, model)
+
+
+def _tagged(chunks: Iterator[Any], info: CacheInfo) -> Iterator[Any]:
+    for chunk in chunks:
+        tag(chunk, info)
+        yield chunk
 
 
 async def _events(events: list[bytes]) -> AsyncIterator[bytes]:

@@ -186,8 +186,7 @@ async def know_engines(config: Config, forwarders: Mapping[str, Forwarder], kwar
     hashing depend on it); bounded, and a replica that does not answer is asked again by the health
     loop. True once every route's replicas have answered."""
     model = kwargs.get("model")
-    route = next((r for r in config.routes if r.matches(model, "chat") or r.matches(model, "completions")), None) \
-        if isinstance(model, str) else None
+    route = (config.match(model, "chat") or config.match(model, "completions")) if isinstance(model, str) else None
     forwarder = forwarders.get(route.name) if route is not None else None
     router = forwarder.router if forwarder is not None else None
     if router is not None and not router.discovered:

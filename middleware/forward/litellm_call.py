@@ -53,7 +53,7 @@ class LiteLLMCall:
         if prompt is None:
             kwargs["messages"] = view.messages
         else:
-            kwargs["prompt"] = prompt.text if prompt.text is not None else list(prompt.token_ids or ())
+            kwargs["prompt"] = prompt.wire
         if backend.api_base:
             kwargs["api_base"] = backend.api_base
         if backend.api_key:

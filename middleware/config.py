@@ -8,8 +8,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from middleware.errors import ConfigError
-from middleware.routing_config import (  # noqa: F401 (re-exported: RoutingConfig and its parts)
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.routing_config import (  # noqa: F401 (re-exported: RoutingConfig and its parts)
     AffinityConfig, CacheAwareConfig, LeastLoadedConfig, PolicyConfig, PrefixConfig, RoundRobinConfig, RoutingConfig,
     deprecations)
 
@@ -40,7 +40,7 @@ class SemanticConfig(_Strict):
     # exact: earlier turns must match exactly; last_user_only: ignored; semantic: each earlier user
     # turn judged equivalent to the cached entry's (middleware/cache/parents.py)
     context: Literal["exact", "last_user_only", "semantic"] = "exact"
-    # the verification stage (index/verifier.py, middleware/cache/verification.py); see README "Verified hits"
+    # the verification stage (index/responses/verifier.py, middleware/cache/verification.py); see README "Verified hits"
     target_precision: float | None = Field(
         None, gt=0.0, lt=1.0,
         description="instead of `threshold`: use the operating point `kvgate tune` calibrated for this precision")
@@ -49,7 +49,7 @@ class SemanticConfig(_Strict):
                           "null = off with `threshold`, as tuned with `target_precision`")
     verifier_threshold: float = Field(0.5, ge=0.0, le=1.0, description="with `threshold` + verifier: score needed")
     candidates: int = Field(3, ge=1, le=32, description="with the verifier: top entries it reads per lookup")
-    # verified semantic caching (index/trust.py, middleware/cache/trust_gate.py); see README "Bounded wrong hits"
+    # verified semantic caching (index/responses/trust.py, middleware/cache/trust_gate.py); see README "Bounded wrong hits"
     max_error_rate: float | None = Field(
         None, gt=0.0, lt=1.0,
         description="instead of `threshold`/`target_precision`: the wrong-hit rate (wrong hits per lookup) "

@@ -76,7 +76,7 @@ class Conflict(KvgateError):
 
 
 class Overloaded(KvgateError):
-    """The proxy has `server.max_in_flight` requests in flight already (middleware.server.admission)."""
+    """The proxy has `server.max_in_flight` requests in flight already (kvgate.middleware.server.admission)."""
 
     status = 429
     type = "rate_limit_error"

@@ -1,4 +1,4 @@
-"""LiteLLM, imported the one way kvgate imports it: `from middleware.litellm_env import litellm`.
+"""LiteLLM, imported the one way kvgate imports it: `from kvgate.middleware.litellm_env import litellm`.
 
 Two of LiteLLM's settings exist only as environment variables that it reads once, when it is
 imported, and offer no switch to set later; this module is the one place in the library that sets

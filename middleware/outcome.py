@@ -7,10 +7,10 @@ from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
-from middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
 from litellm import ModelResponse
 
-from index.semantic import CacheEntry
+from kvgate.index.responses.semantic import CacheEntry
 
 Tier = Literal["miss", "exact", "semantic"]
 REQUEST_ID_PREFIX = "kvg-"
@@ -50,7 +50,7 @@ class Hit:
 class Lookup:
     hit: Hit | None = None
     vector: np.ndarray | None = None  # the query embedding, reused when storing
-    explore: Any = None  # max_error_rate routes: a middleware.cache.trust_gate.Exploration on an explored miss
+    explore: Any = None  # max_error_rate routes: a kvgate.middleware.cache.trust_gate.Exploration on an explored miss
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Result:
 
 
 class AnswerSink(Protocol):
-    """Where a forwarded miss reports to the response cache (middleware.cache.response_cache.Recording)."""
+    """Where a forwarded miss reports to the response cache (kvgate.middleware.cache.response_cache.Recording)."""
 
     def miss(self, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
         """The miss's CacheInfo, once a replica answers."""

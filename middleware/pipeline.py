@@ -4,37 +4,37 @@ the miss to its route's replicas and store the answer.
 No HTTP here: the proxy and the SDK both call `acomplete` / `complete` with LiteLLM-style kwargs
 and get back litellm response objects (or chunk iterators) plus a CacheInfo. The flow is written
 once, async; `complete` is a thin sync adapter that runs it on the pipeline's own loop thread
-(middleware.sync_adapter). The cache's steps and the forwarding live in their own folders
-(middleware.cache, middleware.forward); the objects are built from config by middleware.build.
+(kvgate.middleware.sync_adapter). The cache's steps and the forwarding live in their own folders
+(kvgate.middleware.cache, kvgate.middleware.forward); the objects are built from config by kvgate.middleware.build.
 """
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
 
-from middleware.cache.feedback import FeedbackOutcome
-from middleware.cache.response_cache import ResponseCache
-from middleware.config import Config
-from middleware.forward.forwarder import Forwarder, know_engines
-from middleware.forward.relay import Relay
-from middleware.outcome import CacheInfo, Result  # noqa: F401  (public here too)
-from middleware.answers import Replay
-from middleware.request import CacheControl, RequestView
-from middleware.routing.router import Router
-from middleware.sync_adapter import SyncAdapter
-from middleware.telemetry.metrics import Metrics
+from kvgate.middleware.cache.feedback import FeedbackOutcome
+from kvgate.middleware.cache.response_cache import ResponseCache
+from kvgate.middleware.config import Config
+from kvgate.middleware.forward.forwarder import Forwarder, know_engines
+from kvgate.middleware.forward.relay import Relay
+from kvgate.middleware.outcome import CacheInfo, Result  # noqa: F401  (public here too)
+from kvgate.middleware.answers import Replay
+from kvgate.middleware.request import CacheControl, RequestView
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.sync_adapter import SyncAdapter
+from kvgate.middleware.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:
-    from index.embedder import Embedder
-    from index.semantic import SemanticIndex
-    from index.verifier import Verifier
-    from middleware.cache.request_log import RequestLog
-    from middleware.cache.trust_gate import TrustGate
-    from middleware.cache.verification import SemanticSettings
+    from kvgate.index.responses.embedder import Embedder
+    from kvgate.index.responses.semantic import SemanticIndex
+    from kvgate.index.responses.verifier import Verifier
+    from kvgate.middleware.cache.request_log import RequestLog
+    from kvgate.middleware.cache.trust_gate import TrustGate
+    from kvgate.middleware.cache.verification import SemanticSettings
 
 
 class Pipeline:
-    """Safe to share across requests; built by `middleware.build.build_pipeline`."""
+    """Safe to share across requests; built by `kvgate.middleware.build.build_pipeline`."""
 
     def __init__(self, config: Config, cache: ResponseCache, forwarders: dict[str, Forwarder], relay: Relay,
                  metrics: Metrics, closing: list[Any]) -> None:

@@ -12,9 +12,9 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
-from index.prompt import TextPrompt
-from middleware.config import Config, RouteConfig
-from middleware.errors import BadRequest, ModelNotFound
+from kvgate.index.kv.prompt import TextPrompt
+from kvgate.middleware.config import Config, RouteConfig
+from kvgate.middleware.errors import BadRequest, ModelNotFound
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 SYSTEM_ROLES = frozenset({"system", "developer"})

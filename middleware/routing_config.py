@@ -4,11 +4,11 @@ route-level failover and forwarding fields.
 
 Older files spell every knob flat on `routing:` (`policy: cache_aware` beside `decode_weight: 4`,
 `mode: precise`, ...): RoutingConfig._old_spellings moves each into place and says so, once per
-field per load (`deprecations`, used by middleware.config.parse_config), as a DeprecationWarning
+field per load (`deprecations`, used by kvgate.middleware.config.parse_config), as a DeprecationWarning
 and on the `kvgate.config` logger (which `kvgate` prints).
 
-Imports only pydantic and index: middleware.routing (whose policies each take their settings model
-from here) imports this, directly and through middleware.config.
+Imports only pydantic and index: kvgate.middleware.routing (whose policies each take their settings model
+from here) imports this, directly and through kvgate.middleware.config.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Iterator, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from index.prefix import EVENT_FED_CAPACITY
+from kvgate.index.kv.prefix import EVENT_FED_CAPACITY
 
 log = logging.getLogger("kvgate.config")
 
@@ -181,7 +181,7 @@ class PrefixConfig(_Strict):
         evictions, but lost removal events must not pile up; approximate mode records every
         routed prompt, and fresh long prompts would add blocks forever (and an insert that grows
         a large index's tables holds the proxy's GIL long enough to stall every request). Default bound:
-        index.prefix.EVENT_FED_CAPACITY, far above what an engine caches."""
+        kvgate.index.kv.prefix.EVENT_FED_CAPACITY, far above what an engine caches."""
         if self.capacity_blocks is None:
             self.capacity_blocks = EVENT_FED_CAPACITY
         return self

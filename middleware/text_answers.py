@@ -16,10 +16,10 @@ from typing import Any, Iterator
 
 import orjson
 
-from middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
 from litellm.types.utils import TextCompletionResponse
 
-from middleware.replay import split_text
+from kvgate.middleware.replay import split_text
 
 SSE_KEY = "_kvgate_sse"  # the stored stream's events, as sent by the replica
 DONE = b"data: [DONE]\n\n"

@@ -12,13 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx
 import pytest
 
-import middleware  # noqa: F401
-from index.embedder import Embedder, make_embedder
-from engines.demo import Calls, create_fake_app
-from tools.bench.procs import ServerThread
-from middleware.config import Config, parse_config
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
+import kvgate.middleware  # noqa: F401
+from kvgate.index.responses.embedder import Embedder, make_embedder
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.middleware.config import Config, parse_config
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def make_proxy(embedder: Embedder, backend: Backend, tmp_path: Path) -> Iterator
 @pytest.fixture()
 def redis_server() -> Iterator[Any]:
     """A real redis-server on a free loopback port, killed after the test."""
-    from tools.redis_proc import RedisServer
+    from kvgate.tools.redis_proc import RedisServer
 
     server = RedisServer().start()
     yield server
@@ -130,7 +130,7 @@ def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
     socket, cached-token details), started once for the whole test session, on 127.0.0.1. Both
     load kvgate's KV connector over one shared disk tier (`servers[0].kv_connector`), raw chunks,
     so a load gives bit-exact KV and tests can compare outputs exactly."""
-    from engines.vllm.launch import default_model_dir, start_pair, tier_settings, vllm_available, vllm_python
+    from kvgate.engines.vllm.launch import default_model_dir, start_pair, tier_settings, vllm_available, vllm_python
 
     if not vllm_available():
         pytest.fail(f"vLLM's environment is missing ({vllm_python()}): run `make install`")

@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from engines.demo import Calls, create_fake_app
-from middleware.config import ReplicaConfig, RoutingConfig, parse_config
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
-from middleware.routing.router import Router
-from tools.bench.procs import ServerThread
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.middleware.config import ReplicaConfig, RoutingConfig, parse_config
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.routing.router import Router
+from kvgate.tools.bench.procs import ServerThread
 
 ADMIN = "admin-secret-1"
 TENANT = "tenant-key-1"

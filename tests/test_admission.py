@@ -8,10 +8,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.server.admission import AdmissionGate
-from middleware.config import parse_config
-from middleware.errors import ConfigError
-from middleware.telemetry.loop_lag import watch_loop_lag
+from kvgate.middleware.server.admission import AdmissionGate
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.telemetry.loop_lag import watch_loop_lag
 from tests.conftest import route_config
 
 

@@ -1,4 +1,4 @@
-"""index.chunks.allocator: a freed chunk-sized buffer comes back without page faults."""
+"""kvgate.index.kv.chunks.allocator: a freed chunk-sized buffer comes back without page faults."""
 from __future__ import annotations
 
 import resource
@@ -9,7 +9,7 @@ import pytest
 
 PROBE = """
 import resource, sys
-from index.chunks.allocator import keep_freed_memory
+from kvgate.index.kv.chunks.allocator import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "on" else False
 size = 12 << 20  # one SmolLM2 KV chunk of 256 tokens
 faults = []

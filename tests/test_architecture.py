@@ -2,6 +2,7 @@
 loads, module sizes, and README's layout against the tree."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -22,9 +23,11 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_import_contracts_hold() -> None:
-    """pyproject.toml's [tool.importlinter] contracts, as `lint-imports` checks them."""
+    """pyproject.toml's [tool.importlinter] contracts, as `.ci/lint-imports` checks them (on the tree
+    shaped as installed: kvgate/ with its subpackages inside)."""
     lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([str(ROOT / ".ci" / "lint-imports")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "LINT_IMPORTS": str(lint)})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
 
@@ -32,8 +35,8 @@ def test_import_contracts_hold() -> None:
 def test_engine_imports_load_no_proxy_stack() -> None:
     done = _python(f"""
         import sys
-        import engines.api, engines.demo, engines.sim.server, engines.sim.engine
-        import engines.replica.server, engines.replica.engine, engines.replica.model
+        import kvgate.engines.api, kvgate.engines.demo, kvgate.engines.sim.server, kvgate.engines.sim.engine
+        import kvgate.engines.replica.server, kvgate.engines.replica.engine, kvgate.engines.replica.model
         print(sorted(m for m in {PROXY_STACK!r} if m in sys.modules))
     """)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -54,8 +57,8 @@ def test_sim_replica_serves_with_the_proxy_stack_absent() -> None:
 
         sys.meta_path.insert(0, Absent())
         from fastapi.testclient import TestClient
-        from engines.sim.engine import SimEngine
-        from engines.sim.server import create_sim_app
+        from kvgate.engines.sim.engine import SimEngine
+        from kvgate.engines.sim.server import create_sim_app
         client = TestClient(create_sim_app(SimEngine(4096, prefill_tps=1e6, decode_tps=1e6), name="s1"))
         reply = client.post("/v1/chat/completions", json={{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]}})
         print(reply.status_code, reply.json()["choices"][0]["message"]["content"].split()[0])
@@ -70,20 +73,20 @@ def test_core_submodules_load_lazily() -> None:
     """Importing a small core module (errors, config) loads neither the SDK nor LiteLLM."""
     done = _python("""
         import sys
-        import middleware.errors, middleware.config
-        print("litellm" in sys.modules, "middleware.sdk.client" in sys.modules)
-        from middleware import Gateway  # the public name still resolves
+        import kvgate.middleware.errors, kvgate.middleware.config
+        print("litellm" in sys.modules, "kvgate.middleware.sdk.client" in sys.modules)
+        from kvgate import Gateway  # the public name still resolves
         print(Gateway.__module__)
     """)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:2] == ["False False", "middleware.sdk.client"]
+    assert done.stdout.split("\n")[:2] == ["False False", "kvgate.middleware.sdk.client"]
 
 
 def test_cli_loads_only_the_subcommand_it_runs() -> None:
     """`kvgate serve` loads no tool or engine; `kvgate replica` / `sim-replica` load no proxy stack."""
     done = _python("""
         import sys
-        from middleware.cli import build_parser
+        from kvgate.middleware.cli import build_parser
         build_parser(["serve", "--config", "x.yaml"])
         print(sorted({m.split(".")[0] for m in sys.modules if m.startswith(("tools", "engines"))}))
         build_parser(["replica", "--port", "1"])
@@ -133,7 +136,7 @@ def test_layout_matches_the_tree() -> None:
 
 @pytest.mark.parametrize("doc", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
 def test_docs_name_only_existing_paths(doc: str) -> None:
-    """Paths like `index/semantic.py` or `engines/replica/` in the docs exist."""
+    """Paths like `index/responses/semantic.py` or `engines/replica/` in the docs exist."""
     text = (ROOT / doc).read_text()
     paths = set(re.findall(r"`((?:index|middleware|engines|tools|examples|docs|tests)/[A-Za-z0-9_./]*)`", text))
     missing = sorted(p for p in paths if not (ROOT / p).exists())
@@ -159,9 +162,9 @@ def test_library_imports_leave_the_environment_alone() -> None:
     code = textwrap.dedent("""
         import os
         before = dict(os.environ)
-        import middleware, middleware.config, index.tokenizer, index.embedder, engines, engines.replica.model
-        index.embedder.packaged_minilm_path()
-        index.tokenizer.load_tokenizer("text")
+        import middleware, kvgate.middleware.config, kvgate.index.kv.tokenizer, kvgate.index.responses.embedder, engines, kvgate.engines.replica.model
+        kvgate.index.responses.embedder.packaged_minilm_path()
+        kvgate.index.kv.tokenizer.load_tokenizer("text")
         after = dict(os.environ)
         print(sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)))
     """)
@@ -171,7 +174,7 @@ def test_library_imports_leave_the_environment_alone() -> None:
 
 
 def test_litellm_env_sets_only_its_import_switches() -> None:
-    """middleware.litellm_env sets LiteLLM's import-time variables as defaults: an operator's value wins."""
+    """kvgate.middleware.litellm_env sets LiteLLM's import-time variables as defaults: an operator's value wins."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in PROCESS_ENV}
@@ -179,7 +182,7 @@ def test_litellm_env_sets_only_its_import_switches() -> None:
     code = textwrap.dedent("""
         import os
         before = dict(os.environ)
-        from middleware.litellm_env import litellm
+        from kvgate.middleware.litellm_env import litellm
         from litellm.constants import AIOHTTP_KEEPALIVE_TIMEOUT
         after = dict(os.environ)
         print(sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)))
@@ -199,7 +202,7 @@ def test_cli_sets_the_process_defaults() -> None:
     env["TOKENIZERS_PARALLELISM"] = "true"
     code = textwrap.dedent("""
         import os
-        from middleware.cli import set_process_env
+        from kvgate.middleware.cli import set_process_env
         set_process_env(["-v", "serve", "--config", "x.yaml"])
         print(os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"),
               os.environ.get("TOKENIZERS_PARALLELISM"), os.environ.get("OMP_WAIT_POLICY"))
@@ -228,7 +231,7 @@ def test_only_entry_points_set_the_environment() -> None:
 
 def test_litellm_is_imported_through_litellm_env() -> None:
     """LiteLLM reads its switches at import, so whichever module imports it first must have
-    imported middleware.litellm_env before: every other module's first litellm import follows it."""
+    imported kvgate.middleware.litellm_env before: every other module's first litellm import follows it."""
     first_import = re.compile(r"^\s*(?:import litellm\b|from litellm[. ])", re.M)
     offenders = []
     for path in _modules():
@@ -237,9 +240,9 @@ def test_litellm_is_imported_through_litellm_env() -> None:
             continue
         text = path.read_text()
         found = first_import.search(text)
-        if found and "from middleware.litellm_env import litellm" not in text[:found.start()]:
+        if found and "from kvgate.middleware.litellm_env import litellm" not in text[:found.start()]:
             offenders.append(f"{rel}:{text.count(chr(10), 0, found.start()) + 1}")
-    assert not offenders, f"modules importing LiteLLM before middleware.litellm_env: {offenders}"
+    assert not offenders, f"modules importing LiteLLM before kvgate.middleware.litellm_env: {offenders}"
 
 
 HISTORY = re.compile(r"[Ii]ssue [0-9]+|BENCHMARKS\.md issue")

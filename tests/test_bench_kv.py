@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from tools.bench.kv import fit, history, sentences
-from middleware.cli import main
+from kvgate.tools.bench.kv import fit, history, sentences
+from kvgate.middleware.cli import main
 
 
 def test_bench_kv_tiny(tmp_path, capsys):
@@ -57,7 +57,7 @@ def test_bench_e2e_rejects_bad_options_before_starting_anything(bad, capsys):
 
 
 def test_arrivals_are_seeded_and_spread_when_asked():
-    from tools.bench.e2e import arrivals
+    from kvgate.tools.bench.e2e import arrivals
 
     assert arrivals(4, 0.0, 0) == [0.0] * 4
     a = arrivals(200, 2.0, 7)
@@ -67,7 +67,7 @@ def test_arrivals_are_seeded_and_spread_when_asked():
 
 
 def test_kv_working_set_counts_full_chunks_of_each_conversations_end():
-    from tools.bench.e2e import kv_bytes_per_token, kv_working_set, store_capacity_mb
+    from kvgate.tools.bench.e2e import kv_bytes_per_token, kv_working_set, store_capacity_mb
 
     smollm2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "num_hidden_layers": 30}
     assert kv_bytes_per_token(smollm2) == 2 * 30 * 3 * 64 * 4 == 46080

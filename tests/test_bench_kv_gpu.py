@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from middleware.cli import build_parser
+from kvgate.middleware.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL_FIELDS = {"shape", "tier", "codec", "history_tokens", "load_gbps_bf16_equiv", "load_gbps_moved", "prefill_s",
@@ -39,8 +39,8 @@ def test_quick_run_writes_every_cell_and_loads_exactly(tmp_path: Path) -> None:
 
 def test_the_bench_imports_no_vllm() -> None:
     """The GPU machine has torch but no vLLM: the bench reaches only the connector's torch-only modules."""
-    code = ("import sys, tools.bench.kv_gpu, tools.bench.kv_gpu_cells; "
-            "print('vllm' in sys.modules, sorted(m for m in sys.modules if m.startswith('engines.vllm.kv_connector.')))")
+    code = ("import sys, kvgate.tools.bench.kv_gpu, kvgate.tools.bench.kv_gpu_cells; "
+            "print('vllm' in sys.modules, sorted(m for m in sys.modules if m.startswith('kvgate.engines.vllm.kv_connector.')))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     has_vllm, modules = done.stdout.strip().split(" ", 1)

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from middleware.cli import main
+from kvgate.middleware.cli import main
 
 
 def test_bench_kv_remote_tiny(tmp_path: Path, capsys) -> None:

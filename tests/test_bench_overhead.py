@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from middleware.cli import build_parser
-from tools.bench import loop_load
+from kvgate.middleware.cli import build_parser
+from kvgate.tools.bench import loop_load
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from middleware.cli import main
+from kvgate.middleware.cli import main
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 
@@ -79,7 +79,7 @@ def _stream_events() -> bytes:
 def test_stream_scan_finds_content_and_errors_whatever_the_chunking():
     """The load generator reads raw bytes: the first content and an in-band error are found at
     the same byte however the stream is cut."""
-    from tools.bench.stream_client import StreamScan
+    from kvgate.tools.bench.stream_client import StreamScan
 
     data = _stream_events()
     content_end = data.index(b'"content"') + len(b'"content"')
@@ -138,8 +138,8 @@ def test_routing_arena_tunes_on_its_own_slice_batched(tmp_path, capsys):
 
 
 def test_gen_trace_is_seeded_and_shaped(tmp_path):
-    from tools.bench.trace import load_trace
-    from tools.bench.trace_gen import TraceShape, describe, generate
+    from kvgate.tools.bench.trace import load_trace
+    from kvgate.tools.bench.trace_gen import TraceShape, describe, generate
 
     a, b = generate(TraceShape(requests=2000, seed=3)), generate(TraceShape(requests=2000, seed=3))
     assert a == b and a != generate(TraceShape(requests=2000, seed=4))
@@ -170,8 +170,8 @@ def test_route_overhead_tiny(tmp_path):
 def test_routing_model_is_deterministic_and_ranks_the_rules(tmp_path):
     """The virtual-time arena: same figures every run; cache-aware routing beats round robin on
     hits in it as in the live arena."""
-    from middleware.routing import make_policy
-    from tools.bench.arena_model import SglangRule, prepare, simulate
+    from kvgate.middleware.routing import make_policy
+    from kvgate.tools.bench.arena_model import SglangRule, prepare, simulate
 
     reqs = prepare(TRACE, 0, 200)
     a = simulate(reqs, make_policy("cache_aware"))
@@ -187,7 +187,7 @@ def test_routing_model_is_deterministic_and_ranks_the_rules(tmp_path):
 
 
 def test_pooled_table_groups_runs_of_one_setting_and_counts_the_goal():
-    from tools.bench.arena_table import pooled
+    from kvgate.tools.bench.arena_table import pooled
 
     def run(trace, model, speed, ca_hit, sg_hit, vl_hit, ca_p99=1.0, sg_p99=2.0, name=None):
         pol = lambda hit, p99: {"hit_rate": hit, "ttft_p99_s": p99, "errors": 0}  # noqa: E731
@@ -211,7 +211,7 @@ def test_pooled_table_groups_runs_of_one_setting_and_counts_the_goal():
 
 
 def test_mean_interval_is_the_normal_interval_of_the_mean():
-    from tools.bench.arena_table import mean_interval
+    from kvgate.tools.bench.arena_table import mean_interval
 
     assert mean_interval([0.5]) == (0.5, 0.5, 0.5)
     mean, low, high = mean_interval([1.0, 2.0, 3.0])  # sd 1, n 3

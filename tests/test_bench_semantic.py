@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench.gptcache_anchor import gptcache_threshold, require_gptcache
-from tools.bench.proxy_latency import SEED_QUESTIONS
-from middleware.cli import main
+from kvgate.tools.bench.gptcache_anchor import gptcache_threshold, require_gptcache
+from kvgate.tools.bench.proxy_latency import SEED_QUESTIONS
+from kvgate.middleware.cli import main
 
 
 def _write_pairs(path: Path) -> tuple[int, int]:
@@ -135,7 +135,7 @@ def test_entries_mode_real_filler_is_embedded_once(tmp_path: Path, monkeypatch: 
 
 
 def test_real_filler_texts_are_distinct_stable_and_keep_queries_out(tmp_path: Path) -> None:
-    from tools.bench.semantic_filler import filler_answer, filler_base, load_real_filler, variant
+    from kvgate.tools.bench.semantic_filler import filler_answer, filler_base, load_real_filler, variant
 
     pairs, positives = _write_filler_sources(tmp_path)
     filler = load_real_filler(pairs, positives)
@@ -226,7 +226,7 @@ def test_stages_option_belongs_to_pairs_mode(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_stage_summary_means_are_additive() -> None:
-    from tools.bench.semantic.stages import stage_summary
+    from kvgate.tools.bench.semantic.stages import stage_summary
 
     got = stage_summary({"a": [0.001, 0.003], "b": [0.002, 0.002], "empty": []})
     assert got == {"a": {"mean_ms": 2.0, "p50_ms": 2.0}, "b": {"mean_ms": 2.0, "p50_ms": 2.0}}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from middleware.cli import build_parser
-from tools.bench import throughput
+from kvgate.middleware.cli import build_parser
+from kvgate.tools.bench import throughput
 
 ROW_FIELDS = {"mix", "concurrency", "target", "requests", "errors", "elapsed_s", "rps", "p50_ms", "p99_ms", "hit_ratio",
               "backend_cpu_ms_per_req", "client_cpu_ms_per_req"}

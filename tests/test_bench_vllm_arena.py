@@ -8,13 +8,13 @@ import statistics
 
 import pytest
 
-from middleware.config import parse_config
-from tools.bench.trace import TraceRequest
-from tools.bench.vllm_arena import ARMS, add_arguments, validate
-from tools.bench.vllm_arena_setup import kvgate_config
-from tools.bench.vllm_arena_client import Turn, take_event
-from tools.bench.vllm_arena_stats import Computed, counters, metric_labels, oracle_cached, router_summary, run_summary
-from tools.bench.vllm_arena_workload import WORDS, block_words, estimate_tokens, group_conversations, select, user_texts
+from kvgate.middleware.config import parse_config
+from kvgate.tools.bench.trace import TraceRequest
+from kvgate.tools.bench.vllm_arena import ARMS, add_arguments, validate
+from kvgate.tools.bench.vllm_arena_setup import kvgate_config
+from kvgate.tools.bench.vllm_arena_client import Turn, take_event
+from kvgate.tools.bench.vllm_arena_stats import Computed, counters, metric_labels, oracle_cached, router_summary, run_summary
+from kvgate.tools.bench.vllm_arena_workload import WORDS, block_words, estimate_tokens, group_conversations, select, user_texts
 
 
 def req(t: float, n: int, ids: list[int]) -> TraceRequest:
@@ -71,7 +71,7 @@ def test_block_text_is_deterministic_and_block_tokens_long():
 
 
 def test_words_are_one_token_each():
-    from engines.vllm.launch import default_model_dir
+    from kvgate.engines.vllm.launch import default_model_dir
 
     path = default_model_dir() / "tokenizer.json"
     if not path.exists():

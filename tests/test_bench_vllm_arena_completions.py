@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from tools.bench import vllm_arena_client
-from tools.bench.vllm_arena import add_arguments
-from tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse, take_event
-from tools.bench.vllm_arena_workload import next_prompt
+from kvgate.tools.bench import vllm_arena_client
+from kvgate.tools.bench.vllm_arena import add_arguments
+from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse, take_event
+from kvgate.tools.bench.vllm_arena_workload import next_prompt
 
 
 def test_next_prompt_extends_the_previous_prompt_and_answer():
@@ -72,7 +72,7 @@ def test_endpoint_option():
 
 
 def test_render_requests_counted_per_handler():
-    from tools.bench.vllm_arena_stats import render_requests
+    from kvgate.tools.bench.vllm_arena_stats import render_requests
 
     page = ('http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 8.0\n'
             'http_requests_total{handler="/v1/completions/render",method="POST",status="2xx"} 5.0\n'

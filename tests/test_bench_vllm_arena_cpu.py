@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from middleware.forward.http1 import Connection, Pool
-from tools.bench.vllm_arena_client import Turn, send_turn
-from tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records, tree_pids
+from kvgate.middleware.forward.http1 import Connection, Pool
+from kvgate.tools.bench.vllm_arena_client import Turn, send_turn
+from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records, tree_pids
 
 # Waits for a line on stdin, then burns CPU (by its own CPU clock, so a busy machine makes it slower,
 # not cheaper): itself SELF_S, a forked child REAPED_S (exits, is waited for), a forked child LIVE_S

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tools.bench.vllm_client_arena import summarize
+from kvgate.tools.bench.vllm_client_arena import summarize
 
 
 def run(mean: float, median: float, cached: float | None, failed: int = 0) -> dict:
@@ -21,6 +21,6 @@ def test_summary_pools_runs() -> None:
 
 
 def test_cli_lists_it() -> None:
-    out = subprocess.run([sys.executable, "-m", "middleware.cli", "bench", "vllm-client", "--help"],
+    out = subprocess.run([sys.executable, "-m", "kvgate.middleware.cli", "bench", "vllm-client", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--num-prompts" in out.stdout

@@ -7,12 +7,12 @@ import struct
 
 import torch
 
-from index.chunks import ChunkStore, DiskTier
-from index.chunks.layer_codec import LayerCodec
-from tools.bench.vllm_kv import compare
-from tools.bench.vllm_kv_client import Reply, first_message, max_logprob_diff, next_turn
-from tools.bench.vllm_kv_phase import PhaseResult
-from tools.bench.vllm_kv_read import example_bytes_per_token, read_back
+from kvgate.index.kv.chunks import ChunkStore, DiskTier
+from kvgate.index.kv.chunks.layer_codec import LayerCodec
+from kvgate.tools.bench.vllm_kv import compare
+from kvgate.tools.bench.vllm_kv_client import Reply, first_message, max_logprob_diff, next_turn
+from kvgate.tools.bench.vllm_kv_phase import PhaseResult
+from kvgate.tools.bench.vllm_kv_read import example_bytes_per_token, read_back
 
 
 def reply(text: str, top: dict[str, float] | None = None) -> Reply:
@@ -59,7 +59,7 @@ def test_example_connector_bytes_from_its_files(tmp_path) -> None:
 
 
 def test_p99_is_nearest_rank() -> None:
-    from tools.bench.vllm_kv_itl import p99
+    from kvgate.tools.bench.vllm_kv_itl import p99
 
     assert p99([]) is None and p99([0.5]) == 0.5
     assert p99([float(i) for i in range(1, 101)]) == 99.0

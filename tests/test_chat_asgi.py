@@ -9,11 +9,11 @@ import httpx
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from middleware.config import parse_config
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
 from tests.conftest import route_config
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
 
 class Spy:

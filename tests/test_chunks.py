@@ -17,7 +17,7 @@ import diskcache
 import pytest
 import torch
 
-from index.chunks import (
+from kvgate.index.kv.chunks import (
     ChunkStore,
     CorruptChunk,
     DiskTier,
@@ -28,7 +28,7 @@ from index.chunks import (
     decode_chunk,
     encode_chunk,
 )
-from index.hashing import block_hashes
+from kvgate.index.kv.hashing import block_hashes
 
 TESTS = Path(__file__).resolve().parent
 NS = "tiny-model:float32"
@@ -315,7 +315,7 @@ def test_two_processes_share_one_disk_tier(tmp_path: Path) -> None:
     parent = ChunkStore([DiskTier(d, 10**8)], NS)  # opened before the child writes
     child = run_py(f"""
 from test_chunks import det_chunk, same_chunk
-from index.chunks import ChunkStore, DiskTier
+from kvgate.index.kv.chunks import ChunkStore, DiskTier
 store = ChunkStore([DiskTier({str(d)!r}, 10**8)], {NS!r})
 assert store.put_many({a_hashes}, [det_chunk(h) for h in {a_hashes}]) == 3
 print("written", flush=True)
@@ -349,7 +349,7 @@ def test_writer_killed_mid_write_leaves_no_bad_chunk(tmp_path: Path) -> None:
     shape = dict(layers=8, heads=4, tokens=256, dim=64)  # 4 MiB of float32 per chunk
     writer = run_py(f"""
 from test_chunks import det_chunk
-from index.chunks import ChunkStore, DiskTier
+from kvgate.index.kv.chunks import ChunkStore, DiskTier
 store = ChunkStore([DiskTier({str(d)!r}, {budget})], {NS!r})
 print("ready", flush=True)
 i = 0

@@ -1,4 +1,4 @@
-"""The remote KV tier (index.chunks.redis.RedisTier) on a real redis-server: the StorageTier
+"""The remote KV tier (kvgate.index.kv.chunks.redis.RedisTier) on a real redis-server: the StorageTier
 contract, a ChunkStore of two "replicas" (own RAM + disk each) sharing one Redis in one round trip
 per prompt, and faults: Redis killed (misses, skipped writes, backoff, reconnect), restarted empty
 (misses), a damaged value (a miss and a delete)."""
@@ -11,8 +11,8 @@ from typing import Any, Sequence
 import pytest
 import redis
 
-from index.chunks import BatchTier, ChunkStore, DiskTier, MemoryTier, StorageTier, chunk_hashes, encode_chunk
-from index.chunks.redis import RedisTier
+from kvgate.index.kv.chunks import BatchTier, ChunkStore, DiskTier, MemoryTier, StorageTier, chunk_hashes, encode_chunk
+from kvgate.index.kv.chunks.redis import RedisTier
 from test_chunks import NS, det_chunk, same_chunk
 
 
@@ -172,10 +172,10 @@ def test_events_follow_chunks_to_the_remote_medium_and_back(redis_server: Any) -
     """A chunk evicted from RAM but still in Redis is announced moved (BlockStored REMOTE, then
     BlockRemoved CPU): the router keeps it for this replica; used again, it moves back; gone from
     every tier, it is removed. Real ChunkStore, RedisTier, Announcer and router-side EventApplier."""
-    from engines.api import publisher_callbacks
-    from engines.replica.announce import LOCAL, REMOTE, Announcer
-    from index.kv_events import MEDIUM_CPU, MEDIUM_REMOTE, EventApplier
-    from index.prefix import PrefixIndex
+    from kvgate.engines.api import publisher_callbacks
+    from kvgate.engines.replica.announce import LOCAL, REMOTE, Announcer
+    from kvgate.index.kv.kv_events import MEDIUM_CPU, MEDIUM_REMOTE, EventApplier
+    from kvgate.index.kv.prefix import PrefixIndex
 
     assert (LOCAL, REMOTE) == (MEDIUM_CPU, MEDIUM_REMOTE)
     ct = 4
@@ -217,7 +217,7 @@ def test_events_follow_chunks_to_the_remote_medium_and_back(redis_server: Any) -
 
 
 def test_password_from_the_environment_and_a_wrong_one_is_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tools.redis_proc import RedisServer
+    from kvgate.tools.redis_proc import RedisServer
 
     with RedisServer(password="s3cret") as server:
         good = RedisTier(server.url, password="s3cret")
@@ -228,7 +228,7 @@ def test_password_from_the_environment_and_a_wrong_one_is_an_outage(monkeypatch:
         # `kvgate replica` takes the password from the variable --kv-remote-password-env names
         import argparse
 
-        from engines.replica.server import add_arguments, remote_tier
+        from kvgate.engines.replica.server import add_arguments, remote_tier
 
         parser = argparse.ArgumentParser()
         add_arguments(parser)
@@ -253,7 +253,7 @@ def test_password_from_the_environment_and_a_wrong_one_is_an_outage(monkeypatch:
 def test_promoter_runs_in_order_drops_when_full_and_drains() -> None:
     import threading
 
-    from index.chunks.promoter import Promoter
+    from kvgate.index.kv.chunks.promoter import Promoter
 
     done: list[int] = []
     started, go = threading.Event(), threading.Event()
@@ -280,7 +280,7 @@ def test_promoter_runs_in_order_drops_when_full_and_drains() -> None:
 def test_held_copies_wait_for_the_release_or_at_most_max_hold() -> None:
     import threading
 
-    from index.chunks.promoter import Promoter
+    from kvgate.index.kv.chunks.promoter import Promoter
 
     ran = threading.Event()
     p = Promoter(max_hold_s=30)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.redis_proc import RedisServer
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.redis_proc import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_cluster_demo_hits_on_the_second_proxy(backend, redis_server: RedisServe
 
 
 def test_unreachable_redis_stops_serve_with_one_line(tmp_path: Path, capsys) -> None:
-    from middleware.cli import main
+    from kvgate.middleware.cli import main
 
     config = yaml.safe_load((ROOT / "examples" / "cluster_config.yaml").read_text())
     config["store"]["url"] = f"redis://127.0.0.1:{free_port()}/0"

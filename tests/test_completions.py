@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from middleware.config import parse_config
-from middleware.sdk.client import Gateway, cache_info
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.sdk.client import Gateway, cache_info
 
 PROMPT = "The capital of France is"
 
@@ -196,7 +196,7 @@ def test_sdk_text_completion(backend, tmp_path, embedder):
     config = parse_config({"cache_dir": str(tmp_path / "sdk"), "routes": [{
         "name": "r", "model": "demo-*", "semantic": {"enabled": False},
         "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"}}]})
-    from middleware.build import build_pipeline
+    from kvgate.middleware.build import build_pipeline
 
     with Gateway(config, pipeline=build_pipeline(config, embedder=embedder)) as gw:
         first = gw.text_completion(model="demo-1", prompt="sdk prompt", max_tokens=8)

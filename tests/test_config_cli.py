@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from middleware.config import load_config, parse_config
-from middleware.errors import ConfigError
+from kvgate.middleware.config import load_config, parse_config
+from kvgate.middleware.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-KVGATE = [sys.executable, "-m", "middleware.cli"]
+KVGATE = [sys.executable, "-m", "kvgate.middleware.cli"]
 
 
 def free_port() -> int:

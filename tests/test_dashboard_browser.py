@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from middleware.config import parse_config
+from kvgate.middleware.config import parse_config
 from tests.conftest import ROOT, Proxy, route_config
 
 KEY = "key-dashboard"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from index.embedder import Embedder, make_embedder
+from kvgate.index.responses.embedder import Embedder, make_embedder
 
 
 def test_onnx_matches_sentence_transformers(embedder):

@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.embedder import MANIFEST, embedder_identity, make_embedder, packaged_minilm_path
-from index.embedder_onnx import _fingerprint, default_onnx_dir
-from middleware.build import build_pipeline
-from middleware.cli import main as cli_main
-from middleware.config import parse_config
-from middleware.errors import ConfigError
-from tools.tuning.embedder_train import precision_at_recall, scores_at
-from tools.tuning.pairs import read_pairs
-from tools.tuning.split import normalise
-from tools.tuning.split_files import split_pairs
+from kvgate.index.responses.embedder import MANIFEST, embedder_identity, make_embedder, packaged_minilm_path
+from kvgate.index.responses.embedder_onnx import _fingerprint, default_onnx_dir
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.cli import main as cli_main
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import ConfigError
+from kvgate.tools.tuning.embedder_train import precision_at_recall, scores_at
+from kvgate.tools.tuning.pairs import read_pairs
+from kvgate.tools.tuning.split import normalise
+from kvgate.tools.tuning.split_files import split_pairs
 
 TOPICS = ["Python", "Java", "guitar", "chess", "French", "calculus", "painting", "swimming", "cooking", "Rust",
           "piano", "knitting", "German", "statistics", "photography", "running", "yoga", "poker", "Go", "drawing"]
@@ -129,7 +129,7 @@ def test_split_files_share_no_question(tmp_path: Path):
     assert not questions(train) & questions(evaluation)
     assert split_pairs(read_pairs(pairs)[0], 0.5) == (train, evaluation)  # deterministic
     # the train file splits again into train / calib / holdout (its own seed: not all "train")
-    from tools.tuning.split import assign_parts
+    from kvgate.tools.tuning.split import assign_parts
     assert len(set(assign_parts([(p.question1, p.question2) for p in train]))) > 1
 
 

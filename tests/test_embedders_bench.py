@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from index.mpnet_files import MpnetMissing, part_files
-from middleware.config import parse_config
-from tools.bench.embedders import pair_auc, recall_at_precision
+from kvgate.index.responses.mpnet_files import MpnetMissing, part_files
+from kvgate.middleware.config import parse_config
+from kvgate.tools.bench.embedders import pair_auc, recall_at_precision
 
 
 def test_auc_and_recall_at_precision_on_known_cases():
@@ -53,7 +53,7 @@ def _mpnet_installed() -> bool:
 def test_mpnet_onnx_matches_sentence_transformers_with_padding():
     from sentence_transformers import SentenceTransformer
 
-    from index.embedder import make_embedder
+    from kvgate.index.responses.embedder import make_embedder
 
     onnx = make_embedder("onnx", model="mpnet")
     texts = ["What is the capital of France?", "Hi", "How do I learn to play the guitar well as an adult beginner?"]

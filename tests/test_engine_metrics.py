@@ -8,10 +8,10 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.replica.metrics import ReplicaMetrics
-from middleware.telemetry.engine_metrics import KVGATE, VLLM, ReplicaReading, engine_of, replica_reading
-from middleware.telemetry.metrics import Metrics
-from middleware.telemetry.replica_scrape import parse_metrics
+from kvgate.engines.replica.metrics import ReplicaMetrics
+from kvgate.middleware.telemetry.engine_metrics import KVGATE, VLLM, ReplicaReading, engine_of, replica_reading
+from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.telemetry.replica_scrape import parse_metrics
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -1,8 +1,8 @@
-"""The EntryStore contract (index.entries.base), checked against every implementation.
+"""The EntryStore contract (kvgate.index.responses.entries.base), checked against every implementation.
 
 A backend joins by adding one opener to STORES: `opener(tmp_path, dim)` returns a function that
 opens a new handle on one shared store, so two handles stand for two processes. The Redis store runs
-them against a real redis-server (tools.redis_proc) and passes every test here unchanged; the
+them against a real redis-server (kvgate.tools.redis_proc) and passes every test here unchanged; the
 tests at the end forge damage through one backend's internals and are that backend's own.
 """
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.entries import CacheEntry, DiskEntryStore, EntryStore, LogGap, Stored
-from index.entries.redis import RedisEntryStore
-from index.redis_link import LinkSettings, RedisLink
-from index.tighten import Mark
-from tools.redis_proc import RedisServer
+from kvgate.index.responses.entries import CacheEntry, DiskEntryStore, EntryStore, LogGap, Stored
+from kvgate.index.responses.entries.redis import RedisEntryStore
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
+from kvgate.index.responses.tighten import Mark
+from kvgate.tools.redis_proc import RedisServer
 
 DIM = 8
 Opener = Callable[[], EntryStore]

@@ -1,8 +1,8 @@
-"""Scoring a semantic hit by every label in the pairs file (tools.tuning.equivalence)."""
+"""Scoring a semantic hit by every label in the pairs file (kvgate.tools.tuning.equivalence)."""
 from __future__ import annotations
 
-from tools.bench.semantic import Pair, TopHit, score
-from tools.tuning.equivalence import Equivalence, credited
+from kvgate.tools.bench.semantic import Pair, TopHit, score
+from kvgate.tools.tuning.equivalence import Equivalence, credited
 
 ROWS = [
     ("How can I lose weight quickly?", "What is the fastest way to lose weight?", True),

@@ -1,9 +1,9 @@
-"""index.eviction.LruEviction as pure logic: LRU order, entry and byte budgets, expiry."""
+"""kvgate.index.responses.eviction.LruEviction as pure logic: LRU order, entry and byte budgets, expiry."""
 from __future__ import annotations
 
 import random
 
-from index.eviction import LruEviction
+from kvgate.index.responses.eviction import LruEviction
 
 
 def test_entry_budget_evicts_least_recently_used() -> None:

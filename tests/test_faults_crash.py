@@ -1,6 +1,6 @@
 """Crashes and a full disk (issue 6, part 2): SIGKILL the proxy and a KV disk-tier writer during
 heavy writes and restart them; fill the disk under the proxy and a chunk store. Processes are
-real (`kvgate serve`, `python -m tools.bench.chunk_writer`); the figures in
+real (`kvgate serve`, `python -m kvgate.tools.bench.chunk_writer`); the figures in
 docs/RELIABILITY.md come from `make bench-faults` (20 rounds)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench.storage_faults import disk_full, kill_loop
+from kvgate.tools.bench.storage_faults import disk_full, kill_loop
 
 
 def _assert_kill_loop(result: dict, rounds: int) -> None:

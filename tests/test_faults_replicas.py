@@ -15,12 +15,12 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from engines.demo import Calls, create_fake_app
-from tools.bench.procs import ServerThread
-from tools.bench.replica_faults import check_sse, parse_metrics, run_scenario
-from middleware.config import parse_config
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.tools.bench.replica_faults import check_sse, parse_metrics, run_scenario
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
 
 
 class Fleet:

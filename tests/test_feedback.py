@@ -1,4 +1,4 @@
-"""Feedback building blocks without servers: floors (index.tighten), SemanticIndex.tighten, DiskRequestLog."""
+"""Feedback building blocks without servers: floors (kvgate.index.responses.tighten), SemanticIndex.tighten, DiskRequestLog."""
 from __future__ import annotations
 
 import time
@@ -6,12 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from index.semantic import SemanticIndex
-from index.tighten import Mark, decode_marks, encode_marks, floor_from_marks, raise_floor, threshold_for
-from middleware.errors import RequestNotFound
-from middleware.cache.feedback import give_feedback
-from middleware.telemetry.metrics import Metrics
-from middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
+from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks, floor_from_marks, raise_floor, threshold_for
+from kvgate.middleware.errors import RequestNotFound
+from kvgate.middleware.cache.feedback import give_feedback
+from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
 
 DIM = 8
 
@@ -53,7 +53,7 @@ def test_tighten_raises_neighbours_and_later_entries(tmp_path) -> None:
     other_scope = index.add("t", response("d"), text="d", vector=unit(1, 0))
     center = index.vector(wrong.id)
     assert index.delete(wrong.id)
-    assert index.tighten("s", center, 0.93) == 1
+    assert kvgate.index.responses.tighten("s", center, 0.93) == 1
     assert index.get(near.id).min_similarity == pytest.approx(0.94)
     assert index.get(far.id).min_similarity is None
     assert index.get(other_scope.id).min_similarity is None
@@ -74,7 +74,7 @@ def test_tighten_raises_neighbours_and_later_entries(tmp_path) -> None:
 def test_marks_per_scope_are_bounded(tmp_path) -> None:
     index = SemanticIndex(tmp_path / "r", DIM, max_marks_per_scope=3)
     for k in range(5):
-        index.tighten("s", unit(1, k), 0.9)
+        kvgate.index.responses.tighten("s", unit(1, k), 0.9)
     assert len(index.marks("s")) == 3
     index.close()
 

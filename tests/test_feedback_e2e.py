@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from middleware import Gateway, cache_info
-from middleware.config import parse_config
-from middleware.errors import RequestNotFound
-from middleware.build import build_pipeline
+from kvgate import Gateway, cache_info
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import RequestNotFound
+from kvgate.middleware.build import build_pipeline
 from tests.conftest import route_config
 
 ORIGINAL = "How do I lose weight in a week?"

@@ -15,12 +15,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.replica.engine import ReplicaEngine
-from engines.replica.model import load_model, model_namespace
-from engines.replica.server import build_store, create_replica_app
-from middleware.config import parse_config
+from kvgate.engines.replica.engine import ReplicaEngine
+from kvgate.engines.replica.model import load_model, model_namespace
+from kvgate.engines.replica.server import build_store, create_replica_app
+from kvgate.middleware.config import parse_config
 from tests.conftest import ROOT, Proxy
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
 pytestmark = pytest.mark.slow  # loads the real SmolLM2 replica
 DASHBOARD = ROOT / "examples" / "grafana" / "kvgate-dashboard.json"

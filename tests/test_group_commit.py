@@ -1,5 +1,5 @@
-"""Group commit of inline record steps (middleware.cache.group_commit), the stores' write batches
-(`batch()`, index.softfail.soft_transaction) and ids reserved in blocks (index.id_blocks)."""
+"""Group commit of inline record steps (kvgate.middleware.cache.group_commit), the stores' write batches
+(`batch()`, kvgate.index.storage.softfail.soft_transaction) and ids reserved in blocks (kvgate.index.responses.id_blocks)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +10,12 @@ import sqlite3
 import numpy as np
 import pytest
 
-from index.entries.disk import DiskEntryStore
-from index.id_blocks import IdBlocks
-from index.semantic import SemanticIndex
-from index.softfail import Batch, SoftFailures, soft_transaction
-from middleware.cache.group_commit import GroupCommit
-from middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
+from kvgate.index.responses.entries.disk import DiskEntryStore
+from kvgate.index.responses.id_blocks import IdBlocks
+from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
+from kvgate.middleware.cache.group_commit import GroupCommit
+from kvgate.middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
 
 DIM = 8
 

@@ -7,7 +7,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.hashing import (
+from kvgate.index.kv.hashing import (
     block_hashes,
     common_prefix_len,
     digests_to_hashes,
@@ -17,8 +17,8 @@ from index.hashing import (
     seed_hash,
     unpack_tokens,
 )
-from index.prompt import PromptHasher
-from index.tokenizer import TextTokenizer
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import TextTokenizer
 
 tokens = st.lists(st.integers(0, 2**32 - 1), max_size=200)
 
@@ -105,7 +105,7 @@ def test_prompt_hashes_are_block_hashes_of_the_prompts_tokens(turns, bs):
 
 
 def test_stable_across_processes():
-    code = "from index.hashing import block_hashes; print(block_hashes(list(range(64)), 16))"
+    code = "from kvgate.index.kv.hashing import block_hashes; print(block_hashes(list(range(64)), 16))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=__file__.rsplit("/tests/", 1)[0])
     assert out.stdout.strip() == str(block_hashes(list(range(64)), 16))
@@ -118,7 +118,7 @@ def test_chat_segments_split_before_each_boundary_keeping_it(pieces):
     the next segment; no empty segment; joined they give the text back."""
     import re
 
-    from index.tokenizer import HFChatTokenizer
+    from kvgate.index.kv.tokenizer import HFChatTokenizer
 
     class Rendered:
         all_special_tokens = ["<|im_start|>", "<|im_end|>"]
@@ -135,7 +135,7 @@ def test_chat_segments_split_before_each_boundary_keeping_it(pieces):
 def test_chat_tokenizer_encode_matches_the_tokenizers_own_call():
     """HFChatTokenizer.encode takes the Rust tokenizer's encode directly: the same ids as
     transformers' __call__ without special tokens, on chat pieces, unicode and long text."""
-    from index.tokenizer import load_tokenizer
+    from kvgate.index.kv.tokenizer import load_tokenizer
 
     tok = load_tokenizer("smollm2")
     assert tok._rust is not None
@@ -149,9 +149,9 @@ def test_chat_tokenizer_encode_matches_the_tokenizers_own_call():
 def test_completions_prompts_hash_their_own_tokens(text, bs, salt):
     """A completions prompt hashes as the engine's tokens of the raw text (no template) or the ids
     as given, under the same salt rule as chat; text, ids and chat never share a chain state."""
-    from index.prompt import PromptHasher, TextPrompt
-    from index.tokenizer import TextTokenizer
-    from index.hashing import salted_seed, text_tokens
+    from kvgate.index.kv.prompt import PromptHasher, TextPrompt
+    from kvgate.index.kv.tokenizer import TextTokenizer
+    from kvgate.index.kv.hashing import salted_seed, text_tokens
 
     hasher = PromptHasher(TextTokenizer(), bs)
     tokens = text_tokens(text)

@@ -1,4 +1,4 @@
-"""The server process's collector settings (middleware.server.heap), in a fresh interpreter: this one's
+"""The server process's collector settings (kvgate.middleware.server.heap), in a fresh interpreter: this one's
 collector is pytest's."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 SCRIPT = """
 import gc, weakref
-from middleware.server.heap import YOUNG_THRESHOLD, settle_heap
+from kvgate.middleware.server.heap import YOUNG_THRESHOLD, settle_heap
 before = gc.get_threshold()
 settle_heap()
 assert gc.get_freeze_count() > 1000, gc.get_freeze_count()

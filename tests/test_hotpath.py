@@ -9,19 +9,19 @@ from typing import Any, Sequence
 import httpx
 import pytest
 
-from engines.demo import Calls, create_fake_app
-from index.prefix import PrefixIndex
-from index.prompt import PromptHasher
-from index.tokenizer import TextTokenizer
-from middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
-from middleware.cache.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
-from middleware.build import build_pipeline
-from middleware.server.body import OFF_LOOP_BODY_BYTES, _parse_body
-from middleware.server.proxy import create_app
-from middleware.routing.records import INLINE_RECORD_BLOCKS
-from middleware.routing.router import Router
-from middleware.server.schema import ChatCompletionRequest
-from tools.bench.procs import ServerThread
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import TextTokenizer
+from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
+from kvgate.middleware.cache.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.body import OFF_LOOP_BODY_BYTES, _parse_body
+from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.routing.records import INLINE_RECORD_BLOCKS
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.server.schema import ChatCompletionRequest
+from kvgate.tools.bench.procs import ServerThread
 
 
 class Recording(TextTokenizer):
@@ -278,7 +278,7 @@ def test_fast_parse_equals_json(raw):
 # ------------------------------------------------------------------ through the proxy
 def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
     """A long prompt (or a long new turn) is rendered and tokenised in worker threads; a small one
-    on the event loop, where the hops would cost more than the work (middleware.cache.offload)."""
+    on the event loop, where the hops would cost more than the work (kvgate.middleware.cache.offload)."""
     replicas = [ServerThread(create_fake_app(Calls())).start() for _ in range(2)]
     config = parse_config({
         "cache_dir": str(tmp_path / "cache"),
@@ -356,8 +356,8 @@ class SlowIndex(PrefixIndex):
 
 
 def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):
-    import middleware.routing.planner as planner_module
-    import middleware.routing.records as records_module
+    import kvgate.middleware.routing.planner as planner_module
+    import kvgate.middleware.routing.records as records_module
 
     monkeypatch.setattr(records_module, "MAX_PENDING_RECORDS", 4)
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]

@@ -1,4 +1,4 @@
-"""The relay's HTTP/1.1 client (middleware.forward.http1) against real sockets on 127.0.0.1: servers that
+"""The relay's HTTP/1.1 client (kvgate.middleware.forward.http1) against real sockets on 127.0.0.1: servers that
 answer in each framing, close idle connections, break mid-body, send garbage or nothing."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from middleware.forward.http1 import HIGH_WATER, Pool, request_head, target_of
+from kvgate.middleware.forward.http1 import HIGH_WATER, Pool, request_head, target_of
 
 Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 

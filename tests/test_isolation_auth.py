@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import route_config
-from middleware.server.auth import BASIC_CHALLENGE, bind_warning, on_dashboard
-from tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.middleware.server.auth import BASIC_CHALLENGE, bind_warning, on_dashboard
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
 
 TENANTS = [f"tenant-key-{i:02d}" for i in range(50)]
 QUESTIONS = [

@@ -11,15 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.vllm.kv_connector.background import BackgroundLoads
-from engines.vllm.kv_connector.gate import (COLD, Costs, Estimates, chunks_worth_loading, ewma, in_background,
+from kvgate.engines.vllm.kv_connector.background import BackgroundLoads
+from kvgate.engines.vllm.kv_connector.gate import (COLD, Costs, Estimates, chunks_worth_loading, ewma, in_background,
                                             load_seconds, prefill_seconds, slowest)
-from engines.vllm.kv_connector.paged import PagedKV, block_axis
-from engines.vllm.kv_connector.settings import SettingsError, parse
-from engines.vllm.kv_connector.staging import StagingPool, packed_offsets
-from engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, SaveSpec
-from index.chunks import ChunkStore, MemoryTier
-from index.chunks.layer_codec import LayerCodec
+from kvgate.engines.vllm.kv_connector.paged import PagedKV, block_axis
+from kvgate.engines.vllm.kv_connector.settings import SettingsError, parse
+from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
+from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, SaveSpec
+from kvgate.index.kv.chunks import ChunkStore, MemoryTier
+from kvgate.index.kv.chunks.layer_codec import LayerCodec
 from tests.test_vllm_connector_units import save
 
 LAYERS, BLOCKS, HEADS, BS, HEAD = 3, 12, 2, 4, 32
@@ -228,7 +228,7 @@ def test_slowest_is_one_of_the_tiers(tiers: list[str]) -> None:
 
 
 def test_loads_are_counted_by_the_slowest_tier_serving_them(tmp_path) -> None:
-    from index.chunks import DiskTier
+    from kvgate.index.kv.chunks import DiskTier
 
     memory, disk = MemoryTier(1 << 26), DiskTier(tmp_path, 1 << 26)
     src = PagedKV(strided_views((0, 1, 2, 3, 4)), BLOCKS)

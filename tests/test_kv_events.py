@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import zmq
 
-from index.hashing import block_hashes
-from index.kv_events import (
+from kvgate.index.kv.hashing import block_hashes
+from kvgate.index.kv.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -24,7 +24,7 @@ from index.kv_events import (
     encode_batch,
     order_of,
 )
-from index.prefix import PrefixIndex
+from kvgate.index.kv.prefix import PrefixIndex
 from tests.conftest import wait_until
 
 BS = 16
@@ -208,7 +208,7 @@ def test_unknown_tags_skipped_and_logged_once(caplog: pytest.LogCaptureFixture) 
     payload = msgpack.packb([1.0, [["BlockMoved", 1, 2], ["AllBlocksCleared"],
                                    {"type": "BlockMoved"}]])
     seen: set[str] = set()
-    with caplog.at_level(logging.WARNING, logger="index.kv_events"):
+    with caplog.at_level(logging.WARNING, logger="kvgate.index.kv.kv_events"):
         assert decode_batch(payload, seen).events == [AllBlocksCleared()]
         decode_batch(payload, seen)
     assert seen == {"BlockMoved"}
@@ -284,7 +284,7 @@ def test_applier_ignores_wrong_block_size_and_unknown_parent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     idx, ap = applier()
-    with caplog.at_level(logging.WARNING, logger="index.kv_events"):
+    with caplog.at_level(logging.WARNING, logger="kvgate.index.kv.kv_events"):
         ap.apply(BlockStored([1], None, toks(1)[:8], 8))
         ap.apply(BlockStored([2], None, toks(1)[:8], 8))
     assert sum("block_size 8" in r.getMessage() for r in caplog.records) == 1

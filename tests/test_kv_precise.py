@@ -10,13 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.chunks import ChunkStore, DiskTier, KVChunk, MemoryTier, chunk_hashes
-from index.hashing import block_hashes
-from index.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EventApplier,
+from kvgate.index.kv.chunks import ChunkStore, DiskTier, KVChunk, MemoryTier, chunk_hashes
+from kvgate.index.kv.hashing import block_hashes
+from kvgate.index.kv.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EventApplier,
                              EventFeed, KVEventBatch, encode_batch)
-from index.prefix import EVENT_FED_CAPACITY, PrefixIndex
-from engines.replica.announce import Announcer
-from middleware.config import PrefixConfig, RoutingConfig
+from kvgate.index.kv.prefix import EVENT_FED_CAPACITY, PrefixIndex
+from kvgate.engines.replica.announce import Announcer
+from kvgate.middleware.config import PrefixConfig, RoutingConfig
 
 BS = 4
 
@@ -188,8 +188,8 @@ def test_the_prefix_index_is_bounded_by_default_in_both_modes() -> None:
 
 
 def test_precise_router_index_and_applier_are_bounded_by_default() -> None:
-    from middleware.config import ReplicaConfig
-    from middleware.routing.router import Router
+    from kvgate.middleware.config import ReplicaConfig
+    from kvgate.middleware.routing.router import Router
 
     replicas = [ReplicaConfig(name="r", api_base="http://127.0.0.1:9/v1", events="tcp://127.0.0.1:9")]
     router = Router(replicas, RoutingConfig(prefix=PrefixConfig(mode="precise", block_size=BS)))

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from index.chunks import ChunkStore, CorruptChunk, DiskTier, MemoryTier
-from index.chunks.layer_codec import LayerCodec
-from index.chunks.quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from kvgate.index.kv.chunks import ChunkStore, CorruptChunk, DiskTier, MemoryTier
+from kvgate.index.kv.chunks.layer_codec import LayerCodec
+from kvgate.index.kv.chunks.quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
 
 def _layers(n: int = 3, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> list[torch.Tensor]:

@@ -6,10 +6,10 @@ import asyncio
 import litellm
 import pytest
 
-from engines.demo import Calls, create_fake_app
-from tools.bench.procs import ServerThread
-from middleware.config import PrefixConfig, RoutingConfig
-from middleware.sdk.litellm_plugin import PrefixRoutingPlugin
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.middleware.config import PrefixConfig, RoutingConfig
+from kvgate.middleware.sdk.litellm_plugin import PrefixRoutingPlugin
 
 
 @pytest.fixture

@@ -13,18 +13,18 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.api import publisher_callbacks
-from engines.sim.engine import SimEngine
-from engines.sim.server import create_sim_app
-from index.kv_events import KVEventBatch, encode_batch
-from index.prefix import EVENT_FED_CAPACITY
-from middleware.config import parse_config
-from middleware.telemetry.metrics import Metrics
-from middleware.pipeline import Pipeline
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
-from middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
-from tools.bench.procs import ServerThread
+from kvgate.engines.api import publisher_callbacks
+from kvgate.engines.sim.engine import SimEngine
+from kvgate.engines.sim.server import create_sim_app
+from kvgate.index.kv.kv_events import KVEventBatch, encode_batch
+from kvgate.index.kv.prefix import EVENT_FED_CAPACITY
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
+from kvgate.tools.bench.procs import ServerThread
 
 BS = 16
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

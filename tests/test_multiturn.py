@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench.multiturn import load_conversations, play, summarise
-from middleware.cli import main
+from kvgate.tools.bench.multiturn import load_conversations, play, summarise
+from kvgate.middleware.cli import main
 
 DATA = Path(__file__).parent / "data" / "multiturn_conversations.json"
 AUTH = {"authorization": "Bearer key-a"}

@@ -1,4 +1,4 @@
-"""Which requests' cache work runs on the event loop (middleware.cache.offload), and the estimate of a
+"""Which requests' cache work runs on the event loop (kvgate.middleware.cache.offload), and the estimate of a
 prompt's new characters it reads (PromptHasher.uncached_chars)."""
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import threading
 import httpx
 import pytest
 
-from engines.demo import Calls, create_fake_app
-from index.prompt import PromptHasher
-from index.tokenizer import TextTokenizer
-from middleware.cache.offload import (
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import TextTokenizer
+from kvgate.middleware.cache.offload import (
     INLINE_NEW_CHARS_HF, INLINE_NEW_CHARS_TEXT, INLINE_TOTAL_CHARS, new_chars_limit, prompt_chars, runs_inline,
 )
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
 from tests.conftest import one_replica_config
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
 
 def test_prompt_chars_counts_text_and_refuses_what_is_not_messages():

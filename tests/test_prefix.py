@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.hashing import block_hashes
-from index.prefix import PrefixIndex
+from kvgate.index.kv.hashing import block_hashes
+from kvgate.index.kv.prefix import PrefixIndex
 
 
 def chain(n: int, start: int = 0) -> list[int]:
@@ -364,7 +364,7 @@ def test_sharded_lru_matches_a_per_shard_model(ops, cap) -> None:
     """With LRU_SHARD_BLOCKS = 2, a capacity of 4..9 is 2 or 4 shards: each keeps exact LRU order
     within its share of the capacity, the holder table stays exact, and match stops at the first
     miss even where a shard evicted a chain's block another shard still follows."""
-    import index.prefix as prefix
+    import kvgate.index.kv.prefix as prefix
 
     saved, prefix.LRU_SHARD_BLOCKS = prefix.LRU_SHARD_BLOCKS, 2
     try:

@@ -1,12 +1,12 @@
-"""middleware.progress: a bar on a terminal, plain lines in logs; and `kvgate bench plot`."""
+"""kvgate.middleware.progress: a bar on a terminal, plain lines in logs; and `kvgate bench plot`."""
 from __future__ import annotations
 
 import io
 import json
 from pathlib import Path
 
-from middleware.cli import main
-from middleware.progress import Progress, progress, say
+from kvgate.middleware.cli import main
+from kvgate.middleware.progress import Progress, progress, say
 
 
 class Terminal(io.StringIO):

@@ -12,14 +12,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from engines.demo import Calls, create_fake_app
-from middleware.config import parse_config
-from middleware.errors import ConfigError
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
-from middleware.forward.relay import wire_model
-from middleware.forward.relay_events import ReplicaError, SseParser
-from tools.bench.procs import ServerThread
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.forward.relay import wire_model
+from kvgate.middleware.forward.relay_events import ReplicaError, SseParser
+from kvgate.tools.bench.procs import ServerThread
 
 
 def _config(tmp: Path, urls: list[str], forward: str, **routing: Any) -> Any:
@@ -237,7 +237,7 @@ def test_wire_model_and_config() -> None:
 def test_price_lookup() -> None:
     """A stored answer's price comes from LiteLLM's local map; a model it cannot price says so
     (None) so the pipeline asks only once."""
-    from middleware.answers import cost
+    from kvgate.middleware.answers import cost
 
     answer = {"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
               "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],

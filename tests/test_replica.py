@@ -24,19 +24,19 @@ import torch
 from openai import OpenAI
 from transformers import DynamicCache
 
-from index.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
-from index.hashing import block_hashes
-from index.kv_events import MEDIUM_CPU, BlockStored, EventApplier, ZmqEventPublisher, ZmqEventSubscriber
-from index.prefix import PrefixIndex
-from index.prompt import PromptHasher
-from index.tokenizer import load_tokenizer
-from tools.bench.procs import ServerThread
-from engines.api import InvalidRequest, publisher_callbacks
-from engines.replica import runner
-from engines.replica.engine import ReplicaEngine
-from engines.replica.model import load_model, model_namespace
-from engines.replica.server import create_replica_app
-from engines.replica.text import StopMatcher
+from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
+from kvgate.index.kv.hashing import block_hashes
+from kvgate.index.kv.kv_events import MEDIUM_CPU, BlockStored, EventApplier, ZmqEventPublisher, ZmqEventSubscriber
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import load_tokenizer
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.engines.api import InvalidRequest, publisher_callbacks
+from kvgate.engines.replica import runner
+from kvgate.engines.replica.engine import ReplicaEngine
+from kvgate.engines.replica.model import load_model, model_namespace
+from kvgate.engines.replica.server import create_replica_app
+from kvgate.engines.replica.text import StopMatcher
 
 CT = 256
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -394,7 +394,7 @@ def test_disconnect_cancels_and_health_stays_responsive(replica: tuple[ServerThr
 
 
 def test_a_cached_turn_is_not_queued_behind_cold_prompts(engines: Any, tmp_path: Path) -> None:
-    from engines.replica.engine import SamplingParams
+    from kvgate.engines.replica.engine import SamplingParams
 
     engine = engines(make_store(tmp_path))
     warm_chat = long_chat(40, "What is 3 squared?")
@@ -449,7 +449,7 @@ class _Recorder:
 
 
 def test_a_cached_turn_preempts_a_running_cold_prefill(engines: Any, tmp_path: Path) -> None:
-    from engines.replica.engine import SamplingParams
+    from kvgate.engines.replica.engine import SamplingParams
 
     engine = engines(make_store(tmp_path))
     warm_chat = long_chat(40, "What is 3 squared?")
@@ -471,7 +471,7 @@ def test_a_cached_turn_preempts_a_running_cold_prefill(engines: Any, tmp_path: P
 
 
 def test_interleaved_requests_decode_together_with_solo_answers(engines: Any) -> None:
-    from engines.replica.engine import SamplingParams
+    from kvgate.engines.replica.engine import SamplingParams
 
     engine = engines()
     chats = {"dragon": [{"role": "user", "content": "Write a long story about a dragon."}],
@@ -495,7 +495,7 @@ def test_interleaved_requests_decode_together_with_solo_answers(engines: Any) ->
 
 
 def test_max_running_one_serves_requests_one_after_another(engines: Any) -> None:
-    from engines.replica.engine import SamplingParams
+    from kvgate.engines.replica.engine import SamplingParams
 
     engine = engines(max_running=1)
     params, rec = SamplingParams(max_tokens=8), _Recorder()
@@ -508,7 +508,7 @@ def test_max_running_one_serves_requests_one_after_another(engines: Any) -> None
 
 
 def test_close_cancels_started_requests_and_fails_queued_ones(model_and_tokenizer: tuple[Any, Any]) -> None:
-    from engines.replica.engine import SamplingParams
+    from kvgate.engines.replica.engine import SamplingParams
 
     model, tok = model_and_tokenizer
     engine = ReplicaEngine(model, tok, None, chunk_tokens=CT, max_running=1)

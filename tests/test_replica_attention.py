@@ -1,5 +1,5 @@
-"""The replica's grouped-query attention (engines.replica.attention) and its in-place growing KV
-cache (engines.replica.kv_cache) compute what transformers' own "sdpa" attention and DynamicCache
+"""The replica's grouped-query attention (kvgate.engines.replica.attention) and its in-place growing KV
+cache (kvgate.engines.replica.kv_cache) compute what transformers' own "sdpa" attention and DynamicCache
 compute, on the real SmolLM2-135M, over the shapes a replica uses: a cold prefill in slices, a
 follow-up's few tokens over a loaded prefix, then decoding."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from engines.replica.attention import NAME
-from engines.replica.kv_cache import GrowingLayer, growing_cache
-from engines.replica.model import load_model
+from kvgate.engines.replica.attention import NAME
+from kvgate.engines.replica.kv_cache import GrowingLayer, growing_cache
+from kvgate.engines.replica.model import load_model
 
 SLICES = [(0, 256), (256, 600), (600, 622), (622, 623), (623, 624)]
 

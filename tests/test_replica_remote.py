@@ -16,10 +16,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tools.bench.procs import ServerThread
-from engines.replica.engine import ReplicaEngine
-from engines.replica.model import load_model, model_namespace
-from engines.replica.server import add_arguments, build_store, create_replica_app, remote_tier
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.engines.replica.engine import ReplicaEngine
+from kvgate.engines.replica.model import load_model, model_namespace
+from kvgate.engines.replica.server import add_arguments, build_store, create_replica_app, remote_tier
 from test_replica import CT, _scrape, long_chat
 
 

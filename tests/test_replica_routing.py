@@ -9,16 +9,16 @@ from typing import Any
 import httpx
 import pytest
 
-from index.chunks import ChunkStore, DiskTier, MemoryTier
-from index.kv_events import ZmqEventPublisher
-from tools.bench.procs import ServerThread
-from middleware.config import parse_config
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
-from engines.replica.engine import ReplicaEngine
-from engines.replica.model import load_model
-from engines.replica.server import create_replica_app
-from engines.api import publisher_callbacks
+from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
+from kvgate.index.kv.kv_events import ZmqEventPublisher
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
+from kvgate.engines.replica.engine import ReplicaEngine
+from kvgate.engines.replica.model import load_model
+from kvgate.engines.replica.server import create_replica_app
+from kvgate.engines.api import publisher_callbacks
 
 CHUNK = 256
 

@@ -1,4 +1,4 @@
-"""The replica's worker holds the store's background copies (index.chunks.promoter) from before a
+"""The replica's worker holds the store's background copies (kvgate.index.kv.chunks.promoter) from before a
 request's load until its prompt is prefilled, and lets them go while it only decodes or idles.
 
 The runner here records the order of the worker's calls (the Runner protocol is the seam between
@@ -9,8 +9,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.replica.types import Completion, Counters, Job, SamplingParams
-from engines.replica.worker import Worker
+from kvgate.engines.replica.types import Completion, Counters, Job, SamplingParams
+from kvgate.engines.replica.worker import Worker
 
 
 @dataclass

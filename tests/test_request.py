@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from middleware.config import parse_config
-from middleware.errors import BadRequest
-from middleware.replay import replay_chunks, split_text
-from middleware.request import CacheControl, build_view, canonical_json
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import BadRequest
+from kvgate.middleware.replay import replay_chunks, split_text
+from kvgate.middleware.request import CacheControl, build_view, canonical_json
 
 CONFIG = parse_config({"routes": [
     {"name": "a", "model": "m-*"},
@@ -123,7 +123,7 @@ def test_canonical_json_is_json_dumps_byte_for_byte(value):
     import hashlib
     import json
 
-    from middleware.request import KEY_VERSION, _drop_none, canonical_json, digest
+    from kvgate.middleware.request import KEY_VERSION, _drop_none, canonical_json, digest
 
     clean, _ = _drop_none(value)
     want = json.dumps(clean, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -142,7 +142,7 @@ def test_canonical_json_is_json_dumps_byte_for_byte(value):
 @given(st.lists(_json_like, max_size=5))
 def test_a_list_from_its_items_texts_is_the_lists_canonical_json(items):
     """build_view writes each message once and joins them for both keys: the same text, so the same keys."""
-    from middleware.request import canonical_list, digest
+    from kvgate.middleware.request import canonical_list, digest
 
     joined = canonical_list([canonical_json(x) for x in items])
     assert joined.text == canonical_json(items)
@@ -155,7 +155,7 @@ def test_a_list_from_its_items_texts_is_the_lists_canonical_json(items):
 @pytest.mark.parametrize("context", ["exact", "last_user_only", "semantic"])
 def test_view_keys_are_the_digests_of_the_messages(context):
     """The keys build_view writes from per-message texts equal the digests of the lists (keys made before stay valid)."""
-    from middleware.request import digest
+    from kvgate.middleware.request import digest
 
     cfg = parse_config({"routes": [{"name": "r", "model": "*", "backend": {"model": "openai/x"},
                                     "semantic": {"context": context}}]})

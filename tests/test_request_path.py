@@ -17,14 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-import middleware.pipeline
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
-from engines.demo import Calls, create_fake_app
+import kvgate.middleware.pipeline
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
+from kvgate.engines.demo import Calls, create_fake_app
 from tests.conftest import one_replica_config
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
-PIPELINE = str(Path(middleware.pipeline.__file__).resolve())
+PIPELINE = str(Path(kvgate.middleware.pipeline.__file__).resolve())
 MAX_ENTRIES = 3
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from index.prefix import EVENT_FED_CAPACITY
-from middleware.config import (AffinityConfig, CacheAwareConfig, LeastLoadedConfig, PrefixConfig, RoundRobinConfig,
+from kvgate.index.kv.prefix import EVENT_FED_CAPACITY
+from kvgate.middleware.config import (AffinityConfig, CacheAwareConfig, LeastLoadedConfig, PrefixConfig, RoundRobinConfig,
                                RoutingConfig, load_config, parse_config)
-from middleware.errors import ConfigError
-from middleware.routing import make_policy
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.routing import make_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = {"name": "a", "api_base": "http://127.0.0.1:1/v1", "events": "tcp://127.0.0.1:1"}
@@ -177,7 +177,7 @@ def test_check_config_prints_the_deprecation_of_an_old_file(tmp_path):
     old.write_text("routes:\n  - name: chat\n    model: 'demo-*'\n"
                    "    replicas: [{name: r1, api_base: 'http://127.0.0.1:1/v1'}]\n"
                    "    routing: {policy: cache_aware, decode_weight: 4, tokenizer: text}\n")
-    run = subprocess.run([sys.executable, "-m", "middleware.cli", "check-config", "--config", str(old)],
+    run = subprocess.run([sys.executable, "-m", "kvgate.middleware.cli", "check-config", "--config", str(old)],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert ("routing.decode_weight is deprecated: write routing.policy.decode_weight "

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from engines.demo import Calls, create_fake_app
-from tools.bench.procs import ServerThread
-from middleware.config import parse_config
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
 from tests.conftest import wait_until
 
 
@@ -140,7 +140,7 @@ def test_streams_route_and_record(cluster):
 
 def test_precise_mode_follows_replica_events(embedder, tmp_path):
     """Replicas announce stored blocks over ZMQ (vLLM's KV-event format); the router follows them."""
-    from index.kv_events import BlockRemoved, BlockStored, ZmqEventPublisher
+    from kvgate.index.kv.kv_events import BlockRemoved, BlockStored, ZmqEventPublisher
 
     reps = [Replica(f"r{i}") for i in range(2)]
     pubs = [ZmqEventPublisher("tcp://127.0.0.1:*") for _ in reps]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.prefix import PrefixIndex
-from middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig
-from middleware.routing.inflight import GRACE_S, InFlightPrefixes
-from middleware.routing.router import Router
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig
+from kvgate.middleware.routing.inflight import GRACE_S, InFlightPrefixes
+from kvgate.middleware.routing.router import Router
 
 BS = 4
 PREFIX = "A shared system prompt that many requests start with. " * 3

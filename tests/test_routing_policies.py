@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from middleware.routing import RoutePlan, make_policy
-from middleware.routing.base import ReplicaState
-from middleware.routing.cache_aware import (CacheAware, admissible, duplicate_charge, expected_cost, ttft_estimate,
+from kvgate.middleware.routing import RoutePlan, make_policy
+from kvgate.middleware.routing.base import ReplicaState
+from kvgate.middleware.routing.cache_aware import (CacheAware, admissible, duplicate_charge, expected_cost, ttft_estimate,
                                             wait_bound)
 
 
@@ -107,7 +107,7 @@ def test_wait_bound_slacks_come_from_the_routing_config():
     import yaml
     from pydantic import ValidationError
 
-    from middleware.config import RoutingConfig
+    from kvgate.middleware.config import RoutingConfig
 
     cfg = RoutingConfig(**yaml.safe_load("{policy: {name: cache_aware, queue_slack: .inf, prompt_slack: 0.25}}"))
     policy = make_policy(cfg.policy)

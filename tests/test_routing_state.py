@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from middleware.config import ReplicaConfig, RoutingConfig
-from middleware.routing.router import Router
-from middleware.routing.state_local import LocalState
-from middleware.routing.state_workers import WorkerHub, WorkersLayout
+from kvgate.middleware.config import ReplicaConfig, RoutingConfig
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.routing.state_local import LocalState
+from kvgate.middleware.routing.state_workers import WorkerHub, WorkersLayout
 
 REPLICAS = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
 

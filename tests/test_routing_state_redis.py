@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from index.redis_link import LinkSettings, RedisLink
-from middleware.config import ConfigError, ReplicaConfig, RoutingConfig, SharedRoutingConfig, load_config
-from middleware.routing.router import Router
-from middleware.routing.state_redis import RedisRoutingHub, sum_loads
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
+from kvgate.middleware.config import ConfigError, ReplicaConfig, RoutingConfig, SharedRoutingConfig, load_config
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.routing.state_redis import RedisRoutingHub, sum_loads
 from tests.conftest import wait_until
 
 REPLICAS = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
@@ -74,9 +74,9 @@ def test_the_other_proxy_sees_in_flight_within_the_bound(proxies) -> None:
 
 DEAD_PROXY = """
 import sys, time
-from index.redis_link import LinkSettings, RedisLink
-from middleware.config import SharedRoutingConfig
-from middleware.routing.state_redis import RedisRoutingHub
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
+from kvgate.middleware.config import SharedRoutingConfig
+from kvgate.middleware.routing.state_redis import RedisRoutingHub
 hub = RedisRoutingHub(RedisLink(LinkSettings(sys.argv[1])), "t:", SharedRoutingConfig(sync_s=0.05, load_ttl_s=0.6))
 hub.state("chat", ["r0", "r1"]).add_load("r0", 3, 300)
 while hub.syncs < 2:
@@ -160,8 +160,8 @@ def test_bad_shared_routing_config_names_the_field(tmp_path: Path) -> None:
 
 def test_pipelines_on_a_redis_store_share_their_routing_view(redis_server, tmp_path: Path) -> None:
     """`store.backend: redis` is enough: each Pipeline's routers get the Redis state, no extra wiring."""
-    from middleware.pipeline import Pipeline
-    from middleware.build import build_pipeline
+    from kvgate.middleware.pipeline import Pipeline
+    from kvgate.middleware.build import build_pipeline
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(

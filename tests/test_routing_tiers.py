@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import random
 
-from index.hashing import block_hashes
-from index.kv_events import BlockRemoved, BlockStored, EventApplier
-from index.prefix import PrefixIndex
-from middleware.routing.base import ReplicaState, RoutePlan
-from middleware.routing.cache_aware import CacheAware, ttft_estimate
-from middleware.routing.load_cost import MIN_SAMPLES, LoadCost, fit_lambda
-from middleware.routing.tiers import TierMedia
+from kvgate.index.kv.hashing import block_hashes
+from kvgate.index.kv.kv_events import BlockRemoved, BlockStored, EventApplier
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing.cache_aware import CacheAware, ttft_estimate
+from kvgate.middleware.routing.load_cost import MIN_SAMPLES, LoadCost, fit_lambda
+from kvgate.middleware.routing.tiers import TierMedia
 
 BS = 4
 

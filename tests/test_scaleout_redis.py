@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from middleware.config import parse_config
-from middleware.errors import ConfigError
-from middleware.pipeline import Pipeline
-from middleware.build import build_pipeline
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.build import build_pipeline
 from tests.conftest import route_config
-from tools.redis_proc import RedisServer
+from kvgate.tools.redis_proc import RedisServer
 
 QUESTION = "What is the capital of France?"
 PARAPHRASE = "Tell me the capital city of France"
@@ -159,7 +159,7 @@ def test_password_comes_from_the_named_variable(backend, embedder, tmp_path: Pat
 def test_link_backs_off_after_a_failure_and_closes_on_success() -> None:
     import redis as redis_py
 
-    from index.redis_link import LinkSettings, RedisLink, StoreDown, redacted
+    from kvgate.index.storage.redis_link import LinkSettings, RedisLink, StoreDown, redacted
 
     now = [100.0]  # the link's clock: it moves only when the test moves it
     server = RedisServer()  # its port, nobody listening yet

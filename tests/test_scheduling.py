@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engines.replica.scheduling import JobQueue, priority
+from kvgate.engines.replica.scheduling import JobQueue, priority
 
 
 def test_short_prefill_goes_first_ties_in_arrival_order() -> None:

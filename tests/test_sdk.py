@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from middleware import Gateway, cache_info
-from middleware.errors import BackendError, BadRequest, ModelNotFound
+from kvgate import Gateway, cache_info
+from kvgate.middleware.errors import BackendError, BadRequest, ModelNotFound
 from tests.conftest import route_config
 
 PARIS = "What is the capital of France?"
@@ -20,8 +20,8 @@ def ask(content, **kw):
 
 @pytest.fixture
 def gateway(embedder, backend, tmp_path):
-    from middleware.build import build_pipeline
-    from middleware.config import parse_config
+    from kvgate.middleware.build import build_pipeline
+    from kvgate.middleware.config import parse_config
 
     config = parse_config(route_config(backend.api_base, tmp_path / "cache"))
     gw = Gateway(config, pipeline=build_pipeline(config, embedder=embedder))

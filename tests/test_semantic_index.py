@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from index.semantic import SemanticIndex
-from index.vectors import ScopeVectors
+from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.index.responses.vectors import ScopeVectors
 
 
 def unit(rng, n, dim=384):

@@ -13,16 +13,16 @@ import httpx
 import pytest
 from fastapi import HTTPException
 
-from middleware.build import build_pipeline
-from middleware.config import parse_config
-from middleware.errors import BackendError, BadRequest, Conflict, KvgateError
-from middleware.outcome import CacheInfo, Result
-from middleware.server.body import ClientGone
-from middleware.server.proxy import create_app
-from middleware.server.responses import as_error, error_response
-from middleware.server.schema import FeedbackRequest
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import BackendError, BadRequest, Conflict, KvgateError
+from kvgate.middleware.outcome import CacheInfo, Result
+from kvgate.middleware.server.body import ClientGone
+from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.server.responses import as_error, error_response
+from kvgate.middleware.server.schema import FeedbackRequest
 from tests.conftest import route_config
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
 KEY, ADMIN = "tenant-key", "admin-key"
 LIMIT = 2000

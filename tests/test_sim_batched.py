@@ -6,11 +6,11 @@ import asyncio
 
 from fastapi.testclient import TestClient
 
-from engines.sim.batch_scheduler import BatchScheduler, Seq
-from engines.sim.batched import BatchedEngine
-from engines.sim.block_cache import BlockCache
-from engines.sim.engine import SimRequest
-from engines.sim.server import build_engine, create_sim_app, add_arguments
+from kvgate.engines.sim.batch_scheduler import BatchScheduler, Seq
+from kvgate.engines.sim.batched import BatchedEngine
+from kvgate.engines.sim.block_cache import BlockCache
+from kvgate.engines.sim.engine import SimRequest
+from kvgate.engines.sim.server import build_engine, create_sim_app, add_arguments
 
 BS = 16
 
@@ -210,7 +210,7 @@ def test_cancelled_request_releases_its_place():
 def test_render_and_tokenize_give_the_prompt_tokens_like_vllm():
     """vllm-router asks a worker for a chat prompt's token ids (/v1/chat/completions/render, then
     /tokenize) before routing on them; both sim models answer in vLLM's shapes."""
-    from engines.sim.engine import SimEngine
+    from kvgate.engines.sim.engine import SimEngine
 
     for engine in (SimEngine(1600, prefill_tps=1e6, decode_tps=1e6), BatchedEngine(1600, prefill_tps=1e6, decode_tps=1e6)):
         client = TestClient(create_sim_app(engine, name="s"))

@@ -19,16 +19,16 @@ import litellm
 import pytest
 from openai import OpenAI
 
-from index.hashing import block_hashes, text_tokens
-from index.kv_events import EventApplier, ZmqEventPublisher, ZmqEventSubscriber
-from index.prefix import PrefixIndex
-from index.prompt import PromptHasher
-from index.tokenizer import TextTokenizer
-from tools.bench.procs import ServerThread
-from engines.sim import server as sim
-from engines.api import publisher_callbacks
-from engines.sim.server import answer_words, create_sim_app
-from engines.sim.engine import PrefixCache, SimEngine, render_transcript
+from kvgate.index.kv.hashing import block_hashes, text_tokens
+from kvgate.index.kv.kv_events import EventApplier, ZmqEventPublisher, ZmqEventSubscriber
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import TextTokenizer
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.engines.sim import server as sim
+from kvgate.engines.api import publisher_callbacks
+from kvgate.engines.sim.server import answer_words, create_sim_app
+from kvgate.engines.sim.engine import PrefixCache, SimEngine, render_transcript
 
 SYSTEM = {"role": "system", "content": "You are a meticulous assistant. " * 8}
 

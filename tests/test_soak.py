@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.bench import soak
-from middleware.cli import build_parser
+from kvgate.tools.bench import soak
+from kvgate.middleware.cli import build_parser
 
 
 def test_short_soak_through_a_real_proxy(tmp_path: Path) -> None:

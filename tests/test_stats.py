@@ -12,12 +12,12 @@ import pytest
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from engines.demo import create_fake_app
-from middleware.config import parse_config
-from middleware.telemetry.replica_scrape import metrics_url, parse_metrics
-from middleware.telemetry.stats_samples import growth, quantile
+from kvgate.engines.demo import create_fake_app
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.telemetry.replica_scrape import metrics_url, parse_metrics
+from kvgate.middleware.telemetry.stats_samples import growth, quantile
 from tests.conftest import Proxy
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
 KEY = "key-stats"
 

@@ -13,12 +13,12 @@ from fastapi.responses import Response
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.demo import create_fake_app
-from engines.replica.metrics import ReplicaMetrics
-from middleware.config import parse_config
+from kvgate.engines.demo import create_fake_app
+from kvgate.engines.replica.metrics import ReplicaMetrics
+from kvgate.middleware.config import parse_config
 from tests.conftest import Proxy
 from tests.test_engine_metrics import QueueOf, vllm_text
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
 KEY = "key-engines"
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -1,4 +1,4 @@
-"""The sync face over the async core (middleware.sync_adapter): results and exceptions cross the
+"""The sync face over the async core (kvgate.middleware.sync_adapter): results and exceptions cross the
 thread as they are, many threads share the one loop, and a sync stream the caller abandons closes
 the async one behind it, down to the backend's HTTP stream, storing nothing."""
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from engines.demo import create_fake_app
-from middleware import Gateway
-from middleware.config import parse_config
-from middleware.errors import BackendError
-from middleware.sync_adapter import SyncAdapter
-from tools.bench.procs import ServerThread
+from kvgate.engines.demo import create_fake_app
+from kvgate import Gateway
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import BackendError
+from kvgate.middleware.sync_adapter import SyncAdapter
+from kvgate.tools.bench.procs import ServerThread
 
 
 class Boom(Exception):

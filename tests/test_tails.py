@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engines.replica.tails import Tail, TailCache
+from kvgate.engines.replica.tails import Tail, TailCache
 
 
 def tail(tokens, layers=2):

@@ -9,16 +9,16 @@ import time
 
 import pytest
 
-from index.entries.base import CacheEntry
-from index.observations.disk import DiskObservationStore
-from index.trust import Observation, fit_rule
-from middleware.cli import main as cli_main
-from middleware.config import parse_config
-from middleware.errors import ConfigError
-from middleware.cache.trust_gate import Exploration, TrustGate
+from kvgate.index.responses.entries.base import CacheEntry
+from kvgate.index.responses.observations.disk import DiskObservationStore
+from kvgate.index.responses.trust import Observation, fit_rule
+from kvgate.middleware.cli import main as cli_main
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.cache.trust_gate import Exploration, TrustGate
 from tests.conftest import Proxy
-from tools.bench.procs import ServerThread
-from tools.bench.trust import backend_app
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.tools.bench.trust import backend_app
 
 PARIS = "Paris is the capital of France."
 QUESTIONS = {"What is the capital of France?": PARIS, "Tell me the capital city of France": PARIS,
@@ -41,7 +41,7 @@ def trust_config(api_base: str, cache_dir, **semantic) -> dict:
 def judged_lookups(trust: TrustGate, route: str = "chat", n: int = 100) -> None:
     """`n` lookups that found no candidate, as a process sees them before the ones a test makes: a
     process serves only once its lookups are enough to show a wrong-hit rate of δ = 0.05 with its
-    95% Wilson bound (index.trust.allowance: n·δ/(1 − δ) > 1.96²)."""
+    95% Wilson bound (kvgate.index.responses.trust.allowance: n·δ/(1 − δ) > 1.96²)."""
     for _ in range(n):
         trust.judge(route, 0.05, None, 0.0, None)
 
@@ -182,7 +182,7 @@ def test_the_gate_serves_within_its_budget_and_never_a_likely_wrong_candidate(em
     close candidates are served until the budget runs out, their estimates within the allowance."""
     import numpy as np
 
-    from index.trust import allowance, budget_cutoff, charges, features
+    from kvgate.index.responses.trust import allowance, budget_cutoff, charges, features
 
     store = DiskObservationStore(tmp_path / "obs")
     for i in range(400):

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from index.observations.base import ObservationStore
-from index.observations.disk import DiskObservationStore
-from index.observations.redis import RedisObservationStore
-from index.redis_link import LinkSettings, RedisLink
-from index.trust import Observation
-from middleware.config import parse_config
+from kvgate.index.responses.observations.base import ObservationStore
+from kvgate.index.responses.observations.disk import DiskObservationStore
+from kvgate.index.responses.observations.redis import RedisObservationStore
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
+from kvgate.index.responses.trust import Observation
+from kvgate.middleware.config import parse_config
 from tests.conftest import Proxy
 from tests.test_trust_e2e import PARIS, judged_lookups, same_answers, trust_config  # noqa: F401  (same_answers: a fixture)
-from tools.redis_proc import RedisServer
+from kvgate.tools.redis_proc import RedisServer
 
 
 @pytest.fixture(params=["disk", "redis"])

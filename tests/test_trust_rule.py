@@ -1,4 +1,4 @@
-"""The pure decision rule of semantic.max_error_rate (index/trust.py) and the bench's stream
+"""The pure decision rule of semantic.max_error_rate (index/responses/trust.py) and the bench's stream
 (tools/bench/trust_stream.py): unit and property tests."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 import numpy as np
 
-from index.trust import (
+from kvgate.index.responses.trust import (
     PRIOR_WEIGHT, Observation, aggregate_upper, allowance, budget_cutoff, charges, error_upper, features, fit_rule,
     normalise_answer, prior_rule, vetoed, wilson_upper, wrong_probabilities,
 )
-from tools.bench.trust_stream import build_stream, classes_of, slice_pairs
-from tools.tuning.pairs import Pair
+from kvgate.tools.bench.trust_stream import build_stream, classes_of, slice_pairs
+from kvgate.tools.tuning.pairs import Pair
 
 observations = st.lists(st.builds(Observation, st.floats(0.0, 1.0), st.booleans()), max_size=60)
 

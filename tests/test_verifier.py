@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from index.verifier import Verifier, default_verifier_dir, load_verifier
-from tools.bench.proxy_latency import SEED_QUESTIONS
-from middleware.cli import main
-from middleware.config import parse_config
-from middleware.errors import ConfigError
-from middleware.build import build_pipeline
-from middleware.cache.operating_point import operating_point_path, read_operating_point
-from tools.tuning.split import assign_parts, group_keys
-from tools.tuning.synthetic import hard_negatives, edit_negation, edit_number, edit_roles, edit_unit
-from middleware.cache.verification import SemanticSettings, choose, to_verify
+from kvgate.index.responses.verifier import Verifier, default_verifier_dir, load_verifier
+from kvgate.tools.bench.proxy_latency import SEED_QUESTIONS
+from kvgate.middleware.cli import main
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.cache.operating_point import operating_point_path, read_operating_point
+from kvgate.tools.tuning.split import assign_parts, group_keys
+from kvgate.tools.tuning.synthetic import hard_negatives, edit_negation, edit_number, edit_roles, edit_unit
+from kvgate.middleware.cache.verification import SemanticSettings, choose, to_verify
 
 from conftest import route_config
 
@@ -59,8 +59,8 @@ def _tiny_rows() -> list[tuple[str, str, bool]]:
 def tiny_verifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A verifier trained here on `_tiny_rows` (20 epochs of 77 pairs: ~45 s on 2 cores), so
     tests know what it was taught."""
-    from tools.tuning.train import TrainConfig
-    from tools.tuning.tune import ensure_verifier
+    from kvgate.tools.tuning.train import TrainConfig
+    from kvgate.tools.tuning.tune import ensure_verifier
 
     target = tmp_path_factory.mktemp("verifier") / "small"
     ensure_verifier(target, _tiny_rows(), [], TrainConfig(epochs=20, max_examples=800), retrain=True)
@@ -117,7 +117,7 @@ def test_choose_serves_only_what_passes_both_thresholds() -> None:
 def test_calibration_picks_the_best_recall_that_meets_the_target() -> None:
     import numpy as np
 
-    from tools.tuning.calibrate import Candidates, pick, sweep
+    from kvgate.tools.tuning.calibrate import Candidates, pick, sweep
 
     # 4 lookups, top-2 each; lookups 0-2 are duplicates. Lookup 1's own entry is second by cosine but
     # first by verifier score; lookup 3 (not a duplicate) has a high cosine but a low verifier score.

@@ -14,10 +14,10 @@ import httpx
 import openai
 import pytest
 
-from engines.vllm.launch import default_model_dir, vllm_python
+from kvgate.engines.vllm.launch import default_model_dir, vllm_python
 from tests.test_vllm_connector_e2e import FACTS
 from tests.test_vllm_e2e import LONG, Proxy, config
-from tools.bench.vllm_bench_client import multi_turn_prompts, run_vllm_bench
+from kvgate.tools.bench.vllm_bench_client import multi_turn_prompts, run_vllm_bench
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_next_turn_on_the_other_engine_loads_from_the_shared_tier(vllm_pair: lis
 
 
 def _text(text: str) -> Any:
-    from index.prompt import TextPrompt
+    from kvgate.index.kv.prompt import TextPrompt
 
     return TextPrompt(text)
 

@@ -107,7 +107,7 @@ def test_the_router_learns_the_shared_tier_from_the_engines(vllm_pair, proxy_fac
 def test_a_decode_stream_keeps_going_while_histories_load(vllm_pair):
     """`kvgate bench vllm-kv`'s inter-token measurement on the real engines: B streams while two
     histories A stored load into B beside it; both loads are served from the tier."""
-    from tools.bench.vllm_kv_itl import itl_during_loads
+    from kvgate.tools.bench.vllm_kv_itl import itl_during_loads
 
     a, b = vllm_pair
     firsts = [conversation() for _ in range(2)]

@@ -12,13 +12,13 @@ from typing import Iterator
 import pytest
 import torch
 
-from engines.vllm.kv_connector import namespace as ns
-from engines.vllm.kv_connector.events import media
-from engines.vllm.kv_connector.plan import LoadPlan, chunks_to_save, low64, plan_load
-from engines.vllm.kv_connector.settings import SettingsError, build_tiers, chunk_blocks, parse
-from engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
-from index.chunks import ChunkStore, MemoryTier
-from index.chunks.layer_codec import LayerCodec
+from kvgate.engines.vllm.kv_connector import namespace as ns
+from kvgate.engines.vllm.kv_connector.events import media
+from kvgate.engines.vllm.kv_connector.plan import LoadPlan, chunks_to_save, low64, plan_load
+from kvgate.engines.vllm.kv_connector.settings import SettingsError, build_tiers, chunk_blocks, parse
+from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
+from kvgate.index.kv.chunks import ChunkStore, MemoryTier
+from kvgate.index.kv.chunks.layer_codec import LayerCodec
 
 T = "kv_connector_extra_config.tiers"
 
@@ -341,7 +341,7 @@ def test_saver_drops_saves_when_its_queue_is_full() -> None:
 def test_connector_tiers_on_a_redis_with_a_password(monkeypatch, tmp_path):
     """The connector's remote tier, built from its settings, against a real Redis that requires a
     password: the password comes from the named environment variable, never from the config."""
-    from tools.redis_proc import RedisServer
+    from kvgate.tools.redis_proc import RedisServer
 
     server = RedisServer(password="s3cret-pw").start()
     try:

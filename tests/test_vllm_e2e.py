@@ -11,11 +11,11 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from middleware.config import parse_config
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app
 from tests.conftest import wait_until
-from tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import ServerThread
 
 LONG = " ".join(f"Point {i}: the river town keeps its old stone bridge, its market and its mill." for i in range(40))
 

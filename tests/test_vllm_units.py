@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import zmq
 
-from index.engine_hash import checkable_salt, vllm_first_block_hash
-from index.hashing import seed_hash
-from index.kv_events import BlockStored, EventApplier, KVEventBatch, ZmqEventSubscriber, encode_batch
-from index.prefix import PrefixIndex
-from index.prompt import PromptHasher
-from index.tokenizer import TextTokenizer
-from middleware.config import PrefixConfig, ReplicaConfig, parse_config
-from middleware.engines.vllm import binds, cache_config, parse_version, version_error
-from middleware.errors import ConfigError
-from middleware.routing.precise import PreciseRouting
-from middleware.routing.salt import Salter, load_secret
+from kvgate.index.kv.engine_hash import checkable_salt, vllm_first_block_hash
+from kvgate.index.kv.hashing import seed_hash
+from kvgate.index.kv.kv_events import BlockStored, EventApplier, KVEventBatch, ZmqEventSubscriber, encode_batch
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import TextTokenizer
+from kvgate.middleware.config import PrefixConfig, ReplicaConfig, parse_config
+from kvgate.middleware.engines.vllm import binds, cache_config, parse_version, version_error
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.routing.precise import PreciseRouting
+from kvgate.middleware.routing.salt import Salter, load_secret
 from tests.conftest import wait_until
 
 BS = 4

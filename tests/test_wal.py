@@ -1,11 +1,11 @@
-"""index.wal.WalCheckpointer: the WAL is copied into the database by its own thread, never blocking."""
+"""kvgate.index.storage.wal.WalCheckpointer: the WAL is copied into the database by its own thread, never blocking."""
 from __future__ import annotations
 
 import logging
 import sqlite3
 import time
 
-from index.wal import WalCheckpointer
+from kvgate.index.storage.wal import WalCheckpointer
 from tests.conftest import wait_until
 
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from engines.demo import create_fake_app
-from tools.bench.procs import Proc, ServerThread, free_port, kvgate_argv
+from kvgate.engines.demo import create_fake_app
+from kvgate.tools.bench.procs import Proc, ServerThread, free_port, kvgate_argv
 
 WORKERS = 2
 
@@ -130,7 +130,7 @@ def test_an_answer_stored_by_one_worker_is_a_hit_in_the_other(proxy) -> None:
 
 
 def test_workers_below_one_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from middleware.cli import main
+    from kvgate.middleware.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--config", "x.yaml", "--workers", "0"])

@@ -22,7 +22,7 @@ Not seen: evictions by another process sharing the disk tier (its store hears of
 ours). The router then believes this replica holds a chunk it lost: it pays a prefill, never gets
 wrong output, and its own per-replica bound ages the entry out.
 
-Remote medium. With a remote tier (a Redis other replicas share, index.chunks.redis) a chunk can
+Remote medium. With a remote tier (a Redis other replicas share, kvgate.index.kv.chunks.redis) a chunk can
 leave RAM and disk and still be loadable, from Redis, at network speed. Such a chunk is announced
 as moved: BlockStored with medium "REMOTE" (no token ids: the router knows the block, the applier
 only adds the medium) then BlockRemoved "CPU" (ChunkStore.watch_demoted). When a request uses it
@@ -37,9 +37,9 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from index.hashing import BlockHash
+from kvgate.index.kv.hashing import BlockHash
 
-# index.kv_events' MEDIUM_CPU / MEDIUM_REMOTE (equal: tested), not imported: that package pulls in zmq
+# kvgate.index.kv.kv_events' MEDIUM_CPU / MEDIUM_REMOTE (equal: tested), not imported: that package pulls in zmq
 LOCAL, REMOTE = "CPU", "REMOTE"
 log = logging.getLogger("kvgate.replica")
 

@@ -11,7 +11,7 @@ shows when the CPU is contended; on an idle machine it is within noise, so this 
 speed-up to expect everywhere, only copies that are never made.
 
 Invariant: the same attention for every forward of a replica, cold or warm, so a run that loads
-KV from the store and a cold run go through the same kernels (engines.replica.runner's
+KV from the store and a cold run go through the same kernels (kvgate.engines.replica.runner's
 exact_prefill invariant is unchanged); the result equals transformers' "sdpa" up to float
 rounding (tests/test_replica_attention.py).
 """

@@ -1,11 +1,11 @@
 """ReplicaEngine: one CPU model behind a KV chunk store, requests interleaved step by step (no HTTP here).
 
 Per request
-    1. messages → the model's chat template → token ids, through index.tokenizer.HFChatTokenizer
+    1. messages → the model's chat template → token ids, through kvgate.index.kv.tokenizer.HFChatTokenizer
        over the model's own tokenizer (segment by segment, as the router's PromptHasher does), so
        the ids are exactly the ones the router hashes.
-    2. ids → chunk hashes (index.chunks.chunk_hashes, block size = chunk_tokens, no extra keys:
-       with block_size = chunk_tokens they equal the router's index.hashing block hashes).
+    2. ids → chunk hashes (kvgate.index.kv.chunks.chunk_hashes, block size = chunk_tokens, no extra keys:
+       with block_size = chunk_tokens they equal the router's kvgate.index.kv.hashing block hashes).
     3. store.longest_prefix → store.get_many → a transformers DynamicCache holding the loaded
        chunks' keys/values concatenated along the token axis, then the partial tail after them
        (kv_io.py, tails.py).
@@ -19,25 +19,25 @@ Per request
 
 This module composes those parts and is the engine's public face: tokenize and validate
 (`prepare`), queue (`submit`), iterate (`stream`), block (`generate`), count (`stats`). The
-public types live in engines.replica.types and are re-exported here.
+public types live in kvgate.engines.replica.types and are re-exported here.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from index.chunks import ChunkStore
-from index.prompt import PromptHasher
-from index.tokenizer import HFChatTokenizer
-from engines.api import InvalidRequest
-from engines.replica.announce import ANNOUNCED_MEMORY, Announcer, RemovedCallback, StoredCallback
-from engines.replica.kv_io import KVIO
-from engines.replica.model import model_namespace
-from engines.replica.runner import ModelRunner
-from engines.replica.scheduling import MAX_RUNNING
-from engines.replica.tails import TailCache
-from engines.replica.types import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, Completion, Counters, Event, Job,
+from kvgate.index.kv.chunks import ChunkStore
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import HFChatTokenizer
+from kvgate.engines.api import InvalidRequest
+from kvgate.engines.replica.announce import ANNOUNCED_MEMORY, Announcer, RemovedCallback, StoredCallback
+from kvgate.engines.replica.kv_io import KVIO
+from kvgate.engines.replica.model import model_namespace
+from kvgate.engines.replica.runner import ModelRunner
+from kvgate.engines.replica.scheduling import MAX_RUNNING
+from kvgate.engines.replica.tails import TailCache
+from kvgate.engines.replica.types import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, Completion, Counters, Event, Job,
                                    SamplingParams, Sink, Submission, TokenStream)
-from engines.replica.worker import PREEMPT_SLICE, PREFILL_SLICE, Worker
+from kvgate.engines.replica.worker import PREEMPT_SLICE, PREFILL_SLICE, Worker
 
 __all__ = [
     "ANNOUNCED_MEMORY", "DEFAULT_MAX_TOKENS", "MAX_TOKENS_LIMIT", "PREEMPT_SLICE", "PREFILL_SLICE",

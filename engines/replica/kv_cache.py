@@ -11,7 +11,7 @@ room the buffer doubles (amortised O(1) per token).
 Invariants
 - `layer.keys` / `layer.values` are always [batch, heads, tokens, head_dim] holding exactly the
   tokens fed so far, in order, the same values DynamicLayer would hold: only where they live
-  differs, so attention, slicing into chunks and tails (engines.replica.kv_io) read the same
+  differs, so attention, slicing into chunks and tails (kvgate.engines.replica.kv_io) read the same
   numbers.
 - A layer whose keys were replaced from outside (crop, reset) is re-homed in a fresh buffer on
   its next update, never written through a stale one.

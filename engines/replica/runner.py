@@ -1,11 +1,11 @@
 """One request's steps on the model: start (load KV), feed a prefill slice, decode a token,
-finish (store KV, build the Completion). The worker (engines.replica.worker) decides which
+finish (store KV, build the Completion). The worker (kvgate.engines.replica.worker) decides which
 request takes the next step; this module only knows how to take it.
 
 Invariants
 - The token that ends a run (EOS, a stop string's last token, the max_tokens-th token, one
   sampled after a cancel) is never fed back, so a run's cache holds KV for prompt + answer[:-1]
-  at most, and only that is stored (engines.replica.kv_io).
+  at most, and only that is stored (kvgate.engines.replica.kv_io).
 - A cancelled run stops within one step and still stores the full chunks it computed.
 - With exact_prefill, a run that loads KV from the store computes bit for bit the logits of a
   cold run; without it they agree up to float rounding (~1e-5 in the logits), which in practice
@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from engines.replica.announce import Announcer
-from engines.replica.kv_io import KVIO
-from engines.replica.sampling import generator, sample
-from engines.replica.text import Detokenizer, StopMatcher
-from engines.replica.types import Completion, Counters, Job
+from kvgate.engines.replica.announce import Announcer
+from kvgate.engines.replica.kv_io import KVIO
+from kvgate.engines.replica.sampling import generator, sample
+from kvgate.engines.replica.text import Detokenizer, StopMatcher
+from kvgate.engines.replica.types import Completion, Counters, Job
 
 
 @dataclass
@@ -144,7 +144,7 @@ class ModelRunner:
                           token_ids=tuple(answer))
 
     def hold_background(self, held: bool) -> None:
-        """Hold the store's background copies while a prompt is prefilled (index.chunks.promoter)."""
+        """Hold the store's background copies while a prompt is prefilled (kvgate.index.kv.chunks.promoter)."""
         if self.kv.store is not None:
             self.kv.store.hold_background(held)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engines.replica.types import SamplingParams
+from kvgate.engines.replica.types import SamplingParams
 
 
 def generator(params: SamplingParams) -> torch.Generator | None:

@@ -1,7 +1,7 @@
 """Which request the replica's worker advances next: least prefill first, with aging.
 
 `priority` is the rule; the engine applies it on every round to the requests it has started and
-those waiting (engines.replica.worker, "Scheduling"). JobQueue hands submitted requests to the
+those waiting (kvgate.engines.replica.worker, "Scheduling"). JobQueue hands submitted requests to the
 worker thread (the stop sentinel first) and orders them by the same rule when taken one by one.
 
 Why: in arrival order, a next turn whose history is cached

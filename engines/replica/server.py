@@ -1,5 +1,5 @@
 """`kvgate replica`: an OpenAI-compatible server in front of one ReplicaEngine (a real CPU model
-whose KV cache prefix is loaded from / saved to an index.chunks.ChunkStore).
+whose KV cache prefix is loaded from / saved to an kvgate.index.kv.chunks.ChunkStore).
 
 Endpoints
     POST /v1/chat/completions  non-stream and stream (SSE, ending with `data: [DONE]`), OpenAI's
@@ -15,17 +15,17 @@ Endpoints
         Non-stream responses carry x-kvgate-cached-tokens, x-kvgate-ttft-ms, x-kvgate-prefill-ms.
     GET /v1/models, GET /health (cheap: never waits for the model), GET /stats (engine + store
     counters), GET /metrics (Prometheus text, one registry per app: per-request counters and
-    histograms, and the KV store's per-tier counters read at scrape time; engines.replica.metrics).
+    histograms, and the KV store's per-tier counters read at scrape time; kvgate.engines.replica.metrics).
 Every response carries `x-kvgate-replica: NAME`. Bad input gets a 400 in OpenAI's error format.
 
 The model runs on the engine's own worker thread, which interleaves up to --max-running requests
-step by step (prefill slices and decode steps; see engines.replica.worker); the event loop only
+step by step (prefill slices and decode steps; see kvgate.engines.replica.worker); the event loop only
 tokenizes (in a thread) and relays text pieces, so /health answers during a long prefill.
 
 KV events: with --events-endpoint the replica publishes BlockStored and BlockRemoved in vLLM's
 format (block_size = --chunk-tokens, medium "CPU": its chunk store as a whole; "REMOTE" for
 chunks only its --kv-remote Redis still holds) through
-index.kv_events.ZmqEventPublisher; see engines.replica.announce for what is announced, and why a
+kvgate.index.kv.kv_events.ZmqEventPublisher; see kvgate.engines.replica.announce for what is announced, and why a
 chunk is removed only when no tier holds it.
 """
 from __future__ import annotations
@@ -44,13 +44,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engines.replica.metrics import ReplicaMetrics
-from engines.replica.scheduling import MAX_RUNNING
-from engines.replica.types import Completion, Event, SamplingParams, Submission
-from engines.api import ChatCall, InvalidRequest, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
+from kvgate.engines.replica.metrics import ReplicaMetrics
+from kvgate.engines.replica.scheduling import MAX_RUNNING
+from kvgate.engines.replica.types import Completion, Event, SamplingParams, Submission
+from kvgate.engines.api import ChatCall, InvalidRequest, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
 
 if TYPE_CHECKING:  # the engine pulls in torch: imported where used, so `kvgate --help` stays quick
-    from engines.replica.engine import ReplicaEngine
+    from kvgate.engines.replica.engine import ReplicaEngine
 
 DISCONNECT_POLL_S = 0.25
 
@@ -67,7 +67,7 @@ def _number(body: dict[str, Any], name: str) -> float | None:
 
 
 def parse_sampling(body: dict[str, Any], call: ChatCall) -> SamplingParams:
-    """SamplingParams from a chat body already checked by engines.api.parse_chat; raises InvalidRequest."""
+    """SamplingParams from a chat body already checked by kvgate.engines.api.parse_chat; raises InvalidRequest."""
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -265,7 +265,7 @@ def build_store(kv_dir: Path | None, ram_mb: int, disk_mb: int, namespace: str, 
     """A ChunkStore over a RAM tier, a disk tier (with --kv-dir) and a remote tier (RedisTier), in
     that order, each where its budget / option allows; None when it would have no tier but RAM
     (no --kv-dir and no --kv-remote) or none at all."""
-    from index.chunks import ChunkStore, DiskTier, MemoryTier
+    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
 
     if ram_mb < 0 or disk_mb < 0:
         raise ValueError("--kv-ram-mb and --kv-disk-mb must be >= 0")
@@ -286,7 +286,7 @@ def remote_tier(args: argparse.Namespace) -> Any:
     Redis need not be up: an unreachable one costs misses until it answers."""
     if not args.kv_remote:
         return None
-    from index.chunks.redis import RedisTier
+    from kvgate.index.kv.chunks.redis import RedisTier
 
     password = None
     if args.kv_remote_password_env:
@@ -307,9 +307,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from index.chunks.allocator import keep_freed_memory
-    from engines.replica.engine import ReplicaEngine
-    from engines.replica.model import load_model, model_namespace
+    from kvgate.index.kv.chunks.allocator import keep_freed_memory
+    from kvgate.engines.replica.engine import ReplicaEngine
+    from kvgate.engines.replica.model import load_model, model_namespace
 
     if args.chunk_tokens <= 0:
         print("kvgate replica: error: --chunk-tokens must be positive", file=sys.stderr)
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    keep_freed_memory()  # chunk buffers reused, not faulted back in page by page (index.chunks.allocator)
+    keep_freed_memory()  # chunk buffers reused, not faulted back in page by page (kvgate.index.kv.chunks.allocator)
     publisher = store = engine = None
     try:
         remote = remote_tier(args)  # bad --kv-remote values stop start-up before the model loads
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
         if args.events_endpoint:
             import zmq
 
-            from index.kv_events import MEDIUM_CPU, ZmqEventPublisher
+            from kvgate.index.kv.kv_events import MEDIUM_CPU, ZmqEventPublisher
 
             try:
                 publisher = ZmqEventPublisher(args.events_endpoint)
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m engines.replica.server` owns its process: the same defaults `kvgate replica` sets
+    # `python -m kvgate.engines.replica.server` owns its process: the same defaults `kvgate replica` sets
     # (middleware/cli.py), before the model loads
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -30,9 +30,9 @@ from typing import Any, Sequence
 import torch
 import xxhash
 
-from index.chunks.base import StorageTier
-from index.chunks.codec import CorruptChunk, decode_chunk_meta, encode_chunk
-from index.hashing import common_prefix_len
+from kvgate.index.kv.chunks.base import StorageTier
+from kvgate.index.kv.chunks.codec import CorruptChunk, decode_chunk_meta, encode_chunk
+from kvgate.index.kv.hashing import common_prefix_len
 
 log = logging.getLogger("kvgate.replica.tails")
 TAILS_PER_PARENT = 4  # distinct continuations of one prefix kept at once

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
-from engines.api import InvalidRequest
+from kvgate.engines.api import InvalidRequest
 
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 4096  # per request; SmolLM2's context is 8192

@@ -27,11 +27,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from engines.replica.scheduling import JobQueue, priority
-from engines.replica.types import Completion, Counters, Event, Job
+from kvgate.engines.replica.scheduling import JobQueue, priority
+from kvgate.engines.replica.types import Completion, Counters, Event, Job
 
 if TYPE_CHECKING:
-    from engines.replica.runner import Run
+    from kvgate.engines.replica.runner import Run
 
 log = logging.getLogger("kvgate.replica")
 
@@ -40,7 +40,7 @@ PREEMPT_SLICE = 128  # ... while other requests wait (at most one chunk), unless
 
 
 class Runner(Protocol):
-    """How a request's steps are taken (engines.replica.runner.ModelRunner)."""
+    """How a request's steps are taken (kvgate.engines.replica.runner.ModelRunner)."""
 
     def begin(self, job: Job) -> Run: ...
 

@@ -10,7 +10,7 @@ One step, like vLLM's scheduler with chunked prefill:
    prompt as the budget and the cache allow.
 3. Step time = overhead_s + token_s · (decode tokens + prefill tokens).
 
-Cache (engines.sim.block_cache.BlockCache): at admission a request matches its longest cached
+Cache (kvgate.engines.sim.block_cache.BlockCache): at admission a request matches its longest cached
 prefix (at most (prompt_tokens - 1) // block_size blocks: the last token is always computed, as
 in vLLM) and pins it; that is its cached_tokens. As a chunk is scheduled, the full blocks it
 completes are stored and pinned (as vLLM caches a block when it is scheduled full), so a request
@@ -18,7 +18,7 @@ admitted later in the same or a later step reuses them. A chunk stops short of a
 not fit (all other blocks pinned); a waiting request whose first chunk cannot progress is not
 admitted (head-of-line, FIFO). If a step would do nothing at all, the oldest prefill goes ahead
 past capacity (`force`) instead of deadlocking (`overcommits` counts it). A finished or aborted
-request releases its blocks. Generated tokens take no cache blocks (as in engines.sim.engine).
+request releases its blocks. Generated tokens take no cache blocks (as in kvgate.engines.sim.engine).
 
 The first token comes at the end of the step that completes the prefill; then one token per
 step. A request is "notified" at marks: its first token, the ends of its `pieces` stream pieces,
@@ -32,9 +32,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque
 
-from index.hashing import BlockHash
-from engines.sim.block_cache import BlockCache
-from engines.sim.engine import SimRequest, matchable
+from kvgate.index.kv.hashing import BlockHash
+from kvgate.engines.sim.block_cache import BlockCache
+from kvgate.engines.sim.engine import SimRequest, matchable
 
 
 @dataclass(eq=False)

@@ -1,10 +1,10 @@
 """BatchedEngine: the simulator's second timing model — continuous batching with a per-step
 token budget and chunked prefill (vLLM's scheduler), over a block cache with pinning and
 leaf-first LRU eviction. `kvgate sim-replica --sim-model batched` serves it; the HTTP face, the
-usage / cached_tokens reporting and the KV events are those of engines.sim.engine.SimEngine (the
+usage / cached_tokens reporting and the KV events are those of kvgate.engines.sim.engine.SimEngine (the
 "fifo" model), so a router cannot tell which model it talks to except by timing.
 
-Model (the planner is engines.sim.batch_scheduler, the cache engines.sim.block_cache):
+Model (the planner is kvgate.engines.sim.batch_scheduler, the cache kvgate.engines.sim.block_cache):
 - One loop per replica runs steps back to back while there is work. Each step decodes one token
   for every running request past its first token, then fills the rest of `step_tokens` with
   prefill chunks (running prefills first, then waiting requests in arrival order).
@@ -14,7 +14,7 @@ Model (the planner is engines.sim.batch_scheduler, the cache engines.sim.block_c
   prefill is spread over several steps during which others still decode — unlike the fifo model,
   where prefill is serialised per request and decode runs beside it at a fixed rate.
 - TTFT = wait for admission + the steps until the prefill's last chunk ends.
-- Tokens and rates count the tokenizer's tokens (characters for "text"; see engines.sim.engine).
+- Tokens and rates count the tokenizer's tokens (characters for "text"; see kvgate.engines.sim.engine).
 
 Events: on_stored(hashes, token_ids, parent) per contiguous run of newly stored blocks, at the
 step that schedules them; on_removed(hashes) for evictions, reported before the same step's
@@ -30,12 +30,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from index.tokenizer import ChatTokenizer
-from engines.sim.batch_scheduler import BatchScheduler, Seq, StepPlan
-from engines.sim.block_cache import BlockCache
-from engines.sim.engine import (DEFAULT_MAX_TOKENS, matchable, EngineBase, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
+from kvgate.index.kv.tokenizer import ChatTokenizer
+from kvgate.engines.sim.batch_scheduler import BatchScheduler, Seq, StepPlan
+from kvgate.engines.sim.block_cache import BlockCache
+from kvgate.engines.sim.engine import (DEFAULT_MAX_TOKENS, matchable, EngineBase, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
                                 Step, StoredCallback)
-from engines.sim.prefix_cache import consecutive_runs
+from kvgate.engines.sim.prefix_cache import consecutive_runs
 
 __all__ = ["DEFAULT_STEP_TOKENS", "BatchedEngine"]
 

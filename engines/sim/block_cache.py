@@ -1,7 +1,7 @@
 """BlockCache: the batched simulator's KV prefix cache, block by block, with pinning and
 leaf-first LRU eviction (the batched model of `engines/sim/batched.py`).
 
-Blocks are chained hashes (index.hashing): block i of a prompt has block i-1 as its parent, so
+Blocks are chained hashes (kvgate.index.kv.hashing): block i of a prompt has block i-1 as its parent, so
 the cached blocks form a forest (a radix tree over blocks, as in SGLang's RadixCache; vLLM's
 free-block queue behaves alike because it frees a request's blocks tail first).
 
@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from index.hashing import BlockHash
+from kvgate.index.kv.hashing import BlockHash
 
 
 @dataclass

@@ -1,22 +1,22 @@
 """A simulated LLM engine: a prefix (KV) cache over chained block hashes and a timing model.
 
-No HTTP here (see engines.sim.server for the server). One SimEngine is one replica.
+No HTTP here (see kvgate.engines.sim.server for the server). One SimEngine is one replica.
 
 Prompt → tokens → blocks
     Chat messages are rendered as a plain transcript, one segment per message and then the
-    generation prompt (index.tokenizer.render_transcript; joined here by `render_transcript`):
+    generation prompt (kvgate.index.kv.tokenizer.render_transcript; joined here by `render_transcript`):
 
         <|system|>\\nYou are terse.\\n<|user|>\\nHi\\n<|assistant|>\\n
 
     With tokenizer "text" every character (Unicode code point) is one token
-    (index.hashing.text_tokens), so `block_size`, `capacity_tokens`, `prefill_tps`, `decode_tps`
+    (kvgate.index.kv.hashing.text_tokens), so `block_size`, `capacity_tokens`, `prefill_tps`, `decode_tps`
     and the reported prompt/cached token counts all count *characters* (≈ 4 per real token):
     a benchmark that wants "10k real tokens/s" passes prefill_tps ≈ 40k. Blocks are hashed with
-    index.hashing.block_hashes(tokens, block_size). A router computes the same hashes with
-    index.prompt.PromptHasher(TextTokenizer(), block_size). Another tokenizer spec ("smollm2", a local HF directory) uses that model's chat
+    kvgate.index.kv.hashing.block_hashes(tokens, block_size). A router computes the same hashes with
+    kvgate.index.kv.prompt.PromptHasher(TextTokenizer(), block_size). Another tokenizer spec ("smollm2", a local HF directory) uses that model's chat
     template and ids instead; everything then counts real tokens.
 
-Prefix cache (engines.sim.prefix_cache.PrefixCache)
+Prefix cache (kvgate.engines.sim.prefix_cache.PrefixCache)
     An LRU set of block hashes holding at most capacity_tokens // block_size blocks. As in vLLM,
     a fully cached prompt still recomputes its last token, so at most
     (prompt_tokens - 1) // block_size blocks can match; cached_tokens = matched_blocks *
@@ -47,8 +47,8 @@ Events
     on_removed(every held block). Removals are reported before the stores of the same
     admission. Every block announced as stored is held until announced as removed or cleared,
     so a stored run's parent was always announced before. A callback that raises is logged and
-    does not fail the request. Hashes are index.hashing's (seed "kvgate"), so a router's
-    index.kv_events.EventApplier maps them one to one.
+    does not fail the request. Hashes are kvgate.index.kv.hashing's (seed "kvgate"), so a router's
+    kvgate.index.kv.kv_events.EventApplier maps them one to one.
 
 The engine is driven from one asyncio event loop at a time (the prefill lock is per loop).
 """
@@ -60,11 +60,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from index.hashing import BlockHash
-from index.prompt import PromptHasher
-from index.tokenizer import ChatTokenizer, load_tokenizer
-from index.tokenizer import render_transcript as _transcript_segments
-from engines.sim.prefix_cache import PrefixCache, consecutive_runs
+from kvgate.index.kv.hashing import BlockHash
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import ChatTokenizer, load_tokenizer
+from kvgate.index.kv.tokenizer import render_transcript as _transcript_segments
+from kvgate.engines.sim.prefix_cache import PrefixCache, consecutive_runs
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_OVERHEAD_S", "PrefillInfo", "PrefixCache", "SimEngine", "SimRequest", "Step",
            "render_transcript"]
@@ -84,7 +84,7 @@ Sleep = Callable[[float], Awaitable[Any]]
 def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
     """The text the "text" tokenizer sees: for each message `<|{role}|>\\n{content}\\n`, then
     `<|assistant|>\\n` (list contents: their text parts joined by newlines). Routers hashing for
-    a sim replica must render the same way (this function, or index.tokenizer.TextTokenizer)."""
+    a sim replica must render the same way (this function, or kvgate.index.kv.tokenizer.TextTokenizer)."""
     return "".join(_transcript_segments(messages))
 
 
@@ -147,7 +147,7 @@ class _Counters:
 
 
 class EngineBase:
-    """What both timing models (SimEngine, engines.sim.batched.BatchedEngine) do alike: turn a chat
+    """What both timing models (SimEngine, kvgate.engines.sim.batched.BatchedEngine) do alike: turn a chat
     into a SimRequest, run one to the end, report engine-side TTFTs, call KV-event callbacks.
     A subclass sets `_hasher`, `default_max_tokens`, `_counters.ttfts` and `generate`."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Sequence
 
-from index.hashing import BlockHash
+from kvgate.index.kv.hashing import BlockHash
 
 
 class PrefixCache:

@@ -1,9 +1,9 @@
 """`kvgate sim-replica`: an OpenAI-compatible server in front of one SimEngine.
 
 Routing benchmarks start N of these and replay a trace against them; each answers like an engine
-whose prefix cache and timing follow one of two models (`--sim-model`): fifo, engines.sim.engine
+whose prefix cache and timing follow one of two models (`--sim-model`): fifo, kvgate.engines.sim.engine
 (LRU prefix cache, one FIFO prefill queue; read its docstring for what a "token" is), or batched,
-engines.sim.batched (continuous batching with a per-step token budget and chunked prefill, block
+kvgate.engines.sim.batched (continuous batching with a per-step token budget and chunked prefill, block
 cache with pinning and leaf-first eviction). Both answer, count and publish events alike.
 
 Endpoints
@@ -27,7 +27,7 @@ Every response carries `x-sim-replica: NAME`. Bad requests get a 400 in OpenAI's
 
 KV events: with `--events-endpoint tcp://127.0.0.1:PORT` the replica binds a ZMQ PUB socket there
 and publishes BlockStored / BlockRemoved / AllBlocksCleared in vLLM's format
-(index.kv_events.ZmqEventPublisher), one batch per engine callback, so a router can run its
+(kvgate.index.kv.kv_events.ZmqEventPublisher), one batch per engine callback, so a router can run its
 prefix index in precise mode against sim replicas exactly as against vLLM.
 """
 from __future__ import annotations
@@ -43,9 +43,9 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engines.api import ChatCall, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
-from engines.sim.batched import DEFAULT_STEP_TOKENS, BatchedEngine
-from engines.sim.engine import DEFAULT_OVERHEAD_S, PrefillInfo, SimEngine, SimRequest
+from kvgate.engines.api import ChatCall, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
+from kvgate.engines.sim.batched import DEFAULT_STEP_TOKENS, BatchedEngine
+from kvgate.engines.sim.engine import DEFAULT_OVERHEAD_S, PrefillInfo, SimEngine, SimRequest
 
 MAX_MODEL_LEN = 1 << 20  # reported by /tokenize; the simulation has no context limit
 STREAM_PIECES = 16  # decode is streamed in at most this many chunks after the first token
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         if args.events_endpoint:
             import zmq
 
-            from index.kv_events import ZmqEventPublisher
+            from kvgate.index.kv.kv_events import ZmqEventPublisher
 
             try:
                 publisher = ZmqEventPublisher(args.events_endpoint)
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m engines.sim.server` owns its process: the same defaults `kvgate sim-replica` sets
+    # `python -m kvgate.engines.sim.server` owns its process: the same defaults `kvgate sim-replica` sets
     # (middleware/cli.py), before a tokenizer loads
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

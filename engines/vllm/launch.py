@@ -38,7 +38,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-CONNECTOR_MODULE = "engines.vllm.kv_connector.connector"
+CONNECTOR_MODULE = "kvgate.engines.vllm.kv_connector.connector"
 
 
 def connector_config(extra: dict[str, object]) -> dict[str, object]:
@@ -210,11 +210,11 @@ def start_pair(model: str, *, served_name: str = "smollm2", ports: tuple[int, in
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m engines.vllm.launch --port P --events-port E [--core C] [--model DIR]`: one server
+    """`python -m kvgate.engines.vllm.launch --port P --events-port E [--core C] [--model DIR]`: one server
     in the foreground (what `make run-vllm` runs twice)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="engines.vllm.launch", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="kvgate.engines.vllm.launch", description=main.__doc__)
     parser.add_argument("--model", default=None, help="model dir (default: the SmolLM2 dir `kvgate prepare` wrote)")
     parser.add_argument("--served-model-name", default="smollm2")
     parser.add_argument("--port", type=int, required=True)

@@ -2,6 +2,6 @@
 answers, the request log, feedback, and where the cache's steps run (loop or worker thread).
 
 Owns: `ResponseCache` (response_cache.py) and what it decides with. May import: index/, the shared
-core (middleware.config, errors, request, outcome, answers, replay, litellm_env) and
-middleware.telemetry; never forward/, routing/, the pipeline or a face.
+core (kvgate.middleware.config, errors, request, outcome, answers, replay, litellm_env) and
+kvgate.middleware.telemetry; never forward/, routing/, the pipeline or a face.
 """

@@ -2,7 +2,7 @@
 
 Vectors of two embedders are not comparable (a tuned model moves every question), so a cache
 holds one embedder's vectors only. The first process to open a cache records the configured
-embedder's identity (index.embedder.model_identity): `<cache_dir>/embedder.id` with the local
+embedder's identity (kvgate.index.responses.embedder.model_identity): `<cache_dir>/embedder.id` with the local
 store, `<key_prefix>embedder` on Redis. A later start with another embedder is a ConfigError
 naming `embedder.model_path`: the user points the route at a fresh cache (a new `cache_dir`, or a
 new `store.key_prefix`), or deletes the old one. A cache made before marks existed is claimed by
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import redis
 
-from index.redis_link import RedisLink
-from middleware.config import Config
-from middleware.errors import ConfigError
+from kvgate.index.storage.redis_link import RedisLink
+from kvgate.middleware.config import Config
+from kvgate.middleware.errors import ConfigError
 
 log = logging.getLogger("kvgate.store")
 MARK_FILE = "embedder.id"

@@ -2,7 +2,7 @@
 
 - semantic hit judged wrong: the served entry is deleted, and every entry of its scope at least as
   close to it as the wrong query was must from now on clear that similarity plus a margin
-  (index.tighten; later entries there inherit the floor);
+  (kvgate.index.responses.tighten; later entries there inherit the floor);
 - exact hit or miss judged wrong: the entry served or stored is deleted (no neighbourhood: the
   embedding was not at fault);
 - correct=true: counted, nothing changes (floors are never relaxed by praise).
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from index.semantic import SemanticIndex
-from middleware.errors import RequestNotFound
-from middleware.telemetry.metrics import Metrics
-from middleware.cache.request_log import RequestLog
+from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.middleware.errors import RequestNotFound
+from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.cache.request_log import RequestLog
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def give_feedback(
     removed = index.delete(record.entry_id)
     tightened = 0
     if center is not None and record.similarity is not None:
-        tightened = index.tighten(record.scope, center, record.similarity, ttl=mark_ttl)
+        tightened = kvgate.index.responses.tighten(record.scope, center, record.similarity, ttl=mark_ttl)
     if removed:
         metrics.feedback_removed.labels(record.route).inc()
     metrics.feedback_tightened.labels(record.route).inc(tightened)

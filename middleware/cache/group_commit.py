@@ -17,7 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from index.softfail import Batch
+from kvgate.index.storage.softfail import Batch
 
 log = logging.getLogger("kvgate.pipeline")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-# The cold cost of hashing a prompt (index.prompt.PromptHasher, nothing cached) grows with its
+# The cold cost of hashing a prompt (kvgate.index.kv.prompt.PromptHasher, nothing cached) grows with its
 # characters, and an HF tokenizer + chat template (smollm2) costs an order of magnitude more per
 # character than `text`. A prompt whose leading messages were hashed before resumes from there (the
 # conversation's earlier turns, a shared system prompt): only its new characters are tokenised. The

@@ -15,7 +15,7 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from index.entries.base import CacheEntry
+from kvgate.index.responses.entries.base import CacheEntry
 
 PARENT_SEARCH_K = 16
 PARENT_THRESHOLD = 0.9  # the parent judge's cosine on routes without a cosine threshold (max_error_rate)

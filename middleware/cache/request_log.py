@@ -1,7 +1,7 @@
 """Request ids and what each request was served from, kept so feedback can act on them later.
 
 `RequestLog` is the protocol; one implementation per store: `DiskRequestLog` here (store
-backend `local`), `RedisRequestLog` (middleware.cache.request_log_redis, backend `redis`: proxies on
+backend `local`), `RedisRequestLog` (kvgate.middleware.cache.request_log_redis, backend `redis`: proxies on
 several machines take feedback on each other's requests).
 
 DiskRequestLog: records live in a diskcache next to the responses (`<cache_dir>/requests`), so every proxy
@@ -26,11 +26,11 @@ from typing import Any, Protocol
 
 import diskcache
 
-from index.recover import open_cache
-from index.wal import WalCheckpointer
-from index.softfail import Batch, SoftFailures, soft_transaction
+from kvgate.index.storage.recover import open_cache
+from kvgate.index.storage.wal import WalCheckpointer
+from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
 
-from middleware.outcome import REQUEST_ID_PREFIX, new_request_id  # noqa: F401  (re-exported)
+from kvgate.middleware.outcome import REQUEST_ID_PREFIX, new_request_id  # noqa: F401  (re-exported)
 
 log = logging.getLogger("kvgate.request_log")
 

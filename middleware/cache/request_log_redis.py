@@ -2,8 +2,8 @@
 feedback given to any proxy reaches a request another proxy served.
 
 One key per request id, `<prefix>r:<request id>`, expiring after `ttl` (Redis's own expiry; the
-size bound is Redis's `maxmemory`). Values are the record's JSON, sealed (index.sealed): a damaged
-record reads as unknown. Storage trouble is counted and never raised (index.softfail).
+size bound is Redis's `maxmemory`). Values are the record's JSON, sealed (kvgate.index.storage.sealed): a damaged
+record reads as unknown. Storage trouble is counted and never raised (kvgate.index.storage.softfail).
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import redis
 
-from index.redis_link import RedisLink
-from index.sealed import Damaged, seal, unseal
-from index.softfail import SoftFailures
-from middleware.cache.request_log import REQUEST_ID_PREFIX, RequestRecord
+from kvgate.index.storage.redis_link import RedisLink
+from kvgate.index.storage.sealed import Damaged, seal, unseal
+from kvgate.index.storage.softfail import SoftFailures
+from kvgate.middleware.cache.request_log import REQUEST_ID_PREFIX, RequestRecord
 
 log = logging.getLogger("kvgate.request_log")
 

@@ -2,13 +2,13 @@
 record a miss's answer (the entry, the request-log record, the metrics).
 
 What grows with the prompt (canonical keys, the exact-tier read, embedding + search, the routing
-hashes) runs in one worker-thread hop, unless it is small and bounded (middleware.cache.offload):
+hashes) runs in one worker-thread hop, unless it is small and bounded (kvgate.middleware.cache.offload):
 then the hop would cost more than the work, and the step runs on the loop, its writes committed
-with the other inline steps of the same loop turn (middleware.cache.group_commit).
+with the other inline steps of the same loop turn (kvgate.middleware.cache.group_commit).
 
 Invariant: an answer is written only when the request allows it (no no-store) and it is complete
 (`cacheable`); a hit never leaves its scope (route, model, output-affecting parameters, history,
-tenant: middleware.request).
+tenant: kvgate.middleware.request).
 """
 from __future__ import annotations
 
@@ -20,19 +20,19 @@ from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from index.semantic import CacheEntry, SemanticIndex
-from index.softfail import Batch
-from middleware.answers import Replay, cacheable, cost, replayed, served_response, tag
-from middleware.cache.feedback import FeedbackOutcome, give_feedback
-from middleware.cache.group_commit import GroupCommit, Settle
-from middleware.cache.offload import INLINE_TOTAL_CHARS, prompt_chars, runs_inline
-from middleware.cache.request_log import RequestLog, RequestRecord
-from middleware.cache.semantic_lookup import SemanticLookup, count_lookup
-from middleware.config import Config
-from middleware.outcome import CacheInfo, Hit, Lookup, Result
-from middleware.request import CacheControl, RequestView, build_text_view, build_view
-from middleware.text_answers import json_body, replay_events, served_text, stream_objects
-from middleware.telemetry.metrics import Metrics
+from kvgate.index.responses.semantic import CacheEntry, SemanticIndex
+from kvgate.index.storage.softfail import Batch
+from kvgate.middleware.answers import Replay, cacheable, cost, replayed, served_response, tag
+from kvgate.middleware.cache.feedback import FeedbackOutcome, give_feedback
+from kvgate.middleware.cache.group_commit import GroupCommit, Settle
+from kvgate.middleware.cache.offload import INLINE_TOTAL_CHARS, prompt_chars, runs_inline
+from kvgate.middleware.cache.request_log import RequestLog, RequestRecord
+from kvgate.middleware.cache.semantic_lookup import SemanticLookup, count_lookup
+from kvgate.middleware.config import Config
+from kvgate.middleware.outcome import CacheInfo, Hit, Lookup, Result
+from kvgate.middleware.request import CacheControl, RequestView, build_text_view, build_view
+from kvgate.middleware.text_answers import json_body, replay_events, served_text, stream_objects
+from kvgate.middleware.telemetry.metrics import Metrics
 
 UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
 
@@ -116,7 +116,7 @@ class ResponseCache:
         return Hit(entry, "exact") if entry else None
 
     def _inline(self, kwargs: dict[str, Any], hashing: Mapping[str, RouteHashing], endpoint: str = "chat") -> bool:
-        """Whether this request's cache steps run on the event loop (middleware.cache.offload)."""
+        """Whether this request's cache steps run on the event loop (kvgate.middleware.cache.offload)."""
         model, messages = kwargs.get("model"), kwargs.get("messages")
         route = self.config.match(model, endpoint) if isinstance(model, str) else None
         if endpoint == "completions":  # a prompt is hashed whole: all of it is new
@@ -274,7 +274,7 @@ async def _events(events: list[bytes]) -> AsyncIterator[bytes]:
 
 
 class Recording:
-    """Where one miss's answer goes once it is complete (middleware.outcome.AnswerSink)."""
+    """Where one miss's answer goes once it is complete (kvgate.middleware.outcome.AnswerSink)."""
 
     def __init__(self, cache: ResponseCache, looked: Looked, model: str) -> None:
         self.cache = cache

@@ -9,16 +9,16 @@ from __future__ import annotations
 import time
 import numpy as np
 
-from index.embedder import Embedder
-from index.semantic import CacheEntry, SemanticIndex
-from index.tighten import threshold_for
-from index.verifier import Verifier
-from middleware.cache.parents import PARENT_SEARCH_K, PARENT_THRESHOLD, same_parents
-from middleware.cache.trust_gate import TrustGate
-from middleware.cache.verification import SemanticSettings, choose, to_verify
-from middleware.outcome import Hit, Lookup
-from middleware.request import RequestView
-from middleware.telemetry.metrics import Metrics
+from kvgate.index.responses.embedder import Embedder
+from kvgate.index.responses.semantic import CacheEntry, SemanticIndex
+from kvgate.index.responses.tighten import threshold_for
+from kvgate.index.responses.verifier import Verifier
+from kvgate.middleware.cache.parents import PARENT_SEARCH_K, PARENT_THRESHOLD, same_parents
+from kvgate.middleware.cache.trust_gate import TrustGate
+from kvgate.middleware.cache.verification import SemanticSettings, choose, to_verify
+from kvgate.middleware.outcome import Hit, Lookup
+from kvgate.middleware.request import RequestView
+from kvgate.middleware.telemetry.metrics import Metrics
 
 
 def count_lookup(metrics: Metrics, view: RequestView, tier: str, started: float, hit: bool) -> None:

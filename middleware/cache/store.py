@@ -2,7 +2,7 @@
 
 `local` (the default): entries in `<cache_dir>/responses`, request ids in `<cache_dir>/requests`
 (diskcache; processes on one machine share them). `redis`: both on one Redis, reached through one
-RedisLink (index.redis_link: pool, timeouts, circuit with backoff). An unreachable Redis at
+RedisLink (kvgate.index.storage.redis_link: pool, timeouts, circuit with backoff). An unreachable Redis at
 start-up stops it with one line naming `store.url` (no credentials), unless `on_error: degrade`:
 then the proxy starts and serves misses until Redis answers.
 """
@@ -14,17 +14,17 @@ from dataclasses import dataclass
 
 import redis
 
-from index.entries.base import EntryStore
-from index.entries.disk import DiskEntryStore
-from index.entries.redis import RedisEntryStore
-from index.observations.base import ObservationStore
-from index.observations.disk import DiskObservationStore
-from index.observations.redis import RedisObservationStore
-from index.redis_link import LinkSettings, RedisLink
-from middleware.config import Config
-from middleware.errors import ConfigError
-from middleware.cache.request_log import DiskRequestLog, RequestLog
-from middleware.cache.request_log_redis import RedisRequestLog
+from kvgate.index.responses.entries.base import EntryStore
+from kvgate.index.responses.entries.disk import DiskEntryStore
+from kvgate.index.responses.entries.redis import RedisEntryStore
+from kvgate.index.responses.observations.base import ObservationStore
+from kvgate.index.responses.observations.disk import DiskObservationStore
+from kvgate.index.responses.observations.redis import RedisObservationStore
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
+from kvgate.middleware.config import Config
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.cache.request_log import DiskRequestLog, RequestLog
+from kvgate.middleware.cache.request_log_redis import RedisRequestLog
 
 log = logging.getLogger("kvgate.store")
 LOCAL_FOLLOW_INTERVAL_S = 1.0  # processes on one cache dir look at each other's writes this often

@@ -1,13 +1,13 @@
-"""`semantic.max_error_rate`: serve a candidate, or explore it (index.trust holds the pure rule).
+"""`semantic.max_error_rate`: serve a candidate, or explore it (kvgate.index.responses.trust holds the pure rule).
 
 Per lookup of such a route, the nearest entry at cosine ≥ EXPLORE_FLOOR is judged by its
 estimated P(wrong) at its similarity: the entry's own fit
 when it has OWN_MIN observations (then its upper bound, charged as is), else the route's pooled
 fit (shrunk towards the embedder's calibration curve when one is given: `prior`); an entry its
 own record vetoes is never served. The candidate is served when its estimate is ≤ the route's
-cutoff (index.trust.budget_cutoff over the last HISTORY lookups' candidates) and the ledger
+cutoff (kvgate.index.responses.trust.budget_cutoff over the last HISTORY lookups' candidates) and the ledger
 affords it: the upper bound on the expected wrong hits of the hits served in the last HISTORY
-lookups, this one included (index.trust.aggregate_upper), is within index.trust.allowance of
+lookups, this one included (kvgate.index.responses.trust.aggregate_upper), is within kvgate.index.responses.trust.allowance of
 those lookups. Otherwise it is *explored*: the request is a miss (the client gets the backend's
 fresh answer, no later than any miss), and once the answer is in, a single background worker
 compares it with the entry's cached answer, off the response path, and records the verdict.
@@ -26,13 +26,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from index.entries.base import CacheEntry
-from index.observations.base import ObservationStore
-from index.trust import (
+from kvgate.index.responses.entries.base import CacheEntry
+from kvgate.index.responses.observations.base import ObservationStore
+from kvgate.index.responses.trust import (
     DIM, Observation, Rule, aggregate_upper, allowance, budget_cutoff, charges, error_upper, features, fit_rule,
     normalise_answer, vetoed, wrong_probabilities,
 )
-from middleware.answers import answer_text
+from kvgate.middleware.answers import answer_text
 
 log = logging.getLogger("kvgate.trust")
 EXPLORE_FLOOR = 0.6  # candidates farther than this are plain misses: no verdict worth a comparison
@@ -104,7 +104,7 @@ class _RouteState:
 
     def ledger(self, extra: _Candidate) -> float:
         """Upper prediction bound on the wrong answers among the hits served in the window plus
-        `extra` (index.trust.aggregate_upper; fixed charges added as they are)."""
+        `extra` (kvgate.index.responses.trust.aggregate_upper; fixed charges added as they are)."""
         items = [*self.served, extra]
         rows = [c.row for c in items if c.row is not None]
         pooled = aggregate_upper(self.rule, np.stack(rows)) if rows else 0.0

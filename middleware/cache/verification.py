@@ -2,7 +2,7 @@
 
 `resolve` turns a route's config (a raw threshold, or a precision target plus the operating point
 `kvgate tune` wrote) into `SemanticSettings` at start-up; `choose` applies them to the search
-results of one lookup. tools.tuning.calibrate scores operating points with the same rule.
+results of one lookup. kvgate.tools.tuning.calibrate scores operating points with the same rule.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from middleware.config import RouteConfig
-from middleware.errors import ConfigError
-from middleware.cache.operating_point import OperatingPoint, operating_point_path, read_operating_point
+from kvgate.middleware.config import RouteConfig
+from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.cache.operating_point import OperatingPoint, operating_point_path, read_operating_point
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class SemanticSettings:
     verifier_threshold: float | None
     candidates: int
     source: str  # "config" or the operating point file
-    max_error_rate: float | None = None  # set: the candidate is judged by middleware.cache.trust_gate instead
+    max_error_rate: float | None = None  # set: the candidate is judged by kvgate.middleware.cache.trust_gate instead
 
     @property
     def verifies(self) -> bool:
@@ -67,7 +67,7 @@ def resolve(route: RouteConfig, cache_dir: str | Path, position: int) -> Semanti
     """
     sem = route.semantic
     field = f"routes.{position}.semantic"
-    if sem.max_error_rate is not None:  # thresholds are learned online (middleware.cache.trust_gate)
+    if sem.max_error_rate is not None:  # thresholds are learned online (kvgate.middleware.cache.trust_gate)
         return SemanticSettings(0.0, None, 1, "config", sem.max_error_rate)
     if sem.target_precision is None:
         verify = bool(sem.verifier)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 
-from middleware.engines.base import EngineAdapter, EngineInfo
-from middleware.engines.generic import GenericAdapter
-from middleware.engines.vllm import VllmAdapter
+from kvgate.middleware.engines.base import EngineAdapter, EngineInfo
+from kvgate.middleware.engines.generic import GenericAdapter
+from kvgate.middleware.engines.vllm import VllmAdapter
 
 ADAPTERS: dict[str, EngineAdapter] = {"vllm": VllmAdapter(), "openai": GenericAdapter()}
 AUTO_ORDER = ("vllm", "openai")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from middleware.engines.base import EngineInfo
+from kvgate.middleware.engines.base import EngineInfo
 
 
 class GenericAdapter:

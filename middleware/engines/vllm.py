@@ -17,7 +17,7 @@ import re
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.engines.base import EngineInfo, server_root
+from kvgate.middleware.engines.base import EngineInfo, server_root
 
 SUPPORTED = ((0, 32, 0), (0, 33, 0))  # [low, high)
 SUPPORTED_TEXT = "vLLM >= 0.32.0, < 0.33"

@@ -5,7 +5,7 @@ Rule: a connection error, timeout, 408/429 or 5xx marks the replica down (circui
 and the request moves to the next best replica, up to `routing.max_attempts` replicas. A 4xx is
 the caller's problem and is returned as is. Streams fail over before their first chunk; a stream
 that breaks after it is re-issued on another replica and resumed where the client is
-(middleware.forward.resume) when the request is greedy, else it ends with an in-band error.
+(kvgate.middleware.forward.resume) when the request is greedy, else it ends with an in-band error.
 
 Invariant: every ticket the router hands out (`Router.started`) is closed exactly once
 (`Router.finished`), by `failed` or by `done`; `Attempts.ticket` is the open one, or None.
@@ -16,12 +16,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from middleware.config import RouteConfig
-from middleware.errors import BackendError, BadRequest
-from middleware.forward.resume import StreamResume, resumable
-from middleware.request import RequestView
-from middleware.routing.router import RoutePlan, Router, Ticket
-from middleware.telemetry.metrics import Metrics
+from kvgate.middleware.config import RouteConfig
+from kvgate.middleware.errors import BackendError, BadRequest
+from kvgate.middleware.forward.resume import StreamResume, resumable
+from kvgate.middleware.request import RequestView
+from kvgate.middleware.routing.router import RoutePlan, Router, Ticket
+from kvgate.middleware.telemetry.metrics import Metrics
 
 log = logging.getLogger("kvgate.forward")
 
@@ -70,7 +70,7 @@ class Failover:
         self.metrics = metrics
 
     def salt(self, view: RequestView) -> str | None:
-        """The engine's cache_salt for this request (middleware.routing.salt), or None."""
+        """The engine's cache_salt for this request (kvgate.middleware.routing.salt), or None."""
         if self.router is None:
             return None
         return self.router.salt(view.tenant if self.route.scope == "tenant" else None, view.params.get("cache_salt"))

@@ -1,7 +1,7 @@
 """One route's forwarding: a miss to a replica and back.
 
 A Forwarder owns the transport (the relay for the proxy's misses on OpenAI-compatible replicas,
-LiteLLM otherwise), asks the router once for the replica (middleware.forward.failover books the
+LiteLLM otherwise), asks the router once for the replica (kvgate.middleware.forward.failover books the
 choice, failover and mid-stream resume), hands the complete answer to the response cache (an
 `AnswerSink`) and then tells the router what the replica now holds.
 
@@ -15,17 +15,17 @@ import asyncio
 import contextlib
 from typing import Any, AsyncIterator, Callable, Mapping
 
-from middleware.answers import answer_text, assemble, streamed_text, tag
-from middleware.config import Config, RouteConfig
-from middleware.errors import BackendError
-from middleware.forward.failover import Attempts, Failover
-from middleware.forward.litellm_call import Call, LiteLLMCall
-from middleware.forward.relay import DONE, Relay, Relayed, wire_model
-from middleware.outcome import AnswerSink, CacheInfo, Result
-from middleware.request import RequestView
-from middleware.routing.router import Router
-from middleware.telemetry.metrics import Metrics
-from middleware.text_answers import streamed_text_answer
+from kvgate.middleware.answers import answer_text, assemble, streamed_text, tag
+from kvgate.middleware.config import Config, RouteConfig
+from kvgate.middleware.errors import BackendError
+from kvgate.middleware.forward.failover import Attempts, Failover
+from kvgate.middleware.forward.litellm_call import Call, LiteLLMCall
+from kvgate.middleware.forward.relay import DONE, Relay, Relayed, wire_model
+from kvgate.middleware.outcome import AnswerSink, CacheInfo, Result
+from kvgate.middleware.request import RequestView
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.text_answers import streamed_text_answer
 
 ENGINE_PROBE_S = 3.0  # how long a route's first request waits to learn its replicas' engines
 

@@ -1,6 +1,6 @@
 """The LiteLLM transport of a route's misses: one backend, or replicas behind a Router.
 
-Failover is middleware.forward.failover's, shared with the relay. Timeouts: `backend.timeout`
+Failover is kvgate.middleware.forward.failover's, shared with the relay. Timeouts: `backend.timeout`
 bounds every wait on a replica (connect, time to the first byte of a non-streamed answer, the gap
 between two stream chunks); a replica that exceeds it counts as failed like a dead one.
 `backend.num_retries` retries the same server inside LiteLLM (0 by default: on routes with
@@ -12,11 +12,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from middleware.config import RouteConfig
-from middleware.forward.failover import Attempts, Failover, failing
-from middleware.forward.resume import Diverged, StreamResume
-from middleware.litellm_env import litellm
-from middleware.request import RequestView
+from kvgate.middleware.config import RouteConfig
+from kvgate.middleware.forward.failover import Attempts, Failover, failing
+from kvgate.middleware.forward.resume import Diverged, StreamResume
+from kvgate.middleware.litellm_env import litellm
+from kvgate.middleware.request import RequestView
 
 log = logging.getLogger("kvgate.forward")
 

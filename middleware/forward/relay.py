@@ -2,15 +2,15 @@
 
 LiteLLM turns every streamed chunk into its response objects and back into JSON; for a replica
 that already speaks OpenAI's format (vLLM, SGLang, our replicas) that work buys nothing. The relay
-sends the request with one pooled HTTP client (middleware.forward.http1) and hands the replica's SSE events to the client
+sends the request with one pooled HTTP client (kvgate.middleware.forward.http1) and hands the replica's SSE events to the client
 as they arrive, parsing only what the cache and the router need: the first content token
 (`Router.first_token`), the text and finish reason (the stored answer, approximate mode's
 `record_answers`), the usage, and error events. A non-streamed answer goes through as the
 replica's JSON body.
 
-Failover is the LiteLLM path's (middleware.forward.failover): a connection error, timeout, 408/429
+Failover is the LiteLLM path's (kvgate.middleware.forward.failover): a connection error, timeout, 408/429
 or 5xx before the first event moves the request to the next replica; a stream that breaks later is
-re-issued and resumed where the client is when the request is greedy (middleware.forward.resume),
+re-issued and resumed where the client is when the request is greedy (kvgate.middleware.forward.resume),
 otherwise it ends with an in-band error event. Usage: a streamed request is sent with
 `stream_options.include_usage` so the stored answer carries the replica's own counts; the
 usage-only chunk is dropped on its way to a client that did not ask for it.
@@ -26,11 +26,11 @@ from typing import Any, AsyncIterator
 
 import orjson
 
-from middleware.forward.failover import Attempts, Failover, failing
-from middleware.forward.http1 import Pool, Response
-from middleware.forward.relay_events import ReplicaError, SseParser
-from middleware.request import RequestView
-from middleware.forward.resume import Diverged
+from kvgate.middleware.forward.failover import Attempts, Failover, failing
+from kvgate.middleware.forward.http1 import Pool, Response
+from kvgate.middleware.forward.relay_events import ReplicaError, SseParser
+from kvgate.middleware.request import RequestView
+from kvgate.middleware.forward.resume import Diverged
 
 # LiteLLM providers whose wire format is OpenAI's own: `openai/<served name>` sends `<served name>`.
 OPENAI_COMPATIBLE = frozenset({"openai", "hosted_vllm", "custom_openai", "openai_like"})

@@ -5,7 +5,7 @@ What is read: choice 0's text and finish reason (the answer to store, the conver
 routing records), the first content token (`Router.first_token`), the usage, and error events
 (a failed stream). What changes on the way: [DONE] is held back (the pipeline sends it once the
 answer is stored), a usage chunk the client did not ask for is dropped, and after a mid-stream
-resume each chunk is trimmed to what the client has not seen (middleware.forward.resume) and re-encoded.
+resume each chunk is trimmed to what the client has not seen (kvgate.middleware.forward.resume) and re-encoded.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 import orjson
 
-from middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
 from litellm.types.utils import ModelResponseStream
 
-from middleware.answers import assemble
-from middleware.forward.resume import StreamResume
+from kvgate.middleware.answers import assemble
+from kvgate.middleware.forward.resume import StreamResume
 
 
 class ReplicaError(Exception):

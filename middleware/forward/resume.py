@@ -8,8 +8,8 @@ exactly, and only what follows it is passed on. If the retry says anything else 
 up (another model version, a replica that is not deterministic after all), `Diverged` is raised
 and the client gets a clean in-band error instead of a spliced answer.
 
-Chunks are LiteLLM's objects (the LiteLLM path, middleware.forward.litellm_call) or the replica's own JSON
-decoded to dicts (the relay, middleware.forward.relay); both are read and edited through `_get`/`_set`.
+Chunks are LiteLLM's objects (the LiteLLM path, kvgate.middleware.forward.litellm_call) or the replica's own JSON
+decoded to dicts (the relay, kvgate.middleware.forward.relay); both are read and edited through `_get`/`_set`.
 """
 from __future__ import annotations
 

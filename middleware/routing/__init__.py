@@ -2,10 +2,10 @@
 
 Owns: the RoutingPolicy protocol with one file per policy, the Router that composes scoring, the
 prefix index, the KV-event feed (precise.py), replica health and shared routing state.
-May import: index/, middleware.config (and its routing_config), middleware.errors and
-middleware.engines; never telemetry/, cache/, forward/, the pipeline or a face.
+May import: index/, kvgate.middleware.config (and its routing_config), kvgate.middleware.errors and
+kvgate.middleware.engines; never telemetry/, cache/, forward/, the pipeline or a face.
 """
-from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
-from middleware.routing.factory import make_policy
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
+from kvgate.middleware.routing.factory import make_policy
 
 __all__ = ["ReplicaState", "RoutePlan", "RoutingPolicy", "make_policy"]

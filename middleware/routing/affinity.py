@@ -12,8 +12,8 @@ import hashlib
 import math
 from typing import Sequence
 
-from middleware.routing.base import ReplicaState, RoutePlan
-from middleware.routing_config import AffinityConfig
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing_config import AffinityConfig
 
 VIRTUAL_NODES = 64
 

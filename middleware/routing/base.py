@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from index.prompt import PromptHashes
+from kvgate.index.kv.prompt import PromptHashes
 
 
 @dataclass

@@ -64,8 +64,8 @@ import math
 import threading
 from typing import Sequence
 
-from middleware.routing.base import ReplicaState, RoutePlan
-from middleware.routing_config import CacheAwareConfig
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing_config import CacheAwareConfig
 
 # = CacheAwareConfig's defaults (middleware/routing_config.py), for the pure functions below
 DEFAULT_DECODE_WEIGHT = 8.0

@@ -1,5 +1,5 @@
-"""What a route knows of its replicas' engines: who runs what (middleware.engines), and the
-cache salt its requests carry where the engines take one (middleware.routing.salt)."""
+"""What a route knows of its replicas' engines: who runs what (kvgate.middleware.engines), and the
+cache salt its requests carry where the engines take one (kvgate.middleware.routing.salt)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +8,9 @@ from typing import Callable, Sequence
 
 import httpx
 
-from middleware.engines.base import EngineInfo
-from middleware.engines.discover import discover
-from middleware.routing.salt import Salter
+from kvgate.middleware.engines.base import EngineInfo
+from kvgate.middleware.engines.discover import discover
+from kvgate.middleware.routing.salt import Salter
 
 log = logging.getLogger("kvgate.router")
 

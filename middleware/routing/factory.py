@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from middleware.routing.affinity import Affinity
-from middleware.routing.base import RoutingPolicy
-from middleware.routing.cache_aware import CacheAware
-from middleware.routing.least_loaded import LeastLoaded
-from middleware.routing.round_robin import RoundRobin
-from middleware.routing_config import PolicyConfig, policy_config
+from kvgate.middleware.routing.affinity import Affinity
+from kvgate.middleware.routing.base import RoutingPolicy
+from kvgate.middleware.routing.cache_aware import CacheAware
+from kvgate.middleware.routing.least_loaded import LeastLoaded
+from kvgate.middleware.routing.round_robin import RoundRobin
+from kvgate.middleware.routing_config import PolicyConfig, policy_config
 
 POLICIES: dict[str, Callable[[Any], RoutingPolicy]] = {
     "round_robin": RoundRobin,

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import httpx
 
-from middleware.routing.base import ReplicaState
+from kvgate.middleware.routing.base import ReplicaState
 
 log = logging.getLogger("kvgate.router")
 

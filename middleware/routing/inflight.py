@@ -18,8 +18,8 @@ import time
 from collections import Counter, deque
 from typing import Callable, Sequence
 
-from index.hashing import BlockHash
-from index.prefix import PrefixIndex
+from kvgate.index.kv.hashing import BlockHash
+from kvgate.index.kv.prefix import PrefixIndex
 
 ROUTED = "routed@"
 GRACE_S = 1.0  # after a request finished: the engine's events for its blocks arrive within this

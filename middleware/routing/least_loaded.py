@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from middleware.routing.base import ReplicaState, RoutePlan
-from middleware.routing_config import LeastLoadedConfig
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing_config import LeastLoadedConfig
 
 
 class LeastLoaded:

@@ -17,12 +17,12 @@ import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from index.prefix import PrefixIndex
-from index.prompt import Prompt, PromptHasher, PromptHashes, TextPrompt
-from middleware.routing.base import RoutePlan
-from middleware.routing.inflight import InFlightPrefixes
-from middleware.routing.records import Records
-from middleware.routing.tiers import TierMedia
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import Prompt, PromptHasher, PromptHashes, TextPrompt
+from kvgate.middleware.routing.base import RoutePlan
+from kvgate.middleware.routing.inflight import InFlightPrefixes
+from kvgate.middleware.routing.records import Records
+from kvgate.middleware.routing.tiers import TierMedia
 
 PREPARED_MAX = 1024  # prompts hashed ahead and not yet planned (a plan normally follows at once)
 SETTLE_WAIT_S = 0.005  # how long `prepare` waits for the records before it (see the module docstring)

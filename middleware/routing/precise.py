@@ -8,7 +8,7 @@ say when the router and an engine disagree:
 - Tokenizer: `routing.prefix.tokenizer` if it names one; `auto` loads the tokenizer (and chat template)
   from the model dir the engine reports serving, when that dir exists on this machine.
 - Until both are known the route routes by load alone (an empty match), never on a guess.
-- Socket roles and replay come from the engine's own event config (middleware.engines).
+- Socket roles and replay come from the engine's own event config (kvgate.middleware.engines).
 - Disagreement: a routed request's first block should show up in its replica's view once the
   engine has stored it. When the engine stored blocks meanwhile and none is the request's, the
   hashes differ (another tokenizer or chat template): counted per replica (`unmatched`) and
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from index.kv_events import EventApplier, ZmqEventSubscriber
-from index.prefix import EVENT_FED_CAPACITY, PrefixIndex
-from index.prompt import PromptHasher
-from index.tokenizer import ChatTokenizer, load_tokenizer
-from middleware.config import PrefixConfig, ReplicaConfig
-from middleware.engines.base import EngineInfo
-from middleware.routing.tiers import TierMedia
+from kvgate.index.kv.kv_events import EventApplier, ZmqEventSubscriber
+from kvgate.index.kv.prefix import EVENT_FED_CAPACITY, PrefixIndex
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import ChatTokenizer, load_tokenizer
+from kvgate.middleware.config import PrefixConfig, ReplicaConfig
+from kvgate.middleware.engines.base import EngineInfo
+from kvgate.middleware.routing.tiers import TierMedia
 
 log = logging.getLogger("kvgate.router")
 

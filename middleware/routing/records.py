@@ -15,9 +15,9 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from index.prefix import PrefixIndex
-from index.prompt import PromptHashes
-from middleware.routing.state import RoutingState
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import PromptHashes
+from kvgate.middleware.routing.state import RoutingState
 
 log = logging.getLogger("kvgate.router")
 

@@ -5,8 +5,8 @@ import itertools
 import threading
 from typing import Sequence
 
-from middleware.routing.base import ReplicaState, RoutePlan
-from middleware.routing_config import RoundRobinConfig
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing_config import RoundRobinConfig
 
 
 class RoundRobin:

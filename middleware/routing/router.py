@@ -2,7 +2,7 @@
 
 It composes the parts that each do one job: the planner (planner.py: hashes and matches, ahead
 of time on a worker thread), the policy (one file per policy, pure scoring over the candidates),
-the prefix index (index/prefix.py), approximate mode's records (records.py) or precise mode's
+the prefix index (index/kv/prefix.py), approximate mode's records (records.py) or precise mode's
 KV-event feed (precise.py), replica health (health.py), each replica's engine (engines.py) and the
 load shared with other proxy processes (a RoutingState: state.py; alone, a LocalState). The
 router itself keeps the replica list and the load bookkeeping of each attempt (a Ticket).
@@ -17,24 +17,24 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from index.kv_events import FeedStats
-from index.prefix import PrefixIndex
-from index.prompt import Prompt, PromptHasher
-from index.tokenizer import load_tokenizer
-from middleware.config import ReplicaConfig, RoutingConfig
-from middleware.engines.base import EngineInfo
-from middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
-from middleware.routing.factory import make_policy
-from middleware.routing.engines import EngineBook
-from middleware.routing.health import ReplicaHealth
-from middleware.routing.inflight import InFlightPrefixes
-from middleware.routing.load_cost import LoadCost
-from middleware.routing.planner import Planner
-from middleware.routing.records import Records
-from middleware.routing.precise import PreciseRouting
-from middleware.routing.salt import Salter
-from middleware.routing.state import RoutingState
-from middleware.routing.state_local import LocalState
+from kvgate.index.kv.kv_events import FeedStats
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import Prompt, PromptHasher
+from kvgate.index.kv.tokenizer import load_tokenizer
+from kvgate.middleware.config import ReplicaConfig, RoutingConfig
+from kvgate.middleware.engines.base import EngineInfo
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
+from kvgate.middleware.routing.factory import make_policy
+from kvgate.middleware.routing.engines import EngineBook
+from kvgate.middleware.routing.health import ReplicaHealth
+from kvgate.middleware.routing.inflight import InFlightPrefixes
+from kvgate.middleware.routing.load_cost import LoadCost
+from kvgate.middleware.routing.planner import Planner
+from kvgate.middleware.routing.records import Records
+from kvgate.middleware.routing.precise import PreciseRouting
+from kvgate.middleware.routing.salt import Salter
+from kvgate.middleware.routing.state import RoutingState
+from kvgate.middleware.routing.state_local import LocalState
 
 log = logging.getLogger("kvgate.router")
 
@@ -94,7 +94,7 @@ class Router:
                                records_answers=prefix.mode == "approximate" and prefix.record_answers)
         if prefix.mode == "approximate":
             self.state.follow(self._apply_peer)
-        # what each replica's engine said of itself (middleware.engines), once it answered
+        # what each replica's engine said of itself (kvgate.middleware.engines), once it answered
         self.book = EngineBook(name, cfg.engine, cfg.cache_salt, salter, self._engine_found)
         self.precise: PreciseRouting | None = None
         self.inflight: InFlightPrefixes | None = None
@@ -133,7 +133,7 @@ class Router:
         return not self.book.missing([r.name for r in self.replicas])
 
     async def discover(self, client: httpx.AsyncClient | None = None) -> None:
-        """Ask every replica not yet described what engine it runs (middleware.engines)."""
+        """Ask every replica not yet described what engine it runs (kvgate.middleware.engines)."""
         await self.book.discover([(r.name, r.api_base) for r in self.replicas], client)
 
     def _engine_found(self, name: str, info: EngineInfo) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from middleware.routing.state import ApplyRecord
+from kvgate.middleware.routing.state import ApplyRecord
 
 
 class LocalState:

@@ -25,7 +25,7 @@ that talks to Redis every `store.routing.sync_s`; the event loop never waits on 
   per request (or a second, staler cache of it). The price is that each proxy keeps a full
   index in memory — which it already does in approximate mode.
 
-Redis down: each sync fails fast (index.redis_link's circuit backs off; failures are counted per
+Redis down: each sync fails fast (kvgate.index.storage.redis_link's circuit backs off; failures are counted per
 op in kvgate_store_errors_total{op="routing_push"|"routing_read"}), routing goes on from the
 local index and this proxy's own load, records wait in the bounded outbox (the oldest dropped
 when full: a lost record costs a prefill, never a wrong answer), and sharing resumes at the first
@@ -45,9 +45,9 @@ from typing import Any, Callable, Sequence
 import msgspec
 import redis
 
-from index.redis_link import RedisLink
-from middleware.config import Config, SharedRoutingConfig
-from middleware.routing.state import ApplyRecord
+from kvgate.index.storage.redis_link import RedisLink
+from kvgate.middleware.config import Config, SharedRoutingConfig
+from kvgate.middleware.routing.state import ApplyRecord
 
 log = logging.getLogger("kvgate.routing.redis")
 

@@ -10,7 +10,7 @@ Routing decisions: each worker binds a ZMQ PUB socket on an ipc:// endpoint in t
 directory and subscribes to every other worker's; `recorded` publishes ``[route, replica,
 hashes]`` (msgpack) and a subscriber thread applies the others' records to this worker's prefix
 index. The hashes are already in the router's own hash space (every worker hashes alike), so
-they are applied as they are, unlike an engine's BlockStored events (index.kv_events), which
+they are applied as they are, unlike an engine's BlockStored events (kvgate.index.kv.kv_events), which
 carry token ids to be re-hashed. Delivery is lossy by design (a PUB socket drops for a
 subscriber not yet connected, or past its high-water mark): a lost record costs a prefill.
 
@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from middleware.routing.state import ApplyRecord
+from kvgate.middleware.routing.state import ApplyRecord
 
 log = logging.getLogger("kvgate.workers")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 
-from index.prefix import PrefixIndex
+from kvgate.index.kv.prefix import PrefixIndex
 
 PREFIX = "tier:"
 SHARED = ("disk:", "remote:")

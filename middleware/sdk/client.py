@@ -5,7 +5,7 @@ every response and stream chunk as `response._hidden_params["kvgate"]` (a CacheI
 `cache_info(response)`), and on stream wrappers as `.kvgate`. `cache={...}` takes LiteLLM's
 per-call names: "no-cache", "no-store", "ttl", and "namespace" (the tenant for this call).
 `gateway.feedback(cache_info(response).request_id, correct=False)` reports a wrong answer.
-`completion` is the async flow run on the pipeline's own loop thread (middleware.sync_adapter),
+`completion` is the async flow run on the pipeline's own loop thread (kvgate.middleware.sync_adapter),
 so sync and async calls take the same path, and sync calls from many threads run concurrently.
 """
 from __future__ import annotations
@@ -14,11 +14,11 @@ import asyncio
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
-from middleware.config import Config, load_config, parse_config
-from middleware.cache.feedback import FeedbackOutcome
-from middleware.pipeline import CacheInfo, Pipeline, Result
-from middleware.build import build_pipeline
-from middleware.request import CacheControl
+from kvgate.middleware.config import Config, load_config, parse_config
+from kvgate.middleware.cache.feedback import FeedbackOutcome
+from kvgate.middleware.pipeline import CacheInfo, Pipeline, Result
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.request import CacheControl
 
 
 def cache_info(response: Any) -> CacheInfo | None:

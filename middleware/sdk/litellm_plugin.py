@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
 from litellm.integrations.custom_logger import CustomLogger
 
-from middleware.config import ReplicaConfig, RoutingConfig
-from middleware.routing.router import Router, Ticket
+from kvgate.middleware.config import ReplicaConfig, RoutingConfig
+from kvgate.middleware.routing.router import Router, Ticket
 
 
 def deployment_id(deployment: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """The proxy process: the ASGI app and its handlers (chat completions in plain ASGI, the rest on
 FastAPI), auth, admission, input checks, the admin API, the dashboard and `serve --workers`.
 
-May import: everything in middleware/ below the CLI (it builds its pipeline with middleware.build);
-handlers stay thin: parse, call the pipeline, map errors (middleware.errors).
+May import: everything in middleware/ below the CLI (it builds its pipeline with kvgate.middleware.build);
+handlers stay thin: parse, call the pipeline, map errors (kvgate.middleware.errors).
 """

@@ -16,7 +16,7 @@ by the proxy's one reader (middleware/server/body.py: 413 past server.max_body_b
 against ReplicaConfig (middleware/config.py), so a 400 names the field as the YAML's check would.
 
 Auth: `Authorization: Bearer KEY` with KEY one of `auth.admin_keys`, compared in constant time
-against every one (middleware.server.auth.key_allowed). With no admin key configured every call is
+against every one (kvgate.middleware.server.auth.key_allowed). With no admin key configured every call is
 403: the admin API is never open by default. With `auth.keys` set, the proxy's KeyGate lets an
 admin key through on these paths (middleware/server/auth.py), so an admin key need not be a tenant key;
 a tenant key passes that gate and is refused here (403).
@@ -35,12 +35,12 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from pydantic import Field, field_validator
 
-from middleware.server.auth import ADMIN_PREFIX, bearer_token, key_allowed
-from middleware.server.body import parse_json, read_body
-from middleware.config import Config, ReplicaConfig
-from middleware.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
-from middleware.routing.base import ReplicaState
-from middleware.routing.router import Router
+from kvgate.middleware.server.auth import ADMIN_PREFIX, bearer_token, key_allowed
+from kvgate.middleware.server.body import parse_json, read_body
+from kvgate.middleware.config import Config, ReplicaConfig
+from kvgate.middleware.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
+from kvgate.middleware.routing.base import ReplicaState
+from kvgate.middleware.routing.router import Router
 
 log = logging.getLogger("kvgate.admin")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
-from middleware.errors import Overloaded
-from middleware.server.responses import error_response
+from kvgate.middleware.errors import Overloaded
+from kvgate.middleware.server.responses import error_response
 
 GATED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 RETRY_AFTER_S = 1  # in-flight requests finish within seconds; a retry a second later may get in

@@ -24,8 +24,8 @@ from typing import Any, Awaitable, Callable
 
 from starlette.responses import Response
 
-from middleware.errors import Unauthorized
-from middleware.server.responses import error_response
+from kvgate.middleware.errors import Unauthorized
+from kvgate.middleware.server.responses import error_response
 
 OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
 ADMIN_PREFIX = "/v1/admin/"  # the admin API (middleware/server/admin.py): auth.admin_keys pass the gate here

@@ -16,10 +16,10 @@ import msgspec
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from middleware.errors import BadRequest, KvgateError
-from middleware.server.input_checks import check_unicode
-from middleware.server.responses import validation_message
-from middleware.server.schema import ChatCompletionRequest
+from kvgate.middleware.errors import BadRequest, KvgateError
+from kvgate.middleware.server.input_checks import check_unicode
+from kvgate.middleware.server.responses import validation_message
+from kvgate.middleware.server.schema import ChatCompletionRequest
 
 Scope = dict[str, Any]
 

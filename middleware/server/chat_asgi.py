@@ -22,15 +22,15 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from middleware.server.auth import bearer_text
-from middleware.server.body import ClientGone, header, read_body
-from middleware.config import Config
-from middleware.errors import KvgateError
-from middleware.server.input_checks import check_token_caps
-from middleware.outcome import CacheInfo
-from middleware.pipeline import Pipeline, Result
-from middleware.request import CacheControl
-from middleware.server.responses import error_response
+from kvgate.middleware.server.auth import bearer_text
+from kvgate.middleware.server.body import ClientGone, header, read_body
+from kvgate.middleware.config import Config
+from kvgate.middleware.errors import KvgateError
+from kvgate.middleware.server.input_checks import check_token_caps
+from kvgate.middleware.outcome import CacheInfo
+from kvgate.middleware.pipeline import Pipeline, Result
+from kvgate.middleware.request import CacheControl
+from kvgate.middleware.server.responses import error_response
 
 CONTROL_HEADER = b"x-kvgate-cache-control"
 CHAT_PATH = "/v1/chat/completions"

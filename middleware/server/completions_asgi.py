@@ -15,11 +15,11 @@ from typing import Any
 
 import orjson
 
-from middleware.errors import KvgateError
-from middleware.outcome import Result
-from middleware.pipeline import Pipeline
-from middleware.server.chat_asgi import ChatHandler, Scope, cache_headers, openai_json
-from middleware.text_answers import DONE
+from kvgate.middleware.errors import KvgateError
+from kvgate.middleware.outcome import Result
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.server.chat_asgi import ChatHandler, Scope, cache_headers, openai_json
+from kvgate.middleware.text_answers import DONE
 
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from middleware.config import ServerConfig
-from middleware.errors import BadRequest
+from kvgate.middleware.config import ServerConfig
+from kvgate.middleware.errors import BadRequest
 
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 # A JSON escape of a UTF-16 surrogate; only then can the parsed text hold a lone one.

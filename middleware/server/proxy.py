@@ -21,26 +21,26 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from middleware.server.admin import add_admin
-from middleware.server.admission import AdmissionGate
-from middleware.server.heap import settle_heap
-from middleware.server.auth import KeyGate, bearer_text, key_allowed
-from middleware.server.body import ClientGone, parse_json, read_body
-from middleware.server.chat_asgi import CHAT_PATH, COMPLETIONS_PATH, ByPath, ChatHandler, Delegate, LeanApp
-from middleware.server.completions_asgi import CompletionsHandler
-from middleware.config import Config
-from middleware.errors import KvgateError, Unauthorized
-from middleware.server.responses import error_response
-from middleware.telemetry.loop_lag import watch_loop_lag
-from middleware.telemetry.metrics import Metrics
-from middleware.pipeline import Pipeline
-from middleware.build import build_pipeline
-from middleware.routing.router import Router
-from middleware.server.schema import CompletionRequest, FeedbackRequest, chat_openapi_extra
-from middleware.server.ui import add_dashboard, make_recorder, record_stats
+from kvgate.middleware.server.admin import add_admin
+from kvgate.middleware.server.admission import AdmissionGate
+from kvgate.middleware.server.heap import settle_heap
+from kvgate.middleware.server.auth import KeyGate, bearer_text, key_allowed
+from kvgate.middleware.server.body import ClientGone, parse_json, read_body
+from kvgate.middleware.server.chat_asgi import CHAT_PATH, COMPLETIONS_PATH, ByPath, ChatHandler, Delegate, LeanApp
+from kvgate.middleware.server.completions_asgi import CompletionsHandler
+from kvgate.middleware.config import Config
+from kvgate.middleware.errors import KvgateError, Unauthorized
+from kvgate.middleware.server.responses import error_response
+from kvgate.middleware.telemetry.loop_lag import watch_loop_lag
+from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.server.schema import CompletionRequest, FeedbackRequest, chat_openapi_extra
+from kvgate.middleware.server.ui import add_dashboard, make_recorder, record_stats
 
 if TYPE_CHECKING:
-    from middleware.routing.state import StateFactory
+    from kvgate.middleware.routing.state import StateFactory
 
 log = logging.getLogger("kvgate.proxy")
 T = TypeVar("T")
@@ -57,7 +57,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
     `routing_state` and `worker`: this process is worker `worker` of `kvgate serve --workers N`
     (its responses say so in `x-kvgate-worker`, its /health in `worker`). `server_process`: the
     process is the server's own (`kvgate serve`), so its garbage collector is set for it
-    (middleware.server.heap) once the pipeline is up."""
+    (kvgate.middleware.server.heap) once the pipeline is up."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

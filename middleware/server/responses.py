@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from middleware.errors import BadRequest, KvgateError
+from kvgate.middleware.errors import BadRequest, KvgateError
 
 log = logging.getLogger("kvgate.proxy")
 CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer: nobody reads it

@@ -100,7 +100,7 @@ class CompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
     model: str = Field(min_length=1)
-    # checked by the pipeline (middleware.request.text_prompt), whose errors name the prompt's place
+    # checked by the pipeline (kvgate.middleware.request.text_prompt), whose errors name the prompt's place
     prompt: Any = Field(json_schema_extra={"anyOf": [
         {"type": "string"}, {"type": "array", "items": {"type": "integer"}},
         {"type": "array", "items": {"type": "string"}},

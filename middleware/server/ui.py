@@ -19,13 +19,13 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from prometheus_client import CollectorRegistry
 
-from middleware.config import StatsConfig
-from middleware.telemetry.replica_scrape import fetch_texts, metrics_url, parse_metrics
-from middleware.telemetry.stats import ReplicaId, Scrape, StatsRecorder
-from middleware.telemetry.stats_samples import flatten
+from kvgate.middleware.config import StatsConfig
+from kvgate.middleware.telemetry.replica_scrape import fetch_texts, metrics_url, parse_metrics
+from kvgate.middleware.telemetry.stats import ReplicaId, Scrape, StatsRecorder
+from kvgate.middleware.telemetry.stats_samples import flatten
 
 if TYPE_CHECKING:
-    from middleware.pipeline import Pipeline
+    from kvgate.middleware.pipeline import Pipeline
 
 log = logging.getLogger("kvgate.stats")
 STATIC = Path(__file__).parent / "static"

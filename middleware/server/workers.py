@@ -22,8 +22,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from middleware.config import Config
-from middleware.routing.state_workers import WorkerHub, WorkersLayout
+from kvgate.middleware.config import Config
+from kvgate.middleware.routing.state_workers import WorkerHub, WorkersLayout
 
 log = logging.getLogger("kvgate.workers")
 
@@ -50,10 +50,10 @@ def run_worker(config_path: Path, worker: int, layout: WorkersLayout, sock: sock
     """One worker process: a proxy on the shared socket, its routers on the shared state."""
     import uvicorn
 
-    from middleware.litellm_env import litellm
+    from kvgate.middleware.litellm_env import litellm
 
-    from middleware.config import load_config
-    from middleware.server.proxy import create_app
+    from kvgate.middleware.config import load_config
+    from kvgate.middleware.server.proxy import create_app
 
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(name)s [worker {worker}]: %(message)s")
     litellm.disable_streaming_logging = True  # see middleware/cli.py's _serve
@@ -79,8 +79,8 @@ class Supervisor:
         self.layout = layout_for(config, workers)
         # fork: the workers start from this process's imports (the proxy stack, LiteLLM), done
         # once here. This process starts no thread before it forks (no pipeline, no hub of its own).
-        import middleware.server.proxy  # noqa: F401
-        from middleware.litellm_env import litellm  # noqa: F401
+        import kvgate.middleware.server.proxy  # noqa: F401
+        from kvgate.middleware.litellm_env import litellm  # noqa: F401
 
         self._ctx = multiprocessing.get_context("fork")
         self._procs: list[BaseProcess | None] = [None] * workers

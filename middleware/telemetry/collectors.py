@@ -15,13 +15,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from index.kv_events import FeedStats
+from kvgate.index.kv.kv_events import FeedStats
 
 if TYPE_CHECKING:
-    from index.redis_link import RedisLink
-    from middleware.telemetry.engine_metrics import ReplicaReading
-    from middleware.routing.base import ReplicaState
-    from middleware.routing.router import Router
+    from kvgate.index.storage.redis_link import RedisLink
+    from kvgate.middleware.telemetry.engine_metrics import ReplicaReading
+    from kvgate.middleware.routing.base import ReplicaState
+    from kvgate.middleware.routing.router import Router
 
 log = logging.getLogger("kvgate.metrics")
 ROUTE_REPLICA = ("route", "replica")
@@ -221,7 +221,7 @@ def _engine_families() -> dict[str, Metric]:
 
 
 class SoftFailing(Protocol):
-    """A store whose `stats()` counts `storage_errors` (index.softfail) and maybe `damaged` items."""
+    """A store whose `stats()` counts `storage_errors` (kvgate.index.storage.softfail) and maybe `damaged` items."""
 
     def stats(self) -> Mapping[str, Any]:
         ...

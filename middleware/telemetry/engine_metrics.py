@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping
 
-from middleware.telemetry.stats_samples import Key, gained
+from kvgate.middleware.telemetry.stats_samples import Key, gained
 
 COUNTERS = ("prompt_tokens", "cached_tokens", "external_cached_tokens")  # only grow (reset on restart)
 GAUGES = ("running", "waiting")  # current state

@@ -5,12 +5,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from middleware.telemetry.collectors import EngineCollector, RoutingCollector, SoftFailing, StorageCollector, StoreLinkCollector
+from kvgate.middleware.telemetry.collectors import EngineCollector, RoutingCollector, SoftFailing, StorageCollector, StoreLinkCollector
 
 if TYPE_CHECKING:
-    from index.redis_link import RedisLink
-    from middleware.telemetry.engine_metrics import ReplicaReading
-    from middleware.routing.router import Router
+    from kvgate.index.storage.redis_link import RedisLink
+    from kvgate.middleware.telemetry.engine_metrics import ReplicaReading
+    from kvgate.middleware.routing.router import Router
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -52,7 +52,7 @@ class Metrics:
         self.verifier_rejections = Counter(
             "kvgate_verifier_rejections", "Semantic lookups whose cosine candidates the verifier all rejected", ["route"],
             registry=r)
-        # semantic.max_error_rate routes (middleware.cache.trust_gate)
+        # semantic.max_error_rate routes (kvgate.middleware.cache.trust_gate)
         self.explorations = Counter("kvgate_semantic_explorations", "Candidates explored (sent to the backend "
                                     "and compared) instead of served", ["route"], registry=r)
         self.exploration_verdicts = Counter("kvgate_semantic_exploration_verdicts", "Explorations' comparisons: the "
@@ -73,10 +73,10 @@ class Metrics:
             ["route", "replica", "direction"], registry=r)
         self.failovers = Counter("kvgate_backend_failovers", "Requests moved to another replica after a failure",
                                  ["route", "when"], registry=r)
-        # the proxy's asyncio loop (middleware.telemetry.loop_lag): how late a task sleeping 50 ms wakes up
+        # the proxy's asyncio loop (kvgate.middleware.telemetry.loop_lag): how late a task sleeping 50 ms wakes up
         self.loop_lag = Histogram("kvgate_event_loop_lag_seconds", "Event-loop lag: oversleep of a 50 ms timer",
                                   buckets=LAG_BUCKETS, registry=r)
-        # admission control (middleware.server.admission): chat completions being served, and refused
+        # admission control (kvgate.middleware.server.admission): chat completions being served, and refused
         self.in_flight = Gauge("kvgate_requests_in_flight", "Chat completions admitted and not finished", registry=r)
         self.rejected = Counter("kvgate_requests_rejected", "Chat completions refused before any work",
                                 ["reason"], registry=r)
@@ -95,20 +95,20 @@ class Metrics:
         self.replica_up.remove(route, name)
 
     def watch(self, routers: Mapping[str, "Router"], stores: Mapping[str, SoftFailing]) -> None:
-        """Export these objects' own counters at scrape time (middleware.telemetry.collectors): routers
+        """Export these objects' own counters at scrape time (kvgate.middleware.telemetry.collectors): routers
         (replica load, prefix index, KV-event feeds) and stores (soft storage failures)."""
         self.registry.register(RoutingCollector(routers))
         self.registry.register(StorageCollector(stores))
 
     def watch_store(self, link: "RedisLink | None", follow_lag_s: Callable[[], float | None]) -> None:
         """Export the shared store's health at scrape time: kvgate_store_up, kvgate_store_errors_total{op},
-        kvgate_store_follow_lag_seconds (middleware.telemetry.collectors.StoreLinkCollector)."""
+        kvgate_store_follow_lag_seconds (kvgate.middleware.telemetry.collectors.StoreLinkCollector)."""
         self.registry.register(StoreLinkCollector(link, follow_lag_s))
 
     def watch_engines(self, readings: Callable[[], Mapping[tuple[str, str], "ReplicaReading"]]) -> None:
         """Export what each replica's engine last reported, per {route,replica}, at scrape time:
         kvgate_replica_engine_prompt_tokens_total, _cached_tokens_total, _external_cached_tokens_total,
-        kvgate_replica_engine_running, _waiting, _info{engine} (middleware.telemetry.collectors.EngineCollector).
+        kvgate_replica_engine_running, _waiting, _info{engine} (kvgate.middleware.telemetry.collectors.EngineCollector).
         A second call (a pipeline reused by a new app, with a new recorder) repoints the one collector:
         a registry refuses the same names twice."""
         if self._engines is None:

@@ -13,8 +13,8 @@ from typing import Mapping, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.engines.base import server_root
-from middleware.telemetry.stats_samples import Samples, flatten
+from kvgate.middleware.engines.base import server_root
+from kvgate.middleware.telemetry.stats_samples import Samples, flatten
 
 log = logging.getLogger("kvgate.stats")
 K = TypeVar("K")

@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from middleware.telemetry.engine_metrics import ReplicaReading, replica_reading
-from middleware.telemetry.stats_samples import Samples, buckets, growth, quantile, total
+from kvgate.middleware.telemetry.engine_metrics import ReplicaReading, replica_reading
+from kvgate.middleware.telemetry.stats_samples import Samples, buckets, growth, quantile, total
 
 OUTCOMES = ("exact", "semantic", "miss")
 ReplicaId = tuple[str, str]  # (route, replica)
@@ -72,7 +72,7 @@ class StatsRecorder:
 
     def engine_readings(self) -> Mapping[ReplicaId, ReplicaReading]:
         """The replicas whose /metrics the last tick read and recognised, cumulative as their engines
-        report them (middleware.telemetry.collectors.EngineCollector exports these; a replica that did not
+        report them (kvgate.middleware.telemetry.collectors.EngineCollector exports these; a replica that did not
         answer that tick is absent rather than shown with stale numbers)."""
         return self._latest
 

@@ -30,15 +30,15 @@ from typing import Any, Callable
 import httpx
 import yaml
 
-from tools.bench.arena_replay import BLOCK_SIZE, ceilings, replay_sampled, replica_stats, summarise
-from tools.bench.arena_routers import (ANCHOR_DEFAULTS, ANCHOR_GRID, ANCHORS, KVGATE_POLICIES, anchor_launch, kvgate_config,
+from kvgate.tools.bench.arena_replay import BLOCK_SIZE, ceilings, replay_sampled, replica_stats, summarise
+from kvgate.tools.bench.arena_routers import (ANCHOR_DEFAULTS, ANCHOR_GRID, ANCHORS, KVGATE_POLICIES, anchor_launch, kvgate_config,
                                        parse_grid)
-from tools.bench.arena_table import print_tables
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.stats import write_json
-from tools.bench.trace import TraceRequest, load_trace, prompt_text
-from tools.bench.plot import add_plot_option, write_plot
-from middleware.progress import say
+from kvgate.tools.bench.arena_table import print_tables
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.stats import write_json
+from kvgate.tools.bench.trace import TraceRequest, load_trace, prompt_text
+from kvgate.tools.bench.plot import add_plot_option, write_plot
+from kvgate.middleware.progress import say
 
 TUNE_HIT_TOLERANCE = 0.01
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from engines.sim.engine import PrefixCache, matchable
-from tools.bench.arena_model import BLOCK, prepare
-from tools.bench.arena_replay import pooled_hits
-from tools.bench.arena_table import load_result
-from tools.bench.stats import write_json
+from kvgate.engines.sim.engine import PrefixCache, matchable
+from kvgate.tools.bench.arena_model import BLOCK, prepare
+from kvgate.tools.bench.arena_replay import pooled_hits
+from kvgate.tools.bench.arena_table import load_result
+from kvgate.tools.bench.stats import write_json
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`kvgate bench routing-model`: the routing arena in virtual time — no processes, no clock, the
 same answer every run — for comparing routing rules on a trace in seconds.
 
-The model is the arena's fifo replica (engines.sim.engine) reduced to arithmetic: per replica an
+The model is the arena's fifo replica (kvgate.engines.sim.engine) reduced to arithmetic: per replica an
 LRU PrefixCache and one FIFO prefill queue; a request routed at its arrival starts its prefill
 when the replica's previous one ends, hits what the cache holds then, and takes overhead +
 uncached / prefill_tps; decode ends completion / decode_tps later. The router's view is the one
@@ -30,12 +30,12 @@ from typing import Any, Sequence
 
 import yaml
 
-from engines.sim.engine import DEFAULT_OVERHEAD_S, PrefixCache, SimEngine, matchable
-from index.prefix import PrefixIndex
-from middleware.routing import RoutingPolicy, make_policy
-from middleware.routing.base import ReplicaState, RoutePlan
-from tools.bench.stats import pct, write_json
-from tools.bench.trace import load_trace, prompt_text
+from kvgate.engines.sim.engine import DEFAULT_OVERHEAD_S, PrefixCache, SimEngine, matchable
+from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.middleware.routing import RoutingPolicy, make_policy
+from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.tools.bench.stats import pct, write_json
+from kvgate.tools.bench.trace import load_trace, prompt_text
 
 BLOCK = 16
 

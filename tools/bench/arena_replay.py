@@ -22,13 +22,13 @@ from typing import Any, Sequence
 import httpx
 import orjson
 
-from engines.sim.engine import PrefixCache, SimEngine, matchable
-from middleware.forward.http1 import Pool
-from middleware.telemetry.loop_lag import watch_loop_lag
-from middleware.progress import Progress
-from tools.bench.stats import pct
-from tools.bench.stream_client import answered, timed_stream
-from tools.bench.trace import TraceRequest
+from kvgate.engines.sim.engine import PrefixCache, SimEngine, matchable
+from kvgate.middleware.forward.http1 import Pool
+from kvgate.middleware.telemetry.loop_lag import watch_loop_lag
+from kvgate.middleware.progress import Progress
+from kvgate.tools.bench.stats import pct
+from kvgate.tools.bench.stream_client import answered, timed_stream
+from kvgate.tools.bench.trace import TraceRequest
 
 BLOCK_SIZE = 16
 CLIENT_START_S = 3.0  # lead time for `clients` > 1: spawned processes import the client and the trace code

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tools.bench.procs import free_port, sglang_router_bin, vllm_router_bin
+from kvgate.tools.bench.procs import free_port, sglang_router_bin, vllm_router_bin
 
 BLOCK_SIZE = 16
 KVGATE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "cache_aware_precise", "affinity")
@@ -81,8 +81,8 @@ def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list
     flat routing options (`--routing`, `--kvgate-grid`), each put in its block: a policy knob into
     routing.policy when it is this policy's (dropped for the others), a prefix field into
     routing.prefix, anything else on routing itself."""
-    from middleware.config import PrefixConfig
-    from middleware.routing_config import KNOB_POLICY, PREFIX_FIELDS
+    from kvgate.middleware.config import PrefixConfig
+    from kvgate.middleware.routing_config import KNOB_POLICY, PREFIX_FIELDS
 
     precise = policy == "cache_aware_precise"
     name = "cache_aware" if precise else policy

@@ -1,6 +1,6 @@
 """A disk-tier writer process for crash tests: verify what is stored, then write chunks until killed.
 
-    python -m tools.bench.chunk_writer --dir D --budget-mb 32 [--verify-only]
+    python -m kvgate.tools.bench.chunk_writer --dir D --budget-mb 32 [--verify-only]
 
 On start it opens a ChunkStore over a DiskTier in D (as a restarted `kvgate replica` does) and
 checks every stored chunk: it must decode (checksum, key) and equal, tensor for tensor, the
@@ -18,8 +18,8 @@ import sys
 
 import torch
 
-from index.chunks import ChunkStore, DiskTier
-from index.chunks.codec import CorruptChunk, KVChunk, decode_chunk
+from kvgate.index.kv.chunks import ChunkStore, DiskTier
+from kvgate.index.kv.chunks.codec import CorruptChunk, KVChunk, decode_chunk
 
 NAMESPACE = "crash-test:float32"
 SHAPE = (4, 2, 256, 64)  # layers, kv heads, tokens, head dim: 1 MiB of float32 per chunk

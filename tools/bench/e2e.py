@@ -24,8 +24,8 @@ prefill_tokens_computed = prompt_tokens - cached_tokens, i.e. the prompt tokens 
 to prefill because it did not hold their KV. Timings are reported, never judged.
 
 Here: the options, the run over the policies and the summary; the conversations are
-tools.bench.e2e_turns, one policy's processes and summary tools.bench.e2e_policy, the KV sizes
-tools.bench.e2e_capacity.
+kvgate.tools.bench.e2e_turns, one policy's processes and summary kvgate.tools.bench.e2e_policy, the KV sizes
+kvgate.tools.bench.e2e_capacity.
 """
 from __future__ import annotations
 
@@ -39,11 +39,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tools.bench.e2e_capacity import kv_bytes_per_token, kv_working_set, store_capacity_mb
-from tools.bench.e2e_policy import run_policy
-from tools.bench.e2e_turns import arrivals, openings
-from tools.bench.machine import hardware_info
-from middleware.progress import say
+from kvgate.tools.bench.e2e_capacity import kv_bytes_per_token, kv_working_set, store_capacity_mb
+from kvgate.tools.bench.e2e_policy import run_policy
+from kvgate.tools.bench.e2e_turns import arrivals, openings
+from kvgate.tools.bench.machine import hardware_info
+from kvgate.middleware.progress import say
 
 __all__ = ["POLICIES", "add_arguments", "arrivals", "kv_bytes_per_token", "kv_working_set", "main", "run",
            "store_capacity_mb", "validate"]
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ca["prefill_tokens_computed"] / rr["prefill_tokens_computed"] if rr["prefill_tokens_computed"] else None)
     detail = next(iter(result["requests_detail"].values()), [])
     if detail:  # which regime this run was in: can each replica hold every conversation?
-        from engines.replica.model import resolve_model_dir
+        from kvgate.engines.replica.model import resolve_model_dir
 
         config = json.loads((resolve_model_dir("smollm2") / "config.json").read_text())
         ws = kv_working_set(detail, args.max_tokens, args.chunk_tokens, kv_bytes_per_token(config))

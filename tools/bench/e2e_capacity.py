@@ -9,7 +9,7 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int:
     """Bytes of K and V one token occupies across all layers (HF config.json fields)."""
     from types import SimpleNamespace
 
-    from engines.replica.model import kv_geometry
+    from kvgate.engines.replica.model import kv_geometry
 
     layers, kv_heads, head_dim = kv_geometry(SimpleNamespace(**config))
     return 2 * layers * kv_heads * head_dim * dtype_bytes

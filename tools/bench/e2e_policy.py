@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import yaml
 
-from tools.bench.e2e_turns import Turn, arrivals, converse
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.stats import pct
+from kvgate.tools.bench.e2e_turns import Turn, arrivals, converse
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.stats import pct
 
 
 def proxy_config(policy: str, replicas: list[str], events: list[str], chunk_tokens: int, cache_dir: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tools.bench.records import fit, sentences
+from kvgate.tools.bench.records import fit, sentences
 
 SYSTEM = "You are a careful clerk. Answer briefly from the records."
 FOLLOW_UPS = ("Which place is mentioned most often?", "Summarise the records in one sentence.",
@@ -20,7 +20,7 @@ FOLLOW_UPS = ("Which place is mentioned most often?", "Summarise the records in 
 
 def openings(k: int, lo: int, hi: int) -> list[tuple[list[dict[str, str]], int]]:
     """Per conversation, its first messages and their prompt tokens (SmolLM2's chat template)."""
-    from index.tokenizer import load_tokenizer
+    from kvgate.index.kv.tokenizer import load_tokenizer
 
     tok = load_tokenizer("smollm2")
     out = []

@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tools.bench.stats import percentiles_ms, write_json
-from tools.bench.trust_stream import SLICES, slice_pairs
-from tools.tuning.pairs import BenchInputError, read_pairs
+from kvgate.tools.bench.stats import percentiles_ms, write_json
+from kvgate.tools.bench.trust_stream import SLICES, slice_pairs
+from kvgate.tools.tuning.pairs import BenchInputError, read_pairs
 
 MODELS = ("minilm", "mpnet")
 
@@ -59,8 +59,8 @@ def recall_at_precision(scores: np.ndarray, labels: np.ndarray, target: float) -
 
 def run(path: Path, which: str, limit: int | None, latency_queries: int,
         progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    from index.embedder import make_embedder
-    from tools.bench.embed_cache import cache_key, cached_embeddings
+    from kvgate.index.responses.embedder import make_embedder
+    from kvgate.tools.bench.embed_cache import cache_key, cached_embeddings
 
     pairs = slice_pairs(read_pairs(path, None)[0], which)[:limit]
     labels = np.array([p.duplicate for p in pairs])
@@ -99,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from index.mpnet_files import MpnetMissing
-    from tools.bench.machine import machine_info
+    from kvgate.index.responses.mpnet_files import MpnetMissing
+    from kvgate.tools.bench.machine import machine_info
 
     try:
         if args.limit < 1 or args.latency_queries < 1:

@@ -1,7 +1,7 @@
 """What a process of one kvgate part loads: import time, modules, peak RSS, heavy packages.
 
-    python -m tools.bench.footprint [--tree DIR] [--repeat N] MODULE [MODULE ...]
-    python -m tools.bench.footprint [--tree DIR] --sim-replica
+    python -m kvgate.tools.bench.footprint [--tree DIR] [--repeat N] MODULE [MODULE ...]
+    python -m kvgate.tools.bench.footprint [--tree DIR] --sim-replica
 
 Each measurement runs in a fresh interpreter. `--tree DIR` measures another checkout (say an older
 commit in a git worktree) with the same interpreter, so two layouts compare in one run.
@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tools.bench.procs import free_port
+from kvgate.tools.bench.procs import free_port
 
 HEAVY = ("litellm", "faiss", "onnxruntime", "torch", "sentence_transformers", "fastapi")
 PROBE = """
@@ -48,7 +48,7 @@ def import_footprint(module: str, tree: Path) -> dict[str, object]:
 
 def sim_replica_footprint(tree: Path, timeout_s: float = 60.0) -> dict[str, float]:
     port = free_port()
-    argv = [sys.executable, "-m", "middleware.cli", "sim-replica", "--port", str(port), "--name", "s",
+    argv = [sys.executable, "-m", "kvgate.middleware.cli", "sim-replica", "--port", str(port), "--name", "s",
             "--capacity-tokens", "100000", "--prefill-tps", "10000", "--decode-tps", "100"]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=tree, env=_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -67,7 +67,7 @@ def sim_replica_footprint(tree: Path, timeout_s: float = 60.0) -> dict[str, floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.footprint", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvgate.tools.bench.footprint", description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*")
     p.add_argument("--tree", type=Path, default=Path.cwd(), help="checkout to measure (default: here)")
     p.add_argument("--repeat", type=int, default=3, help="runs per measurement; medians are printed")

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from index.embedder import Embedder
+from kvgate.index.responses.embedder import Embedder
 
 GPTCACHE_MAX_DISTANCE = 4.0  # SearchDistanceEvaluation's default
 ANSWER_PREFIX = "kvgate-bench-pair:"

@@ -29,7 +29,7 @@ DiskTier.get alone (encoded bytes/s) and decode_chunk alone (checksum + views). 
 pass/fail.
 
 Here: the options, the four stored states and the summary. The deterministic prompt text is
-tools.bench.records, the page-cache drop tools.bench.pagecache, the load timings tools.bench.kv_loads.
+kvgate.tools.bench.records, the page-cache drop kvgate.tools.bench.pagecache, the load timings kvgate.tools.bench.kv_loads.
 """
 from __future__ import annotations
 
@@ -42,13 +42,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from tools.bench.kv_loads import READ_BLOCK, time_chunk_loads, time_raw_reads
-from tools.bench.machine import hardware_info
-from tools.bench.pagecache import PageCache, files_under
-from tools.bench.stats import write_json
-from tools.bench.records import fit, history, sentences
-from tools.bench.plot import add_plot_option, write_plot
-from middleware.progress import progress, say
+from kvgate.tools.bench.kv_loads import READ_BLOCK, time_chunk_loads, time_raw_reads
+from kvgate.tools.bench.machine import hardware_info
+from kvgate.tools.bench.pagecache import PageCache, files_under
+from kvgate.tools.bench.stats import write_json
+from kvgate.tools.bench.records import fit, history, sentences
+from kvgate.tools.bench.plot import add_plot_option, write_plot
+from kvgate.middleware.progress import progress, say
 
 __all__ = ["MODES", "add_arguments", "fit", "history", "main", "mode_summary", "print_summary", "run", "sentences"]
 
@@ -101,14 +101,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--repeats and --io-repeats must be >= 1")
     import torch
 
-    from index.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
-    from engines.replica.engine import ReplicaEngine
-    from engines.replica.model import load_model, model_namespace
+    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
+    from kvgate.engines.replica.engine import ReplicaEngine
+    from kvgate.engines.replica.model import load_model, model_namespace
 
     log = say("kv")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from index.chunks.allocator import keep_freed_memory
+    from kvgate.index.kv.chunks.allocator import keep_freed_memory
 
     keep_freed_memory()  # as `kvgate replica` does at start
     t_start = time.perf_counter()

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from tools.bench.kv_gpu_cells import Plan, run_shape
-from tools.bench.kv_gpu_model import SHAPES, quick
-from tools.bench.pagecache import PageCache
+from kvgate.tools.bench.kv_gpu_cells import Plan, run_shape
+from kvgate.tools.bench.kv_gpu_model import SHAPES, quick
+from kvgate.tools.bench.pagecache import PageCache
 
 HISTORIES = [512, 2048, 8192, 32768]
 QUICK_HISTORIES = [64, 128]
@@ -71,7 +71,7 @@ def raw_disk_read_gbps(directory: Path, nbytes: int, cache: PageCache) -> float:
 
 def chunk_blocks_for(shape: Any, asked: int | None, is_quick: bool) -> int:
     """The connector's own auto rule unless asked: the fewest 16-token blocks reaching 1 MiB."""
-    from engines.vllm.kv_connector.settings import chunk_blocks, parse
+    from kvgate.engines.vllm.kv_connector.settings import chunk_blocks, parse
 
     if asked or is_quick:
         return asked or 2
@@ -125,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the GPU machine has torch but no kvgate install: `python3 -m tools.bench.kv_gpu`
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.kv_gpu", description=__doc__.split("\n")[0])
+if __name__ == "__main__":  # the GPU machine has torch but no kvgate install: `python3 -m kvgate.tools.bench.kv_gpu`
+    parser = argparse.ArgumentParser(prog="python -m kvgate.tools.bench.kv_gpu", description=__doc__.split("\n")[0])
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

@@ -15,14 +15,14 @@ from typing import Any, Callable
 
 import torch
 
-from engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading
-from engines.vllm.kv_connector.paged import PagedKV
-from engines.vllm.kv_connector.staging import StagingPool
-from engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, Saver, SaveSpec
-from index.chunks import ChunkStore, DiskTier, MemoryTier
-from index.chunks.layer_codec import LayerCodec
-from tools.bench.kv_gpu_model import Model, Shape, kv_caches
-from tools.bench.pagecache import PageCache, files_under
+from kvgate.engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading
+from kvgate.engines.vllm.kv_connector.paged import PagedKV
+from kvgate.engines.vllm.kv_connector.staging import StagingPool
+from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, Saver, SaveSpec
+from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
+from kvgate.index.kv.chunks.layer_codec import LayerCodec
+from kvgate.tools.bench.kv_gpu_model import Model, Shape, kv_caches
+from kvgate.tools.bench.pagecache import PageCache, files_under
 
 BLOCK = 16  # vLLM's GPU block size
 

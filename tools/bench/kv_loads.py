@@ -1,7 +1,7 @@
 """Chunk load bandwidth in `kvgate bench kv`: the disk tier, the memory tier, the disk tier's read
 and decode apart, and a raw sequential file read of the same bytes for comparison.
 
-Every timed disk read follows a page-cache drop (tools.bench.pagecache). Bytes per second are of
+Every timed disk read follows a page-cache drop (kvgate.tools.bench.pagecache). Bytes per second are of
 decoded tensors for the tiers, of stored (encoded) bytes for the raw read and the tier read alone.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from tools.bench.pagecache import PageCache, files_under
+from kvgate.tools.bench.pagecache import PageCache, files_under
 
 READ_BLOCK = 8 << 20
 
@@ -34,7 +34,7 @@ def time_chunk_loads(store: Any, memory: Any, disk: Any, hashes: Sequence[Any], 
     """`repeats` times: the chunks of `hashes` from the disk tier (page cache dropped; they must be
     promoted into the memory tier), then from the memory tier, then the disk tier's reads and the
     decodes apart. `snapshot` is (key, encoded chunk) of the same chunks."""
-    from index.chunks import decode_chunk
+    from kvgate.index.kv.chunks import decode_chunk
 
     out = LoadTimes()
     for _ in range(repeats):

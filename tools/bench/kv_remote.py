@@ -1,6 +1,6 @@
-"""`kvgate bench kv-remote`: the remote KV tier (index.chunks.redis), the figures of `bench kv` for it.
+"""`kvgate bench kv-remote`: the remote KV tier (kvgate.index.kv.chunks.redis), the figures of `bench kv` for it.
 
-A throwaway redis-server (tools.redis_proc, `maxmemory` + allkeys-lru as the README recommends)
+A throwaway redis-server (kvgate.tools.redis_proc, `maxmemory` + allkeys-lru as the README recommends)
 and two in-process replica engines over one loaded SmolLM2-135M (greedy), each with its own RAM
 and disk tiers (separate temporary directories, as on two machines) and the same Redis as the
 remote tier:
@@ -21,7 +21,7 @@ tensors: what a replica's load costs without the promotion into its own tiers);
 `raw_get_gbps` (the anchor) = a plain redis-py pipeline GET of the same keys, nothing else.
 The two alternate, --io-repeats times each, median reported. `remote_load_promoting_gbps`: B's whole
 store with its RAM and disk emptied (the load plus the copy into RAM; the copy onto disk runs in
-the background, index.chunks.promoter, and is waited for before the next repeat). No figure is
+the background, kvgate.index.kv.chunks.promoter, and is waited for before the next repeat). No figure is
 pass/fail.
 """
 from __future__ import annotations
@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from tools.bench.machine import hardware_info
-from tools.bench.records import fit, history
-from tools.bench.stats import write_json
+from kvgate.tools.bench.machine import hardware_info
+from kvgate.tools.bench.records import fit, history
+from kvgate.tools.bench.stats import write_json
 
 GB = 1e9
 FOLLOW_UP = "Which record mentions the largest number? Answer briefly."
@@ -71,8 +71,8 @@ def time_loads(url: str, namespace: str, keys: list[str], hashes: list[int], b_s
     pipelined GET of the same keys (alternating with it), and B's whole store promoting."""
     import redis
 
-    from index.chunks import ChunkStore
-    from index.chunks.redis import RedisTier
+    from kvgate.index.kv.chunks import ChunkStore
+    from kvgate.index.kv.chunks.redis import RedisTier
 
     remote_only = ChunkStore([RedisTier(url)], namespace)
     raw = redis.Redis.from_url(url)
@@ -122,13 +122,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import redis
     import torch
 
-    from index.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
-    from index.chunks.allocator import keep_freed_memory
-    from index.chunks.redis import RedisTier
-    from engines.replica.engine import ReplicaEngine
-    from engines.replica.kv_io import loadable_chunks
-    from engines.replica.model import load_model, model_namespace
-    from tools.redis_proc import RedisServer
+    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
+    from kvgate.index.kv.chunks.allocator import keep_freed_memory
+    from kvgate.index.kv.chunks.redis import RedisTier
+    from kvgate.engines.replica.engine import ReplicaEngine
+    from kvgate.engines.replica.kv_io import loadable_chunks
+    from kvgate.engines.replica.model import load_model, model_namespace
+    from kvgate.tools.redis_proc import RedisServer
 
     log = lambda msg: print(f"[kv-remote] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     if args.threads:

@@ -41,10 +41,10 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.forward.http1 import Pool
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.stats import pct, write_json
-from tools.bench.stream_client import timed_stream
+from kvgate.middleware.forward.http1 import Pool
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.stats import pct, write_json
+from kvgate.tools.bench.stream_client import timed_stream
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -300,8 +300,8 @@ def _summary(run: dict[str, Any]) -> dict[str, Any]:
 
 def hash_ms(tokenizer: str, prompts: Prompts, block_size: int, n: int = 10) -> dict[str, Any]:
     """Render + tokenise + hash of fresh prompts with the router's own hasher: p50 ms and token count."""
-    from index.prompt import PromptHasher
-    from index.tokenizer import load_tokenizer
+    from kvgate.index.kv.prompt import PromptHasher
+    from kvgate.index.kv.tokenizer import load_tokenizer
 
     hasher = PromptHasher(load_tokenizer(tokenizer), block_size)
     times, tokens = [], 0
@@ -313,7 +313,7 @@ def hash_ms(tokenizer: str, prompts: Prompts, block_size: int, n: int = 10) -> d
 
 
 def run_overhead(args: argparse.Namespace) -> int:
-    from middleware.config import PrefixConfig
+    from kvgate.middleware.config import PrefixConfig
 
     work = Path(tempfile.mkdtemp(prefix="kvgate-overhead-"))
     count = int(args.rate * args.duration_s)

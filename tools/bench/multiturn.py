@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from tools.bench.stats import percentiles_ms, write_json
+from kvgate.tools.bench.stats import percentiles_ms, write_json
 
 MODEL = "multiturn-chat"
 KINDS = ("original", "paraphrase")
@@ -162,12 +162,12 @@ def bench_config(cache_dir: Path, api_base: str, threshold: float, context: str)
 def run(path: Path, threshold: float = DEFAULT_THRESHOLD, contexts: Sequence[str] = CONTEXTS,
         progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """The whole benchmark: one fresh cache and proxy per context setting."""
-    from index.embedder import make_embedder
-    from engines.demo import create_fake_app
-    from tools.bench.procs import ServerThread
-    from middleware.config import parse_config
-    from middleware.build import build_pipeline
-    from middleware.server.proxy import create_app
+    from kvgate.index.responses.embedder import make_embedder
+    from kvgate.engines.demo import create_fake_app
+    from kvgate.tools.bench.procs import ServerThread
+    from kvgate.middleware.config import parse_config
+    from kvgate.middleware.build import build_pipeline
+    from kvgate.middleware.server.proxy import create_app
 
     conversations = load_conversations(path)
     embedder = make_embedder("onnx")
@@ -209,7 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run and print a summary table; 0 on success, 2 on bad input."""
-    from tools.bench.machine import machine_info
+    from kvgate.tools.bench.machine import machine_info
 
     contexts = [c.strip() for c in args.contexts.split(",") if c.strip()]
     bad = [c for c in contexts if c not in CONTEXTS]

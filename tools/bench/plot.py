@@ -26,7 +26,7 @@ def write_plot(kind: str, out: Path | None, result: dict[str, Any]) -> int:
     """Draw `result` to `out` when one was asked for; 0, or 2 with a message naming the problem."""
     if out is None:
         return 0
-    from tools.bench.plots import PlotInputError, save_plot
+    from kvgate.tools.bench.plots import PlotInputError, save_plot
 
     try:
         save_plot(kind, result, out)

@@ -61,7 +61,7 @@ class Proc:
 
 
 def kvgate_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "middleware.cli", *args]
+    return [sys.executable, "-m", "kvgate.middleware.cli", *args]
 
 
 def sglang_router_bin() -> str | None:

@@ -5,8 +5,8 @@ ServerThread on 127.0.0.1, and one persistent httpx client. The scope that the m
 use is pre-filled with N filler entries, added in batches through the pipeline's own index:
 
 * `filler="real"` (the default): real questions (QQP and GPTCache's mock pairs) and deterministic
-  variants of them (tools.bench.semantic_filler), embedded once and cached on disk
-  (tools.bench.embed_cache). Queries land among near neighbours, as in a production cache, and
+  variants of them (kvgate.tools.bench.semantic_filler), embedded once and cached on disk
+  (kvgate.tools.bench.embed_cache). Queries land among near neighbours, as in a production cache, and
   the HNSW search has to work for its answer;
 * `filler="random"`: random unit vectors, which no query comes near (the easy case).
 
@@ -35,17 +35,17 @@ from typing import Any, Callable
 import httpx
 import numpy as np
 
-from engines.demo import create_fake_app
-from tools.bench.embed_cache import cache_key, cached_embeddings
-from tools.bench.procs import ServerThread
-from tools.bench.seed_questions import SEED_QUESTIONS, paraphrases, semantic_queries
-from tools.bench.semantic_filler import Query, RealFiller, filler_answer, filler_base, load_real_filler
-from middleware.config import parse_config
-from middleware.pipeline import Pipeline
-from middleware.build import build_pipeline
-from middleware.server.proxy import create_app, tenant_of
-from middleware.request import CacheControl, build_view
-from tools.bench.stats import percentiles_ms
+from kvgate.engines.demo import create_fake_app
+from kvgate.tools.bench.embed_cache import cache_key, cached_embeddings
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.tools.bench.seed_questions import SEED_QUESTIONS, paraphrases, semantic_queries
+from kvgate.tools.bench.semantic_filler import Query, RealFiller, filler_answer, filler_base, load_real_filler
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.server.proxy import create_app, tenant_of
+from kvgate.middleware.request import CacheControl, build_view
+from kvgate.tools.bench.stats import percentiles_ms
 
 BENCH_TOKEN = "kvgate-bench-key"
 BENCH_MODEL = "bench-chat"

@@ -37,9 +37,9 @@ from typing import Any
 import httpx
 import yaml
 
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.stats import pct, write_json
-from engines.sim.server import answer_words
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.stats import pct, write_json
+from kvgate.engines.sim.server import answer_words
 
 SIM_NAME = "sim"  # one answer text for every replica
 VICTIM = 1  # the replica that is killed / slowed / hung

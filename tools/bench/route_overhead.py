@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from index.hashing import block_hashes
-from middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig
-from middleware.routing.router import Router
-from tools.bench.stats import pct, write_json
+from kvgate.index.kv.hashing import block_hashes
+from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig
+from kvgate.middleware.routing.router import Router
+from kvgate.tools.bench.stats import pct, write_json
 
 WORDS = ("the of and to in a is that for it as was with be by on not this are or from at which but have an they "
          "you were her she there would their we him been has when who will more no if out so said what up its about "

@@ -2,11 +2,11 @@
 its own cache (the per-proxy baseline). One module per section, run in order, each adding its
 key to the JSON (`SECTIONS`: another part of the scale-out work adds its section there):
 
-  cache    (tools.bench.scaleout_cache)  hit rate of 1 proxy, 3 on Redis, 3 local; hit p50s
-  fault    (tools.bench.scaleout_fault)  Redis SIGKILLed at 25 %, restarted empty at 50 %
-  catchup  (tools.bench.scaleout_catchup) start-up / catch-up time of a proxy's view, 10k / 100k
-  routing  (tools.bench.scaleout_routing) the routing arena: hit rate of 1 proxy, 3 on Redis, 3 alone
-  kv       (tools.bench.scaleout_kv)     the remote KV tier: warm TTFT from Redis vs cold, load GB/s vs raw GET
+  cache    (kvgate.tools.bench.scaleout_cache)  hit rate of 1 proxy, 3 on Redis, 3 local; hit p50s
+  fault    (kvgate.tools.bench.scaleout_fault)  Redis SIGKILLed at 25 %, restarted empty at 50 %
+  catchup  (kvgate.tools.bench.scaleout_catchup) start-up / catch-up time of a proxy's view, 10k / 100k
+  routing  (kvgate.tools.bench.scaleout_routing) the routing arena: hit rate of 1 proxy, 3 on Redis, 3 alone
+  kv       (kvgate.tools.bench.scaleout_kv)     the remote KV tier: warm TTFT from Redis vs cold, load GB/s vs raw GET
 
 Every section gets a Context: the work dir, one fake backend (fixed answers: "Answer: <q>"),
 a fresh Redis per section, the traffic's question pairs (QQP duplicates, separated), arguments.
@@ -23,20 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.demo import create_fake_app
-from index.embedder import Embedder, make_embedder
-from tools.bench.machine import machine_info
-from tools.bench.procs import ServerThread
-from tools.bench.scaleout_traffic import QQP, duplicate_pairs, separated
-from tools.bench.stats import write_json
+from kvgate.engines.demo import create_fake_app
+from kvgate.index.responses.embedder import Embedder, make_embedder
+from kvgate.tools.bench.machine import machine_info
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.tools.bench.scaleout_traffic import QQP, duplicate_pairs, separated
+from kvgate.tools.bench.stats import write_json
 
 log = logging.getLogger("kvgate.bench.scaleout")
 SECTIONS = {
-    "cache": "tools.bench.scaleout_cache",
-    "fault": "tools.bench.scaleout_fault",
-    "catchup": "tools.bench.scaleout_catchup",
-    "routing": "tools.bench.scaleout_routing",
-    "kv": "tools.bench.scaleout_kv",
+    "cache": "kvgate.tools.bench.scaleout_cache",
+    "fault": "kvgate.tools.bench.scaleout_fault",
+    "catchup": "kvgate.tools.bench.scaleout_catchup",
+    "routing": "kvgate.tools.bench.scaleout_routing",
+    "kv": "kvgate.tools.bench.scaleout_kv",
 }
 
 

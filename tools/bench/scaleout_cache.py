@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tools.bench.scaleout_cluster import Cluster, Outcome, send
-from tools.bench.scaleout_traffic import trace
-from tools.redis_proc import RedisServer
+from kvgate.tools.bench.scaleout_cluster import Cluster, Outcome, send
+from kvgate.tools.bench.scaleout_traffic import trace
+from kvgate.tools.redis_proc import RedisServer
 
 if TYPE_CHECKING:
-    from tools.bench.scaleout import Context
+    from kvgate.tools.bench.scaleout import Context
 
 
 def run_arm(ctx: Context, n: int, redis: bool, tag: str) -> Outcome:

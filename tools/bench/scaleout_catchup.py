@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index.entries.base import CacheEntry, EntryStore
-from index.entries.disk import DiskEntryStore
-from index.entries.redis import RedisEntryStore
-from index.redis_link import LinkSettings, RedisLink
-from index.semantic import SemanticIndex
-from tools.redis_proc import RedisServer
+from kvgate.index.responses.entries.base import CacheEntry, EntryStore
+from kvgate.index.responses.entries.disk import DiskEntryStore
+from kvgate.index.responses.entries.redis import RedisEntryStore
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
+from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.tools.redis_proc import RedisServer
 
 if TYPE_CHECKING:
-    from tools.bench.scaleout import Context
+    from kvgate.tools.bench.scaleout import Context
 
 DIM = 384
 BATCH = 1000
@@ -67,7 +67,7 @@ def one_size(ctx: Context, n: int) -> dict[str, Any]:
     fill(local, n, ctx.args.seed)
     local.close()
     index, took = opened(DiskEntryStore(ctx.work / f"catchup-{n}", DIM))
-    assert len(index.eviction) == n
+    assert len(kvgate.index.responses.eviction) == n
     out["open_s_local"] = round(took, 3)
     index.close()
     return out

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import yaml
 
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.scaleout_traffic import Ask, right_answer
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.scaleout_traffic import Ask, right_answer
 
 
 def proxy_config(cache_dir: Path, api_base: str, redis_url: str | None) -> dict[str, Any]:

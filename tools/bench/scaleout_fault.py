@@ -1,6 +1,6 @@
 """Section `fault` of `kvgate bench scaleout`: N proxies on one Redis take the traffic one request
 at a time; Redis is SIGKILLed at 25 % of the run and started again, empty, at 50 %. Every answer
-is checked (tools.bench.scaleout_traffic.right_answer). Reported: requests, client errors and
+is checked (kvgate.tools.bench.scaleout_traffic.right_answer). Reported: requests, client errors and
 wrong answers (goal 0 and 0), and the hit rate per 10 % of the run (it falls to 0 while Redis is
 down and climbs back as the cache refills).
 """
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tools.bench.scaleout_cluster import Cluster, send
-from tools.bench.scaleout_traffic import trace
-from tools.redis_proc import RedisServer
+from kvgate.tools.bench.scaleout_cluster import Cluster, send
+from kvgate.tools.bench.scaleout_traffic import trace
+from kvgate.tools.redis_proc import RedisServer
 
 if TYPE_CHECKING:
-    from tools.bench.scaleout import Context
+    from kvgate.tools.bench.scaleout import Context
 
 
 def run(ctx: Context) -> dict[str, Any]:

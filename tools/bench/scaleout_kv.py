@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tools.bench import kv_remote
+from kvgate.tools.bench import kv_remote
 
 
 def run(ctx: Any) -> dict[str, Any]:

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tools.bench.arena import Arena, warm_up
-from tools.bench.arena_replay import replay_sampled, replica_stats, summarise
-from tools.bench.arena_routers import kvgate_config
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.trace import load_trace
-from tools.redis_proc import RedisServer
+from kvgate.tools.bench.arena import Arena, warm_up
+from kvgate.tools.bench.arena_replay import replay_sampled, replica_stats, summarise
+from kvgate.tools.bench.arena_routers import kvgate_config
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.trace import load_trace
+from kvgate.tools.redis_proc import RedisServer
 
 if TYPE_CHECKING:
-    from tools.bench.scaleout import Context
+    from kvgate.tools.bench.scaleout import Context
 
 log = logging.getLogger("kvgate.bench.scaleout")
 GOAL = 0.95  # scale-out goal: N proxies on Redis reach >= 0.95x the hit rate of one proxy

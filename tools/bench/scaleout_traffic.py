@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.embedder import Embedder
+from kvgate.index.responses.embedder import Embedder
 
 QQP = Path("../shared/data/qqp_dev.csv")  # as the Makefile's PAIRS
 FIXED = "[[fixed]] "  # the demo backend answers "Answer: <question>", the same on every call

@@ -1,8 +1,8 @@
 """The questions `kvgate bench semantic --entries` seeds through the proxy, their hand-written
-paraphrases, and the list of semantic queries a run sends (tools.bench.proxy_latency)."""
+paraphrases, and the list of semantic queries a run sends (kvgate.tools.bench.proxy_latency)."""
 from __future__ import annotations
 
-from tools.bench.semantic_filler import Query, RealFiller, interleave
+from kvgate.tools.bench.semantic_filler import Query, RealFiller, interleave
 
 # (seed question, two hand-written paraphrases). Topics are kept apart so a paraphrase has one right seed.
 SEED_QUESTIONS: tuple[tuple[str, str, str], ...] = (

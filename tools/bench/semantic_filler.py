@@ -18,7 +18,7 @@ Filler order: the bases (shuffled with a fixed seed), then rounds of one variant
 a prefix ("Can you tell me ..."), a suffix ("... Thanks!"), a synonym from a small list, a
 number changed, two words swapped, or a casual lowercase form, one or two of them, chosen from a
 hash of (text, round). Every text is distinct and none equals a query. The order does not depend
-on N: the first N texts are the same for every N, so one embedding cache (tools.bench.embed_cache)
+on N: the first N texts are the same for every N, so one embedding cache (kvgate.tools.bench.embed_cache)
 serves every size.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from tools.tuning.pairs import BenchInputError
-from tools.tuning.synthetic import edit_number
+from kvgate.tools.tuning.pairs import BenchInputError
+from kvgate.tools.tuning.synthetic import edit_number
 
 HELD_OUT_PERCENT = 10
 GENERATOR_VERSION = "1"  # bump when the texts change: the embedding cache is keyed by it
@@ -178,7 +178,7 @@ def _held_out(text: str) -> bool:
 def load_real_filler(pairs_path: Path, positives_path: Path | None) -> RealFiller:
     """Read the sources and split them (see the module docstring). Raises BenchInputError for a
     missing or malformed file."""
-    from tools.tuning.pairs import read_pairs
+    from kvgate.tools.tuning.pairs import read_pairs
 
     pairs, _ = read_pairs(pairs_path)
     positives = _read_positives(positives_path) if positives_path is not None else []

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import yaml
 
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.stats import percentiles_ms, write_json
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.stats import percentiles_ms, write_json
 
 KINDS = (("miss", 0.30), ("exact", 0.45), ("semantic", 0.25))
 RECENT = 200  # repeats and paraphrases draw from this many latest stored questions

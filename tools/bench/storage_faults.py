@@ -3,7 +3,7 @@ times; fill the disk under both.
 
 kill   Each round starts `kvgate serve` (exact + semantic tiers, cache dir kept across rounds) in
        front of an in-process fake backend that answers "Answer: <question>", and a chunk writer
-       process (tools.bench.chunk_writer: opens the shared KV disk tier, verifies every stored
+       process (kvgate.tools.bench.chunk_writer: opens the shared KV disk tier, verifies every stored
        chunk against the data it must hold, then writes 1 MiB chunks under a 32 MiB budget). A
        client sends `--concurrency` requests at a time, drawn from a pool of questions (repeats are
        hits, new ones are writes), and checks every answer: a miss or exact hit must be its own
@@ -36,12 +36,12 @@ from typing import Any
 import httpx
 import yaml
 
-from engines.demo import create_fake_app
-from tools.bench.procs import ServerThread
-from tools.bench.procs import Proc, free_port
-from tools.bench.procs import kvgate_argv
-from tools.bench.replica_faults import parse_metrics
-from tools.bench.stats import write_json
+from kvgate.engines.demo import create_fake_app
+from kvgate.tools.bench.procs import ServerThread
+from kvgate.tools.bench.procs import Proc, free_port
+from kvgate.tools.bench.procs import kvgate_argv
+from kvgate.tools.bench.replica_faults import parse_metrics
+from kvgate.tools.bench.stats import write_json
 
 log = logging.getLogger("kvgate.bench.storage")
 POOL = 3000
@@ -112,7 +112,7 @@ async def _load(url: str, concurrency: int, stop: asyncio.Event, rng: random.Ran
 
 
 def _writer(work: Path, kv_dir: Path, seed: int, verify_only: bool = False) -> tuple[subprocess.Popen, dict[str, int]]:
-    argv = kvgate_argv()[:2] + ["tools.bench.chunk_writer", "--dir", str(kv_dir), "--seed", str(seed)]
+    argv = kvgate_argv()[:2] + ["kvgate.tools.bench.chunk_writer", "--dir", str(kv_dir), "--seed", str(seed)]
     if verify_only:
         argv.append("--verify-only")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(work / f"writer-{seed}.log", "w"), text=True,
@@ -254,8 +254,8 @@ def disk_full(work: Path, size_mb: int = 4, requests: int = 120) -> dict[str, An
 
 def _chunks_on_full_disk(mnt: Path) -> dict[str, Any]:
     """A ChunkStore whose disk tier sits on the (re-filled) tmpfs: puts fail softly, get still works."""
-    from index.chunks import ChunkStore, DiskTier, MemoryTier
-    from tools.bench.chunk_writer import NAMESPACE, det_chunk, same
+    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
+    from kvgate.tools.bench.chunk_writer import NAMESPACE, det_chunk, same
 
     records: list[logging.LogRecord] = []
 

@@ -1,9 +1,9 @@
 """The load generators' streaming client: one POST, its answer read as raw bytes, the time to the
 first content. Every router (and the direct backend) is measured with it, so what the client
-itself costs is the same for all; it is the relay's own HTTP/1.1 client (middleware.forward.http1,
+itself costs is the same for all; it is the relay's own HTTP/1.1 client (kvgate.middleware.forward.http1,
 httptools), which costs the generator less CPU per request than aiohttp's or httpx's clients.
 A Python load generator's own event-loop lag delays every TTFT it measures, the more so the faster
-a trace is replayed: the arena samples it with middleware.telemetry.loop_lag's watcher and reports it.
+a trace is replayed: the arena samples it with kvgate.middleware.telemetry.loop_lag's watcher and reports it.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from middleware.forward.http1 import Pool
+from kvgate.middleware.forward.http1 import Pool
 
 
 class StreamScan:

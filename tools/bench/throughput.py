@@ -39,10 +39,10 @@ from typing import Any, Callable
 import httpx
 import yaml
 
-from tools.bench.machine import machine_info
-from tools.bench.procs import Proc, free_port, group_cpu_s, kvgate_argv, sglang_router_bin
-from tools.bench.stats import percentiles_ms, write_json
-from middleware.progress import say
+from kvgate.tools.bench.machine import machine_info
+from kvgate.tools.bench.procs import Proc, free_port, group_cpu_s, kvgate_argv, sglang_router_bin
+from kvgate.tools.bench.stats import percentiles_ms, write_json
+from kvgate.middleware.progress import say
 
 SCHEMA = 1
 MODEL = "bench-1"

@@ -25,10 +25,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from fastapi import FastAPI, Request
 
-from index.trust import wilson_upper
-from tools.bench.stats import write_json
-from tools.bench.trust_stream import SLICES, Stream, build_stream, slice_pairs
-from tools.tuning.pairs import BenchInputError, read_pairs
+from kvgate.index.responses.trust import wilson_upper
+from kvgate.tools.bench.stats import write_json
+from kvgate.tools.bench.trust_stream import SLICES, Stream, build_stream, slice_pairs
+from kvgate.tools.tuning.pairs import BenchInputError, read_pairs
 
 MODEL = "trust-bench"
 DEFAULT_THRESHOLDS = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98)
@@ -74,10 +74,10 @@ def replay(stream: Stream, semantic: dict[str, Any], embedder: Any, api_base: st
     """One setting: a fresh cache (a fresh dir, or `store` with its own key prefix), the whole
     stream; counts from the pipeline's answers. `embedder_config` is the config's `embedder:`
     (the vectors come from `embedder` either way; the config brings the tuned model's prior)."""
-    from middleware.answers import answer_text
-    from middleware.config import parse_config
-    from middleware.pipeline import Pipeline
-    from middleware.build import build_pipeline
+    from kvgate.middleware.answers import answer_text
+    from kvgate.middleware.config import parse_config
+    from kvgate.middleware.pipeline import Pipeline
+    from kvgate.middleware.build import build_pipeline
 
     with tempfile.TemporaryDirectory(prefix="kvgate-trust-") as tmp:
         raw: dict[str, Any] = {"cache_dir": tmp, "routes": [{
@@ -140,8 +140,8 @@ def _store(kind: str, url: str | None, n: int) -> dict[str, Any] | None:
 def _table(real: Any, texts: list[str], progress: Callable[[str], None]) -> tuple[TableEmbedder, str]:
     """`real`'s vectors of `texts` from the benchmark embedding cache (keyed by the embedder's
     identity, so a retrained model never reuses another's vectors)."""
-    from index.embedder import embedder_identity
-    from tools.bench.embed_cache import cache_key, cached_embeddings
+    from kvgate.index.responses.embedder import embedder_identity
+    from kvgate.tools.bench.embed_cache import cache_key, cached_embeddings
 
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     vectors, cache = cached_embeddings(texts, real, cache_key(digest, f"{real.name}:{embedder_identity(real)}"), progress)
@@ -152,7 +152,7 @@ def _table(real: Any, texts: list[str], progress: Callable[[str], None]) -> tupl
 
 def shared_questions(a: Sequence[Any], b: Sequence[Any]) -> int:
     """How many normalised questions two pair lists share (0 for a proper train / eval split)."""
-    from tools.tuning.split import normalise
+    from kvgate.tools.tuning.split import normalise
 
     def questions(pairs: Sequence[Any]) -> set[str]:
         return {normalise(q) for p in pairs for q in (p.question1, p.question2)}
@@ -177,9 +177,9 @@ def run(path: Path, deltas: Sequence[float], thresholds: Sequence[float], which:
         train_pairs: Path | None = None, tune: dict[str, Any] | None = None, prior: bool = True) -> dict[str, Any]:
     """With `train_pairs`: the embedder tuned on them (trained once, then reused) judges both the
     static sweep and the δ runs, and the packaged MiniLM's static sweep is reported beside them."""
-    from index.embedder import make_embedder
-    from tools.bench.procs import ServerThread
-    from tools.redis_proc import RedisServer
+    from kvgate.index.responses.embedder import make_embedder
+    from kvgate.tools.bench.procs import ServerThread
+    from kvgate.tools.redis_proc import RedisServer
 
     pairs, skipped = read_pairs(path, None)
     chosen = slice_pairs(pairs, which)[:limit]
@@ -188,8 +188,8 @@ def run(path: Path, deltas: Sequence[float], thresholds: Sequence[float], which:
     tuned: dict[str, Any] | None = None
     embedder_config: dict[str, Any] = {}
     if train_pairs is not None:
-        from tools.tuning.embedder_train import EmbedderTrainConfig
-        from tools.tuning.embedder_tune import ensure_tuned_embedder
+        from kvgate.tools.tuning.embedder_train import EmbedderTrainConfig
+        from kvgate.tools.tuning.embedder_tune import ensure_tuned_embedder
 
         train, _ = read_pairs(train_pairs, None)
         tuned_dir, manifest = ensure_tuned_embedder(train_pairs, cfg=EmbedderTrainConfig(**(tune or {})), log=progress)
@@ -316,7 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run and print a summary; 0 on success, 2 on bad input (message on stderr)."""
-    from index.mpnet_files import MpnetMissing
+    from kvgate.index.responses.mpnet_files import MpnetMissing
 
     try:
         deltas = _floats(args.max_error_rate, "--max-error-rate")
@@ -331,7 +331,7 @@ def main(args: argparse.Namespace) -> int:
     except (BenchInputError, MpnetMissing) as exc:
         print(f"kvgate bench trust: error: {exc}", file=sys.stderr)
         return 2
-    from tools.bench.machine import machine_info
+    from kvgate.tools.bench.machine import machine_info
 
     result["machine"] = machine_info()
     write_json(args.json, result)

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from tools.tuning.pairs import Pair
+from kvgate.tools.tuning.pairs import Pair
 
 SLICES = ("reported", "tuning", "all")
 
@@ -30,14 +30,14 @@ def slice_pairs(pairs: Sequence[Pair], which: str) -> list[Pair]:
     """The rows of a slice: even row numbers = tuning, odd = reported (less any odd row sharing a
     question with an even one), or all of them.
 
-    Invariant: no normalised question (tools.tuning.split.normalise) is in both the tuning and the
+    Invariant: no normalised question (kvgate.tools.tuning.split.normalise) is in both the tuning and the
     reported slice, so nothing chosen on the tuning slice has seen a reported question."""
     if which == "all":
         return list(pairs)
     tuning = [p for i, p in enumerate(pairs) if i % 2 == 0]
     if which == "tuning":
         return tuning
-    from tools.tuning.split import normalise
+    from kvgate.tools.tuning.split import normalise
 
     seen = {normalise(q) for p in tuning for q in (p.question1, p.question2)}
     return [p for i, p in enumerate(pairs)

@@ -1,7 +1,7 @@
 """The verification stage in `kvgate bench semantic --pairs`: the same lookups with the verifier on.
 
 Given the index already filled with every question1, each question2 is searched for its top
-`candidates` entries and served by `middleware.cache.verification.choose`, the pipeline's own rule. The
+`candidates` entries and served by `kvgate.middleware.cache.verification.choose`, the pipeline's own rule. The
 precision pass scores the candidates in batches (same scores, faster); the latency pass does what
 a request does, one query at a time: embed, search, verify, choose.
 """
@@ -12,14 +12,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from index.embedder import Embedder
-from index.semantic import SemanticIndex
-from index.verifier import Verifier
-from tools.bench.stats import percentiles_ms
-from tools.tuning import calibrate
-from tools.tuning.calibrate import Candidates
-from tools.tuning.equivalence import Equivalence, credited
-from middleware.cache.verification import SemanticSettings, choose, to_verify
+from kvgate.index.responses.embedder import Embedder
+from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.index.responses.verifier import Verifier
+from kvgate.tools.bench.stats import percentiles_ms
+from kvgate.tools.tuning import calibrate
+from kvgate.tools.tuning.calibrate import Candidates
+from kvgate.tools.tuning.equivalence import Equivalence, credited
+from kvgate.middleware.cache.verification import SemanticSettings, choose, to_verify
 
 
 def _lookup(index: SemanticIndex, scope: str, vector: np.ndarray, k: int) -> tuple[list[int], list[float]]:

@@ -17,7 +17,7 @@ through every arm (kvgate hashes them with the engine's tokenizer and no chat te
 keys its tree on the prompt text; vllm-router asks a worker for `/v1/completions/render`). Reported
 conversations are the first `--conversations` that fit; the anchors' thresholds (arena_routers'
 ANCHOR_GRID) are tuned on the next `--tune-conversations`, disjoint from them, with the routing
-arena's rule (tools.bench.arena.choose: cached fraction within 0.01 of the best, then lowest TTFT
+arena's rule (kvgate.tools.bench.arena.choose: cached fraction within 0.01 of the best, then lowest TTFT
 p99); `--tune-conversations 0` runs them at ANCHOR_DEFAULTS instead.
 
 Every run starts with both engines' prefix caches emptied (after the router's warm-up requests)
@@ -53,21 +53,21 @@ from typing import Any, Sequence
 import httpx
 import yaml
 
-from engines.vllm.launch import ROOT, VllmServer, default_model_dir, start_pair, tier_settings
-from middleware.progress import Progress, say
-from tools.bench.arena import choose
-from tools.bench.arena_routers import ANCHOR_DEFAULTS, ANCHOR_GRID, anchor_launch, parse_grid
-from tools.bench.machine import hardware_info, machine_info
-from tools.bench.procs import Proc, free_port, kvgate_argv
-from tools.bench.stats import pct, write_json
-from tools.bench.trace import load_trace
-from tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
-from tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records
-from tools.bench.vllm_arena_setup import (ANCHOR_OF, MODEL, kvgate_config, other_vllm_servers, preflight,
+from kvgate.engines.vllm.launch import ROOT, VllmServer, default_model_dir, start_pair, tier_settings
+from kvgate.middleware.progress import Progress, say
+from kvgate.tools.bench.arena import choose
+from kvgate.tools.bench.arena_routers import ANCHOR_DEFAULTS, ANCHOR_GRID, anchor_launch, parse_grid
+from kvgate.tools.bench.machine import hardware_info, machine_info
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.stats import pct, write_json
+from kvgate.tools.bench.trace import load_trace
+from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
+from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records
+from kvgate.tools.bench.vllm_arena_setup import (ANCHOR_OF, MODEL, kvgate_config, other_vllm_servers, preflight,
                                           signals_deferred, wait_workers, warm_up)
-from tools.bench.vllm_arena_stats import Computed, counters, metric_labels, metric_sum, oracle_cached, render_requests, \
+from kvgate.tools.bench.vllm_arena_stats import Computed, counters, metric_labels, metric_sum, oracle_cached, render_requests, \
     router_summary, run_summary
-from tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
+from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
 ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"

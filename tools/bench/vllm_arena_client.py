@@ -20,8 +20,8 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
-from middleware.forward.http1 import Pool
-from tools.bench.vllm_arena_workload import next_prompt
+from kvgate.middleware.forward.http1 import Pool
+from kvgate.tools.bench.vllm_arena_workload import next_prompt
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from tools.bench.vllm_arena_client import Turn
+from kvgate.tools.bench.vllm_arena_client import Turn
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 
-from engines.vllm.launch import VllmServer, default_model_dir, vllm_available, vllm_python
-from tools.bench.procs import sglang_router_bin, vllm_router_bin
-from tools.bench.vllm_arena_client import Turn, send_turn
-from tools.bench.vllm_arena_workload import next_prompt
+from kvgate.engines.vllm.launch import VllmServer, default_model_dir, vllm_available, vllm_python
+from kvgate.tools.bench.procs import sglang_router_bin, vllm_router_bin
+from kvgate.tools.bench.vllm_arena_client import Turn, send_turn
+from kvgate.tools.bench.vllm_arena_workload import next_prompt
 
 MODEL = "smollm2"  # the servers' --served-model-name
 ANCHOR_OF = {"sglang": "sglang", "vllm_router": "vllm_router"}  # arm -> arena_routers.anchor_launch name
@@ -71,7 +71,7 @@ def wait_workers(url: str, n: int, timeout: float = 120.0) -> None:
 async def warm_up(url: str, n: int = 2, endpoint: str = "chat") -> None:
     """First-call costs of a fresh router (connections, lazy imports) before the measured run, on
     the endpoint the run uses."""
-    from middleware.forward.http1 import Pool
+    from kvgate.middleware.forward.http1 import Pool
 
     client = Pool(keepalive_s=3.0)
     try:
@@ -104,7 +104,7 @@ def other_vllm_servers(ours: Sequence[int] = ()) -> int:
 @contextmanager
 def signals_deferred(log: Callable[[str], None]) -> Iterator[None]:
     """SIGINT and SIGTERM held until the block ends, then raised as KeyboardInterrupt: a pair of
-    servers half-started by engines.vllm.launch.start_pair cannot be stopped by its caller (it
+    servers half-started by kvgate.engines.vllm.launch.start_pair cannot be stopped by its caller (it
     has no handle on them yet), so an interrupt waits until they are up and can be."""
     got: list[int] = []
 

@@ -16,8 +16,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from tools.bench.arena_table import mean_interval
-from tools.bench.stats import pct
+from kvgate.tools.bench.arena_table import mean_interval
+from kvgate.tools.bench.stats import pct
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$", re.M)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

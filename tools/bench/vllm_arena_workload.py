@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-from tools.bench.trace import TraceRequest
+from kvgate.tools.bench.trace import TraceRequest
 
 TRACE_BLOCK_TOKENS = 512  # Mooncake: one hash id per 512 prompt tokens
 MIN_SHARED_BLOCKS = 2

@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engines.vllm.launch import vllm_python
-from middleware.progress import say
-from tools.bench.arena_table import mean_interval
-from tools.bench.machine import machine_info
-from tools.bench.stats import write_json
-from tools.bench.vllm_arena import Bench, parse_arms
-from tools.bench.vllm_arena_setup import ANCHOR_OF, MODEL, preflight
-from tools.bench.vllm_arena_stats import counters
-from tools.bench.vllm_bench_client import run_vllm_bench
+from kvgate.engines.vllm.launch import vllm_python
+from kvgate.middleware.progress import say
+from kvgate.tools.bench.arena_table import mean_interval
+from kvgate.tools.bench.machine import machine_info
+from kvgate.tools.bench.stats import write_json
+from kvgate.tools.bench.vllm_arena import Bench, parse_arms
+from kvgate.tools.bench.vllm_arena_setup import ANCHOR_OF, MODEL, preflight
+from kvgate.tools.bench.vllm_arena_stats import counters
+from kvgate.tools.bench.vllm_bench_client import run_vllm_bench
 
 ARMS = ("kvgate_precise", "sglang", "vllm_router")
 

@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from engines.vllm.launch import default_model_dir, tier_settings, vllm_available, vllm_python
-from middleware.progress import say as sayer
-from tools.bench.machine import hardware_info, machine_info
-from tools.bench.stats import write_json
-from tools.bench.vllm_kv_client import max_logprob_diff
-from tools.bench.vllm_kv_phase import PhaseResult, conversations, example_connector_args, run_phase
-from tools.bench.vllm_kv_read import example_bytes_per_token, read_back
+from kvgate.engines.vllm.launch import default_model_dir, tier_settings, vllm_available, vllm_python
+from kvgate.middleware.progress import say as sayer
+from kvgate.tools.bench.machine import hardware_info, machine_info
+from kvgate.tools.bench.stats import write_json
+from kvgate.tools.bench.vllm_kv_client import max_logprob_diff
+from kvgate.tools.bench.vllm_kv_phase import PhaseResult, conversations, example_connector_args, run_phase
+from kvgate.tools.bench.vllm_kv_read import example_bytes_per_token, read_back
 
 
 
@@ -72,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"kvgate bench vllm-kv: vLLM's environment is missing ({vllm_python()}); run `make install`",
               file=sys.stderr)
         return 2
-    from tools.redis_proc import RedisServer
+    from kvgate.tools.redis_proc import RedisServer
 
     model = str(default_model_dir())
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-vllm-kv-"))
@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
         "command": "kvgate bench vllm-kv " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "vllm-kv"] else sys.argv[1:]),
     }
     if args.routers:
-        from tools.bench.vllm_kv_routers import routers_with_connector
+        from kvgate.tools.bench.vllm_kv_routers import routers_with_connector
 
         result["routers"] = routers_with_connector(work, args.router_runs, args.router_args.split())
     result["seconds"] = round(time.perf_counter() - t_start, 1)

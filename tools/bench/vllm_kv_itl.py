@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from tools.bench.vllm_kv_client import ask
+from kvgate.tools.bench.vllm_kv_client import ask
 
 
 def token_gaps(api_base: str, index: int, tokens: int, started: threading.Event | None = None) -> list[float]:

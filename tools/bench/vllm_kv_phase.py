@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engines.vllm.launch import start_pair
-from tools.bench.vllm_kv_client import Reply, ask, decode_tps, first_message, next_turn
-from tools.bench.vllm_kv_itl import itl_during_loads
+from kvgate.engines.vllm.launch import start_pair
+from kvgate.tools.bench.vllm_kv_client import Reply, ask, decode_tps, first_message, next_turn
+from kvgate.tools.bench.vllm_kv_itl import itl_during_loads
 
 
 @dataclass

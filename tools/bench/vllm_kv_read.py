@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from index.chunks import DiskTier
-from index.chunks.layer_codec import LayerCodec
-from tools.bench.pagecache import PageCache, files_under
+from kvgate.index.kv.chunks import DiskTier
+from kvgate.index.kv.chunks.layer_codec import LayerCodec
+from kvgate.tools.bench.pagecache import PageCache, files_under
 
 
 def read_back(directory: Path, *, block_size: int = 128) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tools.bench.vllm_arena import add_arguments, run_bench
+from kvgate.tools.bench.vllm_arena import add_arguments, run_bench
 
 NAMES = {"round_robin": "round_robin", "sglang": "sglang", "vllm_router": "vllm_router",
          "kvgate_precise": "kvgate_tier_aware"}

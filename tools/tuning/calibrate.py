@@ -2,8 +2,8 @@
 
 The setting is the cache's own: each pair's question1 is a cached entry, each question2 a lookup
 that sees its top-k entries by cosine. A lookup's outcome at (c, v) is decided by `serve` (the
-same rule the pipeline applies, middleware.cache.verification.choose); whether it is correct is decided
-by tools.tuning.equivalence.credited (the pair's own entry by its label; another pair's entry
+same rule the pipeline applies, kvgate.middleware.cache.verification.choose); whether it is correct is decided
+by kvgate.tools.tuning.equivalence.credited (the pair's own entry by its label; another pair's entry
 when its question is the same text or labelled duplicates link the two). Precision = correct /
 hits, recall = correct hits on duplicate pairs / duplicates.
 

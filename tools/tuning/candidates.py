@@ -10,17 +10,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from index.embedder import Embedder
-from index.verifier import Verifier
-from middleware.progress import Progress
-from tools.tuning.calibrate import Candidates
-from tools.tuning.equivalence import Equivalence, credited
+from kvgate.index.responses.embedder import Embedder
+from kvgate.index.responses.verifier import Verifier
+from kvgate.middleware.progress import Progress
+from kvgate.tools.tuning.calibrate import Candidates
+from kvgate.tools.tuning.equivalence import Equivalence, credited
 
 SEARCH_BLOCK = 1024
 
 
 def embed_all(embedder: Embedder, texts: Sequence[str], desc: str = "embedding", batch: int = 512) -> np.ndarray:
-    """Embed `texts` in batches, with progress (middleware.progress); row i is text i's vector."""
+    """Embed `texts` in batches, with progress (kvgate.middleware.progress); row i is text i's vector."""
     out = np.empty((len(texts), embedder.dim), dtype=np.float32)
     with Progress(len(texts), desc, unit="texts") as bar:
         for start in range(0, len(texts), batch):

@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from middleware.progress import Progress
-from tools.tuning.train import optimizer_step
+from kvgate.middleware.progress import Progress
+from kvgate.tools.tuning.train import optimizer_step
 
 Row = tuple[str, str, bool]  # (question1, question2, duplicate?)
 

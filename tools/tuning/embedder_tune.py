@@ -1,16 +1,16 @@
 """`kvgate tune --embedder`: fine-tune the embedder on labelled pairs, score it, write a model dir.
 
 Steps, each reported on stderr:
-1. read the pairs and split them (tools.tuning.split: grouped by question, so no question is on
+1. read the pairs and split them (kvgate.tools.tuning.split: grouped by question, so no question is on
    two sides) into train / calib / holdout;
 2. reuse the model dir of the same data and settings when it exists (--retrain forces training);
-   else fine-tune the packaged MiniLM on the train part (tools.tuning.embedder_train, bounded by
+   else fine-tune the packaged MiniLM on the train part (kvgate.tools.tuning.embedder_train, bounded by
    --max-minutes) and save it as a sentence-transformers dir;
-3. export it to ONNX the way the proxy loads any embedder (index.embedder_onnx, on first use);
+3. export it to ONNX the way the proxy loads any embedder (kvgate.index.responses.embedder_onnx, on first use);
 4. score before (packaged MiniLM) and after on the holdout part: precision where recall reaches
    0.90, precision and recall at the default threshold;
-5. fit P(duplicate | cosine) on the calib part (index.trust's logistic fit) as a calibration
-   record; write the manifest (index.embedder.MANIFEST) and print a summary.
+5. fit P(duplicate | cosine) on the calib part (kvgate.index.responses.trust's logistic fit) as a calibration
+   record; write the manifest (kvgate.index.responses.embedder.MANIFEST) and print a summary.
 
 The dir is what `embedder.model_path` names. Its manifest's `identity` (a digest of the weights)
 is what a cache records beside its vectors, so a cache never mixes two embedders' vectors.
@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from middleware.progress import say
-from tools.tuning.embedder_train import EmbedderTrainConfig, pair_cosines, precision_at_recall, scores_at
-from tools.tuning.split import DEFAULT_FRACTIONS, DEFAULT_SEED, assign_parts, indices
+from kvgate.middleware.progress import say
+from kvgate.tools.tuning.embedder_train import EmbedderTrainConfig, pair_cosines, precision_at_recall, scores_at
+from kvgate.tools.tuning.split import DEFAULT_FRACTIONS, DEFAULT_SEED, assign_parts, indices
 
 progress = say("tune --embedder")
 REPORT_RECALL = 0.90
@@ -50,7 +50,7 @@ def data_digest(rows: list[tuple[str, str, bool]], cfg: EmbedderTrainConfig) -> 
 
 
 def default_dir(digest: str) -> Path:
-    from index.embedder_onnx import default_onnx_dir
+    from kvgate.index.responses.embedder_onnx import default_onnx_dir
 
     return default_onnx_dir() / f"embedder-{digest}"
 
@@ -77,9 +77,9 @@ def ensure_tuned_embedder(pairs_path: Path, out_dir: Path | None = None, retrain
                           log: Callable[[str], None] = progress) -> tuple[Path, dict[str, Any]]:
     """The tuned model dir for `pairs_path` (reused when its manifest names the same data digest,
     unless `retrain`), and its manifest."""
-    from index.embedder import MANIFEST, make_embedder, packaged_minilm_path, read_manifest
-    from index.trust import Observation, fit_rule
-    from tools.tuning.pairs import read_pairs
+    from kvgate.index.responses.embedder import MANIFEST, make_embedder, packaged_minilm_path, read_manifest
+    from kvgate.index.responses.trust import Observation, fit_rule
+    from kvgate.tools.tuning.pairs import read_pairs
 
     pairs, _skipped = read_pairs(pairs_path)
     rows = [(p.question1, p.question2, p.duplicate) for p in pairs]
@@ -99,7 +99,7 @@ def ensure_tuned_embedder(pairs_path: Path, out_dir: Path | None = None, retrain
     log(f"before (packaged MiniLM), holdout: precision {before['precision_at_recall_0.90']} at recall 0.90")
     log(f"training on {len(split['train'])} pairs: ≤ {cfg.epochs} epoch(s), batch {cfg.batch_size}, "
         f"≤ {cfg.max_minutes} min, {cfg.threads} threads")
-    from tools.tuning.embedder_train import train_embedder
+    from kvgate.tools.tuning.embedder_train import train_embedder
 
     started = time.perf_counter()
     model, facts = train_embedder(split["train"], base, cfg, log)
@@ -124,7 +124,7 @@ def ensure_tuned_embedder(pairs_path: Path, out_dir: Path | None = None, retrain
                   **{p: {"pairs": len(r), "duplicates": int(sum(d for *_, d in r))} for p, r in split.items()}},
         "train_config": asdict(cfg), "training": facts, "tuning_seconds": tuning_seconds,
         "holdout_before": before, "holdout_after": after,
-        "calibration": {"note": "P(duplicate | cosine) on the calib part, index.trust's logistic fit",
+        "calibration": {"note": "P(duplicate | cosine) on the calib part, kvgate.index.responses.trust's logistic fit",
                         "coef": list(rule.coef), "cov": [list(r) for r in rule.cov], "n": rule.n,
                         "midpoint": round(rule.threshold, 4)},
     }
@@ -136,7 +136,7 @@ def main(args: Any) -> int:
     """`kvgate tune --embedder`: 0 when the model dir is written (or reused), 2 on bad input."""
     import sys
 
-    from tools.tuning.pairs import BenchInputError
+    from kvgate.tools.tuning.pairs import BenchInputError
 
     if args.max_minutes is not None and args.max_minutes <= 0:
         print(f"kvgate tune: error: --max-minutes must be positive, got {args.max_minutes}", file=sys.stderr)

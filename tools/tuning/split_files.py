@@ -1,5 +1,5 @@
 """`kvgate tune --split`: cut a labelled pairs file into a training file and an evaluation file
-that share no question (tools.tuning.split's grouped, deterministic split), so a model trained on
+that share no question (kvgate.tools.tuning.split's grouped, deterministic split), so a model trained on
 one is scored on questions it never saw (`kvgate bench trust --train-pairs A --pairs B`)."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tools.tuning.pairs import BenchInputError, Pair, read_pairs
-from tools.tuning.split import DEFAULT_SEED, assign_parts
+from kvgate.tools.tuning.pairs import BenchInputError, Pair, read_pairs
+from kvgate.tools.tuning.split import DEFAULT_SEED, assign_parts
 
 DEFAULT_EVAL_FRACTION = 0.4
 # A seed of its own: with split.py's default seed, every group of the train file would fall in the
@@ -21,7 +21,7 @@ def split_pairs(pairs: list[Pair], eval_fraction: float = DEFAULT_EVAL_FRACTION,
                 seed: str = FILES_SEED) -> tuple[list[Pair], list[Pair]]:
     """(train, eval): each connected group of pairs (pairs sharing a question) wholly on one side.
 
-    Invariant: no normalised question (tools.tuning.split.normalise) is in both."""
+    Invariant: no normalised question (kvgate.tools.tuning.split.normalise) is in both."""
     parts = assign_parts([(p.question1, p.question2) for p in pairs], (1.0 - eval_fraction, 0.0, eval_fraction), seed)
     return ([p for p, part in zip(pairs, parts) if part == "train"],
             [p for p, part in zip(pairs, parts) if part == "holdout"])

@@ -3,7 +3,7 @@
 The cross-encoder reads "[CLS] cached question [SEP] new question [SEP]" and outputs one logit:
 does the new question ask the same thing? Starting from all-MiniLM-L6-v2 (already good at
 sentence similarity) it learns, from the labelled pairs plus synthetic hard negatives
-(tools.tuning.synthetic), the differences the embedding glosses over.
+(kvgate.tools.tuning.synthetic), the differences the embedding glosses over.
 
 Reproducible: fixed seeds, one thread pool of `threads`, examples ordered by a hash, so the same
 inputs and config give the same artefact on the same machine. Everything is local: the base
@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from middleware.progress import Progress
-from tools.tuning.synthetic import hard_negatives, symmetric_positives
+from kvgate.middleware.progress import Progress
+from kvgate.tools.tuning.synthetic import hard_negatives, symmetric_positives
 
 Example = tuple[str, str, float]  # (cached question, new question, label 1 = same question)
 ARTEFACT_VERSION = 1

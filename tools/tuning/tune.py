@@ -1,18 +1,18 @@
 """`kvgate tune`: train (or load) the verifier, calibrate a route's operating point, write it.
 
 Steps, each reported on stderr:
-1. read the labelled pairs and split them (tools.tuning.split: deterministic, grouped by
+1. read the labelled pairs and split them (kvgate.tools.tuning.split: deterministic, grouped by
    question) into train / calib / holdout;
 2. the verifier: load the one in the model cache, or train it on the train part (plus synthetic
    hard negatives and optional extra positives) and export it to ONNX (--retrain forces this);
-3. calibrate on the calib part, in the cache setting (tools.tuning.calibrate): the
+3. calibrate on the calib part, in the cache setting (kvgate.tools.tuning.calibrate): the
    (cosine threshold, verifier threshold) with the best recall whose precision meets the target;
    the cosine-only point is computed too and used when it is as good or the route says verifier: false;
 4. score that point on the holdout part (and on the held-out extra positives: recall);
 5. write `<cache_dir>/tuned/<route>.json`, which the pipeline reads at start-up.
 
-`--embedder` fine-tunes the embedder instead (tools.tuning.embedder_tune); `--split` writes a
-training and an evaluation file (tools.tuning.split_files).
+`--embedder` fine-tunes the embedder instead (kvgate.tools.tuning.embedder_tune); `--split` writes a
+training and an evaluation file (kvgate.tools.tuning.split_files).
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
-from middleware.progress import say
-from tools.tuning import calibrate
-from tools.tuning.calibrate import Candidates, Point
-from tools.tuning.split import DEFAULT_FRACTIONS, Part, assign_parts, indices
-from tools.tuning.train import TrainConfig
+from kvgate.middleware.progress import say
+from kvgate.tools.tuning import calibrate
+from kvgate.tools.tuning.calibrate import Candidates, Point
+from kvgate.tools.tuning.split import DEFAULT_FRACTIONS, Part, assign_parts, indices
+from kvgate.tools.tuning.train import TrainConfig
 
 DEFAULT_TARGET = 0.95
 
@@ -81,18 +81,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """0 when an operating point was written, 1 when the target is out of reach, 2 on bad input."""
     if args.split:
-        from tools.tuning.split_files import main as split_main
+        from kvgate.tools.tuning.split_files import main as split_main
 
         return split_main(args)
     if args.embedder:
-        from tools.tuning.embedder_tune import main as embedder_main
+        from kvgate.tools.tuning.embedder_tune import main as embedder_main
 
         return embedder_main(args)
     if args.route is None:
         print("kvgate tune: error: --route NAME is required (or --embedder, or --split)", file=sys.stderr)
         return 2
-    from middleware.config import Config, load_config
-    from middleware.errors import ConfigError
+    from kvgate.middleware.config import Config, load_config
+    from kvgate.middleware.errors import ConfigError
 
     try:
         config = load_config(args.config) if args.config else None
@@ -152,8 +152,8 @@ def ensure_verifier(
     log: Callable[[str], None] = progress,
 ) -> tuple[Any, dict[str, Any]]:
     """Load the verifier in `directory`, or train + export one there; returns (verifier, info)."""
-    from index.embedder import packaged_minilm_path
-    from index.verifier import load_verifier
+    from kvgate.index.responses.embedder import packaged_minilm_path
+    from kvgate.index.responses.verifier import load_verifier
 
     base = packaged_minilm_path()
     fingerprint = cfg.fingerprint(data_digest(train_rows + [(a, b, True) for a, b in train_positives]), base)
@@ -168,7 +168,7 @@ def ensure_verifier(
             log(f"using the verifier in {directory} (trained on other data or settings: {trained_on}); "
                 "--retrain to train on this file's train part")
         return verifier, info
-    from tools.tuning.train import build_examples, export_verifier, train_cross_encoder
+    from kvgate.tools.tuning.train import build_examples, export_verifier, train_cross_encoder
 
     examples = build_examples(train_rows, train_positives, cfg)
     positives = sum(1 for *_, y in examples if y > 0.5)
@@ -189,7 +189,7 @@ def ensure_verifier(
 def cache_candidates(
     rows: Sequence[tuple[str, str, bool]], embedder: Any, verifier: Any, k: int, label: str,
 ) -> Candidates:
-    from tools.tuning.candidates import build_candidates, embed_all
+    from kvgate.tools.tuning.candidates import build_candidates, embed_all
 
     q1 = [a for a, _, _ in rows]
     q2 = [b for _, b, _ in rows]
@@ -213,10 +213,10 @@ def run_tune(
     min_hits: int = calibrate.MIN_HITS,
 ) -> dict[str, Any]:
     """The whole tune; returns the report (see module docstring). Writes the point if one qualifies."""
-    from index.embedder import make_embedder
-    from index.verifier import default_verifier_dir
-    from tools.tuning.pairs import BenchInputError, read_pairs
-    from middleware.cache.operating_point import OperatingPoint, write_operating_point
+    from kvgate.index.responses.embedder import make_embedder
+    from kvgate.index.responses.verifier import default_verifier_dir
+    from kvgate.tools.tuning.pairs import BenchInputError, read_pairs
+    from kvgate.middleware.cache.operating_point import OperatingPoint, write_operating_point
 
     started = time.perf_counter()
     try:

@@ -1,10 +1,10 @@
 """kvgate as vLLM's KV tier: a KV connector (vLLM's `KVConnectorBase_V1`) over kvgate's chunk store.
 
 Runs inside the vLLM engine process, installed into vLLM's own environment without the proxy
-stack: it imports only `index.chunks` (tiers, codecs), `torch` and `vllm`. vLLM loads it with
+stack: it imports only `kvgate.index.kv.chunks` (tiers, codecs), `torch` and `vllm`. vLLM loads it with
 
     --kv-transfer-config '{"kv_connector": "KvgateConnector",
-                           "kv_connector_module_path": "engines.vllm.kv_connector.connector",
+                           "kv_connector_module_path": "kvgate.engines.vllm.kv_connector.connector",
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                            "kv_connector_extra_config": {...settings.py...}}'
 

@@ -18,8 +18,8 @@ import logging
 import queue
 import threading
 
-from engines.vllm.kv_connector.loader import Loader
-from engines.vllm.kv_connector.specs import LoadSpec
+from kvgate.engines.vllm.kv_connector.loader import Loader
+from kvgate.engines.vllm.kv_connector.specs import LoadSpec
 
 log = logging.getLogger("vllm.kvgate")
 

@@ -1,5 +1,5 @@
 """KvgateConnector: the class vLLM loads (`kv_connector_module_path` =
-"engines.vllm.kv_connector.connector", `kv_connector` = "KvgateConnector").
+"kvgate.engines.vllm.kv_connector.connector", `kv_connector` = "KvgateConnector").
 
 vLLM builds it twice: the scheduler's instance decides (get_num_new_matched_tokens: how many
 tokens beyond the engine's own cache a tier holds; build_connector_meta: which chunks each step
@@ -25,18 +25,18 @@ import vllm
 from vllm.distributed.kv_events import KVConnectorKVEvents, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
-from engines.vllm.kv_connector import events as ev
-from engines.vllm.kv_connector.background import BackgroundLoads
-from engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading, in_background, load_seconds, slowest
-from engines.vllm.kv_connector.metrics import KvgatePromMetrics, KvgateStats, deltas
-from engines.vllm.kv_connector.namespace import check_version, namespace, vllm_parts
-from engines.vllm.kv_connector.plan import chunks_to_save, low64, plan_load
-from engines.vllm.kv_connector.settings import build_tiers, chunk_blocks, parse
-from engines.vllm.kv_connector.staging import StagingPool
-from engines.vllm.kv_connector.step_clock import StepClock
-from engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
-from index.chunks import ChunkStore
-from index.chunks.layer_codec import LayerCodec
+from kvgate.engines.vllm.kv_connector import events as ev
+from kvgate.engines.vllm.kv_connector.background import BackgroundLoads
+from kvgate.engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading, in_background, load_seconds, slowest
+from kvgate.engines.vllm.kv_connector.metrics import KvgatePromMetrics, KvgateStats, deltas
+from kvgate.engines.vllm.kv_connector.namespace import check_version, namespace, vllm_parts
+from kvgate.engines.vllm.kv_connector.plan import chunks_to_save, low64, plan_load
+from kvgate.engines.vllm.kv_connector.settings import build_tiers, chunk_blocks, parse
+from kvgate.engines.vllm.kv_connector.staging import StagingPool
+from kvgate.engines.vllm.kv_connector.step_clock import StepClock
+from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
+from kvgate.index.kv.chunks import ChunkStore
+from kvgate.index.kv.chunks.layer_codec import LayerCodec
 
 # stored bytes per raw 16-bit KV byte: int8/int4 values plus one 16-bit scale per 32 values (quant.py)
 STORED_RATIO = {"raw": 1.0, "int8": (1 + 2 / 32) / 2, "int4": (0.5 + 2 / 32) / 2}

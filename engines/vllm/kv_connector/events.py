@@ -12,7 +12,7 @@ import hashlib
 import os
 from typing import Any
 
-from engines.vllm.kv_connector.settings import ConnectorSettings
+from kvgate.engines.vllm.kv_connector.settings import ConnectorSettings
 
 
 def media(settings: ConnectorSettings) -> dict[str, str]:

@@ -27,10 +27,10 @@ from typing import Any, Sequence
 
 import torch
 
-from engines.vllm.kv_connector.gate import slowest
-from engines.vllm.kv_connector.paged import PagedKV
-from engines.vllm.kv_connector.specs import Counters, LoadSpec
-from engines.vllm.kv_connector.staging import StagingPool, packed_offsets
+from kvgate.engines.vllm.kv_connector.gate import slowest
+from kvgate.engines.vllm.kv_connector.paged import PagedKV
+from kvgate.engines.vllm.kv_connector.specs import Counters, LoadSpec
+from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
 
 log = logging.getLogger("vllm.kvgate")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from engines.vllm.kv_connector.specs import Counters
+from kvgate.engines.vllm.kv_connector.specs import Counters
 
 FIELDS = {  # stats key → (Counters attribute, help)
     "loads": ("loads", "requests that loaded KV from a kvgate tier"),

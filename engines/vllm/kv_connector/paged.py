@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from engines.vllm.kv_connector.staging import StagingPool, packed_offsets
+from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
 
 
 def block_axis(shape: Sequence[int], num_blocks: int | None) -> tuple[int, int]:

@@ -176,7 +176,7 @@ def build_tiers(settings: ConnectorSettings, *, with_memory: bool = True) -> lis
     """The storage tiers, fastest first (the memory tier only `with_memory`: the worker's). A remote
     tier whose password variable is unset is an error naming it; an unreachable Redis is not (it
     costs misses until it answers)."""
-    from index.chunks import DiskTier, MemoryTier
+    from kvgate.index.kv.chunks import DiskTier, MemoryTier
 
     password = None
     if settings.remote and settings.remote.password_env:
@@ -190,7 +190,7 @@ def build_tiers(settings: ConnectorSettings, *, with_memory: bool = True) -> lis
     if settings.disk:
         tiers.append(DiskTier(settings.disk.path, settings.disk.capacity_mb << 20))
     if settings.remote:
-        from index.chunks.redis import RedisTier
+        from kvgate.index.kv.chunks.redis import RedisTier
 
         r = settings.remote
         tiers.append(RedisTier(r.url, prefix=r.key_prefix, password=password, timeout_s=r.timeout_s,

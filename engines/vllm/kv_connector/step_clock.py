@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from engines.vllm.kv_connector.specs import Counters
+from kvgate.engines.vllm.kv_connector.specs import Counters
 
 MIN_TOKENS = 512
 

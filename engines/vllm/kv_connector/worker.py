@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import torch
 
-from engines.vllm.kv_connector.loader import Loader
-from engines.vllm.kv_connector.paged import PagedKV
-from engines.vllm.kv_connector.specs import Counters, LoadSpec, SaveSpec
+from kvgate.engines.vllm.kv_connector.loader import Loader
+from kvgate.engines.vllm.kv_connector.paged import PagedKV
+from kvgate.engines.vllm.kv_connector.specs import Counters, LoadSpec, SaveSpec
 
 log = logging.getLogger("vllm.kvgate")
 

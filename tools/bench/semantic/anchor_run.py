@@ -1,14 +1,14 @@
-"""GPTCache on the same pairs (tools.bench.gptcache_anchor), scored by the same code as kvgate's run."""
+"""GPTCache on the same pairs (kvgate.tools.bench.gptcache_anchor), scored by the same code as kvgate's run."""
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import numpy as np
 
-from tools.bench.semantic.report import progress
-from tools.bench.semantic.scoring import score_returned
-from tools.bench.stats import percentiles_ms
-from tools.tuning.pairs import Pair
+from kvgate.tools.bench.semantic.report import progress
+from kvgate.tools.bench.semantic.scoring import score_returned
+from kvgate.tools.bench.stats import percentiles_ms
+from kvgate.tools.tuning.pairs import Pair
 
 
 def anchor_result(embedder: Any, pairs: Sequence[Pair], v1: np.ndarray, v2: np.ndarray, threshold: float,
@@ -16,7 +16,7 @@ def anchor_result(embedder: Any, pairs: Sequence[Pair], v1: np.ndarray, v2: np.n
     """The JSON's `gptcache` object: GPTCache's precision/recall/latency at the cosine `threshold`
     and how many of its answers equal kvgate's (`ours`: the pair kvgate answered with per query,
     None for a miss); {"skipped": reason} when GPTCache cannot run here."""
-    from tools.bench.gptcache_anchor import require_gptcache, run_gptcache
+    from kvgate.tools.bench.gptcache_anchor import require_gptcache, run_gptcache
 
     reason = require_gptcache()
     if reason is not None:

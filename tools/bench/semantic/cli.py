@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from tools.bench.semantic.report import print_pairs_summary, print_proxy_summary, write_json
-from tools.bench.plot import add_plot_option, write_plot
-from tools.tuning.pairs import BenchInputError
+from kvgate.tools.bench.semantic.report import print_pairs_summary, print_proxy_summary, write_json
+from kvgate.tools.bench.plot import add_plot_option, write_plot
+from kvgate.tools.tuning.pairs import BenchInputError
 
 DEFAULT_PAIRS_THRESHOLD = 0.9
 DEFAULT_PROXY_THRESHOLD = 0.8
@@ -63,17 +63,17 @@ def main(args: argparse.Namespace) -> int:
     """Run the chosen mode; 0 on success, 2 on bad input (message on stderr)."""
     try:
         if args.pairs is not None and args.stages:
-            from tools.bench.semantic.stages import print_stages, run_stages
+            from kvgate.tools.bench.semantic.stages import print_stages, run_stages
 
             result = run_stages(**_stages_options(args))
             print_stages(result)
         elif args.pairs is not None:
-            from tools.bench.semantic.pairs_run import run_pairs
+            from kvgate.tools.bench.semantic.pairs_run import run_pairs
 
             result = run_pairs(**_pairs_options(args))
             print_pairs_summary(result)
         else:
-            from tools.bench.semantic.proxy_run import run_proxy
+            from kvgate.tools.bench.semantic.proxy_run import run_proxy
 
             result = run_proxy(**_proxy_options(args))
             print_proxy_summary(result)
@@ -120,9 +120,9 @@ def _stages_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _route_settings(args: argparse.Namespace) -> tuple[Any, str | None]:
     """(SemanticSettings of --route or None, the configured verifier dir or None)."""
-    from middleware.config import Config, RouteConfig, load_config
-    from middleware.errors import ConfigError
-    from middleware.cache.verification import resolve
+    from kvgate.middleware.config import Config, RouteConfig, load_config
+    from kvgate.middleware.errors import ConfigError
+    from kvgate.middleware.cache.verification import resolve
 
     if args.route is None:
         if args.config is not None:

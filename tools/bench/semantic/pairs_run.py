@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from tools.bench.machine import machine_info
-from tools.bench.semantic.anchor_run import anchor_result
-from tools.bench.semantic.report import progress
-from tools.bench.semantic.scoring import TopHit, score, top1_answers
-from tools.bench.semantic.verified_run import verified_result
-from tools.bench.stats import percentiles_ms
-from tools.tuning.candidates import embed_all
-from tools.tuning.pairs import BenchInputError, Pair, read_pairs
+from kvgate.tools.bench.machine import machine_info
+from kvgate.tools.bench.semantic.anchor_run import anchor_result
+from kvgate.tools.bench.semantic.report import progress
+from kvgate.tools.bench.semantic.scoring import TopHit, score, top1_answers
+from kvgate.tools.bench.semantic.verified_run import verified_result
+from kvgate.tools.bench.stats import percentiles_ms
+from kvgate.tools.tuning.candidates import embed_all
+from kvgate.tools.tuning.pairs import BenchInputError, Pair, read_pairs
 
 EMBED_BATCH = 1024
 WARMUP_QUERIES = 20
@@ -36,7 +36,7 @@ def embed_batched(embedder: Any, texts: list[str], label: str) -> np.ndarray:
 
 def holdout_pairs(pairs: list[Pair], limit: int | None) -> tuple[list[Pair], dict[str, int]]:
     """The held-out part of `pairs` under kvgate tune's split (first `limit`), and the part sizes."""
-    from tools.tuning.split import assign_parts
+    from kvgate.tools.tuning.split import assign_parts
 
     parts = assign_parts([(p.question1, p.question2) for p in pairs])
     kept = [p for p, part in zip(pairs, parts) if part == "holdout"][:limit]
@@ -58,11 +58,11 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
               holdout: bool = False, verifier: bool = True, verifier_path: str | None = None) -> dict[str, Any]:
     """The whole --pairs benchmark; returns the JSON-ready result.
 
-    `settings` (middleware.cache.verification.SemanticSettings) is the route's operating point; without
+    `settings` (kvgate.middleware.cache.verification.SemanticSettings) is the route's operating point; without
     it the run with the verifier uses `threshold` and the config defaults for `verifier: true`.
     """
-    from index.embedder import make_embedder
-    from index.semantic import SemanticIndex
+    from kvgate.index.responses.embedder import make_embedder
+    from kvgate.index.responses.semantic import SemanticIndex
 
     started_all = time.perf_counter()
     pairs, skipped, split = load_pairs(path, limit, holdout)
@@ -106,7 +106,7 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
     notes = [
         f"embedder {embedder.name}; all question1 in one scope of a SemanticIndex ({index_kind} FAISS inner product)",
         "a hit is correct when top-1 is the pair's own entry and the pair is a duplicate, or another pair's entry "
-        "whose question is the same text or linked by labelled duplicates (tools.tuning.equivalence); "
+        "whose question is the same text or linked by labelled duplicates (kvgate.tools.tuning.equivalence); "
         "recall counts correct hits on duplicate pairs",
         "precision pass: question2 embedded in batches, then one index.search(k=1) each; "
         "latency pass: one embed + one search per query, one at a time, after a warm-up of "
@@ -156,7 +156,7 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
 
 
 def _wilson(correct: int, hits: int) -> Any:
-    from tools.tuning.calibrate import wilson_interval
+    from kvgate.tools.tuning.calibrate import wilson_interval
 
     return wilson_interval(correct, hits)
 

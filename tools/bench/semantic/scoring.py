@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tools.tuning.equivalence import Equivalence, credited
-from tools.tuning.pairs import Pair
+from kvgate.tools.tuning.equivalence import Equivalence, credited
+from kvgate.tools.tuning.pairs import Pair
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ def score(pairs: Sequence[Pair], top: Sequence[TopHit | None], threshold: float)
     """Hits, correct hits, precision and recall of top-1 answers at `threshold`.
 
     `top[i]` is the answer to pair i's question2 (None: the index returned nothing); it is a hit when
-    its similarity reaches the threshold. A hit is correct when tools.tuning.equivalence credits it
+    its similarity reaches the threshold. A hit is correct when kvgate.tools.tuning.equivalence credits it
     (the pair's own entry of a duplicate pair, or an entry the labels link to the question).
     Invariants: correct_hits <= hits; raising the threshold never adds hits; precision is None
     without hits, recall None without duplicate pairs.

@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tools.bench.machine import machine_info
-from tools.bench.semantic.pairs_run import SCOPE, WARMUP_QUERIES, embed_batched, load_pairs
-from tools.bench.semantic.report import fmt, progress
+from kvgate.tools.bench.machine import machine_info
+from kvgate.tools.bench.semantic.pairs_run import SCOPE, WARMUP_QUERIES, embed_batched, load_pairs
+from kvgate.tools.bench.semantic.report import fmt, progress
 
 KVGATE_STAGES = ("embed", "faiss_search", "entry_read", "search_rest")
 GPTCACHE_STAGES = ("pre_process", "embedding", "search", "get_data", "evaluation", "post_process", "other")
@@ -68,7 +68,7 @@ def _journal_mode(path: Path) -> str:
 def _kvgate_lookup(index: Any, copy: Any, embedder: Any, requests: Any, text: str,
                    threshold: float) -> tuple[dict[str, float], bool]:
     """One kvgate lookup of `text` by stage (seconds; module docstring), and whether it hit."""
-    from middleware.cache.request_log import RequestRecord, new_request_id
+    from kvgate.middleware.cache.request_log import RequestRecord, new_request_id
 
     t0 = time.perf_counter()
     vec = embedder.embed([text])[0]
@@ -117,13 +117,13 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     """The --stages run (module docstring); returns the JSON-ready result."""
     from gptcache.adapter.api import get
 
-    from index.embedder import make_embedder
-    from index.semantic import SemanticIndex
-    from index.vectors import ScopeVectors
-    from middleware.config import FeedbackConfig
-    from middleware.cache.request_log import DiskRequestLog
-    from tools.bench.gptcache_anchor import GptcacheEmbedding, open_gptcache, require_gptcache
-    from tools.tuning.pairs import BenchInputError
+    from kvgate.index.responses.embedder import make_embedder
+    from kvgate.index.responses.semantic import SemanticIndex
+    from kvgate.index.responses.vectors import ScopeVectors
+    from kvgate.middleware.config import FeedbackConfig
+    from kvgate.middleware.cache.request_log import DiskRequestLog
+    from kvgate.tools.bench.gptcache_anchor import GptcacheEmbedding, open_gptcache, require_gptcache
+    from kvgate.tools.tuning.pairs import BenchInputError
 
     reason = require_gptcache()
     if reason is not None:

@@ -1,4 +1,4 @@
-"""The pairs run with the verifier on (tools.bench.verified), at the route's operating point or the
+"""The pairs run with the verifier on (kvgate.tools.bench.verified), at the route's operating point or the
 defaults of a route with `verifier: true`; or why it was skipped."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tools.bench.semantic.report import progress
-from tools.tuning.pairs import Pair
+from kvgate.tools.bench.semantic.report import progress
+from kvgate.tools.tuning.pairs import Pair
 
 
 def verified_result(index: Any, scope: str, embedder: Any, pairs: Sequence[Pair], v2: np.ndarray, threshold: float,
@@ -15,10 +15,10 @@ def verified_result(index: Any, scope: str, embedder: Any, pairs: Sequence[Pair]
                     warmup: list[str]) -> dict[str, Any]:
     """The JSON's `with_verifier` object: the same lookups on the filled `index` with the verifier,
     or {"skipped": reason} (--no-verifier, or no trained verifier)."""
-    from index.verifier import VerifierMissing, load_verifier
-    from middleware.config import SemanticConfig
-    from middleware.cache.verification import SemanticSettings
-    from tools.bench.verified import run_verified
+    from kvgate.index.responses.verifier import VerifierMissing, load_verifier
+    from kvgate.middleware.config import SemanticConfig
+    from kvgate.middleware.cache.verification import SemanticSettings
+    from kvgate.tools.bench.verified import run_verified
 
     if not enabled:
         return {"skipped": "--no-verifier"}

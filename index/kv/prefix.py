@@ -1,0 +1,373 @@
+"""PrefixIndex: which backend replica holds which KV blocks, and how long a prompt's cached
+prefix is on each.
+
+Keys are the chained block hashes of `kvgate.index.kv.hashing`: block i's hash covers every token up to
+the end of block i. Two consequences shape this module:
+
+* A replica can reuse block i only if it also holds blocks 0..i-1 (an engine's prefix cache is
+  looked up from the front and stops at the first miss). So the useful number for routing is the
+  count of LEADING hashes a replica holds, and `match` stops counting a replica at its first
+  miss even if later hashes of the chain are present there (they are orphans the engine cannot
+  reach without recomputing the missing block).
+* Because a hash identifies its whole prefix, one flat table `hash -> holders` is enough; no
+  tree is needed. `match` walks the chain once, intersecting holder sets, and stops as soon as no
+  replica is left, so its cost is O(longest match), independent of the number of indexed blocks.
+
+Two ways to feed it:
+
+* approximate: `record(replica, hashes)` after routing a request to `replica`, mirroring the
+  engine's LRU prefix cache with a per-replica capacity in blocks (guessing evictions);
+* precise: `stored` / `removed` / `cleared` from the engine's KV cache events
+  (`kvgate.index.kv.kv_events`), where the engine reports its own evictions. The capacity is then a memory
+  bound, not a model of the engine (EVENT_FED_CAPACITY by default, far above what an engine
+  holds): it only bites when removal events were lost or an engine holds more than it. Built with
+  `touch_on_match=True`, `match` marks every replica's matched leading blocks most recently used,
+  so at that bound the blocks evicted are the least recently stored or matched (an engine's hits
+  produce no events: without this a hot system prompt stored long ago would go first).
+
+Holders are kept as an int bitmask (one bit per replica): intersecting is one `&`, and small ints
+are cached by CPython, so 1M blocks cost one dict entry each in the global table plus one entry
+in the holding replica's LRU, and one in the successor table (`forked`: which blocks several
+conversations continue, for cache_aware's wait bound), sharded the same way.
+
+No single table is large. A Python dict under steady churn (a block in, a block out) rebuilds its
+whole table every so often, in one C call that holds the GIL, and the larger the table the
+longer that call stalls the proxy's event loop (an OrderedDict's rebuild is longer still). So the
+holder table is HOLDER_SHARDS dicts picked by the hash's low
+bits, and a replica whose capacity is at least 2 × LRU_SHARD_BLOCKS keeps its LRU as a power of
+two of OrderedDicts picked by other bits of the hash, each with an equal share of the capacity
+and evicting its own least recently used. Hashes are uniform, so each shard holds a random slice
+of the blocks and its oldest block is among the globally oldest; the order is exact LRU only for
+a single shard (capacities below 2 × LRU_SHARD_BLOCKS, e.g. every test of the exact order). A
+shard may then evict a chain's block while another keeps a later one: `match` stops at the first
+miss, so such an orphan costs space, never a wrong match.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from kvgate.index.kv.hashing import BlockHash
+
+# Default per-replica bound of an event-fed (precise mode) index, in blocks. Far above an engine's
+# cache (a vLLM replica with 50 GB of KV at 128 KiB/token holds ~25k blocks of 16 tokens; with CPU
+# offload maybe 10x), so it only matters when removal events are lost. A full replica costs about
+# 200 bytes per block here plus the EventApplier's mapping (~50 MB per replica at the bound).
+EVENT_FED_CAPACITY = 1 << 18
+HOLDER_SHARDS = 64  # holder dicts, by hash & 63: each ~1/64 of the blocks (see the module docstring)
+LRU_SHARD_BLOCKS = 8192  # a replica's LRU is split into shards of about this many blocks
+# successor table value of a block that recorded chains have continued in two different ways
+_FORKED = object()
+
+
+def lru_shards(capacity: int | None) -> int:
+    """How many LRU shards a replica of this capacity gets: the largest power of two k with
+    k × LRU_SHARD_BLOCKS ≤ capacity (1 when unbounded or smaller: the exact LRU order)."""
+    if capacity is None:
+        return 1
+    k = 1
+    while 2 * k * LRU_SHARD_BLOCKS <= capacity:
+        k *= 2
+    return k
+
+
+@dataclass
+class _Replica:
+    name: str
+    bit: int  # 1 << slot
+    capacity: int | None
+    # LRU order per shard: first = least recently used. Values unused (OrderedDict as an ordered set).
+    shards: list[OrderedDict[BlockHash, None]] = field(default_factory=list)
+    caps: list[int | None] = field(default_factory=list)  # each shard's share of the capacity
+    evictions: int = 0
+
+    def __post_init__(self) -> None:
+        k = lru_shards(self.capacity)
+        self.shards = [OrderedDict() for _ in range(k)]
+        cap = self.capacity
+        self.caps = [None] * k if cap is None else [cap // k + (i < cap % k) for i in range(k)]
+
+    def shard(self, h: BlockHash) -> OrderedDict[BlockHash, None]:
+        # bits 6.. of the hash: independent of the holder shard (bits 0-5)
+        return self.shards[(h >> 6) & (len(self.shards) - 1)]
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    def __contains__(self, h: BlockHash) -> bool:
+        return h in self.shard(h)
+
+
+class PrefixIndex:
+    """Block hash → replicas holding it, with per-replica LRU capacity.
+
+    Invariant: `self._holders[h & (HOLDER_SHARDS - 1)][h]` has bit b set exactly when `h` is in
+    the LRU of the replica owning bit b; hashes held by no replica are absent (no zero masks are
+    stored). Every LRU shard holds at most its share of the replica's capacity after each call.
+
+    Thread-safe: every public method takes one lock (events arrive on a subscriber thread while
+    the router matches on another).
+    """
+
+    def __init__(self, capacity_blocks: int | None = None, *, touch_on_match: bool = False) -> None:
+        """capacity_blocks: default per-replica capacity in blocks; None = unlimited.
+        touch_on_match: `match` marks matched blocks most recently used (precise mode; see the
+        module docstring). Off for approximate mode, where only the chosen replica's blocks are
+        used, and `record` touches them."""
+        _check_capacity(capacity_blocks)
+        self._default_capacity = capacity_blocks
+        self._touch_on_match = touch_on_match
+        self._replicas: dict[str, _Replica] = {}
+        self._by_slot: dict[int, _Replica] = {}  # slot index -> replica, for decoding masks
+        self._holders: list[dict[BlockHash, int]] = [{} for _ in range(HOLDER_SHARDS)]
+        # block → the one block recorded after it, or _FORKED once two different ones were (`forked`)
+        self._successors: list[dict[BlockHash, object]] = [{} for _ in range(HOLDER_SHARDS)]
+        self._lock = threading.Lock()
+
+    # -- replicas ---------------------------------------------------------------------------
+
+    def add_replica(self, name: str, capacity_blocks: int | None = None) -> None:
+        """Register a replica; capacity_blocks overrides the index default (None = default)."""
+        cap = self._default_capacity if capacity_blocks is None else capacity_blocks
+        _check_capacity(cap)
+        with self._lock:
+            if name in self._replicas:
+                raise ValueError(f"replica {name!r} already registered")
+            slot = 0
+            while slot in self._by_slot:  # reuse freed slots so masks stay small
+                slot += 1
+            rep = _Replica(name=name, bit=1 << slot, capacity=cap)
+            self._replicas[name] = rep
+            self._by_slot[slot] = rep
+
+    def remove_replica(self, name: str) -> None:
+        """Forget a replica and every block it held."""
+        with self._lock:
+            rep = self._get(name)
+            self._drop_all(rep)
+            del self._replicas[name]
+            del self._by_slot[rep.bit.bit_length() - 1]
+
+    @property
+    def replicas(self) -> list[str]:
+        with self._lock:
+            return list(self._replicas)
+
+    # -- approximate mode -------------------------------------------------------------------
+
+    def record(self, replica: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """A request with this block chain was served by `replica`: its blocks are now there.
+
+        Inserts missing blocks and marks all of them most recently used, then evicts least
+        recently used blocks while over capacity. Returns the evicted hashes (oldest first).
+
+        The chain is touched from its LAST block to its FIRST, so the first block ends up the
+        most recent: like vLLM, which frees a finished request's blocks in reverse so the tail is
+        evicted before the head. Evicting a head block would orphan every block after it.
+        """
+        with self._lock:
+            rep = self._get(replica)
+            self._link(hashes)
+            self._insert(rep, reversed(hashes))
+            return self._evict_over_capacity(rep)
+
+    # -- precise mode (engine events) -------------------------------------------------------
+
+    def stored(self, replica: str, hashes: Sequence[BlockHash], parent: BlockHash | None = None) -> list[BlockHash]:
+        """The engine reports these blocks stored on `replica`, after block `parent` (None: the
+        chain's first block, or a parent unknown here).
+
+        Same bookkeeping as `record` (the engine reports evictions itself, so the replica's
+        capacity is a memory bound above the engine's size, in case removal events are lost).
+        Returns hashes evicted by that bound, if any (oldest first; counted in `stats()`).
+        """
+        with self._lock:
+            rep = self._get(replica)
+            held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
+            self._link([parent, *hashes] if held_parent else hashes)  # type: ignore[list-item]
+            self._insert(rep, reversed(hashes))
+            return self._evict_over_capacity(rep)
+
+    def removed(self, replica: str, hashes: Iterable[BlockHash]) -> None:
+        """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
+        with self._lock:
+            rep = self._get(replica)
+            keep = ~rep.bit
+            for h in hashes:
+                lru = rep.shard(h)
+                if h in lru:
+                    del lru[h]
+                    self._unset(h, keep)
+
+    def cleared(self, replica: str) -> None:
+        """The engine reports its whole prefix cache reset."""
+        with self._lock:
+            self._drop_all(self._get(replica))
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
+        """For every replica, how many leading hashes of `hashes` it holds.
+
+        Stops counting a replica at its first miss (see the module docstring: a later block
+        without its predecessors is unusable), and stops the walk when no replica is left, so
+        the cost is O(longest match). Without touch_on_match it does not change LRU order
+        (routing decides afterwards, and `record` marks the chosen replica's blocks); with it,
+        every replica's matched blocks become most recently used, last to first like `record`,
+        which adds O(sum of the match lengths).
+        """
+        with self._lock:
+            result = dict.fromkeys(self._replicas, 0)
+            by_slot = self._by_slot
+            holders = self._holders
+            active = 0
+            for rep in self._replicas.values():
+                active |= rep.bit
+            i = 0
+            for h in hashes:
+                still = holders[h & (HOLDER_SHARDS - 1)].get(h, 0) & active
+                if still != active:
+                    self._settle(result, by_slot, active & ~still, i)
+                    active = still
+                    if not active:
+                        break
+                i += 1
+            else:
+                self._settle(result, by_slot, active, i)
+            if self._touch_on_match:
+                self._touch(result, hashes)
+            return result
+
+    def blocks(self, replica: str) -> int:
+        """Number of blocks the index believes `replica` holds."""
+        with self._lock:
+            return len(self._get(replica))
+
+    def held(self, h: BlockHash) -> bool:
+        """Whether any replica holds block `h`. Lock-free (one dict lookup, atomic under the GIL):
+        a hint for where hashing may stop (kvgate.index.kv.prompt), which `Router.prepare` re-checks."""
+        return h in self._holders[h & (HOLDER_SHARDS - 1)]
+
+    def forked(self, h: BlockHash) -> bool:
+        """Whether chains recorded or stored through block `h` went on from it in at least two
+        different ways: a prefix that more than one conversation extends (a shared document or
+        system prompt), as opposed to one conversation's own history, which only its next turn
+        extends. Forgotten with the block. Lock-free (one dict lookup, atomic under the GIL).
+        Precise mode sees the links within each stored batch and to its `parent`."""
+        return self._successors[h & (HOLDER_SHARDS - 1)].get(h) is _FORKED
+
+    def shared_match(self, hashes: Sequence[BlockHash], matched: dict[str, int]) -> bool:
+        """Whether the longest match in `matched` (as `match` gave it for `hashes`) ends at a
+        `forked` block: a prefix several conversations share, not one conversation's own history.
+        False without a match."""
+        best = max(matched.values(), default=0)
+        return best > 0 and self.forked(hashes[best - 1])
+
+    def holds(self, replica: str, h: BlockHash) -> bool:
+        """Whether the index believes `replica` holds block `h` (no LRU effect)."""
+        with self._lock:
+            return h in self._get(replica)
+
+    def capacity(self, replica: str) -> int | None:
+        """`replica`'s bound in blocks (None = unbounded)."""
+        with self._lock:
+            return self._get(replica).capacity
+
+    def stats(self) -> dict[str, object]:
+        """{'blocks': {replica: n}, 'evictions': {replica: n}, 'capacity': {replica: cap},
+        'unique_blocks': distinct hashes held anywhere}."""
+        with self._lock:
+            reps = self._replicas.values()
+            return {
+                "blocks": {r.name: len(r) for r in reps},
+                "evictions": {r.name: r.evictions for r in reps},
+                "capacity": {r.name: r.capacity for r in reps},
+                "unique_blocks": sum(len(d) for d in self._holders),
+            }
+
+    # -- internals (lock held) --------------------------------------------------------------
+
+    def _get(self, name: str) -> _Replica:
+        try:
+            return self._replicas[name]
+        except KeyError:
+            raise KeyError(f"unknown replica {name!r}") from None
+
+    def _link(self, hashes: Sequence[BlockHash]) -> None:
+        """Note each block's successor in this chain; a second, different one marks it forked.
+        Invariant: every key of the successor tables is a held block (`_insert` follows; `_unset`
+        drops a block's entry with its last holder)."""
+        successors, hmask = self._successors, HOLDER_SHARDS - 1
+        for prev, h in zip(hashes, hashes[1:]):
+            table = successors[prev & hmask]
+            seen = table.get(prev)
+            if seen is None:
+                table[prev] = h
+            elif seen is not _FORKED and seen != h:
+                table[prev] = _FORKED
+
+    def _insert(self, rep: _Replica, hashes: Iterable[BlockHash]) -> None:
+        holders, bit, shards = self._holders, rep.bit, rep.shards
+        smask, hmask = len(shards) - 1, HOLDER_SHARDS - 1
+        for h in hashes:
+            lru = shards[(h >> 6) & smask]
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                table = holders[h & hmask]
+                table[h] = table.get(h, 0) | bit
+
+    def _touch(self, matched: dict[str, int], hashes: Sequence[BlockHash]) -> None:
+        """Mark each replica's first matched[name] hashes most recently used, last to first."""
+        for name, n in matched.items():
+            if n:
+                rep = self._replicas[name]
+                for i in range(n - 1, -1, -1):
+                    rep.shard(hashes[i]).move_to_end(hashes[i])
+
+    def _evict_over_capacity(self, rep: _Replica) -> list[BlockHash]:
+        if rep.capacity is None:
+            return []
+        keep = ~rep.bit
+        evicted: list[BlockHash] = []
+        for lru, cap in zip(rep.shards, rep.caps):
+            over = len(lru) - cap  # type: ignore[operator]  # bounded replicas have int caps
+            for _ in range(over):
+                h, _ = lru.popitem(last=False)
+                self._unset(h, keep)
+                evicted.append(h)
+        rep.evictions += len(evicted)
+        return evicted
+
+    def _drop_all(self, rep: _Replica) -> None:
+        keep = ~rep.bit
+        for lru in rep.shards:
+            for h in lru:
+                self._unset(h, keep)
+            lru.clear()
+
+    def _unset(self, h: BlockHash, keep: int) -> None:
+        """Clear the bits outside `keep` from h's holder mask; drop h when no holder is left."""
+        table = self._holders[h & (HOLDER_SHARDS - 1)]
+        mask = table[h] & keep
+        if mask:
+            table[h] = mask
+        else:
+            del table[h]
+            self._successors[h & (HOLDER_SHARDS - 1)].pop(h, None)
+
+    @staticmethod
+    def _settle(result: dict[str, int], by_slot: dict[int, _Replica], mask: int, n: int) -> None:
+        """Give every replica whose bit is in `mask` a match length of n."""
+        while mask:
+            low = mask & -mask
+            result[by_slot[low.bit_length() - 1].name] = n
+            mask ^= low
+
+
+def _check_capacity(cap: int | None) -> None:
+    if cap is not None and cap < 0:
+        raise ValueError("capacity_blocks must be >= 0 or None")

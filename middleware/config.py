@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvgate.middleware.errors import ConfigError
 from kvgate.middleware.routing_config import (  # noqa: F401 (re-exported: RoutingConfig and its parts)
     AffinityConfig, CacheAwareConfig, LeastLoadedConfig, PolicyConfig, PrefixConfig, RoundRobinConfig, RoutingConfig,
-    deprecations)
+    deprecated, deprecations)
 
 
 class _Strict(BaseModel):
@@ -33,10 +33,6 @@ class SemanticConfig(_Strict):
 
     enabled: bool = True
     threshold: float = Field(0.9, ge=0.0, le=1.0, description="cosine similarity needed for a hit")
-    # Deprecated spellings of the route-level `ttl` and `scope` (which govern the exact tier too);
-    # still accepted, kept equal to the route's values by RouteConfig._one_scope_and_ttl.
-    ttl: float | None = Field(86400, gt=0, description="deprecated: use the route's `ttl`")
-    scope: Literal["tenant", "shared"] = Field("tenant", description="deprecated: use the route's `scope`")
     # exact: earlier turns must match exactly; last_user_only: ignored; semantic: each earlier user
     # turn judged equivalent to the cached entry's (middleware/cache/parents.py)
     context: Literal["exact", "last_user_only", "semantic"] = "exact"
@@ -88,12 +84,9 @@ class RouteConfig(_Strict):
     semantic: SemanticConfig = Field(default_factory=SemanticConfig)
     exact: bool = Field(True, description="serve byte-identical repeats from the exact tier")
     # both tiers: who shares entries, and how long they live
-    scope: Literal["tenant", "shared"] | None = Field(
-        None, description="tenant = each caller's bearer token (hashed) has its own entries; shared = pooled. "
-                          "Default: semantic.scope (deprecated spelling), else tenant")
-    ttl: float | None = Field(
-        None, gt=0, description="seconds an answer stays in both tiers. Default: semantic.ttl (deprecated "
-                                "spelling), else 86400; to keep answers forever set semantic.ttl: null")
+    scope: Literal["tenant", "shared"] = Field(
+        "tenant", description="tenant = each caller's bearer token (hashed) has its own entries; shared = pooled")
+    ttl: float | None = Field(86400, gt=0, description="seconds an answer stays in both tiers; null = forever")
     replicas: list[ReplicaConfig] = Field(default_factory=list, description="servers to route misses across")
     endpoints: list[Literal["chat", "completions"]] = Field(
         default_factory=lambda: ["chat", "completions"], min_length=1,
@@ -101,22 +94,34 @@ class RouteConfig(_Strict):
                     "(/v1/completions, SDK text_completion); a route listed earlier for one endpoint can give "
                     "completions their own cache settings")
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    model_revision: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="the backend model's revision, tagged on every answer (model:<revision>); a change serves none "
+                    "of the answers made before. Default: what the route's vLLM replicas report (/v1/models root)")
 
-    @model_validator(mode="after")
-    def _one_scope_and_ttl(self) -> "RouteConfig":
+    @model_validator(mode="before")
+    @classmethod
+    def _old_spellings(cls, data: Any) -> Any:
         """`scope`/`ttl` live on the route (they govern the exact tier as well as the semantic one);
-        `semantic.scope`/`semantic.ttl` are their older spellings. Either may be given, not two
-        different values; afterwards both spellings hold the same value."""
-        for name in ("scope", "ttl"):
-            here, old = getattr(self, name), getattr(self.semantic, name)
-            if here is not None and name in self.semantic.model_fields_set and here != old:
-                raise ValueError(f"{name} ({here!r}) and semantic.{name} ({old!r}) disagree; "
+        `semantic.scope`/`semantic.ttl` are their older spellings, moved onto the route at load,
+        each a deprecation (`deprecated`), so no other code reads them. Both spellings with
+        different values are refused."""
+        if not isinstance(data, dict) or not isinstance(data.get("semantic"), dict):
+            return data
+        semantic = dict(data["semantic"])
+        moved = [name for name in ("scope", "ttl") if name in semantic]
+        if not moved:
+            return data
+        data = {**data, "semantic": semantic}
+        for name in moved:
+            old = semantic.pop(name)
+            if name in data and data[name] != old:
+                raise ValueError(f"{name} ({data[name]!r}) and semantic.{name} ({old!r}) disagree; "
                                  f"set only {name} (semantic.{name} is its deprecated spelling)")
-            if here is None:
-                setattr(self, name, old)
-            else:
-                setattr(self.semantic, name, here)
-        return self
+            data[name] = old
+            deprecated(f"semantic.{name} is deprecated: write the route's {name} (it governs the exact "
+                       "tier too)")
+        return data
 
     @model_validator(mode="after")
     def _precise_needs_events(self) -> "RouteConfig":
@@ -262,6 +267,23 @@ class StatsConfig(_Strict):
     scrape_replicas: bool = Field(True, description="read each replica's /metrics for KV tiers and prefix hit rate")
 
 
+class EncryptionConfig(_Strict):
+    """Encryption at rest of the response cache's entries (docs/encryption.md): off unless key_env is set."""
+
+    key_env: str | None = Field(
+        None, min_length=1, description="NAME of the environment variable holding the master key (hex or base64 of "
+                                        "32+ random bytes, e.g. `openssl rand -hex 32`); entries, vectors and marks "
+                                        "on disk or Redis are then AES-GCM encrypted under keys derived from it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_key_here(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "key" in data:
+            raise ValueError("encryption.key: a key is never read from the config file; put it in an environment "
+                             "variable and name that variable in encryption.key_env")
+        return data
+
+
 class Config(_Strict):
     cache_dir: Path = Path("./.kvgate")
     max_entries: int = Field(1_000_000, gt=0, description="entries kept before LRU eviction")
@@ -273,6 +295,7 @@ class Config(_Strict):
     feedback: FeedbackConfig = Field(default_factory=FeedbackConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
+    encryption: EncryptionConfig = Field(default_factory=EncryptionConfig)
 
     @field_validator("routes")
     @classmethod
@@ -298,7 +321,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        with deprecations():  # old spellings (routing.decode_weight, ...): said once each, after the load
+        with deprecations():  # old spellings (routing.decode_weight, semantic.ttl, ...): said once each, after the load
             return Config.model_validate(data)
     except ValidationError as exc:
         lines = [f"{_field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]

@@ -99,3 +99,12 @@ class BackendError(KvgateError):
         if backend_status in self.CALLER_STATUSES:
             self.status = backend_status
             self.type = "rate_limit_error" if backend_status == 429 else "invalid_request_error"
+
+
+class StoreUnavailable(KvgateError):
+    """An operator's call (an erasure, an invalidation) could not finish: the store failed. Unlike a
+    request's cache work, which a failing store turns into a miss, this must be known and retried."""
+
+    status = 503
+    type = "store_error"
+    code = "store_unavailable"

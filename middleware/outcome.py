@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
@@ -59,18 +59,3 @@ class Result:
     response: ModelResponse | None = None
     stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
     raw: Any = None  # a relayed miss (`acomplete(raw=True)`): the replica's JSON bytes, or an async iterator of SSE bytes
-
-
-class AnswerSink(Protocol):
-    """Where a forwarded miss reports to the response cache (kvgate.middleware.cache.response_cache.Recording)."""
-
-    def miss(self, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
-        """The miss's CacheInfo, once a replica answers."""
-
-    def first_token(self) -> None:
-        """The miss's first bytes go to the client now."""
-
-    async def record(self, info: CacheInfo, answer: str | None, payload: Callable[[], dict[str, Any] | None],
-                     before: Callable[[], None] | None = None) -> None:
-        """The answer is complete: store it (`payload()`, asked only when the request stores),
-        after `before` (work that belongs in the same step, off the loop when the step is)."""

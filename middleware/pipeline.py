@@ -1,26 +1,32 @@
 """The request pipeline: look a request up in the response cache, then serve the hit, or forward
-the miss to its route's replicas and store the answer.
+the miss to its route's replicas and record the answer.
 
 No HTTP here: the proxy and the SDK both call `acomplete` / `complete` with LiteLLM-style kwargs
 and get back litellm response objects (or chunk iterators) plus a CacheInfo. The flow is written
 once, async; `complete` is a thin sync adapter that runs it on the pipeline's own loop thread
-(kvgate.middleware.sync_adapter). The cache's steps and the forwarding live in their own folders
-(kvgate.middleware.cache, kvgate.middleware.forward); the objects are built from config by kvgate.middleware.build.
+(kvgate.middleware.sync_adapter). The cache (kvgate.middleware.cache) and the forwarding
+(kvgate.middleware.forward) meet only here: the route is matched once, the view built once, one
+step does the look-up and the forwarder's prepare, and the record step after the answer is the
+pipeline's; the steps' bodies are kvgate.middleware.steps. The objects are built from config by
+kvgate.middleware.build.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from kvgate.middleware.answers import Replay, tag
 from kvgate.middleware.cache.feedback import FeedbackOutcome
+from kvgate.middleware.cache.offload import INLINE_TOTAL_CHARS, prompt_chars, runs_inline
 from kvgate.middleware.cache.response_cache import ResponseCache
-from kvgate.middleware.config import Config
+from kvgate.middleware.config import Config, RouteConfig
 from kvgate.middleware.forward.forwarder import Forwarder, know_engines
 from kvgate.middleware.forward.relay import Relay
 from kvgate.middleware.outcome import CacheInfo, Result  # noqa: F401  (public here too)
-from kvgate.middleware.answers import Replay
-from kvgate.middleware.request import CacheControl, RequestView
+from kvgate.middleware.request import CacheControl, RequestView, match_route
 from kvgate.middleware.routing.router import Router
+from kvgate.middleware.steps import ending, look_up, recorded
 from kvgate.middleware.sync_adapter import SyncAdapter
 from kvgate.middleware.telemetry.metrics import Metrics
 
@@ -28,6 +34,7 @@ if TYPE_CHECKING:
     from kvgate.index.responses.embedder import Embedder
     from kvgate.index.responses.semantic import SemanticIndex
     from kvgate.index.responses.verifier import Verifier
+    from kvgate.middleware.cache.governance import Governance
     from kvgate.middleware.cache.request_log import RequestLog
     from kvgate.middleware.cache.trust_gate import TrustGate
     from kvgate.middleware.cache.verification import SemanticSettings
@@ -37,8 +44,9 @@ class Pipeline:
     """Safe to share across requests; built by `kvgate.middleware.build.build_pipeline`."""
 
     def __init__(self, config: Config, cache: ResponseCache, forwarders: dict[str, Forwarder], relay: Relay,
-                 metrics: Metrics, closing: list[Any]) -> None:
+                 metrics: Metrics, closing: list[Any], governance: "Governance | None" = None) -> None:
         self.config = config
+        self.governance = governance  # erasing tenants, invalidating tags (kvgate.middleware.cache.governance)
         self.cache = cache
         self.forwarders = forwarders
         self.relay = relay  # the proxy's pass-through to OpenAI-compatible replicas, shared by the routes
@@ -55,14 +63,44 @@ class Pipeline:
         a completions hit as its JSON body or SSE events. `endpoint` "completions": `kwargs` is
         one completions prompt (`prompt`, not `messages`)."""
         started = time.perf_counter()
+        route = match_route(self.config, kwargs, endpoint)  # the one match: everything below takes it
+        forwarder = self.forwarders[route.name]
         if not self._engines_known:  # the steady state: one read per request
-            self._engines_known = await know_engines(self.config, self.forwarders, kwargs)
-        looked = await self.cache.look_up(kwargs, tenant, control, self.forwarders, started, endpoint)
+            self._engines_known = await know_engines(self.forwarders, forwarder)
+        inline = self._inline(route, kwargs, endpoint, forwarder)
+        step = (self.cache, forwarder, route, kwargs, tenant, control, endpoint, started, inline)
+        looked = look_up(*step) if inline else await asyncio.to_thread(look_up, *step)
         if looked.result is not None:
             return looked.result
-        forwarder = self.forwarders[looked.view.route.name]
-        sink = self.cache.recording(looked, forwarder.model_for(looked.view))
-        return await forwarder.forward(looked.view, sink, raw=raw)
+        forwarded = await forwarder.forward(looked.view, raw=raw)
+        attempts = forwarded.attempts
+        info = self.cache.miss(looked, attempts.replica, attempts.expected_cached_tokens())
+        if looked.view.stream:  # recorded once read to its end, before the end reaches the client
+            stream = ending(self.cache, forwarder, looked, info, forwarded)
+            return Result(info, raw=stream) if forwarded.raw else Result(info, stream=stream)
+        await recorded(self.cache, forwarder, looked, info, forwarded)
+        if forwarded.raw:
+            return Result(info, raw=forwarded.reply)
+        tag(forwarded.reply, info)
+        return Result(info, response=forwarded.reply)
+
+    def _inline(self, route: RouteConfig, kwargs: dict[str, Any], endpoint: str, forwarder: Forwarder) -> bool:
+        """Whether this request's look-up and record steps run on the event loop rather than in a
+        worker thread (kvgate.middleware.cache.offload); decided from the raw kwargs, before any
+        of the prompt is digested."""
+        limit = self.cache.inline_chars[route.name]
+        if endpoint == "completions":  # a prompt is hashed whole: all of it is new
+            prompt = kwargs.get("prompt")
+            total = len(prompt) if isinstance(prompt, (str, list)) else -1
+            return total < 0 or runs_inline(total, total, limit)
+        messages = kwargs.get("messages")
+        total = prompt_chars(messages)
+        if total < 0:  # the view refuses it at once, wherever it runs
+            return True
+        if limit is None or total > INLINE_TOTAL_CHARS:  # decided before digesting a long prompt
+            return False
+        new = forwarder.new_chars(messages)
+        return runs_inline(total, total if new is None else new, limit)
 
     def complete(
         self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
@@ -81,7 +119,7 @@ class Pipeline:
 
     def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
              endpoint: str = "chat") -> RequestView:
-        return self.cache.view(kwargs, tenant, control, endpoint)
+        return self.cache.view(match_route(self.config, kwargs, endpoint), kwargs, tenant, control, endpoint)
 
     def close(self) -> None:
         self._sync.close()  # first: open sync streams end (unstored) while the index is still open

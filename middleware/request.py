@@ -42,6 +42,7 @@ class CacheControl:
     no_cache: bool = False  # do not look up
     no_store: bool = False  # do not write
     ttl: float | None = None  # override the route's TTL for this write
+    tags: tuple[str, ...] = ()  # the client's tags for this write (kvgate.middleware.tags: header x-kvgate-tags)
 
     @classmethod
     def from_header(cls, value: str | None) -> "CacheControl":
@@ -224,9 +225,11 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl) -> RequestView:
-    """Match the route and compute the exact key, the semantic scope and the query text."""
-    route = _route(config, kwargs)
+def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl,
+               route: RouteConfig | None = None) -> RequestView:
+    """Compute the exact key, the semantic scope and the query text; `route`: the one
+    `match_route` found for these kwargs (matched here when not given)."""
+    route = match_route(config, kwargs) if route is None else route
     model = kwargs["model"]
     messages = validate_messages(kwargs.get("messages"))
     params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and v is not None}
@@ -285,12 +288,13 @@ def text_prompt(prompt: Any, where: str = "prompt") -> TextPrompt:
     raise BadRequest(f"`{where}` must be a string or a list of token ids", param=where)
 
 
-def build_text_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl) -> RequestView:
+def build_text_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl,
+                    route: RouteConfig | None = None) -> RequestView:
     """A completions request (one prompt; a batch is split before it gets here): the exact key
     covers the prompt (text or ids), model, output-affecting parameters and tenant; the semantic
     tier's query is the prompt text. Requests whose answer is not a function of the key
-    (`uncacheable`) skip both tiers."""
-    route = _route(config, kwargs, "completions")
+    (`uncacheable`) skip both tiers. `route` as for `build_view`."""
+    route = match_route(config, kwargs, "completions") if route is None else route
     model = kwargs["model"]
     prompt = text_prompt(kwargs.get("prompt"))
     params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and k != "prompt" and v is not None}
@@ -314,7 +318,9 @@ def build_text_view(config: Config, kwargs: Mapping[str, Any], tenant: str, cont
                        prompt.text if semantic else None, control, None, prompt, skip)
 
 
-def _route(config: Config, kwargs: Mapping[str, Any], endpoint: str = "chat") -> RouteConfig:
+def match_route(config: Config, kwargs: Mapping[str, Any], endpoint: str = "chat") -> RouteConfig:
+    """The route that serves this request's model on `endpoint`; BadRequest / ModelNotFound
+    when there is none. The pipeline matches once per request and hands the route on."""
     model = kwargs.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("`model` is required and must be a string", param="model")

@@ -109,6 +109,15 @@ class CacheAwareConfig(_Policy):
                                                              "that prefix differently); .inf (default): not bounded")
 
 
+class PrefillTimeConfig(_Policy):
+    """prefill_time: the replica where the first token is expected soonest, in seconds, from the
+    engines' measured prefill rates and queues (middleware/routing/prefill_time.py)."""
+
+    name: Literal["prefill_time"] = "prefill_time"
+    cold_prefill_rate: float = Field(1000.0, gt=0, description="prefill tokens per second assumed for every replica "
+                                                               "until one is measured from its engine's counters")
+
+
 class AffinityConfig(_Policy):
     """affinity: sticky sessions by consistent hashing with bounded loads (middleware/routing/affinity.py)."""
 
@@ -116,15 +125,16 @@ class AffinityConfig(_Policy):
     load_factor: float = Field(1.25, ge=1.0, description="bound on load vs the mean")
 
 
-POLICY_MODELS = (RoundRobinConfig, LeastLoadedConfig, CacheAwareConfig, AffinityConfig)
+POLICY_MODELS = (RoundRobinConfig, LeastLoadedConfig, CacheAwareConfig, PrefillTimeConfig, AffinityConfig)
 POLICY_NAMES = tuple(m.model_fields["name"].default for m in POLICY_MODELS)
 KNOB_POLICY = {knob: m.model_fields["name"].default for m in POLICY_MODELS for knob in m.model_fields if knob != "name"}
-PolicyConfig = Annotated[Union[RoundRobinConfig, LeastLoadedConfig, CacheAwareConfig, AffinityConfig],
-                         Field(discriminator="name")]
+PolicyConfig = Annotated[Union[RoundRobinConfig, LeastLoadedConfig, CacheAwareConfig, PrefillTimeConfig,
+                               AffinityConfig], Field(discriminator="name")]
 _POLICY = TypeAdapter(PolicyConfig)
 
 
-def policy_config(name: str, **knobs: Any) -> RoundRobinConfig | LeastLoadedConfig | CacheAwareConfig | AffinityConfig:
+def policy_config(name: str, **knobs: Any) -> (RoundRobinConfig | LeastLoadedConfig | CacheAwareConfig | PrefillTimeConfig
+                                                 | AffinityConfig):
     """The settings of policy `name` (validated: pydantic.ValidationError, a ValueError, if not)."""
     return _POLICY.validate_python({"name": name, **knobs})
 
@@ -192,7 +202,8 @@ class RoutingConfig(_Strict):
 
     policy: PolicyConfig = Field(
         default_factory=CacheAwareConfig,
-        description="round_robin | least_loaded | cache_aware | affinity, or a mapping {name: <policy>, <its knobs>}")
+        description="round_robin | least_loaded | cache_aware | prefill_time | affinity, or a mapping "
+                    "{name: <policy>, <its knobs>}")
     prefix: PrefixConfig = Field(default_factory=PrefixConfig)
     engine: Literal["auto", "vllm", "openai"] = Field(
         "auto", description="what serves the replicas: auto = asked from each replica (vLLM answers /version); "
@@ -203,6 +214,11 @@ class RoutingConfig(_Strict):
     max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")
     down_for_s: float = Field(5.0, gt=0, description="a failed replica gets no traffic this long (then half-open)")
     probe_interval_s: float = Field(2.0, gt=0, description="health probe of down replicas (proxy)")
+    engine_poll_s: float = Field(2.0, ge=0.1, le=300,
+                                 description="seconds between two reads of each replica's /metrics by the proxy (its "
+                                             "engine's queue and prefill rate for prefill_time, and the dashboard's "
+                                             "engine numbers); below the engine's HTTP keep-alive (vLLM: 5 s), one "
+                                             "connection per replica serves every read")
     forward: Literal["relay", "litellm"] = Field(
         "relay", description="proxy misses: relay = pass the replica's own bytes through (httpx, OpenAI-compatible "
                              "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")

@@ -58,21 +58,26 @@ def backend() -> Iterator[Backend]:
 
 
 def route_config(api_base: str, cache_dir: Path, **semantic: Any) -> dict[str, Any]:
-    """The issue's example config, pointed at a test backend."""
+    """The issue's example config, pointed at a test backend. `ttl` is the route's; the other
+    keywords go into its `semantic:` block."""
+    ttl = semantic.pop("ttl", 86400)
     return {
         "cache_dir": str(cache_dir),
         "routes": [
             {
                 "name": "chat",
                 "model": "demo-*",
+                "ttl": ttl,
+                "scope": "tenant",
                 "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
-                "semantic": {"threshold": 0.9, "ttl": 86400, "scope": "tenant", "context": "exact", **semantic},
+                "semantic": {"threshold": 0.9, "context": "exact", **semantic},
             },
             {
                 "name": "shared",
                 "model": "shared-*",
+                "scope": "shared",
                 "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
-                "semantic": {"threshold": 0.9, "scope": "shared"},
+                "semantic": {"threshold": 0.9},
             },
         ],
     }

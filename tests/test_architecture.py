@@ -2,10 +2,13 @@
 loads, module sizes, and README's layout against the tree."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -30,6 +33,107 @@ def test_import_contracts_hold() -> None:
                           timeout=300, env={**os.environ, "LINT_IMPORTS": str(lint)})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+# kvgate's import graph, by grimp (import-linter's graph builder): every import, those inside functions
+# and under TYPE_CHECKING included, as the contracts count them
+IMPORT_GRAPH = """
+import json, grimp
+graph = grimp.build_graph("kvgate", cache_dir=None)
+print(json.dumps({m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}))
+"""
+
+
+def _import_graph() -> dict[str, list[str]]:
+    """Module → the kvgate modules it imports, read from the tree shaped as installed (kvgate/ with
+    hard links of the four packages inside, as `.ci/lint-imports` stages it)."""
+    stage = Path(tempfile.mkdtemp(prefix=".import-graph.", dir=ROOT))
+    try:
+        (stage / "kvgate").mkdir()
+        shutil.copy(ROOT / "kvgate" / "__init__.py", stage / "kvgate")
+        for pkg in PACKAGES:
+            shutil.copytree(ROOT / pkg, stage / "kvgate" / pkg, copy_function=os.link,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        done = subprocess.run([sys.executable, "-c", IMPORT_GRAPH], cwd=stage, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(stage)})
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """One import cycle per strongly connected component of `graph` with more than one module (Tarjan,
+    iterative), as the path a → b → ... → a. A package importing its own submodules is not an edge:
+    an __init__ that re-exports them is how a package is built, not a cycle between modules."""
+    edges = {m: [t for t in targets if t in graph and not t.startswith(m + ".")] for m, targets in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        components.append(sorted(component))
+            elif target not in index:
+                index[target] = low[target] = len(index)
+                stack.append(target)
+                on_stack.add(target)
+                work.append((target, iter(edges[target])))
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+    cycles = []
+    for component in components:  # the shortest way from its first module back to it, inside the component
+        start, members = component[0], set(component)
+        parent: dict[str, str] = {}
+        frontier = [start]
+        while start not in parent:
+            reached = []
+            for module in frontier:
+                for target in edges[module]:
+                    if target in members and target not in parent:
+                        parent[target] = module
+                        reached.append(target)
+            frontier = reached
+        path = [start]
+        while len(path) == 1 or path[-1] != start:
+            path.append(parent[path[-1]])
+        cycles.append(path[::-1])
+    return cycles
+
+
+def test_cycles_finds_a_cycle() -> None:
+    graph = {"k.a": ["k.b"], "k.b": ["k.c"], "k.c": ["k.a", "k.d"], "k.d": [], "k": ["k.a"], "k.e": ["k"]}
+    assert _cycles(graph) == [["k.a", "k.b", "k.c", "k.a"]]
+    assert _cycles({"k": ["k.a"], "k.a": ["k"]}) == []  # a package over its own submodule
+
+
+def test_no_import_cycles() -> None:
+    """No two kvgate modules import each other, directly or through others: each module can be read,
+    tested and loaded after the ones it imports."""
+    cycles = _cycles(_import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" → ".join(cycle) for cycle in cycles)
 
 
 def test_engine_imports_load_no_proxy_stack() -> None:

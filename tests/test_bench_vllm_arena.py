@@ -162,6 +162,10 @@ def test_kvgate_configs_are_valid(tmp_path):
     assert [r["events"] for r in precise["replicas"]] == [s.events for s in servers]
     approx = kvgate_config("kvgate_approximate", servers, tmp_path, "/m")["routes"][0]["routing"]
     assert approx == {"policy": "cache_aware", "prefix": {"mode": "approximate", "tokenizer": "/m"}}
+    for arm, mode in (("kvgate_precise_prefill_time", "precise"), ("kvgate_approximate_prefill_time", "approximate")):
+        route = parse_config(kvgate_config(arm, servers, tmp_path / arm, "/m")).routes[0]
+        assert (route.routing.policy.name, route.routing.prefix.mode) == ("prefill_time", mode)
+        assert all(r.events for r in route.replicas) == (mode == "precise")
 
 
 def test_options_checked():

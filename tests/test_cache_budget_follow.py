@@ -20,7 +20,7 @@ def answer(i: int, size: int = 400) -> dict:
 
 
 def disk_entries(index: SemanticIndex) -> int:
-    return sum(1 for k in kvgate.index.responses.entries.cache.iterkeys() if isinstance(k, str) and k.startswith("e:"))
+    return sum(1 for k in index.entries.cache.iterkeys() if isinstance(k, str) and k.startswith("e:"))
 
 
 def test_byte_budget_evicts_oldest_and_survives_reopen(tmp_path: Path) -> None:

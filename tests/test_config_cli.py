@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -34,7 +35,7 @@ def test_example_config_is_valid():
     ({"routes": []}, "routes"),
     ({}, "routes"),
     ({"routes": [{"name": "a", "model": "x", "semantic": {"threshold": 1.5}}]}, "routes.0.semantic.threshold"),
-    ({"routes": [{"name": "a", "model": "x", "semantic": {"scope": "global"}}]}, "routes.0.semantic.scope"),
+    ({"routes": [{"name": "a", "model": "x", "semantic": {"scope": "global"}}]}, "routes.0.scope"),
     ({"routes": [{"name": "a", "model": "x", "backend": {"api_bsae": "http://x"}}]}, "routes.0.backend.api_bsae"),
     ({"routes": [{"name": "a", "model": "x"}, {"name": "a", "model": "y"}]}, "routes"),
     ({"routes": [{"name": "a", "model": "x"}], "server": {"port": 70000}}, "server.port"),
@@ -47,16 +48,24 @@ def test_bad_config_names_the_field(data, field):
     assert f"{field}:" in err.value.message
 
 
-@pytest.mark.parametrize("route, scope, ttl", [
-    ({}, "tenant", 86400),
-    ({"scope": "shared", "ttl": 60}, "shared", 60),
-    ({"semantic": {"scope": "shared", "ttl": None}}, "shared", None),  # the older spelling still works
-    ({"scope": "shared", "semantic": {"scope": "shared"}}, "shared", 86400),
+@pytest.mark.parametrize("route, scope, ttl, old", [
+    ({}, "tenant", 86400, []),
+    ({"scope": "shared", "ttl": 60}, "shared", 60, []),
+    ({"ttl": None}, "tenant", None, []),  # forever
+    ({"semantic": {"scope": "shared", "ttl": None}}, "shared", None, ["scope", "ttl"]),  # the older spelling still works
+    ({"scope": "shared", "semantic": {"scope": "shared"}}, "shared", 86400, ["scope"]),
 ])
-def test_scope_and_ttl_live_on_the_route(route, scope, ttl):
-    """Both tiers read one scope and ttl; `semantic.scope`/`semantic.ttl` are their old spellings."""
-    r = parse_config({"routes": [{"name": "a", "model": "x", **route}]}).routes[0]
-    assert (r.scope, r.ttl) == (scope, ttl) and (r.semantic.scope, r.semantic.ttl) == (scope, ttl)
+def test_scope_and_ttl_live_on_the_route(route, scope, ttl, old):
+    """Both tiers read one scope and ttl; `semantic.scope`/`semantic.ttl`, their old spellings, are
+    moved onto the route at load, each with a deprecation naming both fields."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = parse_config({"routes": [{"name": "a", "model": "x", **route}]}).routes[0]
+    assert (r.scope, r.ttl) == (scope, ttl)
+    assert not hasattr(r.semantic, "scope") and not hasattr(r.semantic, "ttl")  # one spelling to read
+    said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert said == [f"semantic.{name} is deprecated: write the route's {name} (it governs the exact tier too)"
+                    for name in old]
 
 
 def test_cli_bad_config_exits_with_message(tmp_path):

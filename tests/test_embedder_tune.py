@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from kvgate.index.responses.embedder import MANIFEST, embedder_identity, make_embedder, packaged_minilm_path
-from kvgate.index.responses.embedder_onnx import _fingerprint, default_onnx_dir
+from kvgate.index.responses.embedder_onnx import _fingerprint
+from kvgate.index.storage.env import model_cache_dir
 from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.cli import main as cli_main
 from kvgate.middleware.config import parse_config
@@ -40,7 +41,7 @@ def write_pairs(path: Path) -> Path:
 def model_cache(tmp_path_factory: pytest.TempPathFactory):
     """A model cache of the module's own (nothing tiny lands in the user's), holding the packaged
     MiniLM's export from the real cache when there is one (saves re-exporting it)."""
-    real = default_onnx_dir()
+    real = model_cache_dir()
     cache = tmp_path_factory.mktemp("models")
     export = real / f"minilm-{_fingerprint(packaged_minilm_path())}.onnx"
     if export.exists():

@@ -16,24 +16,30 @@ import pytest
 
 from kvgate.index.responses.entries import CacheEntry, DiskEntryStore, EntryStore, LogGap, Stored
 from kvgate.index.responses.entries.redis import RedisEntryStore
+from kvgate.index.storage.cipher import EntryCipher
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.index.responses.tighten import Mark
+from kvgate.index.responses.tags import tenant_term
 from kvgate.tools.redis_proc import RedisServer
 
 DIM = 8
 Opener = Callable[[], EntryStore]
 
 
-def disk_store(tmp_path: Path, dim: int) -> Opener:
-    return lambda: DiskEntryStore(tmp_path / "entries", dim)
+MASTER_KEY = bytes(range(32))  # the encrypted variants: every handle of a store shares the master key
 
 
-def redis_store(tmp_path: Path, dim: int, url: str) -> Opener:
+def disk_store(tmp_path: Path, dim: int, cipher: EntryCipher | None = None) -> Opener:
+    return lambda: DiskEntryStore(tmp_path / "entries", dim, cipher)
+
+
+def redis_store(tmp_path: Path, dim: int, url: str, cipher: EntryCipher | None = None) -> Opener:
     prefix = f"t{tmp_path.name}:"  # one store per test, even on a shared server
-    return lambda: RedisEntryStore(RedisLink(LinkSettings(url)), dim, key_prefix=prefix)
+    return lambda: RedisEntryStore(RedisLink(LinkSettings(url)), dim, key_prefix=prefix, cipher=cipher)
 
 
-STORES = [pytest.param("disk", id="disk"), pytest.param("redis", id="redis")]
+STORES = [pytest.param("disk", id="disk"), pytest.param("redis", id="redis"),
+          pytest.param("disk-encrypted", id="disk-encrypted"), pytest.param("redis-encrypted", id="redis-encrypted")]
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +52,11 @@ def shared_redis() -> Iterator[RedisServer]:
 @pytest.fixture(params=STORES)
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     handles: list[EntryStore] = []
-    if request.param == "disk":
-        opener = disk_store(tmp_path, DIM)
+    cipher = EntryCipher(MASTER_KEY) if request.param.endswith("-encrypted") else None
+    if request.param.startswith("disk"):
+        opener = disk_store(tmp_path, DIM, cipher)
     else:
-        opener = redis_store(tmp_path, DIM, request.getfixturevalue("shared_redis").url)
+        opener = redis_store(tmp_path, DIM, request.getfixturevalue("shared_redis").url, cipher)
 
     def open_handle() -> EntryStore:
         handles.append(opener())
@@ -179,6 +186,43 @@ def test_marks_are_shared_and_replaced(open_store: Opener) -> None:
     assert [m.similarity for m in got] == [0.91, 0.92] and np.allclose(got[1].center, unit(2))
     b.set_marks("s", [Mark(unit(3), 0.95, 3.0)])  # last writer wins
     assert [m.similarity for m in a.marks("s")] == [0.95] and a.marks("other") == []
+
+
+def test_entries_are_filed_under_their_tags_and_tenant(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    doc, other, plain = new_entry(a, key="k1"), new_entry(a, key="k2", ttl=0.3), new_entry(a, key="k3")
+    doc.tenant, doc.tags = "acme", ["doc:1@v2", "model:m1"]
+    other.tenant, other.tags = "umbrella", ["doc:1@v2"]
+    a.put(doc, unit(1))
+    a.put(other, unit(2), ttl=0.3)
+    a.put(plain)
+    assert b.tagged("doc:1@v2") == sorted([doc.id, other.id]) and b.tagged("model:m1") == [doc.id]
+    assert b.tagged(tenant_term("acme")) == [doc.id] and b.tagged("doc:1") == [] and b.tagged("doc:1@v") == []
+    assert b.get(doc.id).tags == ["doc:1@v2", "model:m1"] and b.get(doc.id).tenant == "acme"
+    assert b.delete(doc.id)
+    assert a.tagged("model:m1") == [] and a.tagged(tenant_term("acme")) == []
+    time.sleep(0.4)  # expired: may still be listed (a listed id may have vanished), never read
+    assert a.get(other.id) is None and all(a.get(i) is None for i in a.tagged("doc:1@v2"))
+    fresh = new_entry(a, key="k4")
+    fresh.tags = ["doc:1@v2"]
+    a.put(fresh)  # and a busy term's listing holds its live entries only
+    assert b.tagged("doc:1@v2") == [fresh.id]
+    assert a.scrub()
+
+
+def test_marks_rewritten_keep_their_expiry_and_tenant(open_store: Opener) -> None:
+    a, b = open_store(), open_store()
+    a.set_marks("s1", [Mark(unit(1), 0.91, 1.0, "acme"), Mark(unit(2), 0.92, 2.0, "umbrella")], ttl=0.5)
+    a.set_marks("s2", [Mark(unit(3), 0.93, 3.0, "acme")])
+    assert sorted(b.mark_scopes()) == ["s1", "s2"]
+    assert [m.tenant for m in b.marks("s1")] == ["acme", "umbrella"]
+    b.rewrite_marks("s1", [m for m in b.marks("s1") if m.tenant != "acme"])
+    b.rewrite_marks("s2", [])
+    assert [m.tenant for m in a.marks("s1")] == ["umbrella"] and a.marks("s2") == [] and a.mark_scopes() == ["s1"]
+    time.sleep(0.6)
+    assert a.marks("s1") == []  # the expiry stayed
+    b.rewrite_marks("s1", [Mark(unit(4), 0.94, 4.0)])  # never recreated once gone
+    assert a.marks("s1") == []
 
 
 def test_change_log_lists_adds_and_deletes_of_every_handle(open_store: Opener) -> None:

@@ -53,7 +53,7 @@ def test_tighten_raises_neighbours_and_later_entries(tmp_path) -> None:
     other_scope = index.add("t", response("d"), text="d", vector=unit(1, 0))
     center = index.vector(wrong.id)
     assert index.delete(wrong.id)
-    assert kvgate.index.responses.tighten("s", center, 0.93) == 1
+    assert index.tighten("s", center, 0.93) == 1
     assert index.get(near.id).min_similarity == pytest.approx(0.94)
     assert index.get(far.id).min_similarity is None
     assert index.get(other_scope.id).min_similarity is None
@@ -74,7 +74,7 @@ def test_tighten_raises_neighbours_and_later_entries(tmp_path) -> None:
 def test_marks_per_scope_are_bounded(tmp_path) -> None:
     index = SemanticIndex(tmp_path / "r", DIM, max_marks_per_scope=3)
     for k in range(5):
-        kvgate.index.responses.tighten("s", unit(1, k), 0.9)
+        index.tighten("s", unit(1, k), 0.9)
     assert len(index.marks("s")) == 3
     index.close()
 

@@ -136,7 +136,7 @@ def test_plan_says_whether_the_longest_match_is_a_shared_prefix():
     assert not r.plan([{"role": "user", "content": "nothing anyone sent"}]).shared_prefix
 
 
-# ------------------------------------------------------------------ Router.prepare / prepare_answer
+# ------------------------------------------------------------------ Router.prepare / answer_hashes
 def router(**cfg: Any) -> Router:
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
     return Router(reps, RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, **cfg)))
@@ -159,22 +159,17 @@ def test_prepared_plan_equals_a_computed_one_and_is_taken_once():
     assert a.planner.waiting == 0
 
 
-def test_prepared_answer_records_what_finished_would_compute():
+def test_answer_hashes_resume_from_the_prompt_and_are_what_finished_records():
     answer = {"role": "assistant", "content": "a long answer " * 30}
-    books = []
-    for prepare in (False, True):
-        r = router()
-        msgs = chat(2)
-        plan = r.plan(msgs)
-        ticket = r.started(r.replicas[0], plan)
-        if prepare:
-            r.prepare_answer(plan, [*msgs, answer])
-            assert plan.answer is not None
-        r.finished(ticket, True, [*msgs, answer])
-        books.append(r.index.stats())
-        full = PromptHasher(TextTokenizer(), 16).hashes([*msgs, answer])[0]
-        assert r.index.match(full)["r0"] == len(full)
-    assert books[0] == books[1]
+    r = router()
+    msgs = chat(2)
+    plan = r.plan(msgs)
+    ticket = r.started(r.replicas[0], plan)
+    hashes = r.answer_hashes(plan, [*msgs, answer])
+    full = PromptHasher(TextTokenizer(), 16).hashes([*msgs, answer])[0]
+    assert hashes == full and hashes[:len(plan.hashes)] == plan.hashes
+    r.finished(ticket, True, hashes)
+    assert r.index.match(full)["r0"] == len(full)
 
 
 class ThreadNoting(PrefixIndex):
@@ -210,8 +205,8 @@ def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them
             # the previous turns' records, made off this thread, are seen as an inline router sees its own
             assert plan.matched_blocks == same.matched_blocks and (turn == 1 or plan.matched_blocks["r2"] > 0)
             ticket = r.started(r.replicas[2], plan)
-            r.finished(ticket, True, [*msgs, answer])
-            inline.finished(inline.started(inline.replicas[2], same), True, [*msgs, answer])
+            r.finished(ticket, True, r.answer_hashes(plan, [*msgs, answer]))
+            inline.finished(inline.started(inline.replicas[2], same), True, inline.answer_hashes(same, [*msgs, answer]))
         r.settle()
         assert index.threads and all(name.startswith("kvgate-index") for name in index.threads)
         assert len(index.threads) == 10  # started and finished of five turns, none lost
@@ -244,24 +239,22 @@ def test_a_short_chain_is_recorded_on_the_callers_thread_unless_records_are_queu
         r.close()
 
 
-def test_a_different_answer_than_prepared_is_hashed_afresh():
+def test_a_failed_attempt_records_no_answer():
     r = router()
     msgs = chat(1)
     plan = r.plan(msgs)
     ticket = r.started(r.replicas[0], plan)
-    r.prepare_answer(plan, [*msgs, {"role": "assistant", "content": "one thing " * 20}])
-    other = [*msgs, {"role": "assistant", "content": "something else " * 20}]
-    r.finished(ticket, True, other)
-    full = PromptHasher(TextTokenizer(), 16).hashes(other)[0]
-    assert r.index.match(full)["r0"] == len(full)
+    hashes = r.answer_hashes(plan, [*msgs, {"role": "assistant", "content": "one thing " * 20}])
+    assert hashes is not None
+    r.finished(ticket, False, hashes)
+    assert r.index.match(hashes)["r0"] == len(plan.hashes)  # the prompt's record only
 
 
 def test_no_answer_hashing_when_answers_are_not_recorded():
     r = router(record_answers=False)
     msgs = chat(1)
     plan = r.plan(msgs)
-    r.prepare_answer(plan, [*msgs, {"role": "assistant", "content": "x " * 40}])
-    assert plan.answer is None
+    assert r.answer_hashes(plan, [*msgs, {"role": "assistant", "content": "x " * 40}]) is None
 
 
 # ------------------------------------------------------------------ body parsing
@@ -336,7 +329,7 @@ def test_a_record_after_close_is_applied_inline_not_raised():
     plan = r.plan(chat(1))
     ticket = r.started(r.replicas[0], plan)
     r.close()  # the proxy shuts down while this request is still streaming
-    r.finished(ticket, True, [*chat(1), {"role": "assistant", "content": "done " * 40}])
+    r.finished(ticket, True, r.answer_hashes(plan, [*chat(1), {"role": "assistant", "content": "done " * 40}]))
     assert r.index.match(plan.hashes)["r0"] == len(plan.hashes)
 
 

@@ -150,7 +150,7 @@ def test_background_loads_report_each_request_once_after_its_failures(store: Chu
 
 def test_background_loads_survive_a_store_that_raises() -> None:
     class Broken:
-        def get_many(self, hashes):
+        def get_many(self, hashes, served=None, salt=None):
             raise OSError("disk gone")
 
     kv = PagedKV(strided_views((0, 1, 2, 3, 4)), BLOCKS)

@@ -77,9 +77,9 @@ def test_three_proxies_share_one_cache_dir(tmp_path: Path) -> None:
     # read back through the cache's own storage format (sealed values): opening drops what it
     # cannot read, so equal counts before and after mean nothing was damaged
     index = SemanticIndex(tmp_path / "cache" / "responses", 384, follow_interval_s=None)
-    keys = [k for k in kvgate.index.responses.entries.cache.iterkeys() if isinstance(k, str)]
+    keys = [k for k in index.entries.cache.iterkeys() if isinstance(k, str)]
     on_disk = {int(k[2:]) for k in keys if k.startswith("e:")}
-    pointers = [kvgate.index.responses.entries.cache.get(k) for k in keys if k.startswith("x:")]
+    pointers = [index.entries.cache.get(k) for k in keys if k.startswith("x:")]
     try:
         assert len(index) == len(on_disk), "unreadable entries were dropped on open"
         for entry_id in on_disk:

@@ -79,13 +79,13 @@ def test_inline_and_offloaded_requests_give_the_same_cache_behaviour(embedder, t
                                 routing={"prefix": {"tokenizer": "text"}})
     pipeline = build_pipeline(config, embedder=embedder)
     threads: list[str] = []
-    look_up = pipeline.cache._look_up
+    look_up = pipeline.cache.look_up
 
     def noting(*args, **kwargs):  # the real step, noting the thread it ran on
         threads.append(threading.current_thread().name)
         return look_up(*args, **kwargs)
 
-    pipeline.cache._look_up = noting  # type: ignore[method-assign]
+    pipeline.cache.look_up = noting  # type: ignore[method-assign]
     server = ServerThread(create_app(config, pipeline)).start()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
@@ -121,7 +121,7 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
                                 routing={"prefix": {"tokenizer": "text"}})
     pipeline = build_pipeline(config, embedder=embedder)
     steps: list[tuple[str, str]] = []
-    for name in ("_look_up", "record"):
+    for name in ("look_up", "record"):
         real = getattr(pipeline.cache, name)
 
         def noting(*args, _real=real, _name=name, **kwargs):  # the real step, noting its thread
@@ -141,7 +141,7 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
                     assert resp.status_code == 200 and resp.headers["x-kvgate-cache"] == "miss", resp.text
                     assert len(resp.text) > size
                     on_loop = {name: thread == server.thread.name for name, thread in steps}
-                    assert on_loop == {"_look_up": True, "record": record_inline}, steps
+                    assert on_loop == {"look_up": True, "record": record_inline}, steps
                     again = client.post("/v1/chat/completions", json=body)
                     assert again.headers["x-kvgate-cache"] == "exact"  # stored either way
     finally:

@@ -192,31 +192,35 @@ def test_parser_framing_any_split(sep: bytes) -> None:
     """Events cut anywhere by the network come out whole and unchanged; [DONE] is held back."""
     events = [_chunk("", role="assistant"), _chunk("Hello "), _chunk("world"), _chunk(finish="stop")]
     wire = b": keep-alive" + sep + _sse(events, sep) + b"data: [DONE]" + sep
-    firsts = []
-    parser = SseParser(False, lambda: firsts.append(1))
-    out = b"".join(parser.feed(wire[i:i + 1]) for i in range(len(wire)))
-    assert out == b": keep-alive" + sep + _sse(events, sep)
-    assert parser.resume.sent_text == "Hello world" and parser.finish == "stop" and firsts == [1]
+    parser = SseParser(False)
+    sent, seen = [], []
+    for i in range(len(wire)):
+        sent.append(parser.feed(wire[i:i + 1]))
+        seen.append(parser.first_seen)
+    assert b"".join(sent) == b": keep-alive" + sep + _sse(events, sep)
+    # the first content token is seen with the event that carries it (not the role-only one before)
+    assert b"".join(sent[:seen.index(True) + 1]).endswith(_sse(events[1:2], sep))
+    assert parser.resume.sent_text == "Hello world" and parser.finish == "stop"
     assert parser.answer([])["choices"][0]["message"] == {"role": "assistant", "content": "Hello world"}
 
 
 def test_parser_strips_the_usage_it_asked_for() -> None:
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     events = [_chunk("Hi"), _chunk(finish="stop"), {"id": "c1", "choices": [], "usage": usage}]
-    parser = SseParser(True, lambda: None)
+    parser = SseParser(True)
     assert parser.feed(_sse(events)) == _sse(events[:2])
     assert parser.answer([])["usage"] == usage
-    on_finish = SseParser(True, lambda: None)  # a server that puts usage on the finishing chunk
+    on_finish = SseParser(True)  # a server that puts usage on the finishing chunk
     out = on_finish.feed(_sse([_chunk("Hi"), _chunk(finish="stop", usage=usage)]))
     assert b"usage" not in out and on_finish.usage == usage
 
 
 def test_parser_errors_and_resume() -> None:
     with pytest.raises(ReplicaError, match="overloaded"):
-        SseParser(False, lambda: None).feed(_sse([_chunk("a"), {"error": {"message": "overloaded", "code": 503}}]))
+        SseParser(False).feed(_sse([_chunk("a"), {"error": {"message": "overloaded", "code": 503}}]))
     with pytest.raises(ReplicaError):
-        SseParser(False, lambda: None).feed(b"data: {not json\n\n")
-    parser = SseParser(False, lambda: None)
+        SseParser(False).feed(b"data: {not json\n\n")
+    parser = SseParser(False)
     parser.feed(_sse([_chunk("", role="assistant"), _chunk("Hello ")]))
     parser.resume.restart()
     parser.restart()

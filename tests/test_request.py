@@ -13,7 +13,7 @@ from kvgate.middleware.request import CacheControl, build_view, canonical_json
 CONFIG = parse_config({"routes": [
     {"name": "a", "model": "m-*"},
     {"name": "b", "model": "last-*", "semantic": {"context": "last_user_only"}},
-    {"name": "s", "model": "shared-*", "semantic": {"scope": "shared"}},
+    {"name": "s", "model": "shared-*", "scope": "shared"},
 ]})
 
 

@@ -71,3 +71,63 @@ def test_a_worker_outside_the_layout_is_refused() -> None:
             WorkerHub(layout, 1)
     finally:
         layout.remove()
+
+
+def test_replicas_added_at_run_time_are_shared_and_counted_by_every_worker(hubs) -> None:
+    """What the admin API writes under --workers (fleet_workers.py): one worker's change is every
+    worker's list, the added replica gets a spare load column, and both workers count its load."""
+    nudged = []
+    hubs[1].on_fleet = lambda: nudged.append(1)
+    time.sleep(0.3)  # the subscribers connect
+    one, two = _router(hubs[0]), _router(hubs[1])
+    r2 = ReplicaConfig(name="r2", api_base="http://127.0.0.1:9002/v1")
+    hubs[0].fleet.add("chat", r2, REPLICAS)
+    hubs[0].nudge_fleet()
+    for fleet in (hubs[0].fleet, hubs[1].fleet):
+        assert [r.name for r in fleet.replicas("chat", REPLICAS)] == ["r0", "r1", "r2"]
+    deadline = time.time() + 5
+    while not nudged and time.time() < deadline:
+        time.sleep(0.01)
+    assert nudged  # the other worker was told
+    one.add_replica(r2)
+    two.add_replica(r2)
+    ticket = one.started(next(r for r in one.replicas if r.name == "r2"), one.plan([{"role": "user", "content": "z" * 64}]))
+    assert two.stats()["r2"]["in_flight"] == 1  # one column, seen by both
+    one.finished(ticket, ok=True)
+    with pytest.raises(ValueError, match="on route 'chat' already"):
+        hubs[1].fleet.add("chat", r2, REPLICAS)
+    hubs[1].fleet.remove("chat", "r0", REPLICAS)
+    assert [r.name for r in hubs[0].fleet.replicas("chat", REPLICAS)] == ["r1", "r2"]
+    hubs[0].fleet.add("chat", REPLICAS[0], REPLICAS)  # a configured replica comes back in its own column
+    assert hubs[0].fleet.slot("chat", "r0") == 0
+    with pytest.raises(KeyError):
+        hubs[0].fleet.remove("chat", "nope", REPLICAS)
+    one.close(), two.close()
+
+
+def test_spare_columns_run_out_and_the_last_replica_stays() -> None:
+    from kvgate.middleware.routing.fleet_workers import SPARE_SLOTS, FleetConflict
+
+    layout = WorkersLayout.create([("chat", ["r0"])], workers=1)
+    hub = WorkerHub(layout, 0)
+    try:
+        configured = [REPLICAS[0]]
+        slots = set()
+        for i in range(SPARE_SLOTS):
+            hub.fleet.add("chat", ReplicaConfig(name=f"x{i}", api_base="http://x/v1"), configured)
+            slots.add(hub.fleet.slot("chat", f"x{i}"))
+        assert len(slots) == SPARE_SLOTS and 0 not in slots  # every added name its own spare column
+        with pytest.raises(FleetConflict, match="YAML and restart"):
+            hub.fleet.add("chat", ReplicaConfig(name="more", api_base="http://x/v1"), configured)
+        hub.fleet.remove("chat", "x0", configured)  # a removed name keeps its column ...
+        hub.fleet.add("chat", ReplicaConfig(name="x0", api_base="http://x/v1"), configured)  # ... and gets it back
+        for i in range(SPARE_SLOTS):
+            hub.fleet.remove("chat", f"x{i}", configured)
+        with pytest.raises(FleetConflict, match="last replica"):
+            hub.fleet.remove("chat", "r0", configured)
+        state = hub.state("chat", ["r0"])
+        with pytest.raises(ValueError, match="no load column"):
+            state.add_replica("never-added")
+    finally:
+        hub.close()
+        layout.remove()

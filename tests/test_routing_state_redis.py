@@ -49,7 +49,7 @@ def test_a_decision_in_one_proxy_steers_the_other(proxies) -> None:
     chat = [{"role": "user", "content": "a long shared system prompt " * 8}]
     plan = one.plan(chat)
     ticket = one.started(one.replicas[1], plan)
-    one.finished(ticket, ok=True, conversation=[*chat, {"role": "assistant", "content": "the answer " * 6}])
+    one.finished(ticket, ok=True, hashes=one.answer_hashes(plan, [*chat, {"role": "assistant", "content": "the answer " * 6}]))
     assert wait_until(lambda: proxies[1].received >= 2, 5.0)
     follow_up = [*chat, {"role": "assistant", "content": "the answer " * 6}, {"role": "user", "content": "and then?"}]
     fplan = two.plan(follow_up)

@@ -125,7 +125,9 @@ routes:
   - name: chat
     model: "demo-*"
     backend: {{model: openai/served-name, api_base: {backend.api_base}, api_key: sk-x}}
-    semantic: {{threshold: 0.9, ttl: 86400, scope: tenant, context: exact}}
+    ttl: 86400
+    scope: tenant
+    semantic: {{threshold: 0.9, context: exact}}
 """
     )
     with Gateway(path) as gw:

@@ -228,10 +228,10 @@ def test_core_exceptions_surface_in_the_sync_caller(tmp_path: Any, monkeypatch: 
                 list(stream)
             assert len(gateway.pipeline.index) == 0
 
-            async def boom(view: Any, model: str) -> Any:
+            async def boom(*args: Any, **kwargs: Any) -> Any:
                 raise Boom("inside the core")
 
-            monkeypatch.setattr(gateway.pipeline.forwarders["chat"].litellm, "open", boom)
+            monkeypatch.setattr(gateway.pipeline.forwarders["chat"], "forward", boom)
             with pytest.raises(Boom, match="inside the core"):
                 gateway.completion(model="demo-1", messages=[{"role": "user", "content": "hi"}])
     finally:

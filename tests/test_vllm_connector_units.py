@@ -19,6 +19,7 @@ from kvgate.engines.vllm.kv_connector.settings import SettingsError, build_tiers
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
+from kvgate.index.storage.env import MissingSecret
 
 T = "kv_connector_extra_config.tiers"
 
@@ -80,7 +81,8 @@ def test_build_tiers_without_memory_omits_memory(tmp_path: Path) -> None:
 def test_build_tiers_unset_password_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVGATE_TEST_UNSET_PW", raising=False)
     s = parse({"tiers": {"remote": {"url": "redis://127.0.0.1:1/0", "password_env": "KVGATE_TEST_UNSET_PW"}}})
-    with pytest.raises(SettingsError, match="environment variable KVGATE_TEST_UNSET_PW is not set"):
+    with pytest.raises(MissingSecret, match="kv_connector_extra_config.tiers.remote.password_env: the environment "
+                                            "variable KVGATE_TEST_UNSET_PW is not set"):
         build_tiers(s)
 
 
@@ -315,7 +317,7 @@ class BlockingStore:
     def __init__(self) -> None:
         self.entered, self.release, self.puts = threading.Event(), threading.Event(), []
 
-    def put_many(self, hashes: list[int], chunks: list[list[torch.Tensor]]) -> int:
+    def put_many(self, hashes: list[int], chunks: list[list[torch.Tensor]], salt: str | None = None) -> int:
         self.entered.set()
         assert self.release.wait(10)
         self.puts.append(list(hashes))

@@ -14,6 +14,7 @@ import pytest
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.sdk.admin_client import tenant_id
 from tests.conftest import wait_until
 from kvgate.tools.bench.procs import ServerThread
 
@@ -123,6 +124,27 @@ def test_tenants_are_salted_inside_the_engine(vllm_pair, proxy_factory, tmp_path
     assert proxy.router.salt("tenant-a") not in ("tenant-a", None)
 
 
+def test_an_erased_tenants_prefix_cache_is_unreachable(vllm_pair, proxy_factory, tmp_path):
+    """Erasing a tenant bumps its salt epoch: the engine's prefix cache (and kvgate's index of
+    it) no longer matches what it cached; its next request prefills from scratch."""
+    cfg = config(tmp_path, vllm_pair[:1])
+    cfg["auth"] = {"admin_keys": ["admin-key"]}
+    proxy = proxy_factory(cfg)
+    prompt = [{"role": "user", "content": "Erase me later. " + LONG}]
+    proxy.chat(prompt, tenant="tenant-e")
+    assert wait_until(lambda: proxy.router.index.blocks("v1") > 0, 10)
+    _, warm = proxy.chat(prompt, tenant="tenant-e")
+    assert cached(warm) >= 128
+    erased = proxy.client.delete(f"/v1/admin/tenants/{tenant_id('tenant-e')}",
+                                 headers={"authorization": "Bearer admin-key"})
+    assert erased.status_code == 200 and erased.json()["salt_epoch"] == 1
+    r, after = proxy.chat(prompt, tenant="tenant-e")
+    assert cached(after) == 0 and int(r.headers["x-kvgate-expected-cached-tokens"]) == 0
+    assert wait_until(lambda: proxy.router.index.blocks("v1") > 0, 10)
+    _, again = proxy.chat(prompt, tenant="tenant-e")
+    assert cached(again) >= 128  # under its new salt, its own prefixes are reusable again
+
+
 def test_a_tokenizer_that_differs_from_the_engine_is_reported(vllm_pair, proxy_factory, tmp_path):
     # code points are not the model's token ids: the engine stores blocks, none of them ours
     proxy = proxy_factory(config(tmp_path, vllm_pair, tokenizer="codepoints"))
@@ -145,6 +167,29 @@ def test_engine_metrics_in_stats(vllm_pair, proxy_factory, tmp_path):
                    for p in points for v in (p.get("replicas") or {}).values())
     assert wait_until(reported, 10)
     assert "kvgate_replica_engine_prompt_tokens_total" in proxy.client.get("/metrics").text
+
+
+def test_prefill_time_reads_the_engines_and_keeps_a_conversation(vllm_pair, proxy_factory, tmp_path):
+    """policy prefill_time: the proxy's one reader of the engines' /metrics (every 0.2 s here)
+    calibrates each vLLM's prefill rate from its own counters, and turn 2 still goes where turn 1's
+    history is, its cached tokens the ones the router expected."""
+    proxy = proxy_factory(config(tmp_path, vllm_pair, policy="prefill_time", engine_poll_s=0.2))
+    turn1 = [{"role": "user", "content": "Describe the town for a visitor. " + LONG}]
+    r1, u1 = proxy.chat(turn1, tenant="timed")
+    assert r1.status_code == 200, r1.text
+    first = r1.headers["x-kvgate-replica"]
+
+    def calibrated() -> bool:
+        return bool((proxy.router.stats()[first].get("engine_load") or {}).get("prefill_tokens_per_s"))
+    assert wait_until(calibrated, 15)  # vLLM counts a request's prefill when it finishes
+    load = proxy.router.stats()[first]["engine_load"]
+    assert load["prefill_tokens_per_s"] > 0 and load["waiting"] == 0 and load["prefill_tokens_per_request"] > 0
+    assert wait_until(lambda: proxy.router.index.blocks(first) >= u1["prompt_tokens"] // 128, 10)
+    answer = r1.json()["choices"][0]["message"]["content"]
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "And its market?"}]
+    r2, u2 = proxy.chat(turn2, tenant="timed")
+    assert r2.headers["x-kvgate-replica"] == first  # both idle: the history decides
+    assert cached(u2) == int(r2.headers["x-kvgate-expected-cached-tokens"]) > 0
 
 
 def test_kill_9_of_a_vllm_server_under_load(vllm_pair, proxy_factory, tmp_path):

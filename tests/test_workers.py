@@ -1,6 +1,7 @@
 """`kvgate serve --workers 2` over two demo replicas: requests spread over the workers, a routing
 decision made in one worker steers a follow-up that reaches the other, the in-flight counts each
-worker reports include the other's, and an answer stored by one worker is a hit in the other."""
+worker reports include the other's, an answer stored by one worker is a hit in the other, and a
+replica added or removed through the admin API of one worker is added or removed in every worker."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -20,6 +21,7 @@ from kvgate.engines.demo import create_fake_app
 from kvgate.tools.bench.procs import Proc, ServerThread, free_port, kvgate_argv
 
 WORKERS = 2
+ADMIN = {"authorization": "Bearer admin-key"}
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc
     port = free_port()
     config = {
         "cache_dir": str(tmp / "cache"),
+        "auth": {"admin_keys": ["admin-key"]},
         "routes": [{
             "name": "local", "model": "smol*",
             "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 20},
@@ -173,3 +176,48 @@ def test_a_killed_worker_is_replaced_and_its_load_forgotten(proxy, proxy_proc) -
     assert _in_flight(url) == 0
     served = {chat(url, f"after the restart {i}?").headers["x-kvgate-worker"] for i in range(24)}
     assert served == {str(w) for w in range(WORKERS)}
+
+
+def _lists(url: str) -> dict[str, list[str]]:
+    """Each worker's replica names, per worker, from GET /v1/admin/replicas on fresh connections."""
+    seen: dict[str, list[str]] = {}
+    for _ in range(40):
+        with httpx.Client(base_url=url, timeout=10) as client:  # one connection: one worker answers both
+            worker = str(client.get("/health").json()["worker"])
+            resp = client.get("/v1/admin/replicas", headers=ADMIN)
+        seen.setdefault(worker, sorted(r["name"] for r in resp.json()["routes"]["local"]))
+        if len(seen) == WORKERS:
+            break
+    return seen
+
+
+def _routed_to(url: str, replica: str, tries: int = 60) -> set[str]:
+    """The workers that sent a request to `replica` in `tries` fresh requests."""
+    return {r.headers["x-kvgate-worker"] for i in range(tries)
+            if (r := chat(url, f"to whom {replica} {i} {random.random()}?")).headers["x-kvgate-replica"] == replica}
+
+
+def test_a_replica_added_in_one_worker_is_added_in_every_worker(proxy) -> None:
+    url, _ = proxy
+    extra = ServerThread(create_fake_app(), port=free_port()).start()
+    try:
+        added = httpx.post(f"{url}/v1/admin/replicas", headers=ADMIN, timeout=30,
+                           json={"route": "local", "name": "r9", "api_base": f"{extra.url}/v1"})
+        assert added.status_code == 201, added.text
+        deadline = time.time() + 10  # the other worker follows within about a second
+        while set(map(tuple, _lists(url).values())) != {("r0", "r1", "r9")} and time.time() < deadline:
+            time.sleep(0.2)
+        assert set(map(tuple, _lists(url).values())) == {("r0", "r1", "r9")}
+        assert _routed_to(url, "r9") == {str(w) for w in range(WORKERS)}  # both workers route to it
+        again = httpx.post(f"{url}/v1/admin/replicas", headers=ADMIN, timeout=30,
+                           json={"route": "local", "name": "r9", "api_base": f"{extra.url}/v1"})
+        assert again.status_code == 409  # whichever worker took it: the shared lists have it
+        removed = httpx.delete(f"{url}/v1/admin/replicas/local/r9", headers=ADMIN, timeout=30)
+        assert removed.status_code == 200, removed.text
+        deadline = time.time() + 10
+        while set(map(tuple, _lists(url).values())) != {("r0", "r1")} and time.time() < deadline:
+            time.sleep(0.2)
+        assert set(map(tuple, _lists(url).values())) == {("r0", "r1")}
+        assert not _routed_to(url, "r9", tries=20)
+    finally:
+        extra.stop()

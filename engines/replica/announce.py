@@ -126,13 +126,6 @@ class Announcer:
             gone = [(h, self._announced.pop(h)) for h in hashes if h in self._announced]
             self._removed(gone)
 
-    def cleared(self) -> None:
-        """Forget what was announced and report it removed (e.g. after store.clear())."""
-        with self._lock:
-            held = list(self._announced.items())
-            self._announced.clear()
-            self._removed(held)
-
     def _moved(self, hashes: list[BlockHash], to: str, away: str) -> None:
         """Announce `hashes` (known to the router) as held in medium `to` and no longer in `away`."""
         if hashes:

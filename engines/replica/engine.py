@@ -165,10 +165,6 @@ class ReplicaEngine:
             out["store"] = self.store.stats()
         return out
 
-    def announce_cleared(self) -> None:
-        """Forget what was announced and report it removed (e.g. after store.clear())."""
-        self._announcer.cleared()
-
     def close(self, timeout: float = 30.0) -> None:
         """Stop the worker: started requests end as cancelled (their computed chunks are stored),
         queued ones get an error."""

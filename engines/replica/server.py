@@ -287,12 +287,9 @@ def remote_tier(args: argparse.Namespace) -> Any:
     if not args.kv_remote:
         return None
     from kvgate.index.kv.chunks.redis import RedisTier
+    from kvgate.index.storage.env import secret_from_env
 
-    password = None
-    if args.kv_remote_password_env:
-        password = os.environ.get(args.kv_remote_password_env)
-        if password is None:
-            raise ValueError(f"--kv-remote-password-env: environment variable {args.kv_remote_password_env} is not set")
+    password = secret_from_env(args.kv_remote_password_env, "--kv-remote-password-env")  # MissingSecret: a ValueError
     if args.kv_remote_ttl < 0:
         raise ValueError("--kv-remote-ttl must be >= 0")
     try:
@@ -373,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # `python -m kvgate.engines.replica.server` owns its process: the same defaults `kvgate replica` sets
     # (middleware/cli.py), before the model loads
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from kvgate.index.storage.env import offline_defaults
+
+    os.environ.update(offline_defaults(os.environ))
     sys.exit(main())

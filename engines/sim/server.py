@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # `python -m kvgate.engines.sim.server` owns its process: the same defaults `kvgate sim-replica` sets
     # (middleware/cli.py), before a tokenizer loads
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from kvgate.index.storage.env import offline_defaults
+
+    os.environ.update(offline_defaults(os.environ))
     sys.exit(main())

@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvgate.index.storage.env import model_cache_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON_ENV = "KVGATE_VLLM_PYTHON"  # which python runs vLLM (default: .venv-vllm/bin/python)
 
@@ -50,20 +52,27 @@ def connector_config(extra: dict[str, object]) -> dict[str, object]:
 
 
 def tier_settings(disk: str | None = None, remote: str | None = None, *, codec: str = "int8",
-                  memory_mb: int = 256, disk_mb: int = 4096) -> dict[str, object]:
-    """The connector's settings for a shared disk directory and/or a Redis URL."""
+                  memory_mb: int = 256, disk_mb: int = 4096, encryption_key_env: str | None = None) -> dict[str, object]:
+    """The connector's settings for a shared disk directory and/or a Redis URL; with
+    `encryption_key_env` (the NAME of the engine's variable holding the master key) their chunks
+    are encrypted (docs/encryption.md)."""
     tiers: dict[str, object] = {"memory": {"capacity_mb": memory_mb}} if memory_mb else {}
     if disk:
         tiers["disk"] = {"path": str(disk), "capacity_mb": disk_mb}
     if remote:
         tiers["remote"] = {"url": remote}
-    return {"tiers": tiers, "codec": codec}
+    settings: dict[str, object] = {"tiers": tiers, "codec": codec}
+    if encryption_key_env:
+        settings["encryption_key_env"] = encryption_key_env
+    return settings
 
 
-def events_config(port: int, replay_port: int | None = None, host: str = "127.0.0.1") -> dict[str, object]:
-    """vLLM's `--kv-events-config`: ZMQ PUB on `port`, optionally the replay ROUTER on `replay_port`."""
+def events_config(port: int, replay_port: int | None = None, host: str = "127.0.0.1",
+                  endpoint: str | None = None) -> dict[str, object]:
+    """vLLM's `--kv-events-config`: ZMQ PUB on `port` (or on `endpoint`, e.g. an ipc:// path vLLM
+    binds), optionally the replay ROUTER on `replay_port`."""
     cfg: dict[str, object] = {"enable_kv_cache_events": True, "publisher": "zmq",
-                              "endpoint": f"tcp://{host}:{port}", "topic": "kv"}
+                              "endpoint": endpoint or f"tcp://{host}:{port}", "topic": "kv"}
     if replay_port is not None:
         cfg["replay_endpoint"] = f"tcp://{host}:{replay_port}"
     return cfg
@@ -79,6 +88,9 @@ class VllmServer:
     `extra_env`: more environment variables for it (e.g. VLLM_SERVER_DEV_MODE=1, which serves
     `POST /reset_prefix_cache`); named so because `env()` is the method that builds the whole environment.
     `kv_connector`: kvgate's KV connector settings (`tier_settings(...)`), or None for none.
+    `events_endpoint`: where the events go instead of the loopback port: vLLM connects to a
+    concrete tcp address (one subscriber binds it) but binds an `ipc://PATH`, which any number of
+    proxies can then connect to (several proxies in precise mode on one engine).
     """
 
     model: str
@@ -94,6 +106,7 @@ class VllmServer:
     log_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     kv_connector: dict[str, object] | None = None
+    events_endpoint: str | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
@@ -108,7 +121,7 @@ class VllmServer:
 
     @property
     def events(self) -> str:
-        return f"tcp://127.0.0.1:{self.events_port}"
+        return self.events_endpoint or f"tcp://127.0.0.1:{self.events_port}"
 
     @property
     def replay(self) -> str | None:
@@ -119,7 +132,8 @@ class VllmServer:
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
                 "--enable-prefix-caching", "--enable-prompt-tokens-details",
                 "--max-model-len", str(self.max_model_len), "--disable-uvicorn-access-log",
-                "--kv-events-config", json.dumps(events_config(self.events_port, self.replay_port))]
+                "--kv-events-config",
+                json.dumps(events_config(self.events_port, self.replay_port, endpoint=self.events_endpoint))]
         if self.enforce_eager:
             args.append("--enforce-eager")
         if self.kv_connector is not None:
@@ -228,11 +242,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="with the connector: a Redis tier as well (shared by every engine naming it)")
     parser.add_argument("--kv-codec", default="int8", choices=["raw", "int8", "int4"],
                         help="how the connector stores KV chunks (default int8)")
+    parser.add_argument("--kv-encryption-key-env", default=None, metavar="VARIABLE",
+                        help="with the connector: encrypt its chunks under the master key this environment "
+                             "variable holds (docs/encryption.md)")
     args, extra = parser.parse_known_args(argv)
     model = args.model or str(default_model_dir())
     tiers = None
     if args.kv_tier_dir or args.kv_tier_redis:
-        tiers = tier_settings(args.kv_tier_dir, args.kv_tier_redis, codec=args.kv_codec)
+        tiers = tier_settings(args.kv_tier_dir, args.kv_tier_redis, codec=args.kv_codec,
+                              encryption_key_env=args.kv_encryption_key_env)
     server = VllmServer(model, args.served_model_name, args.port, args.events_port, args.replay_port,
                         core=args.core, kv_cache_gib=args.kv_cache_gib, extra_args=extra, kv_connector=tiers)
     print("kvgate: starting vLLM:", " ".join(server.argv()), flush=True)
@@ -240,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def default_model_dir() -> Path:
-    """The SmolLM2-135M-Instruct dir `kvgate prepare` converted from the packaged GGUF."""
-    base = os.environ.get("KVGATE_MODEL_CACHE") or Path.home() / ".cache" / "kvgate" / "models"
-    return Path(base) / "smollm2-135m"
+    """The SmolLM2-135M-Instruct dir `kvgate prepare` converted from the packaged GGUF (the
+    replica's smollm2_model_dir, not imported: that module loads torch)."""
+    return model_cache_dir() / "smollm2-135m"
 
 
 if __name__ == "__main__":

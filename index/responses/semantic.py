@@ -7,6 +7,10 @@ A composition; each part has one job:
   eviction  kvgate.index.responses.eviction.LruEviction: LRU order, entry and byte budgets, expiry (pure bookkeeping)
   follow    kvgate.index.responses.follow.Follower: what other processes on the same store added or deleted
   tighten   kvgate.index.responses.tighten: floors from wrong-hit feedback, marks kept in the store
+  revisions `revision_of(route)`: the model revision a route's backend serves now (set by the
+            composition root; None: unknown). Each entry is tagged with the revision it was made
+            with (kvgate.index.responses.tags), and one made with another revision is stale: a
+            lookup that meets it deletes it and misses
 
 Local first: vectors and LRU are rebuilt from the store on open and kept in memory; every answer
 is read from the store, so an entry that vanished there (expired, deleted elsewhere, damaged,
@@ -32,6 +36,7 @@ from kvgate.index.responses.entries.disk import DiskEntryStore
 from kvgate.index.responses.eviction import LruEviction
 from kvgate.index.responses.follow import Follower
 from kvgate.index.responses.id_blocks import IdBlocks
+from kvgate.index.responses.tags import model_tag, revision_tag
 from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
 from kvgate.index.responses.tighten import Mark, floor_from_marks, floor_of, raise_floor
 from kvgate.index.responses.vectors import ScopedVectors
@@ -74,6 +79,8 @@ class SemanticIndex:
         # reaches it rebuilds the view
         self._guarded("lookup", None, self._start)
         self._damaged_seen = self.entries.damaged
+        self.revision_of: Callable[[str], str | None] = lambda route: None
+        self.stale_dropped = 0  # entries met with another model revision than their route's now
 
     # budgets and their figures belong to the eviction policy; read here by metrics and tests
     @property
@@ -96,6 +103,9 @@ class SemanticIndex:
     def get_exact(self, key: str) -> CacheEntry | None:
         """The live entry stored under exact request hash `key`, if any; storage errors are misses."""
         entry = self._guarded("lookup", None, lambda: self.entries.get_exact(key))
+        if entry is not None and self._stale(entry):
+            self.delete(entry.id)
+            entry = None
         if entry is not None:
             self._touch(entry.id)
         elif self.entries.damaged != self._damaged_seen:  # the store dropped damage: apply its log now
@@ -116,8 +126,8 @@ class SemanticIndex:
         out: list[tuple[CacheEntry, float]] = []
         for entry_id, score in hits:
             entry = self.entries.get(entry_id)
-            if entry is None or entry.scope != scope:
-                self.delete(entry_id)  # expired or removed by another handle: gone here too
+            if entry is None or entry.scope != scope or self._stale(entry):
+                self.delete(entry_id)  # expired, removed by another handle or stale: gone here too
                 continue
             self._touch(entry_id)
             out.append((entry, score))
@@ -138,20 +148,24 @@ class SemanticIndex:
     # ---------------------------------------------------------------- writes
     def add(self, scope: str, response: dict[str, Any], *, exact_key: str | None = None, text: str = "",
             vector: np.ndarray | None = None, ttl: float | None = None, route: str = "",
-            model: str = "", parents: list[str] | None = None) -> CacheEntry | None:
+            model: str = "", parents: list[str] | None = None, tenant: str | None = None,
+            tags: list[str] | None = None) -> CacheEntry | None:
         """Store an answer; it becomes findable by `exact_key` (replacing the entry stored under it)
-        and, with a vector, by similarity. None when storage failed (disk full, damaged database):
-        counted and logged once per streak, never raised to the request."""
+        and, with a vector, by similarity; `tenant` and `tags` file it for erasure and invalidation
+        (the route's model revision is added to the tags here). None when storage failed (disk
+        full, damaged database): counted and logged once per streak, never raised to the request."""
         return self._guarded("store", None, lambda: self._add(scope, response, exact_key, text, vector, ttl, route, model,
-                                                              parents))
+                                                              parents, tenant, tags))
 
     def _add(self, scope: str, response: dict[str, Any], exact_key: str | None, text: str,
              vector: np.ndarray | None, ttl: float | None, route: str, model: str,
-             parents: list[str] | None = None) -> CacheEntry:
+             parents: list[str] | None = None, tenant: str | None = None, tags: list[str] | None = None) -> CacheEntry:
         entry_id = self._ids.take()
         now = time.time()
+        revision = self.revision_of(route) if route else None
+        tags = [*(tags or ()), *([model_tag(revision)] if revision is not None else [])]
         entry = CacheEntry(entry_id, scope, response, exact_key, text, route, model, now, now + ttl if ttl else None,
-                           parents=parents)
+                           parents=parents, tenant=tenant, tags=tags or None)
         vec = None
         if vector is not None:  # stored where feedback found the cache wrong: inherits that floor
             vec = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim)
@@ -190,7 +204,8 @@ class SemanticIndex:
                 self.eviction.add(entry_id, size)
             self._evict_over_budget()
 
-    def tighten(self, scope: str, center: np.ndarray, similarity: float, ttl: float | None = None) -> int:
+    def tighten(self, scope: str, center: np.ndarray, similarity: float, ttl: float | None = None,
+                tenant: str | None = None) -> int:
         """After a wrong hit at `similarity` on the entry whose vector is `center`: every entry of
         `scope` at least that close to `center` gets floor `similarity + tighten_margin`, and a mark
         makes later entries there inherit it. Returns how many existing entries were raised.
@@ -203,7 +218,7 @@ class SemanticIndex:
         keep = max(0, self.max_marks_per_scope - 1)  # the oldest marks make room for this one
         with self._lock:
             marks = self.marks(scope)
-            marks = (marks[-keep:] if keep else []) + [Mark(center, float(similarity), time.time())]
+            marks = (marks[-keep:] if keep else []) + [Mark(center, float(similarity), time.time(), tenant)]
             self.entries.set_marks(scope, marks, ttl)
             near = self.vectors.search(scope, center, min(self.vectors.size(scope), TIGHTEN_SEARCH_K))
         raised = 0
@@ -216,6 +231,15 @@ class SemanticIndex:
             entry.min_similarity = raise_floor(entry.min_similarity, floor)
             raised += self.entries.rewrite(entry)  # False: deleted or expired meanwhile
         return raised
+
+    def _stale(self, entry: CacheEntry) -> bool:
+        """Made with another model revision than its route's backend serves now (an unknown
+        revision now makes nothing stale; an entry with none is stale once one is known)."""
+        current = self.revision_of(entry.route) if entry.route else None
+        if current is None or revision_tag(entry.tags) == model_tag(current):
+            return False
+        self.stale_dropped += 1
+        return True
 
     def delete(self, entry_id: int) -> bool:
         """Remove an entry everywhere; False if it was not there."""

@@ -33,6 +33,7 @@ class Mark:
     center: np.ndarray  # unit vector of the wrongly served entry's question
     similarity: float  # similarity of the wrong match
     created: float = 0.0
+    tenant: str | None = None  # whose feedback made it (erasing that tenant drops it)
 
 
 def floor_of(similarity: float, margin: float) -> float:
@@ -67,7 +68,7 @@ def encode_marks(marks: list[Mark]) -> bytes:
     """JSON (no pickle): vectors as base64 float32."""
     rows = [
         {"c": base64.b64encode(np.ascontiguousarray(m.center, dtype=np.float32).tobytes()).decode(),
-         "s": m.similarity, "t": m.created}
+         "s": m.similarity, "t": m.created, **({"n": m.tenant} if m.tenant is not None else {})}
         for m in marks
     ]
     return json.dumps(rows, separators=(",", ":")).encode()
@@ -81,5 +82,5 @@ def decode_marks(raw: bytes | None, dim: int) -> list[Mark]:
     for row in json.loads(raw):
         center = np.frombuffer(base64.b64decode(row["c"]), dtype=np.float32)
         if center.shape == (dim,):
-            out.append(Mark(center, float(row["s"]), float(row.get("t", 0.0))))
+            out.append(Mark(center, float(row["s"]), float(row.get("t", 0.0)), row.get("n")))
     return out

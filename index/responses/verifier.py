@@ -28,9 +28,9 @@ class Verifier(Protocol):
 
 def default_verifier_dir() -> Path:
     """Where `kvgate tune` puts the trained verifier: next to the ONNX embedder in the model cache."""
-    from kvgate.index.responses.embedder_onnx import default_onnx_dir
+    from kvgate.index.storage.env import model_cache_dir
 
-    return default_onnx_dir() / VERIFIER_DIR_NAME
+    return model_cache_dir() / VERIFIER_DIR_NAME
 
 
 class VerifierMissing(FileNotFoundError):

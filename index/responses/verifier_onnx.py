@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kvgate.index.responses.text_inputs import load_text_inputs
+
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -21,17 +23,16 @@ class CrossEncoderVerifier:
 
     def __init__(self, directory: str | Path, threads: int | None = None) -> None:
         import onnxruntime as ort
-        from transformers import AutoTokenizer
 
         directory = Path(directory)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or min(2, os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(directory / "model.onnx"), opts, providers=["CPUExecutionProvider"])
-        self._tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         meta_file = directory / "meta.json"
         self.meta: dict[str, Any] = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         self.max_length = int(self.meta.get("max_length", 96))
+        self._tok = load_text_inputs(directory, self.max_length)
         self.directory = directory
         self.name = f"cross-encoder:{self.meta.get('fingerprint', directory.name)}"
 
@@ -42,8 +43,7 @@ class CrossEncoderVerifier:
         order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            enc = self._tok([pairs[i][0] for i in idx], [pairs[i][1] for i in idx], padding=True,
-                            truncation=True, max_length=self.max_length, return_tensors="np")
-            feed = {k: enc[k].astype(np.int64) for k in _INPUTS}
+            enc = self._tok([pairs[i][0] for i in idx], [pairs[i][1] for i in idx])
+            feed = {k: enc[k] for k in _INPUTS}
             out[idx] = self._session.run(None, feed)[0].reshape(-1)
         return out

@@ -59,7 +59,7 @@ def give_feedback(
     removed = index.delete(record.entry_id)
     tightened = 0
     if center is not None and record.similarity is not None:
-        tightened = kvgate.index.responses.tighten(record.scope, center, record.similarity, ttl=mark_ttl)
+        tightened = index.tighten(record.scope, center, record.similarity, ttl=mark_ttl, tenant=tenant)
     if removed:
         metrics.feedback_removed.labels(record.route).inc()
     metrics.feedback_tightened.labels(record.route).inc(tightened)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import diskcache
 
+from kvgate.index.storage.disk_sql import SECURE_DELETE, scrub
 from kvgate.index.storage.recover import open_cache
 from kvgate.index.storage.wal import WalCheckpointer
 from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
@@ -78,6 +79,12 @@ class RequestLog(Protocol):
     def stats(self) -> dict[str, int]:
         ...
 
+    def erase_tenant(self, tenant: str) -> int:
+        """Delete every record of `tenant` (one pass over the log, which is bounded) and leave
+        none readable in the store's files; how many. Unlike the calls above it raises storage
+        failures: an erasure that did not finish must say so."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -87,9 +94,11 @@ class DiskRequestLog:
 
     def __init__(self, directory: str | Path, ttl: float, max_bytes: int) -> None:
         self.ttl = ttl
+        self._directory = Path(directory)
         Path(directory).mkdir(parents=True, exist_ok=True)
         # a damaged database is moved aside; a full disk makes records no-ops (logged once), never errors
-        self._disk = open_cache(Path(directory), log, size_limit=int(max_bytes), eviction_policy="least-recently-stored")
+        self._disk = open_cache(Path(directory), log, size_limit=int(max_bytes), eviction_policy="least-recently-stored",
+                                **SECURE_DELETE)
         self._wal = WalCheckpointer(Path(directory) / diskcache.core.DBNAME, log)  # checkpoints off the request path
         self._soft = SoftFailures(log, f"request log {directory}")
         # Writers of this process take turns here: threads that met in SQLite's write lock would
@@ -126,6 +135,16 @@ class DiskRequestLog:
 
     def __len__(self) -> int:
         return len(self._disk)
+
+    def erase_tenant(self, tenant: str) -> int:
+        removed = 0
+        for request_id in list(self._disk.iterkeys()):
+            record = self.get(request_id) if isinstance(request_id, str) else None
+            if record is not None and record.tenant == tenant:
+                with self._write:
+                    removed += bool(self._disk.delete(request_id))
+        scrub(self._directory)
+        return removed
 
     def stats(self) -> dict[str, int]:
         """`storage_errors`: records and lookups that failed softly (the request went on)."""

@@ -22,6 +22,17 @@ from kvgate.middleware.cache.request_log import REQUEST_ID_PREFIX, RequestRecord
 log = logging.getLogger("kvgate.request_log")
 
 
+def _batches(keys: list[Any], size: int = 1000) -> list[list[Any]]:
+    return [keys[i:i + size] for i in range(0, len(keys), size)]
+
+
+def _tenant_of(raw: bytes) -> str | None:
+    try:
+        return RequestRecord.from_bytes(unseal(raw)).tenant
+    except (Damaged, ValueError, TypeError):
+        return None
+
+
 class RedisRequestLog:
     """RequestLog on Redis; shares the link (pool, circuit) of the response cache's store."""
 
@@ -60,6 +71,15 @@ class RedisRequestLog:
 
     def stats(self) -> dict[str, int]:
         return {"storage_errors": self._soft.total}
+
+    def erase_tenant(self, tenant: str) -> int:
+        removed = 0
+        for keys in _batches(self.link.run("scan", lambda r: list(r.scan_iter(match=self._prefix + "*", count=1000)))):
+            values = self.link.run("scan", lambda r, k=keys: r.mget(k))
+            mine = [k for k, raw in zip(keys, values) if raw is not None and _tenant_of(raw) == tenant]
+            if mine:
+                removed += int(self.link.run("delete", lambda r, m=mine: r.unlink(*m)))
+        return removed
 
     def close(self) -> None:
         """The link is the store's: it closes it."""

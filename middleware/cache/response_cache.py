@@ -1,10 +1,11 @@
 """The response cache of a pipeline: look a request up (exact, then semantic), serve a hit, and
 record a miss's answer (the entry, the request-log record, the metrics).
 
-What grows with the prompt (canonical keys, the exact-tier read, embedding + search, the routing
-hashes) runs in one worker-thread hop, unless it is small and bounded (kvgate.middleware.cache.offload):
-then the hop would cost more than the work, and the step runs on the loop, its writes committed
-with the other inline steps of the same loop turn (kvgate.middleware.cache.group_commit).
+The pipeline runs these steps where they belong: what grows with the prompt (canonical keys, the
+exact-tier read, embedding + search) in its one worker-thread hop, unless it is small and bounded
+(kvgate.middleware.cache.offload): then the hop would cost more than the work, and the step runs on
+the loop, a record step's writes committed with the other inline steps of the same loop turn
+(kvgate.middleware.cache.group_commit). Nothing here knows of forwarding or routing.
 
 Invariant: an answer is written only when the request allows it (no no-store) and it is complete
 (`cacheable`); a hit never leaves its scope (route, model, output-affecting parameters, history,
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Protocol
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import numpy as np
 
@@ -25,27 +26,16 @@ from kvgate.index.storage.softfail import Batch
 from kvgate.middleware.answers import Replay, cacheable, cost, replayed, served_response, tag
 from kvgate.middleware.cache.feedback import FeedbackOutcome, give_feedback
 from kvgate.middleware.cache.group_commit import GroupCommit, Settle
-from kvgate.middleware.cache.offload import INLINE_TOTAL_CHARS, prompt_chars, runs_inline
 from kvgate.middleware.cache.request_log import RequestLog, RequestRecord
 from kvgate.middleware.cache.semantic_lookup import SemanticLookup, count_lookup
-from kvgate.middleware.config import Config
+from kvgate.middleware.config import Config, RouteConfig
 from kvgate.middleware.outcome import CacheInfo, Hit, Lookup, Result
 from kvgate.middleware.request import CacheControl, RequestView, build_text_view, build_view
+from kvgate.middleware.tags import entry_tags
 from kvgate.middleware.text_answers import json_body, replay_events, served_text, stream_objects
 from kvgate.middleware.telemetry.metrics import Metrics
 
 UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
-
-
-class RouteHashing(Protocol):
-    """What the cache step needs from a route's forwarding: the routing hashes it may prepare in
-    the same worker-thread hop, and how much of a prompt they have not seen."""
-
-    def new_chars(self, messages: list[dict[str, Any]]) -> int | None: ...
-
-    def prepare(self, view: RequestView) -> None: ...
-
-    def model_for(self, view: RequestView) -> str: ...
 
 
 @dataclass
@@ -78,33 +68,21 @@ class ResponseCache:
         self.requests.close()
 
     # ------------------------------------------------------------------ lookup
-    async def look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
-                      hashing: Mapping[str, RouteHashing], started: float, endpoint: str = "chat") -> Looked:
-        inline = self._inline(kwargs, hashing, endpoint)
-        if inline:
-            return self._look_up(kwargs, tenant, control, hashing, started, inline, False, endpoint)
-        return await asyncio.to_thread(self._look_up, kwargs, tenant, control, hashing, started, inline, True,
-                                       endpoint)
-
-    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
-             endpoint: str = "chat") -> RequestView:
-        """The request view of a chat request, or of one completions prompt (`endpoint` completions)."""
+    def view(self, route: RouteConfig, kwargs: dict[str, Any], tenant: str = "anonymous",
+             control: CacheControl | None = None, endpoint: str = "chat") -> RequestView:
+        """The request view of a chat request, or of one completions prompt (`endpoint`
+        completions), on the route the pipeline matched for it."""
         build = build_text_view if endpoint == "completions" else build_view
-        return build(self.config, kwargs, tenant, control or CacheControl())
+        return build(self.config, kwargs, tenant, control or CacheControl(), route)
 
-    def _look_up(self, kwargs: dict[str, Any], tenant: str, control: CacheControl | None,
-                 hashing: Mapping[str, RouteHashing], started: float, inline: bool, prepare: bool = True,
-                 endpoint: str = "chat") -> Looked:
-        """With `prepare` (a worker thread), a miss's routing hashes are ready for its plan;
-        inline, the plan hashes the small prompt itself."""
-        view = self.view(kwargs, tenant, control, endpoint)
+    def look_up(self, view: RequestView, started: float, inline: bool) -> Looked:
+        """The exact tier, then the semantic tier; a hit is served from here (`Looked.result`).
+        `inline`: the caller runs this step on the event loop (and so the record step, when the
+        answer is small too)."""
         hit = self.lookup_exact(view)
         found = Lookup(hit) if hit else self.semantic.look_up(view)
         if found.hit:
             return Looked(view, found, inline, started, self.served(view, found.hit, started))
-        route = hashing.get(view.route.name)
-        if route is not None and prepare:
-            route.prepare(view)
         return Looked(view, found, inline, started)
 
     def lookup_exact(self, view: RequestView) -> Hit | None:
@@ -114,26 +92,6 @@ class ResponseCache:
         entry = self.index.get_exact(view.exact_key)
         count_lookup(self.metrics, view, "exact", started, entry is not None)
         return Hit(entry, "exact") if entry else None
-
-    def _inline(self, kwargs: dict[str, Any], hashing: Mapping[str, RouteHashing], endpoint: str = "chat") -> bool:
-        """Whether this request's cache steps run on the event loop (kvgate.middleware.cache.offload)."""
-        model, messages = kwargs.get("model"), kwargs.get("messages")
-        route = self.config.match(model, endpoint) if isinstance(model, str) else None
-        if endpoint == "completions":  # a prompt is hashed whole: all of it is new
-            prompt = kwargs.get("prompt")
-            total = len(prompt) if isinstance(prompt, (str, list)) else -1
-            limit = self.inline_chars[route.name] if route is not None else None
-            return route is None or total < 0 or (limit is not None and total <= INLINE_TOTAL_CHARS
-                                                  and runs_inline(total, total, limit))
-        total = prompt_chars(messages)
-        if route is None or total < 0:  # the view refuses it at once, wherever it runs
-            return True
-        limit = self.inline_chars[route.name]
-        if limit is None or total > INLINE_TOTAL_CHARS:  # decided before digesting a long prompt
-            return False
-        forward = hashing.get(route.name)
-        new = forward.new_chars(messages) if forward is not None else None
-        return runs_inline(total, total if new is None else new, limit)
 
     def served(self, view: RequestView, hit: Hit, started: float) -> Result:
         info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id,
@@ -195,20 +153,36 @@ class ResponseCache:
             vector = self.semantic.embed(view.query_text)  # type: ignore[arg-type]
         entry = self.index.add(
             view.scope, response, exact_key=view.exact_key if view.route.exact else None,
-            text=view.query_text or "", vector=vector if semantic else None, ttl=view.control.ttl or sem.ttl,
+            text=view.query_text or "", vector=vector if semantic else None, ttl=view.control.ttl or view.route.ttl,
             route=route, model=view.model, parents=list(view.parents) if view.parents is not None else None,
+            tenant=view.tenant, tags=entry_tags(view),
         )
         # None: the cache could not write (disk full, damaged store); the answer is served anyway
         return True, entry
 
+    # ------------------------------------------------------------------ a miss
+    def miss(self, looked: Looked, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
+        """The miss's CacheInfo, once a replica answers."""
+        return CacheInfo("miss", looked.view.route.name, replica=replica, exploration=looked.lookup.explore,
+                         expected_cached_tokens=expected_cached_tokens, skipped=looked.view.skip)
+
+    def first_token(self, looked: Looked) -> None:
+        """The miss's first bytes go to the client now."""
+        self.metrics.ttft.labels(looked.view.route.name, "miss").observe(time.perf_counter() - looked.started)
+
+    def records_inline(self, looked: Looked, answer: str | None) -> bool:
+        """Whether a miss's record step runs on the loop: its look-up did, and its answer (hashed
+        after the prompt for the router's records in the same step) is held to the same
+        new-characters bound."""
+        return looked.inline and len(answer or "") <= (self.inline_chars[looked.view.route.name] or 0)
+
     def record(self, looked: Looked, info: CacheInfo, answer: str | None, payload: Callable[[], dict[str, Any] | None],
-               model: str, before: Callable[[], None] | None) -> Settle:
-        """After a complete answer, in a worker thread or a group commit: `before` (the routing
-        hashes of prompt + answer), the cache write, the request-log record, the metrics; what
-        it returns counts the write once its fate is known."""
+               model: str) -> Settle:
+        """After a complete answer, in a worker thread or a group commit: the cache write (of
+        `payload()`, asked only when the request stores; `model`: what the miss was sent as, its
+        price), the request-log record, the metrics; what it returns counts the write once its
+        fate is known."""
         view = looked.view
-        if before is not None:
-            before()
         body = payload() if self.stores(view) else None
         written, entry = self.store(view, body, looked.lookup.vector, model) if body else (False, None)
         route = view.route.name
@@ -249,7 +223,7 @@ class ResponseCache:
         """Judge an earlier answer (see middleware/cache/feedback.py); RequestNotFound if not this tenant's."""
         record = self.requests.get(request_id)
         route = next((r for r in self.config.routes if record is not None and r.name == record.route), None)
-        mark_ttl = route.semantic.ttl if route is not None else None
+        mark_ttl = route.ttl if route is not None else None
         outcome = give_feedback(self.index, self.requests, self.metrics, request_id, correct, tenant, mark_ttl)
         trust = self.semantic.trust
         verified = route is not None and trust is not None and self.semantic.settings[route.name].max_error_rate is not None
@@ -257,9 +231,6 @@ class ResponseCache:
                 and record.similarity is not None:  # a verdict on a served hit: an observation like an exploration's
             trust.observe(route.name, record.entry_id, record.similarity, correct, mark_ttl)  # type: ignore[union-attr]
         return outcome
-
-    def recording(self, looked: Looked, model: str) -> "Recording":
-        return Recording(self, looked, model)
 
 
 def _tagged(chunks: Iterator[Any], info: CacheInfo) -> Iterator[Any]:
@@ -271,30 +242,3 @@ def _tagged(chunks: Iterator[Any], info: CacheInfo) -> Iterator[Any]:
 async def _events(events: list[bytes]) -> AsyncIterator[bytes]:
     for event in events:
         yield event
-
-
-class Recording:
-    """Where one miss's answer goes once it is complete (kvgate.middleware.outcome.AnswerSink)."""
-
-    def __init__(self, cache: ResponseCache, looked: Looked, model: str) -> None:
-        self.cache = cache
-        self.looked = looked
-        self.model = model
-
-    def miss(self, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
-        return CacheInfo("miss", self.looked.view.route.name, replica=replica, exploration=self.looked.lookup.explore,
-                         expected_cached_tokens=expected_cached_tokens, skipped=self.looked.view.skip)
-
-    def first_token(self) -> None:
-        """The miss's first bytes go to the client now."""
-        looked = self.looked
-        self.cache.metrics.ttft.labels(looked.view.route.name, "miss").observe(time.perf_counter() - looked.started)
-
-    async def record(self, info: CacheInfo, answer: str | None, payload: Callable[[], dict[str, Any] | None],
-                     before: Callable[[], None] | None = None) -> None:
-        """Store the answer (`payload()`, asked only when the request stores) before returning; an
-        inline request's step stays inline when its answer, hashed after the prompt for the
-        router's records, is held to the same new-characters bound."""
-        looked = self.looked
-        inline = looked.inline and len(answer or "") <= (self.cache.inline_chars[looked.view.route.name] or 0)
-        await self.cache.step(inline, self.cache.record, looked, info, answer, payload, self.model, before)

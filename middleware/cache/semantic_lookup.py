@@ -74,7 +74,7 @@ class SemanticLookup:
         """A max_error_rate route: the trust gate serves the nearest candidate or explores it."""
         assert self.trust is not None
         entry, similarity = found[0] if found else (None, 0.0)
-        judged = self.trust.judge(view.route.name, delta, entry, similarity, view.control.ttl or view.route.semantic.ttl)
+        judged = self.trust.judge(view.route.name, delta, entry, similarity, view.control.ttl or view.route.ttl)
         route = view.route.name
         hit = Hit(entry, "semantic", similarity) if judged.serve and entry is not None else None
         if hit is not None:

@@ -4,12 +4,12 @@
 (diskcache; processes on one machine share them). `redis`: both on one Redis, reached through one
 RedisLink (kvgate.index.storage.redis_link: pool, timeouts, circuit with backoff). An unreachable Redis at
 start-up stops it with one line naming `store.url` (no credentials), unless `on_error: degrade`:
-then the proxy starts and serves misses until Redis answers.
+then the proxy starts and serves misses until Redis answers. With `encryption.key_env` the entry
+store encrypts what it keeps (kvgate.index.storage.cipher; docs/encryption.md).
 """
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import redis
@@ -20,6 +20,8 @@ from kvgate.index.responses.entries.redis import RedisEntryStore
 from kvgate.index.responses.observations.base import ObservationStore
 from kvgate.index.responses.observations.disk import DiskObservationStore
 from kvgate.index.responses.observations.redis import RedisObservationStore
+from kvgate.index.storage.cipher import EntryCipher, parse_master_key
+from kvgate.index.storage.env import MissingSecret, secret_from_env
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.middleware.config import Config
 from kvgate.middleware.errors import ConfigError
@@ -52,8 +54,9 @@ class Stores:
 def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
     """Open the configured backend; ConfigError (naming the store field) when it cannot start."""
     st = config.store
+    cipher = entry_cipher(config)
     if st.backend == "local":
-        entries = DiskEntryStore(config.cache_dir / "responses", dim) if with_entries else None
+        entries = DiskEntryStore(config.cache_dir / "responses", dim, cipher) if with_entries else None
         requests = DiskRequestLog(config.cache_dir / "requests", config.feedback.record_ttl,
                                   int(config.feedback.record_max_mb * 2**20))
         return Stores(entries, requests, LOCAL_FOLLOW_INTERVAL_S)
@@ -64,7 +67,7 @@ def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
     except ConfigError:
         link.close()
         raise
-    entries = RedisEntryStore(link, dim, st.key_prefix, st.log_max) if with_entries else None
+    entries = RedisEntryStore(link, dim, st.key_prefix, st.log_max, cipher) if with_entries else None
     requests = RedisRequestLog(link, st.key_prefix, config.feedback.record_ttl)
     return Stores(entries, requests, st.follow_interval_s, link)
 
@@ -78,17 +81,30 @@ def open_observations(config: Config, link: RedisLink | None) -> ObservationStor
 
 
 def _password(name: str | None) -> str | None:
-    if name is None:
-        return None
-    value = os.environ.get(name)
-    if value is None:
-        raise ConfigError(f"store.password_env: the environment variable {name} is not set")
-    return value
+    """The Redis password store.password_env names; a missing one is a ConfigError, as every fault
+    of the config is to the proxy's start-up."""
+    try:
+        return secret_from_env(name, "store.password_env")
+    except MissingSecret as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def entry_cipher(config: Config) -> EntryCipher | None:
+    """The cipher of the master key `encryption.key_env` names (None: not set, nothing encrypted);
+    an unset variable or one that holds no usable key is a ConfigError naming both, never the key."""
+    try:
+        value = secret_from_env(config.encryption.key_env, "encryption.key_env")
+        return None if value is None else EntryCipher(parse_master_key(value))
+    except MissingSecret as exc:
+        raise ConfigError(str(exc)) from None
+    except ValueError as exc:
+        raise ConfigError(f"encryption.key_env: the environment variable {config.encryption.key_env} {exc}") from None
 
 
 def preflight(config: Config) -> None:
     """Before a server starts its workers: the ConfigError `open_stores` would raise (a missing
-    password variable, Redis out of reach with on_error: fail), as one line, not a lifespan traceback."""
+    password or key variable, Redis out of reach with on_error: fail), as one line, not a lifespan traceback."""
+    entry_cipher(config)
     st = config.store
     if st.backend != "redis":
         return

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -28,6 +28,7 @@ class EngineInfo:
     accepts_cache_salt: bool = False
     error: str | None = None
     max_model_len: int | None = None  # the context the engine refuses prompts beyond (vLLM's /v1/models)
+    model_revision: str | None = None  # what the engine says of the weights it loaded (`models_revision`)
 
 
 class EngineAdapter(Protocol):
@@ -37,6 +38,17 @@ class EngineAdapter(Protocol):
     kind: str
 
     async def probe(self, client: httpx.AsyncClient, api_base: str) -> EngineInfo | None: ...
+
+
+def models_revision(payload: Any) -> str | None:
+    """The model revision an engine's `GET /v1/models` answer tells: its first model's `revision`
+    where the server reports one, else its `root` (vLLM 0.32: the path or hub name it loaded, so
+    a revision served from its own snapshot directory shows; a hub name with `--revision` does
+    not: set the route's `model_revision` for that)."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    card = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    found = card.get("revision") or card.get("root")
+    return found if isinstance(found, str) and found else None
 
 
 def server_root(api_base: str) -> str:

@@ -1,7 +1,8 @@
 """vLLM: version, block size, served model dir and KV-event sockets, from its own HTTP API.
 
 - `GET /version` → `{"version": "0.32.0"}` (what marks a server as vLLM);
-- `GET /v1/models` → `data[0].root`: the model dir or name it loaded (the tokenizer's home);
+- `GET /v1/models` → `data[0].root`: the model dir or name it loaded (the tokenizer's home, and
+  the model revision kvgate tags answers with: kvgate.middleware.engines.base.models_revision);
 - `GET /metrics` → `vllm:cache_config_info{block_size=..., kv_cache_size_tokens=...}`;
 - `GET /kv_event_sources` → its `--kv-events-config` per data-parallel rank: the publisher's
   endpoint (a concrete address means vLLM *connects* to it, so kvgate binds) and the replay one.
@@ -17,7 +18,7 @@ import re
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.middleware.engines.base import EngineInfo, server_root
+from kvgate.middleware.engines.base import EngineInfo, models_revision, server_root
 
 SUPPORTED = ((0, 32, 0), (0, 33, 0))  # [low, high)
 SUPPORTED_TEXT = "vLLM >= 0.32.0, < 0.33"
@@ -77,12 +78,13 @@ class VllmAdapter:
             return None
         if not isinstance(version, str):
             return None
-        model_root, max_model_len = None, None
+        model_root, max_model_len, revision = None, None, None
         models = await client.get(f"{api_base.rstrip('/')}/models")
         if models.status_code == 200:
             data = models.json().get("data") or [{}]
             model_root = data[0].get("root") or data[0].get("id")
             max_model_len = _int(data[0].get("max_model_len"))
+            revision = models_revision(models.json())
         labels: dict[str, str] = {}
         metrics = await client.get(f"{root}/metrics")
         if metrics.status_code == 200:
@@ -97,4 +99,4 @@ class VllmAdapter:
             "vllm", version=version, block_size=_int(labels.get("block_size")), model_root=model_root,
             kv_cache_tokens=_int(labels.get("kv_cache_size_tokens")), events_endpoint=endpoint,
             events_bind=endpoint is not None and not binds(endpoint), replay=replay, accepts_cache_salt=True,
-            error=version_error(version), max_model_len=max_model_len)
+            error=version_error(version), max_model_len=max_model_len, model_revision=revision)

@@ -7,14 +7,17 @@ the caller's problem and is returned as is. Streams fail over before their first
 that breaks after it is re-issued on another replica and resumed where the client is
 (kvgate.middleware.forward.resume) when the request is greedy, else it ends with an in-band error.
 
+Failover drives the attempts: a transport hands it one attempt (`send`: the call on one replica's
+arguments) and `answer` / `resume` choose the replicas, book each failure and try the next.
+
 Invariant: every ticket the router hands out (`Router.started`) is closed exactly once
-(`Router.finished`), by `failed` or by `done`; `Attempts.ticket` is the open one, or None.
+(`Router.finished`), by a failure booked here or by `done`; `Attempts.ticket` is the open one, or None.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, Awaitable, Callable, TypeVar
 
 from kvgate.middleware.config import RouteConfig
 from kvgate.middleware.errors import BackendError, BadRequest
@@ -24,6 +27,7 @@ from kvgate.middleware.routing.router import RoutePlan, Router, Ticket
 from kvgate.middleware.telemetry.metrics import Metrics
 
 log = logging.getLogger("kvgate.forward")
+T = TypeVar("T")
 
 
 @dataclass
@@ -104,7 +108,30 @@ class Failover:
                          f"{plan.prompt_tokens} input tokens. Please reduce the length of the input prompt.",
                          param="prompt" if view.completions else "messages")
 
-    def next(self, attempts: Attempts) -> dict[str, Any]:
+    async def answer(self, attempts: Attempts, send: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`send(*args, call)` with the arguments (`call`) of the best replica not tried, then the
+        next, until one answers; what it returned. Raises BackendError when none does."""
+        while True:
+            call = self._next(attempts)
+            try:
+                return await send(*args, call)
+            except Exception as exc:  # connection errors, timeouts, error statuses, bad bodies
+                if not self._failed(attempts, exc):
+                    raise self.error(exc) from exc
+
+    async def resume(self, view: RequestView, attempts: Attempts, resume: StreamResume, exc: Exception,
+                     send: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """A stream broke mid-way (`exc`): book it and `send(*args, call)` on the next replica,
+        whose stream the caller resumes after what the client has; a re-issue that fails at once is
+        booked as the next break. Re-raises when the stream cannot go on."""
+        while True:
+            call = self._resume_or_raise(view, attempts, resume, exc)
+            try:
+                return await send(*args, call)
+            except Exception as again:
+                exc = again
+
+    def _next(self, attempts: Attempts) -> dict[str, Any]:
         """The arguments for the best replica not tried yet; its ticket becomes `attempts.ticket`.
         Raises BackendError when none is left."""
         if self.router is None or attempts.plan is None:
@@ -120,7 +147,7 @@ class Failover:
         call.setdefault("api_key", "none")  # openai-compatible servers behind us may need none
         return call
 
-    def failed(self, attempts: Attempts, exc: Exception, when: str = "before_first_byte") -> bool:
+    def _failed(self, attempts: Attempts, exc: Exception, when: str = "before_first_byte") -> bool:
         """Book the open attempt's failure; True when another replica should be tried."""
         ticket, attempts.ticket = attempts.ticket, None
         if ticket is None or self.router is None:
@@ -137,17 +164,18 @@ class Failover:
                 self.metrics.failovers.labels(self.route.name, when).inc()
         return more
 
-    def resume_or_raise(self, view: RequestView, attempts: Attempts, resume: StreamResume, exc: Exception) -> dict[str, Any]:
+    def _resume_or_raise(self, view: RequestView, attempts: Attempts, resume: StreamResume,
+                         exc: Exception) -> dict[str, Any]:
         """A stream broke mid-way: book it and return the arguments for the next replica (whose
         stream the caller resumes after what the client has), or re-raise when it cannot go on."""
         if attempts.ticket is None or not resume.spliceable or not resumable(view.params):
             raise exc
-        if not self.failed(attempts, exc, "mid_stream"):
+        if not self._failed(attempts, exc, "mid_stream"):
             raise exc
         resume.restart()
         log.info("route %s: stream broke after %d characters; resuming on another replica", self.route.name,
                  len(resume.sent_text))
-        call = self.next(attempts)
+        call = self._next(attempts)
         self.first_token(attempts)  # its prefill is no longer queued work we wait on
         return call
 
@@ -155,22 +183,15 @@ class Failover:
         if attempts.ticket is not None and self.router is not None:
             self.router.first_token(attempts.ticket)
 
-    def done(self, attempts: Attempts, ok: bool, view: RequestView, answer: str | None = None) -> None:
-        """The answer is complete (or abandoned); tell the router what the replica now holds."""
+    def done(self, attempts: Attempts, ok: bool, hashes: list[int] | None = None) -> None:
+        """The answer is complete (or abandoned); tell the router what the replica now holds
+        (`hashes`: prompt + answer's, from `Router.answer_hashes`)."""
         ticket, attempts.ticket = attempts.ticket, None
         if ticket is None or self.router is None:
             return
-        conversation = view.with_answer(answer) if ok and answer is not None else None
-        self.router.finished(ticket, ok, conversation)
+        self.router.finished(ticket, ok, hashes if ok else None)
 
     def error(self, exc: Exception) -> BackendError:
         message = error_message(exc)
         log.warning("backend for route %s failed: %s", self.route.name, message)
         return BackendError(f"backend error on route {self.route.name!r}: {message}", backend_status=status_of(exc))
-
-
-async def failing(exc: Exception) -> AsyncIterator[Any]:
-    """A stream that fails at once with `exc`: a re-issue that failed goes through the same path
-    as a stream that broke (booked, then the next replica or the end)."""
-    raise exc
-    yield  # pragma: no cover

@@ -9,26 +9,46 @@ replicas, another replica is the better retry).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from kvgate.middleware.answers import answer_text, assemble, streamed_text
 from kvgate.middleware.config import RouteConfig
-from kvgate.middleware.forward.failover import Attempts, Failover, failing
+from kvgate.middleware.forward.failover import Attempts, Failover
+from kvgate.middleware.forward.forwarded import Forwarded
 from kvgate.middleware.forward.resume import Diverged, StreamResume
 from kvgate.middleware.litellm_env import litellm
 from kvgate.middleware.request import RequestView
+from kvgate.middleware.text_answers import streamed_text_answer
 
 log = logging.getLogger("kvgate.forward")
 
 
-@dataclass
-class Call:
-    """A LiteLLM call that has answered: a full response, or a stream's first chunk and the rest."""
+@dataclass(eq=False)
+class Call(Forwarded):
+    """A LiteLLM call that has answered: a full response (`reply`), or a stream's first chunk and
+    the rest."""
 
-    attempts: Attempts
-    response: Any = None  # litellm's ModelResponse (non-streamed)
     first: Any = None  # litellm's first ModelResponseStream chunk, or None for an empty stream
     rest: AsyncIterator[Any] | None = None
+    chunks: list[Any] = field(default_factory=list)  # a stream's, as sent to the caller
+    parsed: dict[str, Any] | None = None  # the response as a dict, once asked for
+
+    @property
+    def text(self) -> str | None:
+        if self.view.stream:
+            return streamed_text(self.chunks)
+        payload = self.payload()
+        return answer_text(payload) if payload is not None else None
+
+    def payload(self) -> dict[str, Any] | None:
+        """A stream's is assembled here (LiteLLM may count prompt tokens while it does)."""
+        if self.view.stream:
+            return streamed_text_answer(self.chunks) if self.view.completions else assemble(self.chunks,
+                                                                                            self.view.messages)
+        if self.parsed is None and self.reply is not None:
+            self.parsed = self.reply.model_dump()
+        return self.parsed
 
 
 class LiteLLMCall:
@@ -68,56 +88,54 @@ class LiteLLMCall:
             kwargs["_skip_mcp_handler"] = True
         return kwargs
 
-    async def open(self, view: RequestView, model: str) -> Call:
-        """Send to the best replica, failing over until one answers (a response, or a stream's
-        first chunk). Raises BackendError when none does."""
-        attempts = self.failover.begin(view, self.kwargs(view, model))
-        while True:
-            kwargs = self.failover.next(attempts)
-            try:
-                response = await _call(view, kwargs)
-                if not view.stream:
-                    return Call(attempts, response=response)
-                rest = response.__aiter__()
-                try:
-                    first = await rest.__anext__()
-                except StopAsyncIteration:
-                    first = None
-                self.failover.first_token(attempts)
-                return Call(attempts, first=first, rest=rest)
-            except Exception as exc:  # litellm raises many types; all mean "the backend failed"
-                if not self.failover.failed(attempts, exc):
-                    raise self.failover.error(exc) from exc
+    async def send(self, view: RequestView, attempts: Attempts, kwargs: dict[str, Any]) -> Call:
+        """One attempt (Failover.answer drives them): a response, or a stream's first chunk.
+        LiteLLM raises many types; all mean "the backend failed"."""
+        response = await _call(view, kwargs)
+        if not view.stream:
+            return Call(view, attempts, reply=response, ok=True)
+        rest = response.__aiter__()
+        try:
+            first = await rest.__anext__()
+        except StopAsyncIteration:
+            first = None
+        return Call(view, attempts, first=first, rest=rest)
 
-    async def stream(self, view: RequestView, call: Call) -> AsyncIterator[Any]:
-        """The chunks of a streamed answer. A replica that fails mid-stream is replaced: the
-        request is re-issued on another one and resumed after what the client already has
-        (greedy requests only); `call.attempts.ticket` follows the replica now streaming. Closing
-        this generator closes the replica's stream, so a client that goes away stops its generation."""
-        resume = StreamResume()
+    async def stream(self, call: Call) -> AsyncIterator[Any]:
+        """The chunks of a streamed answer, kept in `call.chunks`; `call.ok` once it ended. A
+        replica that fails mid-stream is replaced (Failover.resume): the request is re-issued on
+        another one and resumed after what the client already has (greedy requests only);
+        `call.attempts.ticket` follows the replica now streaming. Raises BackendError when the
+        stream cannot go on. Closing this generator closes the replica's stream, so a client that
+        goes away stops its generation."""
+        resume, chunks = StreamResume(), call.chunks
         try:
             if call.first is not None:
-                yield resume.sent(call.first)
+                chunks.append(resume.sent(call.first))
+                yield chunks[-1]
             while True:
                 try:
                     assert call.rest is not None
                     async for chunk in call.rest:
                         out = resume.trim(chunk)
                         if out is not None:
+                            chunks.append(out)
                             yield out
-                    return
+                    break
                 except Diverged:
                     raise
-                except Exception as exc:
-                    kwargs = self.failover.resume_or_raise(view, call.attempts, resume, exc)
-                    await _aclose(call.rest)
-                    try:
-                        response = await _call(view, kwargs)
-                        call.rest = response.__aiter__()
-                    except Exception as again:  # the new replica failed at once: book it and go on
-                        call.rest = failing(again)
+                except Exception as exc:  # re-raises when it cannot go on
+                    await self.failover.resume(call.view, call.attempts, resume, exc, self._reissue, call)
+            call.ok = True
+        except Exception as exc:
+            raise self.failover.error(exc) from exc
         finally:
             await _aclose(call.rest)
+
+    async def _reissue(self, call: Call, kwargs: dict[str, Any]) -> None:
+        """The broken stream's request again, on another replica (resumed after what the client has)."""
+        await _aclose(call.rest)
+        call.rest = (await _call(call.view, kwargs)).__aiter__()
 
 
 async def _call(view: RequestView, kwargs: dict[str, Any]) -> Any:

@@ -21,12 +21,15 @@ LiteLLM (`routing.forward: litellm` turns it off for a route).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, ClassVar
 
 import orjson
 
-from kvgate.middleware.forward.failover import Attempts, Failover, failing
+from kvgate.middleware.answers import answer_text
+from kvgate.middleware.config import BackendConfig
+from kvgate.middleware.forward.failover import Attempts, Failover
+from kvgate.middleware.forward.forwarded import Forwarded
 from kvgate.middleware.forward.http1 import Pool, Response
 from kvgate.middleware.forward.relay_events import ReplicaError, SseParser
 from kvgate.middleware.request import RequestView
@@ -36,7 +39,6 @@ from kvgate.middleware.forward.resume import Diverged
 OPENAI_COMPATIBLE = frozenset({"openai", "hosted_vllm", "custom_openai", "openai_like"})
 # Idle pooled connections are dropped before uvicorn-based replicas (vLLM, ours) drop them (5 s).
 KEEPALIVE_S = 3.0
-DONE = b"data: [DONE]\n\n"
 # headers the relay writes itself (the body's framing, the replica's key): a caller's are dropped
 OWN_HEADERS = frozenset({"content-type", "content-length", "transfer-encoding", "host", "connection",
                          "accept-encoding", "authorization"})
@@ -60,26 +62,36 @@ def _replica_error(status: int, body: bytes) -> ReplicaError:
     return ReplicaError(f"replica answered {status}: {text}", status)
 
 
-@dataclass
-class Relayed:
-    """A relayed call that has answered: a JSON body, or an open stream and its first events."""
+Request = tuple[bytes, dict[str, str], float, str]  # body, headers, timeout, path: the same on every replica
 
-    attempts: Attempts  # ticket (follows the replica now answering), plan and replicas tried
-    request: tuple[bytes, dict[str, str], float, str]  # body, headers, timeout, path: the same on every replica
-    body: bytes | None = None
-    payload: dict[str, Any] | None = None
+
+@dataclass(eq=False)
+class Relayed(Forwarded):
+    """A relayed call that has answered: a JSON body (`reply`), or an open stream and its first events."""
+
+    raw: ClassVar[bool] = True
+    request: Request = field(kw_only=True)
+    parsed: dict[str, Any] | None = None  # the JSON body, read
     parser: SseParser | None = None
     head: bytes = b""  # the first events, already read (the client's headers wait for them)
     response: Response | None = None
     chunks: AsyncIterator[bytes] | None = None
-    ok: bool = False  # the stream reached its end
 
     @property
-    def text(self) -> str:
-        return self.parser.resume.sent_text if self.parser is not None else ""
+    def text(self) -> str | None:
+        if self.parser is not None:
+            return self.parser.resume.sent_text
+        return answer_text(self.parsed) if self.parsed is not None else None
 
-    def answer(self, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
-        return self.parser.answer(messages) if self.parser is not None else self.payload
+    def payload(self) -> dict[str, Any] | None:
+        """May rebuild tool calls (LiteLLM's builder) from a stream's chunks."""
+        return self.parser.answer(self.view.messages) if self.parser is not None else self.parsed
+
+    @property
+    def usage(self) -> Any:
+        if self.parser is not None:
+            return self.parser.usage
+        return self.parsed.get("usage") if self.parsed is not None else None
 
     async def close(self) -> None:
         """Release the replica's answer (one not read to its end closes its connection)."""
@@ -110,44 +122,49 @@ class Relay:
             await client.aclose()
 
     # -------------------------------------------------------------- calls
-    async def open(self, failover: Failover, view: RequestView, model: str) -> Relayed:
-        """Send the request to the best replica, failing over until one answers (a JSON body, or a
-        stream's first event). Raises BackendError when none does."""
-        cfg = failover.route.backend
-        options = view.forwarded.get("stream_options")
-        options = options if isinstance(options, dict) else {}
-        base: dict[str, Any] = {"api_key": cfg.api_key} if cfg.api_key else {}
-        if failover.router is None:  # the route's one backend (Failover.next hands back `base`)
-            base = {"api_key": cfg.api_key or "none", "api_base": cfg.api_base}
-        attempts = failover.begin(view, base)
-        body = _body(view, model, options)
-        if attempts.plan is not None and attempts.plan.salt is not None:
-            body["cache_salt"] = attempts.plan.salt  # the tenant's, never the client's alone (routing.salt)
-        path = "/completions" if view.completions else "/chat/completions"
-        request = (orjson.dumps(body), _headers(view), cfg.timeout, path)
-        while True:
-            attempt = failover.next(attempts)
-            relayed = Relayed(attempts, request=request)
-            try:
-                if view.stream:
-                    relayed.parser = SseParser(not options.get("include_usage"), lambda: failover.first_token(attempts),
-                                               completions=view.completions)
-                    await self._start(relayed, attempt)
-                else:
-                    relayed.body, relayed.payload = await self._post(request, attempt)
-                return relayed
-            except Exception as exc:  # connection errors, timeouts, error statuses, bad bodies
-                await relayed.close()
-                if not failover.failed(attempts, exc):
-                    raise failover.error(exc) from exc
+    @staticmethod
+    def base(backend: BackendConfig, routed: bool) -> dict[str, Any]:
+        """The arguments every attempt shares (`routed`: a router adds each replica's own)."""
+        if not routed:  # the route's one backend (Failover hands back `base` as the attempt)
+            return {"api_key": backend.api_key or "none", "api_base": backend.api_base}
+        return {"api_key": backend.api_key} if backend.api_key else {}
 
-    async def stream(self, failover: Failover, view: RequestView, relayed: Relayed) -> AsyncIterator[bytes]:
-        """The stream's bytes for the client, from its first events on; a replica that breaks
-        mid-stream is replaced (greedy requests) or the stream ends with an in-band error event.
-        `relayed.ok` says whether it reached its end. [DONE] is the caller's to send."""
-        parser = relayed.parser
-        assert parser is not None
+    @staticmethod
+    def request(view: RequestView, model: str, salt: str | None, timeout: float) -> Request:
+        """What every replica is sent for this request (`salt`: the plan's engine cache_salt)."""
+        body = _body(view, model, _options(view))
+        if salt is not None:
+            body["cache_salt"] = salt  # the tenant's, never the client's alone (routing.salt)
+        path = "/completions" if view.completions else "/chat/completions"
+        return orjson.dumps(body), _headers(view), timeout, path
+
+    async def open(self, view: RequestView, attempts: Attempts, request: Request, attempt: dict[str, Any]) -> Relayed:
+        """One attempt (Failover.answer drives them): send `request` to `attempt`'s replica and
+        read its JSON body, or a stream's first event. Raises what the replica did wrong."""
+        relayed = Relayed(view, attempts, request=request)
         try:
+            if view.stream:
+                relayed.parser = SseParser(not _options(view).get("include_usage"), completions=view.completions)
+                await self._start(relayed, attempt)
+            else:
+                relayed.reply, relayed.parsed = await self._post(request, attempt)
+                relayed.ok = True
+            return relayed
+        except Exception:
+            await relayed.close()
+            raise
+
+    async def stream(self, failover: Failover, relayed: Relayed) -> AsyncIterator[bytes]:
+        """The stream's bytes for the client, from its first events on; a replica that breaks
+        mid-stream is replaced (greedy requests: Failover.resume) or the stream ends with an
+        in-band error event. `relayed.ok` says whether it reached its end; [DONE] is the caller's
+        to send, after recording the answer."""
+        parser, attempts = relayed.parser, relayed.attempts
+        assert parser is not None
+        told = parser.first_seen  # the router heard of the first token
+        try:
+            if told:
+                failover.first_token(attempts)
             if relayed.head:
                 yield relayed.head
             while True:
@@ -155,27 +172,31 @@ class Relay:
                     assert relayed.chunks is not None
                     async for data in relayed.chunks:
                         out = parser.feed(data)
+                        if not told and parser.first_seen:
+                            told = True
+                            failover.first_token(attempts)
                         if out:
                             yield out
                     break
                 except Diverged:
                     raise
-                except Exception as exc:
-                    # re-raises when it cannot go on
-                    attempt = failover.resume_or_raise(view, relayed.attempts, parser.resume, exc)
-                    await relayed.close()
-                    parser.restart()
-                    try:
-                        await self._start(relayed, attempt, first=False)
-                    except Exception as again:  # the new replica failed at once: booked on the next turn
-                        relayed.chunks = failing(again)
+                except Exception as exc:  # re-raises when it cannot go on
+                    await failover.resume(relayed.view, attempts, parser.resume, exc, self._reissue, relayed)
             relayed.ok = True
         except Exception as exc:
             yield failover.error(exc).sse()
         finally:
             await relayed.close()
 
-    async def _post(self, request: tuple[bytes, dict[str, str], float, str],
+    async def _reissue(self, relayed: Relayed, attempt: dict[str, Any]) -> None:
+        """The broken stream's request again, on `attempt`'s replica (its bytes resume after what
+        the client has)."""
+        await relayed.close()
+        assert relayed.parser is not None
+        relayed.parser.restart()
+        await self._start(relayed, attempt, first=False)
+
+    async def _post(self, request: Request,
                     attempt: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         response = await self._send(request, attempt)
         try:
@@ -211,10 +232,15 @@ class Relay:
             head.append(parser.feed(data))
         relayed.head = b"".join(head)
 
-    async def _send(self, request: tuple[bytes, dict[str, str], float, str], attempt: dict[str, Any]) -> Response:
+    async def _send(self, request: Request, attempt: dict[str, Any]) -> Response:
         body, headers, timeout, path = request
         return await self.client().post(f"{attempt['api_base'].rstrip('/')}{path}", body,
                                         {**headers, "authorization": f"Bearer {attempt['api_key']}"}, timeout)
+
+
+def _options(view: RequestView) -> dict[str, Any]:
+    options = view.forwarded.get("stream_options")
+    return options if isinstance(options, dict) else {}
 
 
 def _body(view: RequestView, model: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ resume each chunk is trimmed to what the client has not seen (kvgate.middleware.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -34,7 +34,7 @@ class SseParser:
     event's JSON once and says which bytes go on to the client (as they came, unless a resumed
     stream's chunk had to be trimmed). [DONE] is held back (the pipeline sends it after storing)."""
 
-    def __init__(self, strip_usage: bool, on_first: Callable[[], None], completions: bool = False) -> None:
+    def __init__(self, strip_usage: bool, completions: bool = False) -> None:
         self.resume = StreamResume()  # also keeps choice 0's text: the answer
         self.completions = completions  # /v1/completions events (choice text, not deltas)
         # a completions stream's events as the replica sent them (usage included), for a byte-exact replay
@@ -45,9 +45,8 @@ class SseParser:
         self.role: str | None = None
         self.plain = True  # one choice, text only, no logprobs: the answer is built without LiteLLM
         self.events = 0
+        self.first_seen = False  # the first content token (or finish) came: the relay tells the router
         self._strip_usage = strip_usage
-        self._on_first = on_first
-        self._first_seen = False
         self._buffer = b""
         self._sep: bytes | None = None
 
@@ -125,9 +124,8 @@ class SseParser:
             self.finish = finish
         if self.role is None and delta.get("role"):
             self.role = delta["role"]
-        if not self._first_seen and (delta.get("content") or delta.get("tool_calls") or first.get("text") or finish):
-            self._first_seen = True
-            self._on_first()
+        if not self.first_seen and (delta.get("content") or delta.get("tool_calls") or first.get("text") or finish):
+            self.first_seen = True
 
     def answer(self, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The full answer as a `chat.completion` dict, for the cache; None when the stream did

@@ -1,7 +1,8 @@
 """Prefix-aware routing: which replica takes a miss.
 
 Owns: the RoutingPolicy protocol with one file per policy, the Router that composes scoring, the
-prefix index, the KV-event feed (precise.py), replica health and shared routing state.
+prefix index, the KV-event feed (precise.py), replica health, shared routing state, and the
+tenants' cache salts with their epochs (salt.py, epochs*.py).
 May import: index/, kvgate.middleware.config (and its routing_config), kvgate.middleware.errors and
 kvgate.middleware.engines; never telemetry/, cache/, forward/, the pipeline or a face.
 """

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from kvgate.index.kv.prompt import PromptHashes
 
@@ -16,6 +16,11 @@ class ReplicaState:
     api_key: str | None = None
     in_flight: int = 0  # requests sent, not yet finished
     pending_prefill_tokens: int = 0  # uncached prompt tokens of requests not yet past their first token
+    # what the replica's engine reports of itself (engine_load.py; filled in by the Router before
+    # each decision): its measured prefill rate (None: not measured yet) and the prefill tokens
+    # waiting in it, from its last report, aged by the time since
+    prefill_rate: float | None = None
+    engine_waiting_tokens: float = 0.0
     healthy: bool = True
     down_until: float = 0.0  # circuit open until then (monotonic clock)
     failures: int = 0  # in a row; 0 again after a success
@@ -38,10 +43,8 @@ class RoutePlan:
     # ways (a document or system prompt several conversations share: PrefixIndex.forked), rather
     # than one conversation's own history; cache_aware bounds the queueing the two may buy apart
     shared_prefix: bool = True
-    # the router's own: the prompt's chain states (prompt + answer resumes from them), and the
-    # hashes of prompt + answer once worked out off the event loop (Router.prepare_answer)
+    # the router's own: the prompt's chain states (prompt + answer resumes from them: Router.answer_hashes)
     prompt: PromptHashes | None = field(default=None, repr=False)
-    answer: tuple[dict[str, Any], list[int]] | None = field(default=None, repr=False)
     salt: str | None = field(default=None, repr=False)  # the engine's cache_salt, part of these hashes
     # leading blocks each replica could load from a KV tier it reads (middleware/routing/tiers.py),
     # and what a loaded token costs in prefill tokens (middleware/routing/load_cost.py)

@@ -72,7 +72,6 @@ DEFAULT_DECODE_WEIGHT = 8.0
 DEFAULT_MISS_WEIGHT = 64.0
 DEFAULT_QUEUE_SLACK = 2.5
 DEFAULT_PROMPT_SLACK = 0.5
-DEFAULT_SESSION_SLACK = math.inf
 
 
 def queue_ahead(replica: ReplicaState, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import httpx
 
-from kvgate.middleware.engines.base import EngineInfo
+from kvgate.middleware.engines.base import EngineInfo, models_revision
 from kvgate.middleware.engines.discover import discover
 from kvgate.middleware.routing.salt import Salter
 
@@ -29,6 +29,9 @@ class EngineBook:
         self._salter = salter
         self._on_found = on_found
         self.engines: dict[str, EngineInfo] = {}
+        # the model revision each replica last reported: kept while its engine restarts (forget),
+        # so an engine that is down makes no answer fresh again; dropped with the replica
+        self.revisions: dict[str, str] = {}
         self._asking: asyncio.Lock | None = None  # one discovery at a time (made on the serving loop)
 
     def missing(self, names: Sequence[str]) -> list[str]:
@@ -62,7 +65,34 @@ class EngineBook:
         else:
             log.info("route %s: replica %s runs %s %s", self.route, name, info.kind, info.version or "")
         self.engines[name] = info
+        if info.model_revision is not None:
+            if self.revisions.get(name) not in (None, info.model_revision):
+                log.warning("route %s: replica %s now serves model revision %s (was %s)", self.route, name,
+                            info.model_revision, self.revisions[name])
+            self.revisions[name] = info.model_revision
         self._on_found(name, info)
+
+    @property
+    def revision(self) -> str | None:
+        """The model revision the route serves now: its replicas' last reported revisions, sorted
+        and joined by "+" (two while a rollout is half done); None while none reported one."""
+        return "+".join(sorted(set(list(self.revisions.values())))) or None
+
+    async def recheck(self, replicas: Sequence[tuple[str, str]], client: httpx.AsyncClient) -> None:
+        """Ask each described replica that reported a model revision for it again (GET /models):
+        an engine restarted with other weights between two health rounds is described anew (the
+        next `discover`), so the route's revision moves with it."""
+        for name, api_base in replicas:
+            info = self.engines.get(name)
+            if info is None or info.model_revision is None:
+                continue
+            try:
+                response = await client.get(f"{api_base.rstrip('/')}/models", timeout=2.0)
+                now = models_revision(response.json()) if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                continue  # down: the health probe's business
+            if now is not None and now != info.model_revision:
+                self.forget(name)
 
     def forget(self, name: str) -> None:
         self.engines.pop(name, None)

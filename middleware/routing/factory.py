@@ -9,6 +9,7 @@ from kvgate.middleware.routing.affinity import Affinity
 from kvgate.middleware.routing.base import RoutingPolicy
 from kvgate.middleware.routing.cache_aware import CacheAware
 from kvgate.middleware.routing.least_loaded import LeastLoaded
+from kvgate.middleware.routing.prefill_time import PrefillTime
 from kvgate.middleware.routing.round_robin import RoundRobin
 from kvgate.middleware.routing_config import PolicyConfig, policy_config
 
@@ -16,6 +17,7 @@ POLICIES: dict[str, Callable[[Any], RoutingPolicy]] = {
     "round_robin": RoundRobin,
     "least_loaded": LeastLoaded,
     "cache_aware": CacheAware,
+    "prefill_time": PrefillTime,
     "affinity": Affinity,
 }
 

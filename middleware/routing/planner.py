@@ -2,8 +2,9 @@
 
 Work that grows with the prompt (rendering, tokenising, hashing, matching) can be done ahead, in a
 worker thread, so the event loop only chooses: `prepare(messages)` before `plan` of the same
-messages list, `prepare_answer(plan, ...)` before the router's `finished`. Both are optional;
-without them `plan` and `conversation_hashes` compute the same hashes themselves.
+messages list (optional: without it `plan` computes the same hashes itself), and
+`answer_hashes(plan, conversation)` for the router's `finished`, wherever the caller's record
+step runs.
 
 With deferred records, `prepare` waits up to SETTLE_WAIT_S for the records submitted before it, so
 a next turn normally finds its previous answer's blocks; bounded, because under overload an
@@ -100,23 +101,11 @@ class Planner:
                          shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt,
                          tier_blocks=tier_blocks)
 
-    def prepare_answer(self, plan: RoutePlan, conversation: Prompt) -> None:
-        """Hash prompt + answer ahead of the router's `finished` (thread-safe; for a worker thread)."""
+    def answer_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int] | None:
+        """The hashes of `conversation` (the plan's prompt + its answer), resuming from the
+        prompt's own chain states so only the answer is tokenised; None when this route does not
+        record answers (thread-safe; the caller's record step may run on a worker thread)."""
         hasher = self.hasher
-        if self.records_answers and conversation and hasher is not None:
-            plan.answer = (_answer_mark(conversation), hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes)
-
-    def conversation_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int]:
-        """prompt + answer's hashes: ready if `prepare_answer` saw this answer, else worked out here,
-        resuming from the prompt's own chain states (only the answer is tokenised)."""
-        ready = plan.answer
-        if ready is not None and conversation and _answer_mark(conversation) == ready[0]:
-            return ready[1]
-        hasher = self.hasher
-        return hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes if hasher is not None else []
-
-
-def _answer_mark(conversation: Prompt) -> Any:
-    """What tells two prompt + answer inputs of one plan apart: the answer message of a
-    conversation, the whole text of a completions prompt."""
-    return conversation if isinstance(conversation, TextPrompt) else dict(conversation[-1])
+        if not (self.records_answers and conversation and hasher is not None):
+            return None
+        return hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes

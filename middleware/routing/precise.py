@@ -28,7 +28,7 @@ from typing import Callable
 from kvgate.index.kv.kv_events import EventApplier, ZmqEventSubscriber
 from kvgate.index.kv.prefix import EVENT_FED_CAPACITY, PrefixIndex
 from kvgate.index.kv.prompt import PromptHasher
-from kvgate.index.kv.tokenizer import ChatTokenizer, load_tokenizer
+from kvgate.index.kv.tokenizer import ChatTokenizer, load_tokenizer, tokenizer_backend
 from kvgate.middleware.config import PrefixConfig, ReplicaConfig
 from kvgate.middleware.engines.base import EngineInfo
 from kvgate.middleware.routing.tiers import TierMedia
@@ -65,9 +65,9 @@ class PreciseRouting:
         if cfg.tokenizer not in (None, "auto"):
             self.tokenizer = load_tokenizer(cfg.tokenizer)
         else:
-            # imported here, on the constructing thread: transformers' lazy imports are not safe
-            # when two discovery threads reach them first at once
-            from transformers import AutoTokenizer  # noqa: F401
+            # picked here, on the constructing thread: picking imports transformers where it is
+            # installed, and its lazy imports are not safe when two discovery threads reach them first
+            tokenizer_backend()
         self.subscribers: dict[str, ZmqEventSubscriber] = {}
         self.tiers = TierMedia(index, cfg.capacity_blocks or EVENT_FED_CAPACITY)  # KV tiers the engines report
         self._configs: dict[str, ReplicaConfig] = {}

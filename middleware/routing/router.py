@@ -26,6 +26,7 @@ from kvgate.middleware.engines.base import EngineInfo
 from kvgate.middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
 from kvgate.middleware.routing.factory import make_policy
 from kvgate.middleware.routing.engines import EngineBook
+from kvgate.middleware.routing.engine_load import EngineLoad, EngineReport
 from kvgate.middleware.routing.health import ReplicaHealth
 from kvgate.middleware.routing.inflight import InFlightPrefixes
 from kvgate.middleware.routing.load_cost import LoadCost
@@ -83,6 +84,7 @@ class Router:
             if r.name not in self.index.replicas:
                 self.index.add_replica(r.name, r.capacity_blocks or prefix.capacity_blocks)
         self.policy = policy or make_policy(cfg.policy)
+        self._reads_engine_load = bool(getattr(self.policy, "reads_engine_load", False))
         self._clock = clock
         self._lock = threading.Lock()  # replica list and load bookkeeping
         self._names = frozenset(r.name for r in self.replicas)
@@ -99,6 +101,8 @@ class Router:
         self.precise: PreciseRouting | None = None
         self.inflight: InFlightPrefixes | None = None
         self.load_cost = LoadCost()  # what a token loaded from a KV tier costs, in prefill tokens
+        # each replica's engine on its own load and speed, from the proxy's poller (engine_load.py)
+        self.engine_load = EngineLoad(clock)
         if prefix.mode == "precise":
             self.precise = PreciseRouting(name, prefix, self.index, list(replicas), self._use_hasher, clock)
             self.planner.tiers = self.precise.tiers
@@ -136,6 +140,15 @@ class Router:
         """Ask every replica not yet described what engine it runs (kvgate.middleware.engines)."""
         await self.book.discover([(r.name, r.api_base) for r in self.replicas], client)
 
+    @property
+    def model_revision(self) -> str | None:
+        """The model revision the replicas serve now (EngineBook.revision); None: none told."""
+        return self.book.revision
+
+    async def recheck_engines(self, client: httpx.AsyncClient) -> None:
+        """Ask the replicas for their model revision again (EngineBook.recheck)."""
+        await self.book.recheck([(r.name, r.api_base) for r in self.replicas], client)
+
     def _engine_found(self, name: str, info: EngineInfo) -> None:
         if self.precise is not None and name in self._names:
             self.precise.engine_found(name, info)
@@ -156,9 +169,23 @@ class Router:
             self.index.record(replica, hashes)
 
     def refresh_load(self, replicas: Sequence[ReplicaState] | None = None) -> None:
-        """Copy the shared load (every process's) into the replica states the policies read."""
+        """Copy the shared load (every process's) into the replica states the policies read, and
+        what the engines last reported where the policy reads it."""
+        engines, now = self.reads_engine_load, self._clock()
         for r in self.replicas if replicas is None else replicas:
             r.in_flight, r.pending_prefill_tokens = self.state.load(r.name)
+            if engines:
+                r.prefill_rate, r.engine_waiting_tokens = self.engine_load.view(r.name, now)
+
+    @property
+    def reads_engine_load(self) -> bool:
+        """Whether this route's policy times requests from the engines' reports (prefill_time)."""
+        return self._reads_engine_load
+
+    def engine_report(self, name: str, report: EngineReport, at: float | None = None) -> None:
+        """A reading of replica `name`'s engine (the proxy's poller; any thread)."""
+        if name in self._names:
+            self.engine_load.report(name, report, at)
 
     # ------------------------------------------------------------------ decisions
     def prepare(self, messages: Prompt, salt: str | None = None) -> None:
@@ -174,9 +201,9 @@ class Router:
         plan.load_cost = self.load_cost.value
         return plan
 
-    def prepare_answer(self, plan: RoutePlan, conversation: Prompt) -> None:
-        """Hash prompt + answer ahead of `finished` (Planner.prepare_answer; for a worker thread)."""
-        self.planner.prepare_answer(plan, conversation)
+    def answer_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int] | None:
+        """prompt + answer's hashes for `finished` (Planner.answer_hashes; thread-safe)."""
+        return self.planner.answer_hashes(plan, conversation)
 
     def candidates(self, exclude: set[str] = frozenset()) -> list[ReplicaState]:
         return self.health.candidates(self.replicas, exclude)
@@ -218,9 +245,9 @@ class Router:
         if measured and self.precise is not None and ticket.plan.hashes:
             self.load_cost.observe(ticket.queued + ticket.pending, ticket.loaded, self._clock() - ticket.sent_at)
 
-    def finished(self, ticket: Ticket, ok: bool, conversation: Prompt | None = None) -> None:
+    def finished(self, ticket: Ticket, ok: bool, hashes: list[int] | None = None) -> None:
         """The attempt ended. On success the replica is healthy; in approximate mode the blocks of
-        prompt + answer (`conversation`) are now in its cache, ready for the next turn."""
+        prompt + answer (`hashes`, from `answer_hashes`) are now in its cache, ready for the next turn."""
         self.first_token(ticket, measured=False)
         with self._lock:
             self.state.add_load(ticket.replica.name, -1, 0)
@@ -231,8 +258,8 @@ class Router:
             self.precise.check()
         if self.inflight is not None:
             self.inflight.done(ticket.replica.name, ticket.plan.hashes)
-        if ok and conversation is not None and self.planner.records_answers:
-            self.records.record(ticket.replica.name, self.planner.conversation_hashes(ticket.plan, conversation))
+        if ok and hashes and self.planner.records_answers:
+            self.records.record(ticket.replica.name, hashes)
 
     def mark_down(self, replica: ReplicaState, reason: str) -> None:
         self.health.mark_down(replica, reason)
@@ -248,6 +275,7 @@ class Router:
     def engine_gone(self, name: str) -> None:
         """The replica's engine process is gone: forget its cache and what it said of itself."""
         self.book.forget(name)
+        self.engine_load.forget(name)
         if self.inflight is not None:
             self.inflight.forget(name)
         if self.precise is not None and self.index.blocks(name):
@@ -274,6 +302,8 @@ class Router:
                 out[r.name]["engine"] = engine
             if r.name in precise:
                 out[r.name]["precise"] = precise[r.name]
+            if (engine_load := self.engine_load.stats(r.name)) is not None:
+                out[r.name]["engine_load"] = engine_load
             if self.precise is not None and (tiers := self.precise.tiers.readable(r.name)):
                 # the KV tiers this replica's engine can load from (blocks each holds), and what a
                 # loaded token costs in prefill tokens on this route (measured; 1 until then)
@@ -330,6 +360,8 @@ class Router:
         if self.precise is not None:
             self.precise.unsubscribe(name)
         self.book.forget(name)
+        self.book.revisions.pop(name, None)
+        self.engine_load.forget(name)
         if self.inflight is not None:
             self.inflight.forget(name)
         self.index.remove_replica(name)

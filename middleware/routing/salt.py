@@ -5,12 +5,14 @@ from the time to first token whether another tenant sent a prompt. vLLM keys a r
 by its `cache_salt` too (in the first block's extra keys), so requests with different salts never
 share cached blocks. kvgate sets that salt on every request of a tenant-scoped route:
 
-    salt = HMAC-SHA256(secret, "tenant" NUL tenant [NUL "client" NUL client_salt])[:32 hex]
+    salt = HMAC-SHA256(secret, "tenant" NUL tenant [NUL "epoch" NUL epoch] [NUL "client" NUL client_salt])[:32 hex]
 
 - the secret never leaves the proxy, so a salt cannot be guessed from a tenant (or its key);
 - a `cache_salt` the client sent is folded in, never used alone, so a client cannot pick another
   tenant's salt;
-- the same tenant always gets the same salt (for one secret), so its own prefixes stay reusable.
+- the same tenant always gets the same salt (for one secret and epoch), so its own prefixes stay
+  reusable; erasing a tenant bumps its epoch (kvgate.middleware.routing.epochs, 0 until then and
+  left out of the message), and with it every salt it had changes.
 Without a tenant (scope shared) the client's own salt, if any, goes through as it is.
 """
 from __future__ import annotations
@@ -21,16 +23,20 @@ import logging
 import os
 import secrets
 from pathlib import Path
+from typing import Callable
+
+from kvgate.index.storage.env import secret_from_env
 
 log = logging.getLogger("kvgate.salt")
 SECRET_FILE = "salt.key"
 
 
 class Salter:
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, epoch: Callable[[str], int] | None = None) -> None:
         if len(secret) < 16:
             raise ValueError("the cache-salt secret must be at least 16 bytes")
         self._secret = secret
+        self._epoch = epoch  # tenant → its salt epoch (Epochs.epoch); None: always 0
 
     def salt(self, tenant: str | None, client_salt: object = None) -> str | None:
         """The engine's cache_salt for this request (see the module docstring); None = unsalted."""
@@ -38,6 +44,9 @@ class Salter:
         if tenant is None:
             return client
         msg = b"tenant\0" + tenant.encode()
+        epoch = self._epoch(tenant) if self._epoch is not None else 0
+        if epoch:
+            msg += b"\0epoch\0" + str(epoch).encode()
         if client is not None:
             msg += b"\0client\0" + client.encode()
         return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:32]
@@ -47,10 +56,7 @@ def load_secret(cache_dir: Path, env_name: str | None) -> bytes:
     """The secret from the variable `env_name` names, else from <cache_dir>/salt.key (made once,
     random, readable by this user only). Proxies that share engines must share the secret."""
     if env_name:
-        value = os.environ.get(env_name)
-        if not value:
-            raise ValueError(f"auth.salt_secret_env names {env_name}, which is not set")
-        return value.encode()
+        return (secret_from_env(env_name, "auth.salt_secret_env") or "").encode()
     path = Path(cache_dir) / SECRET_FILE
     try:
         return path.read_bytes().strip()

@@ -36,8 +36,3 @@ class LocalState:
 
     def close(self) -> None:
         pass
-
-
-def local_state(route: str, replicas: Sequence[str]) -> LocalState:
-    """The StateFactory of a proxy that routes alone."""
-    return LocalState(replicas)

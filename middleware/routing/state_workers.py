@@ -14,8 +14,14 @@ they are applied as they are, unlike an engine's BlockStored events (kvgate.inde
 carry token ids to be re-hashed. Delivery is lossy by design (a PUB socket drops for a
 subscriber not yet connected, or past its high-water mark): a lost record costs a prefill.
 
+Replica lists: what the admin API adds or removes in one worker reaches every worker through a
+file in the same directory (fleet_workers.py); the hub nudges the other workers when it changes
+(a control message on the same sockets) and looks at the file every CHECK_S in case a nudge was
+lost. The load table has spare columns per route for the replicas added so.
+
 Not shared: replica health (each worker marks a replica down on its own failures and probes it
-on its own) and the precise mode's event feeds (each worker subscribes to the replicas itself).
+on its own), the precise mode's event feeds (each worker subscribes to the replicas itself) and
+the engines' /metrics (each worker reads them itself: the same numbers).
 """
 from __future__ import annotations
 
@@ -24,20 +30,23 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import msgspec
 import numpy as np
 import zmq
 
+from kvgate.middleware.routing.fleet_workers import CHECK_S, SPARE_SLOTS, SharedFleet, spare_key
 from kvgate.middleware.routing.state import ApplyRecord
 
 log = logging.getLogger("kvgate.workers")
 
 LOAD_FILE = "load.i64"
 SNDHWM = 10_000  # records queued per peer before the PUB socket drops (a lost record is a prefill)
+FLEET_CHANGED = "\x00fleet"  # the route of a control message: the shared replica lists changed
 
 
 def _slot_key(route: str, replica: str) -> str:
@@ -57,8 +66,9 @@ class WorkersLayout:
         """Make the directory and a zeroed load table for `routes` ((route, replica names))."""
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         directory = tempfile.mkdtemp(prefix="kvgate-workers-", dir=base)
-        slots = {_slot_key(route, name): i for i, (route, name) in
-                 enumerate((route, name) for route, names in routes for name in names)}
+        keys = [_slot_key(route, name) for route, names in routes for name in names]
+        keys += [spare_key(route, i) for route, _ in routes for i in range(SPARE_SLOTS)]  # added at run time
+        slots = {key: i for i, key in enumerate(keys)}
         size = max(1, workers * len(slots) * 2) * 8
         with open(os.path.join(directory, LOAD_FILE), "wb") as fh:
             fh.truncate(size)
@@ -97,6 +107,8 @@ class WorkerHub:
         self._pub.bind(layout.endpoint(worker))
         self._pub_lock = threading.Lock()  # records come from the loop and from worker threads
         self._apply: dict[str, ApplyRecord] = {}
+        self.fleet = SharedFleet(layout.directory, layout.slots)
+        self.on_fleet: Callable[[], None] | None = None  # the replica lists changed (any thread may call)
         self._encoder = msgspec.msgpack.Encoder()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="kvgate-peers", daemon=True)
@@ -115,6 +127,17 @@ class WorkerHub:
             except zmq.Again:  # every peer's queue is full: drop, the index is a guess anyway
                 pass
 
+    def nudge_fleet(self) -> None:
+        """Tell the other workers that the shared replica lists changed."""
+        self.publish(FLEET_CHANGED, "", [])
+
+    def _fleet_changed(self) -> None:
+        if self.on_fleet is not None:
+            try:
+                self.on_fleet()
+            except Exception:
+                log.exception("worker %d: applying the shared replica lists failed", self.worker)
+
     def _follow(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
         try:
@@ -124,7 +147,13 @@ class WorkerHub:
                 if peer != self.worker:
                     sub.connect(self.layout.endpoint(peer))
             decoder = msgspec.msgpack.Decoder(tuple[str, str, list[int]])
+            token, checked = self.fleet.token(), time.monotonic()
             while not self._stop.is_set():
+                if time.monotonic() - checked >= CHECK_S:  # a nudge may have been lost
+                    checked = time.monotonic()
+                    if (now := self.fleet.token()) != token:
+                        token = now
+                        self._fleet_changed()
                 if not sub.poll(self.POLL_MS):
                     continue
                 while True:
@@ -139,6 +168,9 @@ class WorkerHub:
     def _apply_one(self, decoder: msgspec.msgpack.Decoder, payload: bytes) -> None:
         try:
             route, replica, hashes = decoder.decode(payload)
+            if route == FLEET_CHANGED:
+                self._fleet_changed()
+                return
             apply = self._apply.get(route)
             if apply is not None:
                 apply(replica, hashes)
@@ -174,6 +206,14 @@ class WorkerState:
             return 0, 0
         in_flight, pending = table[:, self._slots[replica]].sum(axis=0).tolist()
         return in_flight, pending
+
+    def add_replica(self, replica: str) -> None:
+        """A replica added at run time (Router.add_replica): its column from the shared replica
+        lists (fleet_workers.py). ValueError: the lists gave it none."""
+        slot = self._hub.fleet.slot(self._route, replica)
+        if slot is None:
+            raise ValueError(f"replica {replica!r} has no load column: add it through the admin API of a worker")
+        self._slots[replica] = slot
 
     def recorded(self, replica: str, hashes: Sequence[int]) -> None:
         self._hub.publish(self._route, replica, hashes)

@@ -5,20 +5,27 @@ every response and stream chunk as `response._hidden_params["kvgate"]` (a CacheI
 `cache_info(response)`), and on stream wrappers as `.kvgate`. `cache={...}` takes LiteLLM's
 per-call names: "no-cache", "no-store", "ttl", and "namespace" (the tenant for this call).
 `gateway.feedback(cache_info(response).request_id, correct=False)` reports a wrong answer.
+`cache_tags=["doc:123@v4"]` tags the answer a call stores; `gateway.invalidate(["doc:123@v4"])`
+removes every answer tagged so, `gateway.erase_tenant(tenant)` everything of one tenant
+(kvgate.middleware.cache.governance; a remote proxy's admin API: kvgate.middleware.sdk.admin_client).
 `completion` is the async flow run on the pipeline's own loop thread (kvgate.middleware.sync_adapter),
 so sync and async calls take the same path, and sync calls from many threads run concurrently.
 """
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
+from kvgate.index.responses.tags import system_tag  # noqa: F401  (public here: the tag a system prompt gets)
 from kvgate.middleware.config import Config, load_config, parse_config
 from kvgate.middleware.cache.feedback import FeedbackOutcome
+from kvgate.middleware.cache.governance import Governance, Invalidated, TenantErased
 from kvgate.middleware.pipeline import CacheInfo, Pipeline, Result
 from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.request import CacheControl
+from kvgate.middleware.tags import parse_tags
 
 
 def cache_info(response: Any) -> CacheInfo | None:
@@ -82,6 +89,9 @@ class Gateway:
     def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], str, CacheControl]:
         cache = kwargs.pop("cache", None)
         control = CacheControl.from_kwarg(cache)
+        tags = kwargs.pop("cache_tags", None)
+        if tags is not None:
+            control = replace(control, tags=parse_tags(tags, param="cache_tags"))
         tenant = str(cache.get("namespace")) if isinstance(cache, dict) and cache.get("namespace") else self.tenant
         return kwargs, tenant, control
 
@@ -110,6 +120,23 @@ class Gateway:
         """Judge an answer by its `cache_info(response).request_id`; `correct=False` removes the
         entry and tightens its neighbourhood. Raises RequestNotFound for another tenant's id."""
         return self.pipeline.feedback(request_id, correct, namespace or self.tenant)
+
+    def invalidate(self, tags: list[str], *, tenant: str | None = None, sweep: bool = False) -> Invalidated:
+        """Delete every stored answer tagged with any of `tags` (a client's tag, `system_tag(...)`,
+        `model:<revision>`): every tenant's, or only `tenant`'s. Blocking (a pass over the matches)."""
+        governance = self._governance()
+        return governance.invalidate(parse_tags(tags, param="tags", client=False), tenant, sweep)
+
+    def erase_tenant(self, tenant: str) -> TenantErased:
+        """Remove everything of `tenant` (a Gateway's tenant or a `cache={"namespace": ...}`): its
+        answers, vectors, feedback marks and request ids, and give it a new salt epoch so no
+        engine or KV tier matches what it cached. Blocking (a pass over the stores)."""
+        return self._governance().erase_tenant(tenant)
+
+    def _governance(self) -> Governance:
+        if self.pipeline.governance is None:
+            raise RuntimeError("this Gateway's pipeline was built without governance")
+        return self.pipeline.governance
 
     async def afeedback(self, request_id: str, correct: bool, *, namespace: str | None = None) -> FeedbackOutcome:
         """Async `feedback` (the disk work runs in a thread)."""

@@ -91,7 +91,7 @@ class PrefixRoutingPlugin(CustomLogger):
                     and messages[len(prior)].get("role") == "assistant"]
             entries = [self._tickets.pop(key) for key in done]
         for router, ticket, prior in entries:
-            router.finished(ticket, True, messages[: len(prior) + 1])
+            router.finished(ticket, True, router.answer_hashes(ticket.plan, messages[: len(prior) + 1]))
 
     def _close(self, kwargs: dict[str, Any], ok: bool, response: Any = None) -> None:
         call_id = _call_id(kwargs)
@@ -107,7 +107,7 @@ class PrefixRoutingPlugin(CustomLogger):
             except (AttributeError, IndexError):
                 answer = None
         conversation = [*messages, {"role": "assistant", "content": answer}] if answer else None
-        router.finished(ticket, ok, conversation)
+        router.finished(ticket, ok, router.answer_hashes(ticket.plan, conversation) if conversation else None)
 
     async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
         self._close(kwargs, True, response_obj)

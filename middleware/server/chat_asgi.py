@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
@@ -30,6 +31,7 @@ from kvgate.middleware.server.input_checks import check_token_caps
 from kvgate.middleware.outcome import CacheInfo
 from kvgate.middleware.pipeline import Pipeline, Result
 from kvgate.middleware.request import CacheControl
+from kvgate.middleware.tags import TAGS_HEADER, parse_tags
 from kvgate.middleware.server.responses import error_response
 
 CONTROL_HEADER = b"x-kvgate-cache-control"
@@ -106,13 +108,16 @@ class ChatHandler:
             await error_response(exc)(scope, receive, send)  # OpenAI error JSON; a 500 is logged there
 
     async def request(self, scope: Scope, receive: Any) -> tuple[str, dict[str, Any], CacheControl]:
-        """(tenant, the parsed and checked body, the cache-control header's directives)."""
+        """(tenant, the parsed and checked body, the cache-control and tags headers' directives)."""
         tenant = self._tenant(bearer_text(scope))
         body = await self._parse(await read_body(scope, receive, self.config.server.max_body_bytes))
         check_token_caps(body, self.config.server)
         control_header = header(scope, CONTROL_HEADER)
-        return tenant, body, CacheControl.from_header(control_header.decode("latin-1") if control_header is not None
-                                                      else None)
+        control = CacheControl.from_header(control_header.decode("latin-1") if control_header is not None else None)
+        tags = header(scope, TAGS_HEADER.encode())
+        if tags is not None:  # checked before the request goes anywhere: a bad tag is a 400
+            control = replace(control, tags=parse_tags(tags.decode("latin-1")))
+        return tenant, body, control
 
     async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
         tenant, body, control = await self.request(scope, receive)

@@ -21,7 +21,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvgate.middleware.server.admin import add_admin
+from kvgate.middleware.server.admin import add_admin, admin_check
+from kvgate.middleware.server.fleet_sync import FleetSync
+from kvgate.middleware.server.governance import add_governance
 from kvgate.middleware.server.admission import AdmissionGate
 from kvgate.middleware.server.heap import settle_heap
 from kvgate.middleware.server.auth import KeyGate, bearer_text, key_allowed
@@ -32,6 +34,7 @@ from kvgate.middleware.config import Config
 from kvgate.middleware.errors import KvgateError, Unauthorized
 from kvgate.middleware.server.responses import error_response
 from kvgate.middleware.telemetry.loop_lag import watch_loop_lag
+from kvgate.middleware.telemetry.replica_poll import ReplicaPoller, polled_routes
 from kvgate.middleware.telemetry.metrics import Metrics
 from kvgate.middleware.pipeline import Pipeline
 from kvgate.middleware.build import build_pipeline
@@ -41,6 +44,7 @@ from kvgate.middleware.server.ui import add_dashboard, make_recorder, record_sta
 
 if TYPE_CHECKING:
     from kvgate.middleware.routing.state import StateFactory
+    from kvgate.middleware.routing.state_workers import WorkerHub
 
 log = logging.getLogger("kvgate.proxy")
 T = TypeVar("T")
@@ -52,10 +56,13 @@ def tenant_of(token: str | None) -> str:
 
 
 def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_state: StateFactory | None = None,
-               worker: int | None = None, server_process: bool = False) -> FastAPI:
+               worker: int | None = None, server_process: bool = False, workers_hub: WorkerHub | None = None
+               ) -> FastAPI:
     """Build the app; the pipeline (embedder + index) is created at start-up unless given.
     `routing_state` and `worker`: this process is worker `worker` of `kvgate serve --workers N`
-    (its responses say so in `x-kvgate-worker`, its /health in `worker`). `server_process`: the
+    (its responses say so in `x-kvgate-worker`, its /health in `worker`); `workers_hub`: that
+    worker's end of what the workers share, whose replica lists the admin API changes
+    (middleware/server/fleet_sync.py). `server_process`: the
     process is the server's own (`kvgate serve`), so its garbage collector is set for it
     (kvgate.middleware.server.heap) once the pipeline is up."""
 
@@ -72,10 +79,18 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
         # /health and /metrics read the disk (the index catches up with other processes): in a
         # thread of their own, so a probe never queues behind request work in the default pool
         app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")
-        app.state.stats, urls = make_recorder(pipe, config.stats)  # the dashboard's history (middleware/server/ui.py)
-        tasks.append(asyncio.create_task(record_stats(app.state.stats, pipe.metrics.registry, urls,
+        # one reader of the replicas' /metrics for routing (prefill_time) and the dashboard alike
+        app.state.replica_poller = poller = ReplicaPoller(pipe.routers, polled_routes(pipe.routers,
+                                                                                      config.stats.scrape_replicas))
+        tasks.append(asyncio.create_task(poller.run(app.state.probes)))
+        app.state.stats = make_recorder(pipe, config.stats)  # the dashboard's history (middleware/server/ui.py)
+        tasks.append(asyncio.create_task(record_stats(app.state.stats, pipe.metrics.registry, lambda: poller.latest,
                                                       app.state.probes, config.stats.interval_s)))
+        if app.state.fleet_sync is not None:  # the replicas the other workers added or removed meanwhile
+            await app.state.fleet_sync.start(pipe)
         yield
+        if app.state.fleet_sync is not None:
+            app.state.fleet_sync.stop()
         for task in tasks:
             task.cancel()
         await app.state.pipeline.aclose()
@@ -84,6 +99,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
             app.state.pipeline.close()
 
     app = LeanApp(title="kvgate", version="0.1.0", lifespan=lifespan)
+    app.state.fleet_sync = FleetSync(config, workers_hub) if workers_hub is not None else None
     keys = frozenset(config.auth.keys)
     # every route but /health, present and future; admin keys pass it on the admin paths only
     app.add_middleware(KeyGate, keys=keys, admin_keys=frozenset(config.auth.admin_keys))
@@ -138,10 +154,12 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        entries = await _off_loop(request.app.state.probes, len, request.app.state.pipeline.index)
+        pipe = request.app.state.pipeline
+        entries = await _off_loop(request.app.state.probes, len, pipe.index)
+        # semantic: whether an embedder runs (without one, every route is exact-only: the start log says why)
         if worker is None:
-            return {"status": "ok", "entries": entries}
-        return {"status": "ok", "entries": entries, "worker": worker}
+            return {"status": "ok", "entries": entries, "semantic": pipe.embedder is not None}
+        return {"status": "ok", "entries": entries, "semantic": pipe.embedder is not None, "worker": worker}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -151,6 +169,7 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
 
     add_dashboard(app)  # /ui and /v1/stats (middleware/server/ui.py)
     add_admin(app, config, worker)  # /v1/admin/...: replicas added and removed at run time (middleware/server/admin.py)
+    add_governance(app, config, admin_check(config), tenant_of)  # erase a tenant, invalidate tags (governance.py)
     return app
 
 
@@ -163,10 +182,12 @@ def _metrics(app: FastAPI) -> Metrics:
 
 
 async def _probe_loop(router: Router, interval: float) -> None:
-    """Learn what engine each replica runs; re-admit replicas marked down once they answer."""
+    """Learn what engine each replica runs (and its model revision, asked again every round);
+    re-admit replicas marked down once they answer."""
     async with httpx.AsyncClient() as client:
         while True:
             try:
+                await router.recheck_engines(client)  # restarted with other weights: described anew below
                 await router.discover(client)  # until every replica said what engine it runs
             except Exception:
                 log.exception("engine discovery failed")

@@ -1,5 +1,6 @@
-"""The dashboard: GET /ui (one page + plotly.js, served from the `plotly` package: no CDN),
-GET /v1/stats (its JSON), and the task that adds one point per `stats.interval_s`.
+"""The dashboard: GET /ui (one page + plotly.js, served from static/ beside it: no CDN),
+GET /v1/stats (its JSON), and the task that adds one point per `stats.interval_s` (the replicas'
+numbers from the proxy's one reader of their /metrics, middleware/telemetry/replica_poll.py).
 
 Auth is the KeyGate's (middleware/server/auth.py): with `auth.keys` set, both need a key (Bearer, or
 Basic from the browser's login prompt).
@@ -10,19 +11,16 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Executor
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import httpx
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from prometheus_client import CollectorRegistry
 
 from kvgate.middleware.config import StatsConfig
-from kvgate.middleware.telemetry.replica_scrape import fetch_texts, metrics_url, parse_metrics
 from kvgate.middleware.telemetry.stats import ReplicaId, Scrape, StatsRecorder
-from kvgate.middleware.telemetry.stats_samples import flatten
+from kvgate.middleware.telemetry.stats_samples import Samples, flatten
 
 if TYPE_CHECKING:
     from kvgate.middleware.pipeline import Pipeline
@@ -33,8 +31,9 @@ ASSET_CACHE = {"cache-control": "public, max-age=86400"}
 
 
 def plotly_bundle() -> Path:
-    """plotly.js as the `plotly` Python package ships it (a dependency; works offline)."""
-    return Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
+    """plotly.js (MIT), the one file of the `plotly` Python package the page uses, kept in static/:
+    the package would add ~70 MB to the core install for it."""
+    return STATIC / "plotly.min.js"
 
 
 def add_dashboard(app: FastAPI) -> None:
@@ -60,32 +59,31 @@ def add_dashboard(app: FastAPI) -> None:
         return request.app.state.stats.view(since)
 
 
-def make_recorder(pipeline: "Pipeline", cfg: StatsConfig) -> tuple[StatsRecorder, dict[ReplicaId, str]]:
-    """The recorder for this pipeline's routes and replicas, and the replicas' /metrics URLs."""
-    replicas = {(route, r.name): metrics_url(r.api_base)
-                for route, router in pipeline.routers.items() for r in router.replicas}
-    recorder = StatsRecorder([r.name for r in pipeline.config.routes], list(replicas), cfg.interval_s, cfg.keep)
-    # /metrics shows the engines' numbers from this recorder's last tick: one scrape of each replica
+def make_recorder(pipeline: "Pipeline", cfg: StatsConfig) -> StatsRecorder:
+    """The recorder for this pipeline's routes and replicas."""
+    replicas = [(route, r.name) for route, router in pipeline.routers.items() for r in router.replicas]
+    recorder = StatsRecorder([r.name for r in pipeline.config.routes], replicas, cfg.interval_s, cfg.keep)
+    # /metrics shows the engines' numbers from this recorder's last tick: one read of each replica
     # serves both, and a Prometheus collect never waits on a replica
     pipeline.metrics.watch_engines(recorder.engine_readings)
-    return recorder, (replicas if cfg.scrape_replicas else {})
+    return recorder
 
 
-def read_scrape(registry: CollectorRegistry, texts: dict[ReplicaId, str | None], at: float) -> Scrape:
-    """Collect the proxy's registry and parse the replicas' texts (in a worker thread)."""
-    return Scrape(at, flatten(registry.collect()), {rid: parse_metrics(text) for rid, text in texts.items()})
+def read_scrape(registry: CollectorRegistry, pages: Mapping[ReplicaId, Samples | None], at: float) -> Scrape:
+    """Collect the proxy's registry (in a worker thread); the replicas' pages are parsed already."""
+    return Scrape(at, flatten(registry.collect()), dict(pages))
 
 
-async def record_stats(recorder: StatsRecorder, registry: CollectorRegistry, urls: dict[ReplicaId, str],
-                       pool: Executor, interval_s: float) -> None:
-    """One point per interval until cancelled; a failed tick is logged and skipped."""
+async def record_stats(recorder: StatsRecorder, registry: CollectorRegistry,
+                       pages: Callable[[], Mapping[ReplicaId, Samples | None]], pool: Executor,
+                       interval_s: float) -> None:
+    """One point per interval until cancelled, with the replicas' last pages read (`pages()`: the
+    poller's, ReplicaPoller.latest); a failed tick is logged and skipped."""
     loop = asyncio.get_running_loop()
-    async with httpx.AsyncClient(timeout=min(interval_s, 2.0)) as client:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                texts = await fetch_texts(client, urls)
-                scrape = await loop.run_in_executor(pool, read_scrape, registry, texts, time.time())
-                recorder.advance(scrape)  # on the loop, where /v1/stats reads the ring
-            except Exception:  # the dashboard must never take the proxy down
-                log.exception("stats tick failed")
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            scrape = await loop.run_in_executor(pool, read_scrape, registry, pages(), time.time())
+            recorder.advance(scrape)  # on the loop, where /v1/stats reads the ring
+        except Exception:  # the dashboard must never take the proxy down
+            log.exception("stats tick failed")

@@ -5,8 +5,9 @@ here. The port: one listening socket per worker, all bound with SO_REUSEPORT, ma
 any worker starts (so a port in use fails at once, here) and handed to the worker; the kernel
 spreads new connections over the sockets by a hash of the connection, so no worker accepts for
 the others and no accept lock is needed. What the workers share is set up here too
-(`WorkersLayout`: the load table and the ipc endpoints, see middleware/routing/state_workers.py);
-the response cache is shared as for any processes on one host: one cache_dir on disk.
+(`WorkersLayout`: the load table and the ipc endpoints, see middleware/routing/state_workers.py;
+the replica lists the admin API changes at run time, middleware/routing/fleet_workers.py); the
+response cache is shared as for any processes on one host: one cache_dir on disk.
 
 A worker that dies is started again (its row of the load table zeroed first: its requests died
 with it). SIGTERM / SIGINT stop every worker and remove the shared files.
@@ -60,7 +61,7 @@ def run_worker(config_path: Path, worker: int, layout: WorkersLayout, sock: sock
     config = load_config(config_path)
     hub = WorkerHub(layout, worker)
     try:
-        app = create_app(config, routing_state=hub.state, worker=worker, server_process=True)
+        app = create_app(config, routing_state=hub.state, worker=worker, server_process=True, workers_hub=hub)
         server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options))
         server.run(sockets=[sock])
     finally:

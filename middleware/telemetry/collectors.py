@@ -295,3 +295,29 @@ def _store_link_families() -> dict[str, Metric]:
             "kvgate_store_follow_lag_seconds",
             "Seconds since this process last read the store's change log through (catch-up lag)"),
     }
+
+
+class DecryptCollector(Collector):
+    """Sealed values that did not authenticate (encryption.key_env), by layer (entries, vectors,
+    marks): each one was read as a miss and dropped; after a master-key rotation the old values count
+    here once each as they are met, otherwise a rise means tampering or a misconfigured key."""
+
+    def __init__(self, failures: Callable[[], Mapping[str, int]]) -> None:
+        self._failures = failures
+
+    def describe(self) -> Iterable[Metric]:
+        return [_decrypt_family()]
+
+    def collect(self) -> Iterable[Metric]:
+        fam = _decrypt_family()
+        counts = dict(self._failures())
+        for layer in ("entries", "vectors", "marks"):  # exported as 0 from the start: something to alert on
+            counts.setdefault(layer, 0)
+        for layer, count in sorted(counts.items()):
+            fam.add_metric([layer], count)
+        return [fam]
+
+
+def _decrypt_family() -> CounterMetricFamily:
+    return CounterMetricFamily("kvgate_decrypt_failures", "Encrypted values that failed authentication (tampered, "
+                               "another key, or unencrypted): read as misses", labels=["layer"])

@@ -1,5 +1,6 @@
-"""What each kind of engine calls the per-replica numbers the proxy shows: prompt tokens, cached
-prompt tokens, requests running and waiting.
+"""What each kind of engine calls the per-replica numbers the proxy shows and routes on: prompt
+tokens, cached prompt tokens, requests running and waiting, and the prefill work and time behind
+an engine's measured prefill rate (kvgate.middleware.routing.engine_load).
 
 A replica's own /metrics is read as it is (middleware/telemetry/replica_scrape.py); the names differ per
 engine kind, so they live here, one table per kind, and nothing else in the proxy knows them. To
@@ -17,7 +18,9 @@ from typing import Mapping
 
 from kvgate.middleware.telemetry.stats_samples import Key, gained
 
-COUNTERS = ("prompt_tokens", "cached_tokens", "external_cached_tokens")  # only grow (reset on restart)
+# only grow (reset on restart)
+COUNTERS = ("prompt_tokens", "cached_tokens", "external_cached_tokens", "prefill_tokens", "prefill_seconds",
+            "prefill_requests")
 GAUGES = ("running", "waiting")  # current state
 
 
@@ -31,6 +34,9 @@ class EngineNames:
     external_cached_tokens: str | None = None  # counter: the part of cached_tokens from outside the engine
     running: str | None = None  # gauge: requests the engine is computing
     waiting: str | None = None  # gauge: requests queued for the engine
+    prefill_tokens: str | None = None  # counter: tokens computed in prefill (cached ones excluded)
+    prefill_seconds: str | None = None  # counter: seconds requests spent in prefill
+    prefill_requests: str | None = None  # counter: requests whose prefill the two above cover
 
     def names(self) -> frozenset[str]:
         return frozenset(name for f in fields(self) if f.name != "kind" and (name := getattr(self, f.name)))
@@ -43,6 +49,10 @@ VLLM = EngineNames(
     external_cached_tokens="vllm:external_prefix_cache_hits_total",
     running="vllm:num_requests_running",
     waiting="vllm:num_requests_waiting",
+    # histograms observed as a request finishes: their _sum and _count are the counters
+    prefill_tokens="vllm:request_prefill_kv_computed_tokens_sum",
+    prefill_seconds="vllm:request_prefill_time_seconds_sum",
+    prefill_requests="vllm:request_prefill_kv_computed_tokens_count",
 )
 # the reference replica (engines/replica/metrics.py): its cached tokens are the chunk store's
 # (whatever tier served them), it has no separate external count and exports no running gauge
@@ -53,6 +63,7 @@ KVGATE = EngineNames(
     waiting="kvgate_replica_queue_length",
 )
 ENGINES: tuple[EngineNames, ...] = (VLLM, KVGATE)  # first match wins when a scrape has several kinds' names
+ENGINE_SAMPLES = frozenset().union(*(engine.names() for engine in ENGINES))  # every sample name read here
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,9 @@ class ReplicaReading:
     external_cached_tokens: float | None
     running: float | None
     waiting: float | None
+    prefill_tokens: float | None = None
+    prefill_seconds: float | None = None
+    prefill_requests: float | None = None
 
     def since(self, previous: ReplicaReading | None) -> ReplicaReading:
         """The counters' growth since `previous` (a counter that went back, a restarted engine,

@@ -5,7 +5,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvgate.middleware.telemetry.collectors import EngineCollector, RoutingCollector, SoftFailing, StorageCollector, StoreLinkCollector
+from kvgate.middleware.telemetry.collectors import (DecryptCollector, EngineCollector, RoutingCollector, SoftFailing,
+                                                   StorageCollector, StoreLinkCollector)
 
 if TYPE_CHECKING:
     from kvgate.index.storage.redis_link import RedisLink
@@ -104,6 +105,11 @@ class Metrics:
         """Export the shared store's health at scrape time: kvgate_store_up, kvgate_store_errors_total{op},
         kvgate_store_follow_lag_seconds (kvgate.middleware.telemetry.collectors.StoreLinkCollector)."""
         self.registry.register(StoreLinkCollector(link, follow_lag_s))
+
+    def watch_decrypt(self, failures: Callable[[], Mapping[str, int]]) -> None:
+        """Export kvgate_decrypt_failures_total{layer} at scrape time, from the entry store's cipher
+        (kvgate.index.storage.cipher; only when encryption.key_env is set)."""
+        self.registry.register(DecryptCollector(failures))
 
     def watch_engines(self, readings: Callable[[], Mapping[tuple[str, str], "ReplicaReading"]]) -> None:
         """Export what each replica's engine last reported, per {route,replica}, at scrape time:

@@ -16,6 +16,9 @@ from kvgate.middleware.telemetry.engine_metrics import ReplicaReading, replica_r
 from kvgate.middleware.telemetry.stats_samples import Samples, buckets, growth, quantile, total
 
 OUTCOMES = ("exact", "semantic", "miss")
+# what the dashboard reads of a kvgate replica's KV tiers (engines/replica/metrics.py), beside its
+# engine numbers (engine_metrics.py)
+TIER_SAMPLES = frozenset({"kvgate_replica_kv_bytes", "kvgate_replica_kv_chunk_hits_total"})
 ReplicaId = tuple[str, str]  # (route, replica)
 
 

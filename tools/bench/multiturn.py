@@ -152,9 +152,9 @@ def bench_config(cache_dir: Path, api_base: str, threshold: float, context: str)
     return {
         "cache_dir": str(cache_dir),
         "routes": [{
-            "name": "multiturn", "model": MODEL,
+            "name": "multiturn", "model": MODEL, "ttl": None,
             "backend": {"model": "openai/fake", "api_base": api_base, "api_key": "sk-fake"},
-            "semantic": {"threshold": threshold, "ttl": None, "context": context},
+            "semantic": {"threshold": threshold, "context": context},
         }],
     }
 

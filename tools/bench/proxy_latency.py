@@ -69,7 +69,8 @@ def bench_config(cache_dir: Path, backend_url: str, threshold: float, entries: i
                 "name": "bench",
                 "model": BENCH_MODEL,
                 "backend": {"model": "openai/fake", "api_base": f"{backend_url}/v1", "api_key": "sk-fake", "num_retries": 0},
-                "semantic": {"threshold": threshold, "ttl": None, "scope": "tenant"},
+                "ttl": None, "scope": "tenant",
+                "semantic": {"threshold": threshold},
             }
         ],
         "auth": {"keys": [BENCH_TOKEN]},

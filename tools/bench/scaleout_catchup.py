@@ -67,7 +67,7 @@ def one_size(ctx: Context, n: int) -> dict[str, Any]:
     fill(local, n, ctx.args.seed)
     local.close()
     index, took = opened(DiskEntryStore(ctx.work / f"catchup-{n}", DIM))
-    assert len(kvgate.index.responses.eviction) == n
+    assert len(index.eviction) == n
     out["open_s_local"] = round(took, 3)
     index.close()
     return out

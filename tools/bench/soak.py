@@ -194,9 +194,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = {
         "cache_dir": str(work_dir / "cache"), "max_entries": args.max_entries, "max_bytes": args.max_bytes,
         "auth": {"keys": tenants},
-        "routes": [{"name": "soak", "model": "soak-*",
+        "routes": [{"name": "soak", "model": "soak-*", "scope": "tenant",
                     "backend": {"model": "openai/fake", "api_base": f"http://127.0.0.1:{backend_port}/v1", "api_key": "x"},
-                    "semantic": {"threshold": 0.9, "scope": "tenant"}}],
+                    "semantic": {"threshold": 0.9}}],
     }
     (work_dir / "config.yaml").write_text(yaml.safe_dump(config))
     procs = [Proc("backend", kvgate_argv("demo-backend", "--port", str(backend_port)), work_dir)]

@@ -6,7 +6,8 @@ VLLM_SERVER_DEV_MODE=1 for `POST /reset_prefix_cache`), and in front of them, on
 `kvgate_precise` (kvgate serve, cache_aware, precise mode on the servers' KV events: no block_size
 nor tokenizer given, the router finds them from the engine), `kvgate_approximate` (cache_aware,
 approximate, tokenizer = the model dir), `round_robin` (kvgate serve), `sglang` (sglang-router
-cache_aware) and `vllm_router` (vllm-router cache_aware). kvgate arms run with both response-cache
+cache_aware) and `vllm_router` (vllm-router cache_aware); on request (--arms) the two kvgate arms with
+policy prefill_time instead (`kvgate_precise_prefill_time`, `kvgate_approximate_prefill_time`). kvgate arms run with both response-cache
 tiers off (every turn is routed) and a fresh cache_dir; every router is a fresh process per run.
 
 Workload (tools/bench/vllm_arena_workload.py): conversations grouped from a Mooncake-format trace,
@@ -69,7 +70,8 @@ from kvgate.tools.bench.vllm_arena_stats import Computed, counters, metric_label
     router_summary, run_summary
 from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
-ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
+DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
+ARMS = (*DEFAULT_ARMS, "kvgate_precise_prefill_time", "kvgate_approximate_prefill_time")  # policy prefill_time
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 
 
@@ -79,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=3, help="runs per arm (cold engine caches each)")
     p.add_argument("--conversations", type=int, default=16, help="reported conversations")
     p.add_argument("--turns", type=int, default=4, help="turns sent per conversation (of conversations with >= 4)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {','.join(ARMS)}")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma list of {','.join(ARMS)}")
     p.add_argument("--concurrency", type=int, default=4, help="conversations in flight at once")
     p.add_argument("--max-tokens", type=int, default=16, help="answer length per turn (temperature 0)")
     p.add_argument("--block-tokens", type=int, default=64, help="real tokens per 512-token trace block")

@@ -38,15 +38,23 @@ def preflight(arms: Sequence[str], trace: Path) -> list[str]:
     return bad
 
 
+# kvgate's prefix-aware arms: (routing.prefix.mode, routing.policy)
+KVGATE_ARMS = {"kvgate_precise": ("precise", "cache_aware"), "kvgate_approximate": ("approximate", "cache_aware"),
+               "kvgate_precise_prefill_time": ("precise", "prefill_time"),
+               "kvgate_approximate_prefill_time": ("approximate", "prefill_time")}
+
+
 def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, tokenizer: str) -> dict[str, Any]:
     """`kvgate serve` config of a kvgate arm: both cache tiers off, the two servers as replicas."""
     replicas: list[dict[str, Any]] = [{"name": f"v{i}", "api_base": s.api_base} for i, s in enumerate(servers)]
-    if arm == "kvgate_precise":
-        routing: dict[str, Any] = {"policy": "cache_aware", "prefix": {"mode": "precise"}}
-        for r, s in zip(replicas, servers):
-            r["events"] = s.events
-    elif arm == "kvgate_approximate":
-        routing = {"policy": "cache_aware", "prefix": {"mode": "approximate", "tokenizer": tokenizer}}
+    if arm in KVGATE_ARMS:
+        mode, policy = KVGATE_ARMS[arm]
+        routing: dict[str, Any] = {"policy": policy, "prefix": {"mode": mode}}
+        if mode == "precise":
+            for r, s in zip(replicas, servers):
+                r["events"] = s.events
+        else:
+            routing["prefix"]["tokenizer"] = tokenizer
     else:
         routing = {"policy": "round_robin"}
     return {"cache_dir": str(cache_dir),

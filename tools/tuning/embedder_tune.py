@@ -50,9 +50,9 @@ def data_digest(rows: list[tuple[str, str, bool]], cfg: EmbedderTrainConfig) -> 
 
 
 def default_dir(digest: str) -> Path:
-    from kvgate.index.responses.embedder_onnx import default_onnx_dir
+    from kvgate.index.storage.env import model_cache_dir
 
-    return default_onnx_dir() / f"embedder-{digest}"
+    return model_cache_dir() / f"embedder-{digest}"
 
 
 def weights_digest(directory: Path) -> str:

@@ -14,7 +14,8 @@ supported vLLM versions), worker.py (the background saver), specs.py (what the s
 the worker), paged.py (vLLM's KV layouts; block gather and scatter), staging.py (reusable pinned
 buffers), loader.py (batched, layer-wise loads), background.py (loads beside the engine's steps),
 gate.py (load or recompute, from measured costs), step_clock.py (the measured prefill rate),
-events.py (per-tier BlockStored/BlockRemoved for the router), metrics.py (its counters in
-vLLM's stats), connector.py (the class vLLM loads). Only connector.py and metrics.py import vllm at
+events.py (per-tier BlockStored/BlockRemoved for the router), messages.py (what the scheduler's
+and the workers' instances hand each other each step), metrics.py (its counters in vLLM's stats),
+connector.py (the class vLLM loads). Only connector.py, messages.py and metrics.py import vllm at
 module level; the rest is tested without it.
 """

@@ -1,5 +1,6 @@
-"""KvgateConnector: the class vLLM loads (`kv_connector_module_path` =
-"kvgate.engines.vllm.kv_connector.connector", `kv_connector` = "KvgateConnector").
+"""KvgateConnector: the class vLLM loads. vLLM's KVConnectorFactory imports the module that
+`kv_connector_module_path` names ("kvgate.engines.vllm.kv_connector.connector") and takes the class
+`kv_connector` names ("KvgateConnector") from it; nothing is registered with vLLM.
 
 vLLM builds it twice: the scheduler's instance decides (get_num_new_matched_tokens: how many
 tokens beyond the engine's own cache a tier holds; build_connector_meta: which chunks each step
@@ -15,23 +16,23 @@ background.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 import vllm
-from vllm.distributed.kv_events import KVConnectorKVEvents, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from kvgate.engines.vllm.kv_connector import events as ev
 from kvgate.engines.vllm.kv_connector.background import BackgroundLoads
 from kvgate.engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading, in_background, load_seconds, slowest
+from kvgate.engines.vllm.kv_connector.messages import EventBuffer, KvgateEvents, KvgateMetadata
 from kvgate.engines.vllm.kv_connector.metrics import KvgatePromMetrics, KvgateStats, deltas
 from kvgate.engines.vllm.kv_connector.namespace import check_version, namespace, vllm_parts
 from kvgate.engines.vllm.kv_connector.plan import chunks_to_save, low64, plan_load
-from kvgate.engines.vllm.kv_connector.settings import build_tiers, chunk_blocks, parse
+from kvgate.engines.vllm.kv_connector.settings import build_cipher, build_tiers, chunk_blocks, parse
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
 from kvgate.engines.vllm.kv_connector.step_clock import StepClock
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
@@ -48,39 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("vllm.kvgate")  # under vLLM's logger, so its handlers print it
 
 @dataclass
-class KvgateMetadata(KVConnectorMetadata):
-    loads: list[LoadSpec] = field(default_factory=list)
-    saves: list[SaveSpec] = field(default_factory=list)
-    step_tokens: int = 0  # tokens this step computes (the gate times prefill-heavy steps)
-
-
-class KvgateEvents(KVConnectorKVEvents):
-    """The worker's events of one step, handed to the scheduler (which publishes them)."""
-
-    def __init__(self, events: list[KVCacheEvent] | None = None) -> None:
-        self._events = list(events or [])
-        self._workers = 1
-
-    def add_events(self, events: list[KVCacheEvent]) -> None:
-        self._events.extend(events)
-
-    def aggregate(self) -> "KvgateEvents":
-        return self
-
-    def increment_workers(self, count: int = 1) -> None:
-        self._workers += count
-
-    def get_all_events(self) -> list[KVCacheEvent]:
-        return self._events
-
-    def get_number_of_workers(self) -> int:
-        return self._workers
-
-    def clear_events(self) -> None:
-        self._events = []
-
-
-@dataclass
 class _Request:
     request: Any
     saved_upto: int | None = None  # first chunk not yet saved; None until first scheduled
@@ -89,7 +57,15 @@ class _Request:
 
 
 class KvgateConnector(KVConnectorBase_V1):
+    """vLLM calls the scheduler-side hooks on the engine core's scheduling thread, inside its step
+    loop: time spent there delays every request's next token, and an exception stops the engine. It
+    calls the worker-side hooks on each worker's model-runner thread, around the forward pass. Each
+    hook says who calls it, when, and what it must not do (vLLM's v1/base.py is the contract)."""
+
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        """Built by vLLM's KVConnectorFactory at engine start, once per process: the scheduler's
+        (role SCHEDULER) and each worker's (WORKER). The one place that may raise: a bad setting or an
+        unsupported vLLM stops the engine before it serves."""
         check_version(vllm.__version__)
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         tcfg = vllm_config.kv_transfer_config
@@ -122,7 +98,8 @@ class KvgateConnector(KVConnectorBase_V1):
         self._gauges_sent: dict[str, float] = {}
         self.media = ev.media(self.settings)
         self.codec = LayerCodec(self.settings.codec, self.settings.entropy)  # type: ignore[arg-type]
-        self.store = ChunkStore(build_tiers(self.settings, with_memory=self.is_worker), self.namespace, self.codec)
+        self.store = ChunkStore(build_tiers(self.settings, with_memory=self.is_worker), self.namespace, self.codec,
+                                build_cipher(self.settings))
         self.counters = Counters()
         self._reported: dict[str, float] = {}  # counter values already handed to vLLM's stats
         # scheduler side
@@ -138,8 +115,7 @@ class KvgateConnector(KVConnectorBase_V1):
         self._pool: StagingPool | None = None
         self._save_stream: Any = None
         self._clock: StepClock | None = None
-        self._worker_events: list[KVCacheEvent] = []
-        self._events_lock = threading.Lock()
+        self._worker_events = EventBuffer()
         if self.is_worker:
             self.store.watch_removed(self._removed)
         log.info("kvgate connector (%s): namespace %s, tiers %s, codec %s, %d block(s) per chunk",
@@ -147,16 +123,23 @@ class KvgateConnector(KVConnectorBase_V1):
 
     # ---------------------------------------------------------------- scheduler side
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        """Scheduler, once, when vLLM builds its scheduler. build_connector_meta reads the request's
+        block ids from this manager; never allocate or free blocks through it."""
         super().bind_kv_cache_manager(kv_cache_manager)
         self._kv_manager = kv_cache_manager
 
-    def _chunk(self, request: "Request", c: int, block_ids: list[int]) -> tuple[int, list[int], list[int]]:
-        """Chunk c of `request`: its key hash (its last block's), its blocks' hashes and block ids."""
+    def _chunk(self, request: "Request", c: int, block_ids: list[int]) -> tuple[int, list[int], list[int], str | None]:
+        """Chunk c of `request`: its key hash (its last block's), its blocks' hashes and block ids, and
+        the request's cache_salt (a sealed chunk's key: only the tenant's current salt opens it)."""
         cb = self.chunk_blocks
         blocks = [low64(h) for h in request.block_hashes[c * cb:(c + 1) * cb]]
-        return blocks[-1], blocks, list(block_ids[c * cb:(c + 1) * cb])
+        return blocks[-1], blocks, list(block_ids[c * cb:(c + 1) * cb]), getattr(request, "cache_salt", None)
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Scheduler, each time it considers a waiting request for a step (again on a later step if it
+        stays waiting): the tokens past `num_computed_tokens` a tier holds and the gate lets through, and
+        whether they load in the background. At most one lookup per tier (on the scheduling thread), and
+        the last call's plan wins; never raises: a tier that cannot answer is a miss."""
         state = self._reqs.setdefault(request.request_id, _Request(request))
         hashes = [low64(h) for h in request.block_hashes]
         holders: list[str] = []
@@ -184,19 +167,25 @@ class KvgateConnector(KVConnectorBase_V1):
         return plan, in_background(estimate, self.settings.background_load_ms / 1e3)
 
     def update_state_after_alloc(self, request: "Request", blocks: Any, num_external_tokens: int) -> None:
+        """Scheduler, right after it allocated the request's blocks (for a background load twice:
+        before the load, then with num_external_tokens 0). Records the blocks the plan loads into; no
+        lookups (the plan is get_num_new_matched_tokens')."""
         state = self._reqs.get(request.request_id)
         if num_external_tokens <= 0 or state is None or state.plan is None:
             return
         self._to_load[request.request_id] = (state.plan, list(blocks.get_block_ids()[0]), state.background)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        """Scheduler, once per step, after scheduling it: the loads recorded since the last step and the
+        chunks this step completes (to save); vLLM sends it to every worker. Bookkeeping only, no I/O;
+        never modify scheduler_output."""
         meta = KvgateMetadata(step_tokens=int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0))
         for req_id, (plan, block_ids, background) in self._to_load.items():
             request = self._reqs[req_id].request
             span = range(plan.first_chunk, plan.first_chunk + plan.n_chunks)
             chunks = [self._chunk(request, c, block_ids) for c in span]
-            meta.loads.append(LoadSpec(req_id, [key for key, _, _ in chunks], [ids for _, _, ids in chunks],
-                                       plan.skip_blocks, background))
+            meta.loads.append(LoadSpec(req_id, [key for key, *_ in chunks], [ids for _, _, ids, _ in chunks],
+                                       plan.skip_blocks, background, getattr(request, "cache_salt", None)))
         self._to_load.clear()
         scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
         cached = scheduler_output.scheduled_cached_reqs
@@ -218,11 +207,16 @@ class KvgateConnector(KVConnectorBase_V1):
         return meta
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Scheduler, once per request, when it finishes or is aborted, before vLLM frees its blocks.
+        Forgets it; (False, None): saves copy blocks out in the step that computed them, so vLLM may free
+        them at once."""
         self._reqs.pop(request.request_id, None)
         self._to_load.pop(request.request_id, None)
         return False, None
 
     def update_connector_output(self, connector_output: Any) -> None:
+        """Scheduler, once per step, with the workers' output for it (before get_kv_connector_stats and
+        take_events): keeps their KV events, feeds the gate their load and prefill timings. No I/O."""
         got = getattr(connector_output, "kv_cache_events", None)
         if got is not None:
             self._events.extend(got.get_all_events())
@@ -234,7 +228,9 @@ class KvgateConnector(KVConnectorBase_V1):
         self.estimates.observe_prefill(int(step.get("prefill_tokens", 0)), step.get("prefill_seconds", 0.0))
 
     def reset_cache(self) -> bool:
-        """`POST /reset_prefix_cache?reset_external=true`: empty the shared tiers (disk, remote)."""
+        """Scheduler, between steps, on `POST /reset_prefix_cache?reset_external=true`: empty the
+        shared tiers (disk, remote). Holds the engine while they empty (an operator's request, not the
+        serving path); False rather than an exception when that fails."""
         try:
             self.store.clear()
             return True
@@ -243,11 +239,15 @@ class KvgateConnector(KVConnectorBase_V1):
             return False
 
     def take_events(self) -> Iterable[KVCacheEvent]:
+        """Scheduler, once per step, after update_connector_output: the workers' tier events, which
+        vLLM publishes with its own. Hands them over once."""
         out, self._events = self._events, []
         return out
 
     # ---------------------------------------------------------------- worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Worker, once, after vLLM allocated its paged KV cache, before the first step. Allocates what
+        the steps use (staging pool, loaders, writer, streams), so no step allocates."""
         self._kv = PagedKV(kv_caches, self.num_blocks)
         cuda = self._kv.device.type == "cuda"
         staging = self.settings.staging_mb << 20
@@ -262,11 +262,18 @@ class KvgateConnector(KVConnectorBase_V1):
                  self._kv.block_shape, self._kv.device, self._kv.block_bytes * self.chunk_blocks / 1e6)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Worker, each step, before the forward pass: this step's KvgateMetadata. Starts the step's
+        clock; must not block."""
         super().bind_connector_metadata(connector_metadata)
         if self._clock is not None and isinstance(connector_metadata, KvgateMetadata):
             self._clock.start(connector_metadata.step_tokens, self.counters)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Worker, each step: before the forward pass when the step loads synchronously, else right
+        after vLLM launched it. Queues background loads; reads the others here, on the forward path
+        (the gate sends here only loads estimated under background_load_ms; on CUDA the copies run on
+        the loader's stream, ordered by wait_for_layer_load). Never raises: a failed chunk's blocks go
+        to get_block_ids_with_load_errors and are recomputed."""
         meta = self._get_connector_metadata()
         if self._loader is None or self._background is None or not isinstance(meta, KvgateMetadata):
             return
@@ -281,13 +288,21 @@ class KvgateConnector(KVConnectorBase_V1):
                 self._loader.fail(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        """Worker, in each attention layer's forward, before it reads its KV: the engine's stream waits
+        for that layer's scatter (nothing on the CPU). Once per layer per step: no I/O, no host wait."""
         if self._loader is not None:
             self._loader.wait_for_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        return None  # the whole chunk is copied once after the forward pass (wait_for_save)
+        """Worker, in each attention layer's forward, after it wrote its KV. Nothing: a chunk is copied
+        out whole in wait_for_save, once per step rather than once per layer."""
+        return None
 
     def wait_for_save(self) -> None:
+        """Worker, each step after the forward pass (and the draft model's), metadata still bound:
+        closes the step's loads and clock, copies the chunks to save out of the paged cache (on CUDA the
+        engine's stream then waits for the copies, so no freed block is rewritten first). Never writes to
+        a tier here: the background writer does, or drops the save when behind."""
         if self._loader is not None:
             self._loader.finish_step()
         if self._clock is not None:
@@ -308,31 +323,36 @@ class KvgateConnector(KVConnectorBase_V1):
         self.counters.save_copy_s += time.perf_counter() - t0
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Worker, each step after wait_for_save, before get_block_ids_with_load_errors: requests whose
+        background load ended (failed or not), which vLLM schedules again. No deferred saves to report
+        (request_finished never defers freeing)."""
         done = self._background.take_finished() if self._background else set()
         return None, (done or None)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        """Worker, each step after get_finished: blocks whose chunk could not be loaded (missing,
+        damaged, misshapen), each reported once; vLLM recomputes them (kv_load_failure_policy recompute)."""
         failed = self._loader.take_failed() if self._loader else set()
         return failed | (self._background.take_failed() if self._background else set())
 
     def _stored(self, spec: SaveSpec) -> None:
-        with self._events_lock:
-            self._worker_events.extend(ev.stored(spec.block_hashes, self.block_size, m) for m in self.media.values())
+        self._worker_events.add(ev.stored(spec.block_hashes, self.block_size, m) for m in self.media.values())
 
     def _removed(self, chunk_hashes: list[int]) -> None:
-        with self._events_lock:
-            self._worker_events.extend(ev.removed(list(chunk_hashes), m) for m in self.media.values())
+        self._worker_events.add(ev.removed(list(chunk_hashes), m) for m in self.media.values())
 
     def get_kv_connector_kv_cache_events(self) -> KvgateEvents | None:
-        with self._events_lock:
-            if not self._worker_events:
-                return None
-            out, self._worker_events = self._worker_events, []
-        return KvgateEvents(out)
+        """Worker, each step after the forward pass: the tiers' events since the last step, or None.
+        Takes a lock the writer thread and store evictions hold only to append."""
+        return self._worker_events.take()
 
     def get_kv_connector_stats(self) -> KvgateStats | None:
+        """Both sides, each step: the worker's go with its output, the scheduler's after
+        update_connector_output. Counter increments since the last call (the scheduler adds the gate's
+        estimates when they change), None when nothing moved; reads counters only."""
         if self._pool is not None:
             self.counters.staging_allocs = self._pool.allocs
+        self.counters.decrypt_failures = self.store.auth_failures
         step = deltas(self.counters, self._reported)
         if not self.is_worker:  # the scheduler's instance also reports the gate's estimates when they move
             gauges = self.estimates.gauges(self.settings.tier_names)
@@ -343,20 +363,27 @@ class KvgateConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """Layer-by-layer loads make each attention layer's stream wait on an event; a captured CUDA
-        graph would replay without that wait, so attention must run outside the graphs."""
+        """Asked by vLLM when it builds its config, before the engine starts. Layer-by-layer loads make
+        each attention layer's stream wait on an event; a captured CUDA graph would replay without
+        that wait, so attention must run outside the graphs."""
         return True
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvgateStats:
+        """vLLM's stats logger (the front-end process), for each step's aggregated stats: counters
+        sum, gauges keep the latest (KvgateStats)."""
         return KvgateStats(data=dict(data or {}))
 
     @classmethod
     def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: list[str],
                            per_engine_labelvalues: dict[int, list[object]]) -> KvgatePromMetrics:
+        """vLLM's Prometheus logger, once at start-up (front-end process): the counters and gauges on
+        the engine's /metrics."""
         return KvgatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        """Each side, once, as its process shuts down: waits for the queued background loads and
+        saves (nothing else runs then), then stops their threads."""
         if self._background is not None:
             self._background.drain()
             self._background.close()

@@ -54,7 +54,7 @@ class Loader:
         t0 = time.perf_counter()
         served: list[str] = []
         try:
-            chunks = self.store.get_many(spec.hashes, served)
+            chunks = self.store.get_many(spec.hashes, served, salt=spec.salt)
         except Exception:  # a tier that fails mid-read is a miss
             log.exception("reading KV chunks for request %s failed", spec.req_id)
             chunks = []

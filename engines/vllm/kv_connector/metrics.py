@@ -6,7 +6,8 @@ Counted: loads (requests that loaded before their step), background_loads (besid
 loaded_chunks, loaded_bytes, load_errors (chunks missing, damaged or misshapen at load time:
 recomputed), saved_chunks, dropped_saves (the writer was behind), load_seconds,
 background_load_seconds and save_copy_seconds (the first and last on the forward path),
-staging_allocs (host staging buffers allocated: none once warm), unstaged_copies, gated_loads
+staging_allocs (host staging buffers allocated: none once warm), unstaged_copies, decrypt_failures
+(sealed chunks that did not authenticate: `encryption_key_env`), gated_loads
 (stored prefixes the gate prefilled instead), prefill_tokens and prefill_seconds (the steps the
 gate's prefill rate is measured on). Gauges: the gate's current estimates (`GAUGES`), reported by
 the scheduler's instance.
@@ -33,6 +34,8 @@ FIELDS = {  # stats key → (Counters attribute, help)
     "background_load_seconds": ("background_load_s", "seconds of KV loads beside the engine's steps"),
     "staging_allocs": ("staging_allocs", "host staging buffers allocated (pinned on CUDA)"),
     "unstaged_copies": ("unstaged_copies", "chunk groups copied without a staging buffer (pool full)"),
+    "decrypt_failures": ("decrypt_failures", "KV chunks whose seal did not authenticate (tampered, another key "
+                                             "or salt): misses, dropped and recomputed"),
     "gated_loads": ("gated_loads", "stored prefixes prefilled because loading was estimated slower"),
     "prefill_tokens": ("prefill_tokens", "tokens of the prefill-heavy steps the gate measured"),
     "prefill_seconds": ("prefill_s", "seconds of the prefill-heavy steps the gate measured"),

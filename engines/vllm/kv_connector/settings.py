@@ -10,7 +10,11 @@ Reads try them in that order; writes go to all of them. Example:
                "remote": {"url": "rediss://kv.internal:6380/0", "password_env": "KVGATE_REDIS_PASSWORD",
                           "key_prefix": "kvgate", "timeout_s": 0.5, "ttl_s": 0}},
      "codec": "int8", "entropy": "none", "chunk_blocks": "auto", "min_chunk_mb": 1,
-     "gate": "on", "background_load_ms": 10, "staging_mb": 256}
+     "gate": "on", "background_load_ms": 10, "staging_mb": 256, "encryption_key_env": "KVGATE_MASTER_KEY"}
+
+`encryption_key_env` names the environment variable of the engine that holds the master key
+(never the key itself): chunks on disk and in Redis are then sealed with AES-GCM under a key
+derived from it and the request's `cache_salt` (kvgate.index.storage.cipher; docs/encryption.md).
 
 Every error names the field (`kv_connector_extra_config.tiers.disk.path: ...`), and an unknown
 field is refused rather than ignored.
@@ -64,6 +68,7 @@ class ConnectorSettings:
     gate: bool = True  # load only what is estimated faster than prefilling it (gate.py)
     background_load_ms: float = 10.0  # loads estimated slower than this run beside the engine's steps
     staging_mb: int = 256  # host staging buffers (pinned on CUDA) shared by loads and saves
+    encryption_key_env: str | None = None  # NAME of the variable holding the master key; None: no encryption
 
     @property
     def tier_names(self) -> list[str]:
@@ -107,7 +112,13 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         raise SettingsError(f"{FIELD}: expected an object, got {type(extra).__name__}")
     extra = dict(extra or {})
     _take(extra, FIELD, {"tiers", "codec", "entropy", "chunk_blocks", "min_chunk_mb", "save_queue", "gate",
-                         "background_load_ms", "staging_mb"})
+                         "background_load_ms", "staging_mb", "encryption_key_env", "encryption_key"})
+    if "encryption_key" in extra:
+        raise SettingsError(f"{FIELD}.encryption_key: a key is never read from the config; put it in an "
+                            f"environment variable of the engine and name it in {FIELD}.encryption_key_env")
+    key_env = extra.get("encryption_key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not key_env):
+        raise SettingsError(f"{FIELD}.encryption_key_env: the NAME of an environment variable, got {key_env!r}")
     tiers = extra.get("tiers")
     where = f"{FIELD}.tiers"
     if tiers is None:
@@ -160,6 +171,7 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         gate=_choice(extra, "gate", FIELD, "on", ("on", "off")) == "on",
         background_load_ms=0.0 if extra.get("background_load_ms") is not False and extra.get("background_load_ms") == 0 else _num(extra, "background_load_ms", FIELD, 10.0, 0),
         staging_mb=_int(extra, "staging_mb", FIELD, 256, 1),
+        encryption_key_env=key_env,
     )
 
 
@@ -174,16 +186,14 @@ def chunk_blocks(settings: ConnectorSettings, block_bytes: int) -> int:
 
 def build_tiers(settings: ConnectorSettings, *, with_memory: bool = True) -> list[Any]:
     """The storage tiers, fastest first (the memory tier only `with_memory`: the worker's). A remote
-    tier whose password variable is unset is an error naming it; an unreachable Redis is not (it
-    costs misses until it answers)."""
+    tier whose password variable is unset or empty is MissingSecret (kvgate.index.storage.env),
+    naming the field and the variable; an unreachable Redis is not an error (it costs misses until
+    it answers)."""
     from kvgate.index.kv.chunks import DiskTier, MemoryTier
+    from kvgate.index.storage.env import secret_from_env
 
-    password = None
-    if settings.remote and settings.remote.password_env:
-        password = os.environ.get(settings.remote.password_env)
-        if password is None:
-            raise SettingsError(f"{FIELD}.tiers.remote.password_env: environment variable "
-                                f"{settings.remote.password_env} is not set in the engine's environment")
+    password = secret_from_env(settings.remote.password_env if settings.remote else None,
+                               f"{FIELD}.tiers.remote.password_env")
     tiers: list[Any] = []
     if settings.memory and with_memory:
         tiers.append(MemoryTier(settings.memory.capacity_mb << 20))
@@ -196,3 +206,20 @@ def build_tiers(settings: ConnectorSettings, *, with_memory: bool = True) -> lis
         tiers.append(RedisTier(r.url, prefix=r.key_prefix, password=password, timeout_s=r.timeout_s,
                                ttl_s=r.ttl_s or None))
     return tiers
+
+
+def build_cipher(settings: ConnectorSettings) -> Any:
+    """The ChunkCipher of the master key `encryption_key_env` names, or None when no variable is
+    named. An unset or empty variable is MissingSecret (kvgate.index.storage.env), one that holds
+    no usable key a SettingsError; both name the field and the variable, never the key."""
+    from kvgate.index.storage.cipher import ChunkCipher, parse_master_key
+    from kvgate.index.storage.env import secret_from_env
+
+    where = f"{FIELD}.encryption_key_env"
+    value = secret_from_env(settings.encryption_key_env, where)
+    if value is None:
+        return None
+    try:
+        return ChunkCipher(parse_master_key(value))
+    except ValueError as exc:
+        raise SettingsError(f"{where}: the environment variable {settings.encryption_key_env} {exc}") from None

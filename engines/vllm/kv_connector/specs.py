@@ -13,6 +13,7 @@ class LoadSpec:
     block_ids: list[list[int]]  # per chunk, the engine blocks its rows go to
     skip: int  # rows of the first chunk the engine already holds
     background: bool = False  # loaded beside the engine's steps; vLLM waits for get_finished
+    salt: str | None = None  # the request's cache_salt: the chunks' key when they are sealed
 
     def blocks_from(self, chunk: int) -> list[int]:
         """The engine blocks this load writes, from chunk `chunk` on (those it then leaves to recompute)."""
@@ -24,6 +25,7 @@ class SaveSpec:
     chunk_hash: int
     block_hashes: list[int]  # every block of the chunk (what the events announce)
     block_ids: list[int]
+    salt: str | None = None  # the request's cache_salt: the chunk's key when it is sealed
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Counters:
     save_write_s: float = 0.0  # time in the background writer
     staging_allocs: int = 0  # host staging buffers allocated (zero once the pool is warm)
     unstaged_copies: int = 0  # chunk groups copied without a staging buffer (the pool was full)
+    decrypt_failures: int = 0  # chunks whose seal did not authenticate (read from the store's count)
     gated_loads: int = 0  # scheduler: stored prefixes prefilled because loading them was estimated slower
     prefill_tokens: int = 0  # tokens of the prefill-heavy steps timed for the gate
     prefill_s: float = 0.0

@@ -51,7 +51,7 @@ class Saver:
             try:
                 if done is not None:
                     done.wait()
-                self._store.put_many([spec.chunk_hash], [rows])
+                self._store.put_many([spec.chunk_hash], [rows], salt=spec.salt)
                 self._counters.saved_chunks += 1
                 self._on_stored(spec)
             except Exception:  # a failing tier costs a later recompute, never the engine

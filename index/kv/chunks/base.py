@@ -9,6 +9,10 @@ A tier may also offer `watch_evictions(callback)`: `callback(keys)` after its ow
 dropped `keys` (MemoryTier and DiskTier do). It is optional, so it is not part of the Protocol;
 ChunkStore uses it when present to tell the engine which chunks no tier holds any more.
 
+A tier may also set `in_process = True` (MemoryTier does): its bytes stay in the engine process's
+own memory, so a ChunkStore with a cipher stores them unsealed (kvgate.index.kv.chunks.sealing);
+every other tier holds sealed chunks.
+
 A tier whose every call is a network round trip (RedisTier) also implements BatchTier: the
 chunks of one prompt then go in one round trip each way, and ChunkStore uses the batch calls for
 it (isinstance check) instead of one call per chunk.

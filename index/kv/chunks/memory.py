@@ -15,6 +15,7 @@ class MemoryTier:
     """
 
     name = "memory"
+    in_process = True  # the engine process's own RAM: never sealed (kvgate.index.kv.chunks.sealing)
 
     def __init__(self, budget_bytes: int) -> None:
         if budget_bytes < 0:

@@ -14,7 +14,9 @@ and on its disk in the background, kvgate.index.kv.chunks.promoter).
 A BatchTier (kvgate.index.kv.chunks.base) gets a prompt's chunks in one call each way.
 Every read is verified by the codec (checksum + key); a chunk that fails is counted, logged,
 deleted from every tier and treated as a miss, so the caller recomputes it: wrong KV is never
-returned. `longest_prefix` only asks `contains`, so it is a cheap upper bound that `get_many`
+returned. With a `cipher`, what the tiers outside this process hold is sealed under the key of
+the request's `salt` (kvgate.index.kv.chunks.sealing); a chunk that fails authentication is
+dropped and missed the same way, and counted in `auth_failures`. `longest_prefix` only asks `contains`, so it is a cheap upper bound that `get_many`
 can undercut (eviction by another process, a damaged chunk); callers use what `get_many` returns.
 
 Removal. `watch_removed(callback)` hears of chunks that NO tier holds any more: when a tier's
@@ -35,6 +37,8 @@ from kvgate.index.kv.chunks.base import BatchTier, StorageTier
 from kvgate.index.kv.chunks.codec import CorruptChunk, KVChunk, decode_chunk, encode_chunk
 from kvgate.index.kv.chunks.promoter import Promoter
 from kvgate.index.kv.hashing import BlockHash, block_hashes
+from kvgate.index.kv.chunks.sealing import TierSealing
+from kvgate.index.storage.cipher import ChunkCipher
 
 log = logging.getLogger("kvgate.chunks")
 
@@ -71,9 +75,10 @@ class ChunkStore:
     checksum, and they are exactly the first len(result) chunks asked for.
     """
 
-    def __init__(self, tiers: list[StorageTier], namespace: str, codec: ChunkCodec | None = None) -> None:
+    def __init__(self, tiers: list[StorageTier], namespace: str, codec: ChunkCodec | None = None,
+                 cipher: ChunkCipher | None = None) -> None:
         """`codec`: how chunks become bytes and back (default: the (keys, values) pair codec of
-        codec.py; the vLLM connector passes a LayerCodec)."""
+        codec.py; the vLLM connector passes a LayerCodec). `cipher`: see the module docstring."""
         if not tiers:
             raise ValueError("a ChunkStore needs at least one tier")
         names = [t.name for t in tiers]
@@ -85,6 +90,7 @@ class ChunkStore:
         self._batch = {t.name for t in tiers if isinstance(t, BatchTier)}  # asked one round trip per prompt
         self.namespace = namespace
         self.codec: ChunkCodec = codec or PairCodec()
+        self._sealing = TierSealing(self.tiers, cipher)
         self._prefix = f"kv:{namespace}:"
         self._lock = threading.Lock()  # guards the counters below
         self._queries = {name: 0 for name in names}  # reads asked of the tier (after the faster ones missed)
@@ -180,11 +186,13 @@ class ChunkStore:
                 holders.append(holder)
         return len(keys)
 
-    def get_many(self, hashes: Sequence[BlockHash], served: list[str] | None = None) -> list[KVChunk]:
+    def get_many(self, hashes: Sequence[BlockHash], served: list[str] | None = None,
+                 salt: str | None = None) -> list[KVChunk]:
         """The longest run of leading chunks that load and verify; stops at the first missing or
         corrupt one. A hit in a slower tier is copied into the faster ones. A BatchTier serves
         each run of keys that the faster tiers lack with one call. `served`, when given, gets the
-        name of the tier that served each returned chunk."""
+        name of the tier that served each returned chunk. `salt`: the cache_salt the chunks were
+        stored with (their key with a cipher)."""
         keys = [self.key(h) for h in hashes]
         fetched: dict[str, dict[str, bytes]] = {}  # batch tier → values read ahead
         asked: dict[str, set[str]] = {}  # batch tier → keys already asked (found or not)
@@ -204,13 +212,14 @@ class ChunkStore:
 
         out: list[KVChunk] = []
         for i, key in enumerate(keys):
-            chunk = self._load(key, lambda ti: read(ti, i), served)
+            chunk = self._load(key, lambda ti: read(ti, i), served, salt)
             if chunk is None:
                 break
             out.append(chunk)
         return out
 
-    def _load(self, key: str, read: Callable[[int], bytes | None], served: list[str] | None = None) -> KVChunk | None:
+    def _load(self, key: str, read: Callable[[int], bytes | None], served: list[str] | None = None,
+              salt: str | None = None) -> KVChunk | None:
         for i, tier in enumerate(self.tiers):
             with self._lock:
                 self._queries[tier.name] += 1
@@ -218,15 +227,21 @@ class ChunkStore:
                 data = read(i)
                 if data is None:
                     continue
-                chunk = self.codec.decode(data, key)
+                plain = self._sealing.open(tier.name, data, key, salt)
+                chunk = self.codec.decode(plain, key)
             except CorruptChunk as e:
                 self._drop_corrupt(key, tier.name, e)
                 return None
+            sealed = None if plain is data else data  # data still sealed: valid as it is in every sealed tier
+
+            def as_stored(t: StorageTier) -> bytes:
+                return self._sealing.stored_as(t.name, key, plain, sealed, salt)
+
             # the fastest tier at once; from a BatchTier hit, the local tiers between in the background
             now = self.tiers[: i if tier.name not in self._batch else min(i, 1)]
-            promoted = [faster.name for faster in now if faster.put(key, data)]
+            promoted = [faster.name for faster in now if faster.put(key, as_stored(faster))]
             for later in self.tiers[len(now):i]:
-                self._promoter.submit(lambda t=later: self._promote(t, key, data))
+                self._promoter.submit(lambda t=later, b=as_stored(later): self._promote(t, key, b))
             with self._lock:
                 self._hits[tier.name] += 1
                 self._bytes_read += len(data)
@@ -239,6 +254,11 @@ class ChunkStore:
         with self._lock:
             self._misses += 1
         return None
+
+    @property
+    def auth_failures(self) -> int:
+        """Reads whose seal did not authenticate (tampered, another master key or salt, unsealed)."""
+        return self._sealing.auth_failures
 
     def _promote(self, tier: StorageTier, key: str, data: bytes) -> None:
         """A background copy of a loaded chunk into a slower local tier (the Promoter's thread)."""
@@ -269,9 +289,9 @@ class ChunkStore:
         except ValueError:
             pass
 
-    def put_many(self, hashes: Sequence[BlockHash], chunks: Sequence[KVChunk]) -> int:
-        """Store chunk i under hashes[i] in every tier that lacks it (encoding at most once per
-        chunk; a BatchTier gets one contains_many and one put_many for all of them). Returns how
+    def put_many(self, hashes: Sequence[BlockHash], chunks: Sequence[KVChunk], salt: str | None = None) -> int:
+        """Store chunk i under hashes[i] in every tier that lacks it (encoding, and sealing with
+        `salt`'s key, at most once per chunk; a BatchTier gets one contains_many and one put_many for all of them). Returns how
         many chunks were in no tier before and are now in at least one. A tier that cannot store
         (too big, disk full, Redis down) is skipped, never an exception."""
         if len(hashes) != len(chunks):
@@ -289,12 +309,15 @@ class ChunkStore:
                 continue
             everywhere_missing[i] = len(missing) == len(self.tiers)
             data = self.codec.encode(chunk, key)
+            sealed = None
             for t in missing:
+                stored_as = self._sealing.stored_as(t.name, key, data, sealed, salt)
+                sealed = stored_as if t.name in self._sealing.sealed else sealed
                 if t.name in pending:
-                    pending[t.name].append((i, key, data))
-                elif t.put(key, data):
+                    pending[t.name].append((i, key, stored_as))
+                elif t.put(key, stored_as):
                     stored[i] += 1
-                    written += len(data)
+                    written += len(stored_as)
                     writes[t.name] += 1
                 else:
                     failures += 1
@@ -355,6 +378,7 @@ class ChunkStore:
                 "bytes_read": self._bytes_read,
                 "bytes_written": self._bytes_written,
                 "removed": self._removed,
+                "auth_failures": self._sealing.auth_failures,
             }
         out["tiers"] = {t.name: t.stats() for t in self.tiers}
         return out

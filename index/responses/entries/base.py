@@ -20,6 +20,8 @@ Rules every implementation keeps (tests/test_entry_store.py checks them for each
   - writes are ordered so that a reader in another process never sees half an entry: the vector
     before the entry, the entry before its exact pointer;
   - deletes are logged (`read_log`) and never remove another entry's pointer;
+  - an entry is filed under its index terms (tags and tenant: kvgate.index.responses.tags) from its
+    put until its delete or expiry, so `tagged(term)` lists it; a listed id may have vanished;
   - failures of the storage itself (full, damaged, unreachable, timed out) raise one of
     `failures`; SemanticIndex turns those into misses and skipped writes.
 """
@@ -56,6 +58,8 @@ class CacheEntry:
     expires: float | None = None
     min_similarity: float | None = None  # per-entry floor raised by wrong-hit feedback (kvgate.index.responses.tighten)
     parents: list[str] | None = None  # context: semantic: the earlier user turns this answer followed
+    tenant: str | None = None  # whose request made it (erasing a tenant removes it, whatever the route's scope)
+    tags: list[str] | None = None  # what the answer depends on (kvgate.index.responses.tags): invalidation finds it by them
 
     def to_bytes(self) -> bytes:
         """Compact JSON (no pickle): the stored form of the entry."""
@@ -198,6 +202,26 @@ class EntryStore(ChangeLog, Protocol):
     def set_marks(self, scope: str, marks: list[Mark], ttl: float | None = None) -> None:
         """Replace the marks of `scope` (last writer wins: two processes tightening the same
         scope at once may lose one mark; the floors they raised stay)."""
+        ...
+
+    def tagged(self, term: str) -> list[int]:
+        """The ids filed under index term `term` (a tag, or a tenant's term), without reading
+        the entries: what invalidation and erasure delete (each id is read before it counts)."""
+        ...
+
+    def mark_scopes(self) -> list[str]:
+        """Every scope that has tightening marks (erasing a tenant drops its marks)."""
+        ...
+
+    def rewrite_marks(self, scope: str, marks: list[Mark]) -> None:
+        """Replace the marks of `scope` keeping their expiry; [] deletes them."""
+        ...
+
+    def scrub(self) -> bool:
+        """After deletions that must leave nothing behind (a tenant's erasure): make what was
+        deleted unreadable in the store's own files too (the disk store zeroes deleted content as
+        it goes and here truncates its write-ahead log, which still holds old pages). False when
+        that could not finish now (busy); the deletions themselves stand."""
         ...
 
     @property

@@ -8,10 +8,16 @@ Layout (no pickle anywhere: keys are str, values bytes or ints):
   "next_id"   the id counter (diskcache's atomic incr): ids stay unique across processes and restarts
   "d:<seq>"   ids deleted, counter "del_seq", kept DELETE_LOG_TTL_S: the change log's deletions
   "t:<scope>" tightening marks from wrong-hit feedback (kvgate.index.responses.tighten), JSON
+  "g:<term>|<id>"  1: the entry filed under an index term (a tag or its tenant's term,
+              kvgate.index.responses.tags), written and expiring with the entry, deleted with it;
+              `tagged` reads a term's rows as one range of the table's key index
 The change log needs nothing more: ids added are the counter's range since the last look.
 
 Every bytes value is sealed (kvgate.index.storage.sealed.SealedDisk: magic + SHA-256, checked on every read), so
-a damaged item reads as absent and is counted in `damaged`. A database that fails SQLite's
+a damaged item reads as absent and is counted in `damaged`. With a cipher
+(kvgate.index.storage.cipher.EntryCipher) entries, vectors and marks are also encrypted under
+their scope's key, inside the seal; one that fails authentication is damage too (and counted by
+the cipher). A database that fails SQLite's
 quick_check on open is moved aside (kvgate.index.storage.recover) and the store starts empty. TTL is diskcache's
 own per-key expiry: an expired entry is never read. diskcache never evicts by itself here; the
 budgets are SemanticIndex's (kvgate.index.responses.eviction).
@@ -31,9 +37,12 @@ import diskcache
 import numpy as np
 
 from kvgate.index.responses.entries.base import CacheEntry, Stored
+from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
 from kvgate.index.storage.recover import open_cache
 from kvgate.index.storage.sealed import SealedDisk
+from kvgate.index.responses.tags import index_terms
 from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
+from kvgate.index.storage.disk_sql import SECURE_DELETE, keys_between, scrub
 from kvgate.index.storage.wal import WalCheckpointer
 
 log = logging.getLogger("kvgate.semantic")
@@ -51,17 +60,28 @@ def _exact_key_of(raw: bytes | None) -> str | None:
     return key if isinstance(key, str) else None
 
 
+def _terms_of(raw: bytes | None) -> list[str]:
+    """The index terms of an entry's JSON, if it can be read (to delete its index rows)."""
+    try:
+        row = json.loads(raw) if raw is not None else {}
+        return index_terms(row.get("tags"), row.get("tenant"))
+    except (ValueError, AttributeError, TypeError):
+        return []
+
+
 class DiskEntryStore:
     """EntryStore on a diskcache directory; one handle per process, any number of processes."""
 
-    def __init__(self, directory: str | Path, dim: int) -> None:
+    def __init__(self, directory: str | Path, dim: int, cipher: EntryCipher | None = None) -> None:
         self.directory = Path(directory)
+        self.cipher = cipher
         self.directory.mkdir(parents=True, exist_ok=True)
         self.dim = dim
         self.where = str(self.directory)
         self.failures: tuple[type[BaseException], ...] = (sqlite3.Error, OSError, diskcache.Timeout)
         # eviction is the caller's (LRU, budgets, TTL heap); diskcache must never drop entries on its own
-        self.cache = open_cache(self.directory, log, eviction_policy="none", size_limit=2**62, disk=SealedDisk)
+        self.cache = open_cache(self.directory, log, eviction_policy="none", size_limit=2**62, disk=SealedDisk,
+                                **SECURE_DELETE)  # a deleted answer leaves no bytes behind (kvgate.index.storage.disk_sql)
         # answers are stored before a stream's [DONE]: the WAL's checkpoints happen off that path
         self._wal = WalCheckpointer(self.directory / diskcache.core.DBNAME, log)
 
@@ -92,10 +112,12 @@ class DiskEntryStore:
 
     def _put_rows(self, entry: CacheEntry, vector: np.ndarray | None, ttl: float | None) -> int:
         if vector is not None:
-            self.cache.set(f"v:{entry.id}", np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes(),
-                           expire=ttl)
+            vec = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes()
+            self.cache.set(f"v:{entry.id}", seal_with(self.cipher, vec, entry.scope, f"v:{entry.id}"), expire=ttl)
+        for term in index_terms(entry.tags, entry.tenant):  # before the entry: a listed id may be gone, never missing
+            self.cache.set(f"g:{term}|{entry.id}", 1, expire=ttl)
         raw = entry.to_bytes()
-        self.cache.set(f"e:{entry.id}", raw, expire=ttl)
+        self.cache.set(f"e:{entry.id}", seal_with(self.cipher, raw, entry.scope, f"e:{entry.id}"), expire=ttl)
         if entry.exact_key is not None:
             self.cache.set(f"x:{entry.exact_key}", entry.id, expire=ttl)
         return self._size(len(raw), vector is not None)
@@ -107,13 +129,17 @@ class DiskEntryStore:
         with self.cache.transact():  # never resurrect an entry deleted meanwhile
             if f"e:{entry.id}" not in self.cache:
                 return False
-            self.cache.set(f"e:{entry.id}", entry.to_bytes(), expire=remaining)
+            self.cache.set(f"e:{entry.id}", seal_with(self.cipher, entry.to_bytes(), entry.scope, f"e:{entry.id}"),
+                           expire=remaining)
         return True
 
     def delete(self, entry_id: int) -> bool:
-        key = _exact_key_of(self.cache.get(f"e:{entry_id}"))
+        raw = self._opened(self.cache.get(f"e:{entry_id}"), f"e:{entry_id}", None)
+        key = _exact_key_of(raw)
         if key is not None:
             self._unpoint(key, entry_id)
+        for term in _terms_of(raw):
+            self.cache.delete(f"g:{term}|{entry_id}")
         # present but damaged (reads as absent) still counts as removed, and is logged
         existed = bool(self.cache.delete(f"e:{entry_id}"))
         self.cache.delete(f"v:{entry_id}")
@@ -123,7 +149,21 @@ class DiskEntryStore:
         return existed
 
     def set_marks(self, scope: str, marks: list[Mark], ttl: float | None = None) -> None:
-        self.cache.set(f"t:{scope}", encode_marks(marks), expire=ttl)
+        self.cache.set(f"t:{scope}", seal_with(self.cipher, encode_marks(marks), scope, f"t:{scope}"), expire=ttl)
+
+    def rewrite_marks(self, scope: str, marks: list[Mark]) -> None:
+        with self.cache.transact():
+            held, expires = self.cache.get(f"t:{scope}", expire_time=True)
+            if held is None:  # gone meanwhile: nothing to keep
+                return
+            if not marks or (expires is not None and expires <= time.time()):
+                self.cache.delete(f"t:{scope}")
+            else:
+                self.cache.set(f"t:{scope}", seal_with(self.cipher, encode_marks(marks), scope, f"t:{scope}"),
+                               expire=None if expires is None else expires - time.time())
+
+    def scrub(self) -> bool:
+        return scrub(self.directory)
 
     # ---------------------------------------------------------------- reads
     def get(self, entry_id: int) -> CacheEntry | None:
@@ -135,14 +175,14 @@ class DiskEntryStore:
         if found is None:
             return None
         entry, raw_len = found
-        vector = self._vector(self.cache.get(f"v:{entry_id}"), copy=False)
+        vector = self._vector(entry_id, copy=False)
         return Stored(entry, vector, self._size(raw_len, vector is not None))
 
     def load_many(self, ids: Sequence[int]) -> list[Stored | None]:
         return [self.load(i) for i in ids]
 
     def vector(self, entry_id: int) -> np.ndarray | None:
-        return self._vector(self.cache.get(f"v:{entry_id}"), copy=True)
+        return self._vector(entry_id, copy=True)
 
     def get_exact(self, key: str) -> CacheEntry | None:
         entry_id = self.exact_id(key)
@@ -170,7 +210,14 @@ class DiskEntryStore:
             yield stored
 
     def marks(self, scope: str) -> list[Mark]:
-        return decode_marks(self.cache.get(f"t:{scope}"), self.dim)
+        return decode_marks(self._opened(self.cache.get(f"t:{scope}"), f"t:{scope}", "marks"), self.dim)
+
+    def tagged(self, term: str) -> list[int]:
+        # "|" is in no term (kvgate.index.responses.tags) and "}" is the character after it
+        return [int(k.rsplit("|", 1)[1]) for k in keys_between(self.cache, f"g:{term}|", f"g:{term}}}")]
+
+    def mark_scopes(self) -> list[str]:
+        return [k[2:] for k in keys_between(self.cache, "t:", "t;")]
 
     # ---------------------------------------------------------------- change log
     def log_position(self) -> tuple[int, int]:
@@ -202,8 +249,9 @@ class DiskEntryStore:
         if raw is None:
             return None
         try:
+            raw = open_with(self.cipher, raw, f"e:{entry_id}", "entries")
             entry = CacheEntry.from_bytes(raw)
-        except (ValueError, TypeError) as exc:  # sealed but not an entry: a miss, and gone
+        except (ValueError, TypeError) as exc:  # sealed but not an entry (or not under our key): a miss, and gone
             self.cache.disk.report(None, f"key e:{entry_id} holds no entry ({exc}); deleted")
             self.delete(entry_id)
             return None
@@ -218,7 +266,16 @@ class DiskEntryStore:
             if self.cache.get(f"x:{key}") == entry_id:
                 self.cache.delete(f"x:{key}")
 
-    def _vector(self, raw: bytes | None, copy: bool) -> np.ndarray | None:
+    def _opened(self, raw: bytes | None, where: str, layer: str | None) -> bytes | None:
+        """`raw` as read from `where`, opened; None when absent or when it does not authenticate
+        (counted under `layer` by the cipher; None: a second look at a value already counted)."""
+        try:
+            return None if raw is None else open_with(self.cipher, raw, where, layer)
+        except ValueError:
+            return None
+
+    def _vector(self, entry_id: int, copy: bool) -> np.ndarray | None:
+        raw = self._opened(self.cache.get(f"v:{entry_id}"), f"v:{entry_id}", "vectors")
         if raw is None or len(raw) != 4 * self.dim:
             return None
         vector = np.frombuffer(raw, dtype=np.float32)

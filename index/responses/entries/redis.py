@@ -1,11 +1,20 @@
 """RedisEntryStore: the response cache's entries in a shared Redis, for proxies on several machines.
 
 Layout under the key prefix P (values sealed: kvgate.index.storage.sealed, magic + SHA-256, so damage reads as
-absent and is deleted):
-  P e:<id>    hash {j: entry JSON, v: float32 vector bytes (absent: exact-only), k: exact key}
+absent and is deleted; with a cipher, the j and v fields and the marks are first encrypted under
+their scope's key, kvgate.index.storage.cipher, and what fails authentication is damage too):
+  P e:<id>    hash {j: entry JSON, v: float32 vector bytes (absent: exact-only), k: exact key,
+              g: its index terms, newline separated}
   P x:<key>   exact request hash → id (the key is a digest of route, model, messages, params and,
               for tenant-scoped routes, the tenant)
   P t:<scope> tightening marks (kvgate.index.responses.tighten) of a scope (a digest that holds the tenant too)
+  P g:<term>  sorted set of the ids filed under an index term (a tag or a tenant's term,
+              kvgate.index.responses.tags), scored by their expiry (ms; +inf: none); an entry lists
+              its terms in its hash's field g; the put script adds it (and drops members expired
+              by then, so a busy term's set holds its live entries only), the delete script
+              removes it, and the set expires no sooner than its longest-lived entry. Redis may
+              evict a set under `maxmemory` before its entries, so a tenant's erasure also scans
+              every entry, and an invalidation can be asked to (`sweep`)
   P id        the id counter; started at milliseconds-since-epoch × 1000 when absent, so ids
               from before an empty restart are never handed out again (never a wrong answer
               from a stale local vector)
@@ -35,7 +44,9 @@ import redis
 
 from kvgate.index.responses.entries.base import CacheEntry, LogGap, Stored
 from kvgate.index.storage.redis_link import RedisLink
+from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
 from kvgate.index.storage.sealed import Damaged, seal, unseal
+from kvgate.index.responses.tags import index_terms
 from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
 
 LOG_MAX = 1_000_000  # stream entries kept (approximately: MAXLEN ~)
@@ -47,7 +58,8 @@ local function log(op, id)
   redis.call('XADD', KEYS[#KEYS], 'MAXLEN', '~', ARGV[#ARGV], '*', 'op', op, 'id', id, 'n', n)
 end
 """
-# KEYS: entry, pointer, seq, log; ARGV: id, j, v ('' = none), k ('' = none), ttl ms ('0' = none), log_max
+# KEYS: entry, pointer, seq, log; ARGV: id, j, v ('' = none), k ('' = none), ttl ms ('0' = none),
+# terms (newline separated, '' = none), term-set prefix, log_max
 _PUT = _LOG + """
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'j', ARGV[2], 'k', ARGV[4], 'v', ARGV[3])
@@ -56,14 +68,33 @@ else
 end
 local ttl = tonumber(ARGV[5])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[1], 'g', ARGV[6])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local score = '+inf'
+  if ttl > 0 then score = now + ttl end
+  for term in string.gmatch(ARGV[6], '[^\\n]+') do
+    local set = ARGV[7] .. term
+    redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. now)
+    local left = redis.call('PTTL', set)
+    redis.call('ZADD', set, score, ARGV[1])
+    if ttl == 0 then redis.call('PERSIST', set)
+    elseif left == -2 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', set, ttl) end
+  end
+end
 if ARGV[4] ~= '' then
   if ttl > 0 then redis.call('SET', KEYS[2], ARGV[1], 'PX', ttl) else redis.call('SET', KEYS[2], ARGV[1]) end
 end
 log('a', ARGV[1])
 return 1
 """
-# KEYS: entry, seq, log; ARGV: id, pointer prefix, log_max
+# KEYS: entry, seq, log; ARGV: id, pointer prefix, term-set prefix, log_max
 _DELETE = _LOG + """
+local g = redis.call('HGET', KEYS[1], 'g')
+if g then
+  for term in string.gmatch(g, '[^\\n]+') do redis.call('ZREM', ARGV[3] .. term, ARGV[1]) end
+end
 local k = redis.call('HGET', KEYS[1], 'k')
 if k and k ~= '' then
   local ptr = ARGV[2] .. k
@@ -112,14 +143,16 @@ def _text(value: Any) -> str:
 class RedisEntryStore:
     """EntryStore on Redis; one handle per process, any number of processes and machines."""
 
-    def __init__(self, link: RedisLink, dim: int, key_prefix: str = "kvgate:", log_max: int = LOG_MAX) -> None:
+    def __init__(self, link: RedisLink, dim: int, key_prefix: str = "kvgate:", log_max: int = LOG_MAX,
+                 cipher: EntryCipher | None = None) -> None:
         self.link = link
+        self.cipher = cipher  # entries, vectors and marks encrypted under their scope's key, inside the seal
         self.dim = dim
         self.where = f"{link.where} (prefix {key_prefix!r})"
         self.failures: tuple[type[BaseException], ...] = (redis.exceptions.RedisError,)
         self.log_max = log_max
         p = key_prefix
-        self._e, self._x, self._t = f"{p}e:", f"{p}x:", f"{p}t:"
+        self._e, self._x, self._t, self._g = f"{p}e:", f"{p}x:", f"{p}t:", f"{p}g:"
         self._id, self._log, self._seq, self._epoch = f"{p}id", f"{p}log", f"{p}seq", f"{p}epoch"
         r = link.client
         self._put_script, self._delete_script = r.register_script(_PUT), r.register_script(_DELETE)
@@ -164,16 +197,17 @@ class RedisEntryStore:
     def rewrite(self, entry: CacheEntry) -> bool:
         if entry.expires is not None and entry.expires <= time.time():
             return False
-        raw = seal(entry.to_bytes())
+        raw = seal(seal_with(self.cipher, entry.to_bytes(), entry.scope, f"e:{entry.id}"))
         return bool(self.link.run("store", lambda r: self._rewrite_script(keys=[self._e + str(entry.id)], args=[raw])))
 
     def delete(self, entry_id: int) -> bool:
-        keys, args = [self._e + str(entry_id), self._seq, self._log], [entry_id, self._x, self.log_max]
+        keys, args = [self._e + str(entry_id), self._seq, self._log], [entry_id, self._x, self._g, self.log_max]
         return bool(self.link.run("delete", lambda r: self._delete_script(keys=keys, args=args)))
 
     def set_marks(self, scope: str, marks: list[Mark], ttl: float | None = None) -> None:
         px = max(1, int(ttl * 1000)) if ttl else None
-        self.link.run("store", lambda r: r.set(self._t + scope, encode_marks(marks), px=px))
+        raw = seal_with(self.cipher, encode_marks(marks), scope, f"t:{scope}")
+        self.link.run("store", lambda r: r.set(self._t + scope, raw, px=px))
 
     # ---------------------------------------------------------------- reads
     def get(self, entry_id: int) -> CacheEntry | None:
@@ -201,7 +235,7 @@ class RedisEntryStore:
 
     def vector(self, entry_id: int) -> np.ndarray | None:
         raw = self.link.run("lookup", lambda r: r.hget(self._e + str(entry_id), "v"))
-        vec = self._vector(raw)
+        vec = self._vector(entry_id, raw)
         return None if vec is None else vec.copy()
 
     def get_exact(self, key: str) -> CacheEntry | None:
@@ -235,7 +269,29 @@ class RedisEntryStore:
                 return
 
     def marks(self, scope: str) -> list[Mark]:
-        return decode_marks(self.link.run("lookup", lambda r: r.get(self._t + scope)), self.dim)
+        raw = self.link.run("lookup", lambda r: r.get(self._t + scope))
+        try:
+            return decode_marks(None if raw is None else open_with(self.cipher, raw, f"t:{scope}", "marks"), self.dim)
+        except ValueError:  # does not open (tampered, another key): as if there were none
+            return []
+
+    def tagged(self, term: str) -> list[int]:
+        members = self.link.run("scan", lambda r: r.zrangebyscore(self._g + term, "-inf", "+inf"))
+        return sorted(int(m) for m in members)
+
+    def mark_scopes(self) -> list[str]:
+        keys = self.link.run("scan", lambda r: list(r.scan_iter(match=self._t + "*", count=READ_BATCH)))
+        return [_text(k)[len(self._t):] for k in keys]
+
+    def rewrite_marks(self, scope: str, marks: list[Mark]) -> None:
+        if marks:  # XX: never recreate marks that expired meanwhile; KEEPTTL: their expiry stays
+            raw = seal_with(self.cipher, encode_marks(marks), scope, f"t:{scope}")
+            self.link.run("store", lambda r: r.set(self._t + scope, raw, xx=True, keepttl=True))
+        else:
+            self.link.run("delete", lambda r: r.unlink(self._t + scope))
+
+    def scrub(self) -> bool:
+        return True  # a deleted key's bytes are Redis's freed memory: no command reads them
 
     # ---------------------------------------------------------------- change log
     def log_position(self) -> Cursor:
@@ -276,9 +332,12 @@ class RedisEntryStore:
 
     def _put_args(self, entry: CacheEntry, vector: np.ndarray | None, ttl: float | None) -> tuple[list[Any], int]:
         raw = entry.to_bytes()
-        vec = b"" if vector is None else seal(np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes())
+        vec = b"" if vector is None else seal(seal_with(
+            self.cipher, np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes(), entry.scope,
+            f"v:{entry.id}"))
         px = max(1, int(ttl * 1000)) if ttl else 0
-        args = [entry.id, seal(raw), vec, entry.exact_key or "", px, self.log_max]
+        terms = "\n".join(index_terms(entry.tags, entry.tenant))
+        args = [entry.id, seal(seal_with(self.cipher, raw, entry.scope, f"e:{entry.id}")), vec, entry.exact_key or "", px, terms, self._g, self.log_max]
         return args, len(raw) + (4 * self.dim if vector is not None else 0)
 
     def _entry(self, entry_id: int, raw: bytes | None) -> tuple[CacheEntry, int] | None:
@@ -287,7 +346,7 @@ class RedisEntryStore:
         if raw is None:
             return None
         try:
-            payload = unseal(raw)
+            payload = open_with(self.cipher, unseal(raw), f"e:{entry_id}", "entries")
             entry = CacheEntry.from_bytes(payload)
         except (Damaged, ValueError, TypeError):
             entry, payload = None, b""
@@ -301,15 +360,15 @@ class RedisEntryStore:
         found = self._entry(entry_id, raw)
         if found is None:
             return None
-        vector = self._vector(vec)
+        vector = self._vector(entry_id, vec)
         return Stored(found[0], vector, found[1] + (4 * self.dim if vector is not None else 0))
 
-    def _vector(self, raw: bytes | None) -> np.ndarray | None:
+    def _vector(self, entry_id: int, raw: bytes | None) -> np.ndarray | None:
         if raw is None:
             return None
         try:
-            payload = unseal(raw)
-        except Damaged:
+            payload = open_with(self.cipher, unseal(raw), f"v:{entry_id}", "vectors")
+        except ValueError:  # Damaged, or not under our key
             self._count_damage()
             return None
         return np.frombuffer(payload, dtype=np.float32) if len(payload) == 4 * self.dim else None

@@ -1,0 +1,57 @@
+"""A model's chat tokenizer without transformers: `tokenizers` and jinja2, both in the core install.
+
+The engines render and tokenize with transformers, so this repeats what transformers does with
+the same files: the tokenizer dir loaded as it loads it (kvgate.index.storage.tokenizer_files),
+the chat template found and rendered as it renders it (kv/chat_template.py), the rendered text
+encoded without special tokens (`apply_chat_template(tokenize=True)`), a completions prompt with
+them (vLLM's default for a raw prompt). tests/test_tokenizer_light.py holds it to transformers'
+rendered text and ids.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvgate.index.kv.chat_template import find_chat_template, render_chat
+from kvgate.index.kv.hashing import pack_tokens
+from kvgate.index.kv.tokenizer import boundary_token, chat_messages, split_segments
+from kvgate.index.storage.tokenizer_files import load_tokenizer_files
+
+
+class LightChatTokenizer:
+    backend = "tokenizers"
+
+    def __init__(self, directory: str | Path, name: str) -> None:
+        directory = Path(directory)
+        files = load_tokenizer_files(directory)
+        self.name = name
+        self._rust = files.tokenizer
+        self._special = files.special_tokens
+        # a dir without a template still serves completions prompts: its chat requests fail as
+        # transformers' would, when rendered
+        self._template, self._no_template = find_chat_template(directory, files.config)
+        self._boundary = boundary_token(files.all_special_tokens)
+
+    def render(self, messages: Sequence[dict[str, Any]]) -> str:
+        if self._template is None:
+            raise ValueError(f"cannot render a chat: {self._no_template}")
+        return render_chat(self._template, chat_messages(messages), self._special, add_generation_prompt=True)
+
+    def segments(self, messages: Sequence[dict[str, Any]]) -> list[str]:
+        return split_segments(self.render(messages), self._boundary)
+
+    def encode(self, segment: str) -> list[int]:
+        return self._rust.encode(segment, add_special_tokens=False).ids
+
+    def packed(self, segment: str) -> bytes:
+        return pack_tokens(self.encode(segment))
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._rust.get_vocab_size(with_added_tokens=True)
+
+    def packed_text(self, text: str) -> bytes:
+        return pack_tokens(self._rust.encode(text, add_special_tokens=True).ids)
+
+    def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.encode(self.render(messages))

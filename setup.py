@@ -4,6 +4,7 @@ The feature folders at the top of the repository are kvgate's subpackages: `midd
 as `kvgate.middleware`, `index/` as `kvgate.index`, and so on. setuptools' declarative `packages.find`
 cannot put a prefix on the names it finds, hence this file.
 """
+
 from setuptools import find_packages, setup
 
 FOLDERS = ("middleware", "index", "engines", "tools")

@@ -12,4 +12,5 @@ by passing `local_files_only=True` to Hugging Face loaders, and the process-wide
 (offline hub, no tokenizer thread pool) are the entry point's (`kvgate`, or an engine's own
 `python -m` block).
 """
+
 from __future__ import annotations

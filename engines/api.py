@@ -5,6 +5,7 @@ Shared by the simulator (kvgate.engines.sim), the reference replica (kvgate.engi
 proxy: an engine process never imports `middleware` (see the import-linter contracts in
 pyproject.toml), so this module has its own small error type instead of kvgate.middleware.errors.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,13 @@ def parse_chat(body: Any) -> ChatCall:
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise InvalidRequest("max_tokens must be a positive integer", param="max_tokens")
     options = body.get("stream_options") or {}
-    return ChatCall(model=str(body.get("model") or "sim"), messages=messages, max_tokens=max_tokens,
-                    stream=bool(body.get("stream")), include_usage=isinstance(options, dict) and bool(options.get("include_usage")))
+    return ChatCall(
+        model=str(body.get("model") or "sim"),
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=bool(body.get("stream")),
+        include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+    )
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -107,8 +113,17 @@ def publisher_callbacks(publisher: Any, block_size: int, medium: str = "GPU") ->
     from kvgate.index.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
     def on_stored(hashes: list[int], token_ids: list[int], parent: int | None, where: str | None = None) -> None:
-        publisher.publish([BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=list(token_ids),
-                                       block_size=block_size, medium=where or medium)])
+        publisher.publish(
+            [
+                BlockStored(
+                    block_hashes=list(hashes),
+                    parent_block_hash=parent,
+                    token_ids=list(token_ids),
+                    block_size=block_size,
+                    medium=where or medium,
+                )
+            ]
+        )
 
     def on_removed(hashes: list[int], where: str | None = None) -> None:
         publisher.publish([BlockRemoved(block_hashes=list(hashes), medium=where or medium)])
@@ -117,5 +132,3 @@ def publisher_callbacks(publisher: Any, block_size: int, medium: str = "GPU") ->
         publisher.publish([AllBlocksCleared()])
 
     return {"on_stored": on_stored, "on_removed": on_removed, "on_cleared": on_cleared}
-
-

@@ -7,6 +7,7 @@ call number, so a test can tell a cached answer from a fresh one. Triggers in th
 `break_streams_after=K` makes the server cut every stream after K content chunks (a replica dying
 mid-stream); `delay_s` delays every answer (a slow or, beyond the caller's timeout, hung replica).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,7 +48,9 @@ class BrokenStream(Exception):
     """Raised inside a streaming response: the server drops the connection mid-body."""
 
 
-def create_fake_app(calls: Calls | None = None, break_streams_after: int | None = None, delay_s: float = 0.0) -> FastAPI:
+def create_fake_app(
+    calls: Calls | None = None, break_streams_after: int | None = None, delay_s: float = 0.0
+) -> FastAPI:
     calls = calls or Calls()
     app = FastAPI()
     app.state.calls = calls
@@ -72,7 +75,9 @@ def create_fake_app(calls: Calls | None = None, break_streams_after: int | None 
             await asyncio.sleep(delay_s)
         question = _last_user(body)
         if "[[fail]]" in question:
-            return JSONResponse({"error": {"message": "fake backend exploded", "type": "server_error"}}, status_code=500)
+            return JSONResponse(
+                {"error": {"message": "fake backend exploded", "type": "server_error"}}, status_code=500
+            )
         sleep = re.search(r"\[\[sleep=([0-9.]+)\]\]", question)
         if sleep:
             await asyncio.sleep(float(sleep.group(1)))
@@ -82,12 +87,18 @@ def create_fake_app(calls: Calls | None = None, break_streams_after: int | None 
             answer += " padding" * (int(long.group(1)) // 8)
         finish = "length" if "[[length]]" in question else "stop"
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer.split()),
-                 "total_tokens": prompt_tokens + len(answer.split())}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(answer.split()),
+            "total_tokens": prompt_tokens + len(answer.split()),
+        }
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time()), body.get("model", "fake")
         if not body.get("stream"):
             return {
-                "id": rid, "object": "chat.completion", "created": created, "model": model,
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": finish}],
                 "usage": usage,
             }
@@ -118,7 +129,9 @@ def create_fake_app(calls: Calls | None = None, break_streams_after: int | None 
         prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
         texts = [p if isinstance(p, str) else " ".join(map(str, p or [])) for p in prompts]
         if any("[[fail]]" in t for t in texts):
-            return JSONResponse({"error": {"message": "fake backend exploded", "type": "server_error"}}, status_code=500)
+            return JSONResponse(
+                {"error": {"message": "fake backend exploded", "type": "server_error"}}, status_code=500
+            )
         answers = [f"Answer: {t}" if "[[fixed]]" in t else f"Answer {n}: {t}" for t in texts]
         finish = "length" if any("[[length]]" in t for t in texts) else "stop"
         prompt_tokens = sum(len(t.split()) for t in texts)
@@ -126,9 +139,16 @@ def create_fake_app(calls: Calls | None = None, break_streams_after: int | None 
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
         rid, created, model = f"cmpl-{uuid.uuid4().hex[:12]}", int(time.time()), body.get("model", "fake")
         if not body.get("stream"):
-            return {"id": rid, "object": "text_completion", "created": created, "model": model, "usage": usage,
-                    "choices": [{"index": i, "text": a, "logprobs": None, "finish_reason": finish}
-                                for i, a in enumerate(answers)]}
+            return {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "usage": usage,
+                "choices": [
+                    {"index": i, "text": a, "logprobs": None, "finish_reason": finish} for i, a in enumerate(answers)
+                ],
+            }
 
         async def events() -> Any:
             base = {"id": rid, "object": "text_completion", "created": created, "model": model}

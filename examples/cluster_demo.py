@@ -4,6 +4,7 @@ exact hit and a semantic hit on the second.
 Run: python examples/cluster_demo.py [PROXY_A_URL PROXY_B_URL]   (default :8080 and :8081)
 Exits 1 when the second proxy misses.
 """
+
 from __future__ import annotations
 
 import sys
@@ -16,8 +17,12 @@ headers = {"authorization": "Bearer my-tenant-key"}
 
 
 def ask(url: str, question: str) -> str:
-    resp = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60,
-                      json={"model": "demo-1", "messages": [{"role": "user", "content": question}]})
+    resp = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=headers,
+        timeout=60,
+        json={"model": "demo-1", "messages": [{"role": "user", "content": question}]},
+    )
     resp.raise_for_status()
     tier = resp.headers["x-kvgate-cache"]
     print(f"{url}  {tier:8s} | {question} -> {resp.json()['choices'][0]['message']['content']}")

@@ -5,6 +5,7 @@ Start `make run` (proxy + two reference replicas), then:
 Each turn streams; TTFT is the time to the first content chunk. `cached` is how many prompt
 tokens the replica loaded from its KV chunk store instead of recomputing them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,10 +13,18 @@ import time
 
 import openai
 
-STORY = ("The lighthouse keeper of Saint Brigid's Point kept a journal of every ship that passed, "
-         "every storm that broke against the rocks and every letter that reached the island. ") * 12
-QUESTIONS = ["Who keeps the journal?", "What does the journal record?", "Where is the lighthouse?",
-             "Summarise the story in one sentence.", "What could happen next?", "Give the story a title."]
+STORY = (
+    "The lighthouse keeper of Saint Brigid's Point kept a journal of every ship that passed, "
+    "every storm that broke against the rocks and every letter that reached the island. "
+) * 12
+QUESTIONS = [
+    "Who keeps the journal?",
+    "What does the journal record?",
+    "Where is the lighthouse?",
+    "Summarise the story in one sentence.",
+    "What could happen next?",
+    "Give the story a title.",
+]
 
 
 def main() -> None:
@@ -32,9 +41,14 @@ def main() -> None:
     for turn in range(args.turns):
         started = time.perf_counter()
         ttft, parts, usage = None, [], None
-        stream = client.chat.completions.create(model=args.model, messages=messages, stream=True,
-                                                max_tokens=args.max_tokens, temperature=0,
-                                                stream_options={"include_usage": True})
+        stream = client.chat.completions.create(
+            model=args.model,
+            messages=messages,
+            stream=True,
+            max_tokens=args.max_tokens,
+            temperature=0,
+            stream_options={"include_usage": True},
+        )
         for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
@@ -45,9 +59,13 @@ def main() -> None:
         details = getattr(usage, "prompt_tokens_details", None) if usage else None
         cached = getattr(details, "cached_tokens", None) if details else None
         prompt = usage.prompt_tokens if usage else None
-        print(f"{turn + 1:>4} {ttft or 0:7.2f}s {cached if cached is not None else '-':>7} {prompt or '-':>7}  {answer[:70]}")
-        messages += [{"role": "assistant", "content": answer},
-                     {"role": "user", "content": QUESTIONS[(turn + 1) % len(QUESTIONS)]}]
+        print(
+            f"{turn + 1:>4} {ttft or 0:7.2f}s {cached if cached is not None else '-':>7} {prompt or '-':>7}  {answer[:70]}"
+        )
+        messages += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": QUESTIONS[(turn + 1) % len(QUESTIONS)]},
+        ]
 
 
 if __name__ == "__main__":

@@ -2,18 +2,24 @@
 
 Run: python examples/proxy_feedback.py [PROXY_URL]   (default http://127.0.0.1:8080, `make demo`)
 """
+
 from __future__ import annotations
 
 import sys
 
 import httpx
 
-proxy = httpx.Client(base_url=sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080",
-                     headers={"authorization": "Bearer my-tenant-key"}, timeout=60)
+proxy = httpx.Client(
+    base_url=sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080",
+    headers={"authorization": "Bearer my-tenant-key"},
+    timeout=60,
+)
 
 
 def ask(question: str) -> httpx.Response:
-    resp = proxy.post("/v1/chat/completions", json={"model": "demo-1", "messages": [{"role": "user", "content": question}]})
+    resp = proxy.post(
+        "/v1/chat/completions", json={"model": "demo-1", "messages": [{"role": "user", "content": question}]}
+    )
     print(f"{resp.headers['x-kvgate-cache']:8s} {resp.headers.get('x-kvgate-similarity', '')} | {question}")
     return resp
 

@@ -2,6 +2,7 @@
 
 Run: python examples/sdk_feedback.py [API_BASE]   (default http://127.0.0.1:9001/v1, `kvgate demo-backend`)
 """
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,14 @@ from kvgate import Gateway, cache_info
 api_base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:9001/v1"
 config = {
     "cache_dir": tempfile.mkdtemp(prefix="kvgate-feedback-"),
-    "routes": [{"name": "chat", "model": "demo-*", "semantic": {"threshold": 0.9},
-                "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"}}],
+    "routes": [
+        {
+            "name": "chat",
+            "model": "demo-*",
+            "semantic": {"threshold": 0.9},
+            "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
+        }
+    ],
 }
 
 

@@ -6,6 +6,7 @@ Two sides, kept apart (import-linter contract):
     responses/   the response store: entries, the semantic index and its vectors, eviction,
                  embedders, the verifier and the wrong-hit bound
     storage/     what both sides use to keep bytes: Redis link, sealed values, soft failures,
-                 diskcache recovery and WAL checkpoints; and what kvgate reads from the
-                 environment (the model cache, secrets named by variable)
+                 diskcache recovery and WAL checkpoints; what kvgate reads from the
+                 environment (the model cache, secrets named by variable); a model dir's
+                 tokenizer files as transformers reads them
 """

@@ -9,6 +9,7 @@ tree that was named is the tree that runs.
 The SDK's names (`from kvgate import Gateway`) resolve on first use (PEP 562), so `import kvgate`
 loads neither LiteLLM nor the pipeline.
 """
+
 from __future__ import annotations
 
 from pathlib import Path as _Path

@@ -5,17 +5,23 @@ does not load the SDK, the pipeline or LiteLLM: the public names below are resol
 (PEP 562). Importing this package sets no environment variable: process-wide defaults belong to
 the entry point (middleware/cli.py), LiteLLM's import-time switches to middleware/litellm_env.py.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvgate.middleware.sdk.client import AsyncStream, Gateway, Stream, cache_info
     from kvgate.middleware.pipeline import CacheInfo
+    from kvgate.middleware.sdk.client import AsyncStream, Gateway, Stream, cache_info
 
 __all__ = ["Gateway", "Stream", "AsyncStream", "CacheInfo", "cache_info"]
-_HOMES = {"Gateway": "kvgate.middleware.sdk.client", "Stream": "kvgate.middleware.sdk.client", "AsyncStream": "kvgate.middleware.sdk.client",
-          "cache_info": "kvgate.middleware.sdk.client", "CacheInfo": "kvgate.middleware.pipeline"}
+_HOMES = {
+    "Gateway": "kvgate.middleware.sdk.client",
+    "Stream": "kvgate.middleware.sdk.client",
+    "AsyncStream": "kvgate.middleware.sdk.client",
+    "cache_info": "kvgate.middleware.sdk.client",
+    "CacheInfo": "kvgate.middleware.pipeline",
+}
 
 
 def __getattr__(name: str) -> Any:

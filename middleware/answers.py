@@ -3,12 +3,16 @@ together for storage, a stored one replayed as chunks, and the CacheInfo tag on 
 
 Pure helpers over LiteLLM's objects and plain dicts; no I/O, no pipeline state.
 """
+
 from __future__ import annotations
 
 import logging
 from typing import Any, AsyncIterator, Iterable, Iterator
 
 from kvgate.middleware.litellm_env import litellm  # before any import from litellm
+
+# isort: split
+
 from litellm import ModelResponse
 from litellm.types.utils import ModelResponseStream
 
@@ -40,7 +44,13 @@ def streamed_text(chunks: list[Any]) -> str:
         choices = getattr(chunk, "choices", None) or []
         delta = getattr(choices[0], "delta", None) if choices else None
         # a chat chunk's delta, or a completions chunk's text
-        content = getattr(delta, "content", None) if delta is not None else getattr(choices[0], "text", None) if choices else None
+        content = (
+            getattr(delta, "content", None)
+            if delta is not None
+            else getattr(choices[0], "text", None)
+            if choices
+            else None
+        )
         if content:
             parts.append(content)
     return "".join(parts)

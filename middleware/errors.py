@@ -1,4 +1,5 @@
 """One exception hierarchy; the proxy maps it to HTTP in one place (middleware/server/responses.py)."""
+
 from __future__ import annotations
 
 import json

@@ -14,6 +14,7 @@ them, as defaults (an operator's own value wins), just before that import:
 Any module that imports from `litellm` (litellm.types..., litellm.integrations...) imports this
 module first, so those variables are in place whichever kvgate module loads LiteLLM first.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """What the pipeline hands back: how a request was served (CacheInfo) and its result."""
+
 from __future__ import annotations
 
 import uuid
@@ -8,6 +9,8 @@ from typing import Any, Literal
 import numpy as np
 
 from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+
+# isort: split
 from litellm import ModelResponse
 
 from kvgate.index.responses.semantic import CacheEntry
@@ -58,4 +61,6 @@ class Result:
     info: CacheInfo
     response: ModelResponse | None = None
     stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
-    raw: Any = None  # a relayed miss (`acomplete(raw=True)`): the replica's JSON bytes, or an async iterator of SSE bytes
+    raw: Any = (
+        None  # a relayed miss (`acomplete(raw=True)`): the replica's JSON bytes, or an async iterator of SSE bytes
+    )

@@ -10,6 +10,7 @@ step does the look-up and the forwarder's prepare, and the record step after the
 pipeline's; the steps' bodies are kvgate.middleware.steps. The objects are built from config by
 kvgate.middleware.build.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,16 @@ if TYPE_CHECKING:
 class Pipeline:
     """Safe to share across requests; built by `kvgate.middleware.build.build_pipeline`."""
 
-    def __init__(self, config: Config, cache: ResponseCache, forwarders: dict[str, Forwarder], relay: Relay,
-                 metrics: Metrics, closing: list[Any], governance: "Governance | None" = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        cache: ResponseCache,
+        forwarders: dict[str, Forwarder],
+        relay: Relay,
+        metrics: Metrics,
+        closing: list[Any],
+        governance: "Governance | None" = None,
+    ) -> None:
         self.config = config
         self.governance = governance  # erasing tenants, invalidating tags (kvgate.middleware.cache.governance)
         self.cache = cache
@@ -56,8 +65,13 @@ class Pipeline:
         self._sync = SyncAdapter()  # the sync face's own loop, started by the first `complete`
 
     async def acomplete(
-        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
-        *, raw: bool = False, endpoint: str = "chat",
+        self,
+        kwargs: dict[str, Any],
+        tenant: str = "anonymous",
+        control: CacheControl | None = None,
+        *,
+        raw: bool = False,
+        endpoint: str = "chat",
     ) -> Result:
         """With `raw` (the proxy), a miss on a relayed route comes back as the replica's bytes,
         a completions hit as its JSON body or SSE events. `endpoint` "completions": `kwargs` is
@@ -103,7 +117,10 @@ class Pipeline:
         return runs_inline(total, total if new is None else new, limit)
 
     def complete(
-        self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
+        self,
+        kwargs: dict[str, Any],
+        tenant: str = "anonymous",
+        control: CacheControl | None = None,
         endpoint: str = "chat",
     ) -> Result:
         """`acomplete` for sync callers, run on this pipeline's own loop thread; a stream comes
@@ -117,8 +134,13 @@ class Pipeline:
         """Judge an earlier answer (middleware/cache/feedback.py); RequestNotFound if not this tenant's."""
         return self.cache.feedback(request_id, correct, tenant)
 
-    def view(self, kwargs: dict[str, Any], tenant: str = "anonymous", control: CacheControl | None = None,
-             endpoint: str = "chat") -> RequestView:
+    def view(
+        self,
+        kwargs: dict[str, Any],
+        tenant: str = "anonymous",
+        control: CacheControl | None = None,
+        endpoint: str = "chat",
+    ) -> RequestView:
         return self.cache.view(match_route(self.config, kwargs, endpoint), kwargs, tenant, control, endpoint)
 
     def close(self) -> None:

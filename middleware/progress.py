@@ -1,6 +1,7 @@
 """Progress of long work (`kvgate tune`, `kvgate bench ...`, `kvgate prepare`): a tqdm bar when
 stderr is a terminal, and plain lines (one every `every_s` seconds, and one at the end) when it is
 not, so CI logs stay readable. Messages go through `say`, which does not break a bar."""
+
 from __future__ import annotations
 
 import sys
@@ -21,14 +22,18 @@ class Progress:
     """Counts steps of one piece of work towards `total` (None: unknown); `note` sets a short
     status (a loss, a rate) shown with the count. A context manager; `close` ends the line/bar."""
 
-    def __init__(self, total: int | None, desc: str, *, unit: str = "it", stream: TextIO | None = None,
-                 every_s: float = 10.0) -> None:
+    def __init__(
+        self, total: int | None, desc: str, *, unit: str = "it", stream: TextIO | None = None, every_s: float = 10.0
+    ) -> None:
         self.stream = stream or sys.stderr
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
         self.done, self.note = 0, ""
         self.started = self._last = time.monotonic()
-        self._bar = (tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True, leave=True)
-                     if on_terminal(self.stream) else None)
+        self._bar = (
+            tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True, leave=True)
+            if on_terminal(self.stream)
+            else None
+        )
 
     def update(self, n: int = 1, note: str | None = None) -> None:
         self.done += n
@@ -70,8 +75,15 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
 
-def progress(items: Iterable[T], desc: str, *, total: int | None = None, unit: str = "it",
-             stream: TextIO | None = None, every_s: float = 10.0) -> Iterator[T]:
+def progress(
+    items: Iterable[T],
+    desc: str,
+    *,
+    total: int | None = None,
+    unit: str = "it",
+    stream: TextIO | None = None,
+    every_s: float = 10.0,
+) -> Iterator[T]:
     """Iterate `items`, one step each (total: len(items) when it has one)."""
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
@@ -83,6 +95,7 @@ def progress(items: Iterable[T], desc: str, *, total: int | None = None, unit: s
 
 def say(tag: str, stream: TextIO | None = None) -> Callable[[str], None]:
     """A `[tag] message` printer for stderr that keeps any bar on screen intact."""
+
     def emit(message: str) -> None:
         out = stream or sys.stderr
         tqdm.write(f"[{tag}] {message}", file=out)

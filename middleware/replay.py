@@ -3,6 +3,7 @@
 Invariant: concatenating the replayed content deltas of a choice gives back its stored content
 exactly, so a streamed hit reads the same as the original answer.
 """
+
 from __future__ import annotations
 
 import re

@@ -3,6 +3,7 @@
 Pure functions: the same request gives the same keys in every process, so the cache survives
 restarts and is shared between processes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,10 +24,30 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 # so an unknown new parameter splits the cache rather than risking a wrong hit.
 NON_OUTPUT_PARAMS = frozenset(
     {
-        "model", "messages", "stream", "stream_options", "user", "metadata", "api_key", "api_base",
-        "base_url", "api_version", "timeout", "request_timeout", "cache", "extra_headers", "headers",
-        "num_retries", "max_retries", "store", "litellm_logging_obj", "mock_response", "caching",
-        "fallbacks", "context_window_fallback_dict", "service_tier",
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "user",
+        "metadata",
+        "api_key",
+        "api_base",
+        "base_url",
+        "api_version",
+        "timeout",
+        "request_timeout",
+        "cache",
+        "extra_headers",
+        "headers",
+        "num_retries",
+        "max_retries",
+        "store",
+        "litellm_logging_obj",
+        "mock_response",
+        "caching",
+        "fallbacks",
+        "context_window_fallback_dict",
+        "service_tier",
     }
 )
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids are int32 in every engine we front
@@ -102,7 +123,9 @@ class RequestView:
     control: CacheControl = field(default_factory=CacheControl)
     parents: tuple[str, ...] | None = None  # context: semantic: the earlier user turns (texts), judged per entry
     prompt: TextPrompt | None = None  # a completions request's prompt (`messages` is then empty)
-    skip: str | None = None  # why this request is neither looked up nor stored (the answer is not a function of the key)
+    skip: str | None = (
+        None  # why this request is neither looked up nor stored (the answer is not a function of the key)
+    )
 
     @property
     def completions(self) -> bool:
@@ -220,13 +243,16 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
             if role != "assistant":
                 raise BadRequest(f"messages[{i}].content is required", param=f"messages[{i}].content")
         elif content is not None and not isinstance(content, (str, list)):
-            raise BadRequest(f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
+            raise BadRequest(
+                f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content"
+            )
         out.append(dict(msg))
     return out
 
 
-def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl,
-               route: RouteConfig | None = None) -> RequestView:
+def build_view(
+    config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl, route: RouteConfig | None = None
+) -> RequestView:
     """Compute the exact key, the semantic scope and the query text; `route`: the one
     `match_route` found for these kwargs (matched here when not given)."""
     route = match_route(config, kwargs) if route is None else route
@@ -252,8 +278,9 @@ def build_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: 
     elif route.semantic.context == "last_user_only":
         earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
     scope = digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), cache_tenant)
-    return RequestView(route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control,
-                       parents)
+    return RequestView(
+        route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control, parents
+    )
 
 
 def uncacheable(params: Mapping[str, Any]) -> str | None:
@@ -277,8 +304,11 @@ def text_prompt(prompt: Any, where: str = "prompt") -> TextPrompt:
         if not prompt:
             raise BadRequest(f"`{where}` must not be empty", param=where)
         return TextPrompt(prompt)
-    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                            for t in prompt):
+    if (
+        isinstance(prompt, (list, tuple))
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
         bad = next((i for i, t in enumerate(prompt) if not 0 <= t <= MAX_TOKEN_ID), None)
         if bad is not None:
             raise BadRequest(f"`{where}[{bad}]` = {prompt[bad]} is not a token id", param=f"{where}[{bad}]")
@@ -288,8 +318,9 @@ def text_prompt(prompt: Any, where: str = "prompt") -> TextPrompt:
     raise BadRequest(f"`{where}` must be a string or a list of token ids", param=where)
 
 
-def build_text_view(config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl,
-                    route: RouteConfig | None = None) -> RequestView:
+def build_text_view(
+    config: Config, kwargs: Mapping[str, Any], tenant: str, control: CacheControl, route: RouteConfig | None = None
+) -> RequestView:
     """A completions request (one prompt; a batch is split before it gets here): the exact key
     covers the prompt (text or ids), model, output-affecting parameters and tenant; the semantic
     tier's query is the prompt text. Requests whose answer is not a function of the key
@@ -314,8 +345,22 @@ def build_text_view(config: Config, kwargs: Mapping[str, Any], tenant: str, cont
     # raw prompts that differ only in a few words (one document, another question at its end) embed
     # close together: the semantic tier serves them only on a route that turns it on by name
     semantic = "enabled" in route.semantic.model_fields_set and route.semantic.enabled
-    return RequestView(route, model, [], params, forwarded, stream, tenant, exact_key, scope,
-                       prompt.text if semantic else None, control, None, prompt, skip)
+    return RequestView(
+        route,
+        model,
+        [],
+        params,
+        forwarded,
+        stream,
+        tenant,
+        exact_key,
+        scope,
+        prompt.text if semantic else None,
+        control,
+        None,
+        prompt,
+        skip,
+    )
 
 
 def match_route(config: Config, kwargs: Mapping[str, Any], endpoint: str = "chat") -> RouteConfig:

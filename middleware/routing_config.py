@@ -10,6 +10,7 @@ and on the `kvgate.config` logger (which `kvgate` prints).
 Imports only pydantic and index: kvgate.middleware.routing (whose policies each take their settings model
 from here) imports this, directly and through kvgate.middleware.config.
 """
+
 from __future__ import annotations
 
 import logging
@@ -99,14 +100,24 @@ class CacheAwareConfig(_Policy):
 
     name: Literal["cache_aware"] = "cache_aware"
     decode_weight: float = Field(8.0, ge=0, description="prefill tokens one running request costs")
-    miss_weight: float = Field(64.0, ge=1.0, description="charge for copying a prefix another replica holds, "
-                                                          "per token, weighted by its share of the prompt")
-    queue_slack: float = Field(2.5, ge=0, description="a prefix match may buy at most max(queue_slack × mean "
-                                                      "queue, prompt_slack × prompt) of queueing (.inf: no bound)")
+    miss_weight: float = Field(
+        64.0,
+        ge=1.0,
+        description="charge for copying a prefix another replica holds, per token, weighted by its share of the prompt",
+    )
+    queue_slack: float = Field(
+        2.5,
+        ge=0,
+        description="a prefix match may buy at most max(queue_slack × mean queue, prompt_slack × prompt) of queueing (.inf: no bound)",
+    )
     prompt_slack: float = Field(0.5, ge=0, description="see queue_slack")
-    session_slack: float = Field(math.inf, ge=0, description="queue_slack for a match that is one "
-                                                             "conversation's own history (no other request continued "
-                                                             "that prefix differently); .inf (default): not bounded")
+    session_slack: float = Field(
+        math.inf,
+        ge=0,
+        description="queue_slack for a match that is one "
+        "conversation's own history (no other request continued "
+        "that prefix differently); .inf (default): not bounded",
+    )
 
 
 class PrefillTimeConfig(_Policy):
@@ -114,8 +125,11 @@ class PrefillTimeConfig(_Policy):
     engines' measured prefill rates and queues (middleware/routing/prefill_time.py)."""
 
     name: Literal["prefill_time"] = "prefill_time"
-    cold_prefill_rate: float = Field(1000.0, gt=0, description="prefill tokens per second assumed for every replica "
-                                                               "until one is measured from its engine's counters")
+    cold_prefill_rate: float = Field(
+        1000.0,
+        gt=0,
+        description="prefill tokens per second assumed for every replica until one is measured from its engine's counters",
+    )
 
 
 class AffinityConfig(_Policy):
@@ -128,13 +142,16 @@ class AffinityConfig(_Policy):
 POLICY_MODELS = (RoundRobinConfig, LeastLoadedConfig, CacheAwareConfig, PrefillTimeConfig, AffinityConfig)
 POLICY_NAMES = tuple(m.model_fields["name"].default for m in POLICY_MODELS)
 KNOB_POLICY = {knob: m.model_fields["name"].default for m in POLICY_MODELS for knob in m.model_fields if knob != "name"}
-PolicyConfig = Annotated[Union[RoundRobinConfig, LeastLoadedConfig, CacheAwareConfig, PrefillTimeConfig,
-                               AffinityConfig], Field(discriminator="name")]
+PolicyConfig = Annotated[
+    Union[RoundRobinConfig, LeastLoadedConfig, CacheAwareConfig, PrefillTimeConfig, AffinityConfig],
+    Field(discriminator="name"),
+]
 _POLICY = TypeAdapter(PolicyConfig)
 
 
-def policy_config(name: str, **knobs: Any) -> (RoundRobinConfig | LeastLoadedConfig | CacheAwareConfig | PrefillTimeConfig
-                                                 | AffinityConfig):
+def policy_config(
+    name: str, **knobs: Any
+) -> RoundRobinConfig | LeastLoadedConfig | CacheAwareConfig | PrefillTimeConfig | AffinityConfig:
     """The settings of policy `name` (validated: pydantic.ValidationError, a ValueError, if not)."""
     return _POLICY.validate_python({"name": name, **knobs})
 
@@ -144,21 +161,33 @@ class PrefixConfig(_Strict):
     prefix-aware policies (cache_aware) match against."""
 
     mode: Literal["approximate", "precise"] = "approximate"
-    tokenizer: str | None = Field(None, description="smollm2 | text | auto | codepoints (engines whose tokens are "
-                                                    "code points: kvgate's simulator) | path to a local HF tokenizer "
-                                                    "dir. Default: "
-                                                    "text in approximate mode; auto in precise mode (the served "
-                                                    "model's own tokenizer, from the model dir the engine reports)")
-    block_size: int | None = Field(None, gt=0, le=4096,
-                                   description="tokens per hashed block (characters with tokenizer: text). approximate "
-                                               "mode: default 16, 64 characters with tokenizer text; precise mode: "
-                                               "default the engine's own (its KV events and /metrics); a value that "
-                                               "disagrees with the engine's is reported and the engine's is used")
+    tokenizer: str | None = Field(
+        None,
+        description="smollm2 | text | auto | codepoints (engines whose tokens are "
+        "code points: kvgate's simulator) | path to a local HF tokenizer "
+        "dir. Default: "
+        "text in approximate mode; auto in precise mode (the served "
+        "model's own tokenizer, from the model dir the engine reports)",
+    )
+    block_size: int | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description="tokens per hashed block (characters with tokenizer: text). approximate "
+        "mode: default 16, 64 characters with tokenizer text; precise mode: "
+        "default the engine's own (its KV events and /metrics); a value that "
+        "disagrees with the engine's is reported and the engine's is used",
+    )
     seed: str = Field("kvgate", description="seed of kvgate's own block hashes (the router's hash space)")
     capacity_blocks: int | None = Field(
-        None, gt=0, description="per-replica blocks the prefix index keeps (LRU). approximate: the engine's cache "
-                                "size to mirror; precise: a memory bound. Default EVENT_FED_CAPACITY (262144) in both")
-    record_answers: bool = Field(True, description="approximate mode: the engine caches generated tokens too (vLLM does)")
+        None,
+        gt=0,
+        description="per-replica blocks the prefix index keeps (LRU). approximate: the engine's cache "
+        "size to mirror; precise: a memory bound. Default EVENT_FED_CAPACITY (262144) in both",
+    )
+    record_answers: bool = Field(
+        True, description="approximate mode: the engine caches generated tokens too (vLLM does)"
+    )
 
     @model_validator(mode="after")
     def _defaults_by_mode(self) -> "PrefixConfig":
@@ -170,16 +199,20 @@ class PrefixConfig(_Strict):
         engine's (None until the engine says it); `text` cannot match an engine at all."""
         if self.mode == "precise":
             if self.tokenizer == "text":
-                raise ValueError("routing.prefix.mode: precise cannot use routing.prefix.tokenizer: text: the engine "
-                                 "hashes the model's token ids, not characters, so no block would ever match. Leave "
-                                 "routing.prefix.tokenizer out (auto: the served model's tokenizer) or name a "
-                                 "tokenizer dir")
+                raise ValueError(
+                    "routing.prefix.mode: precise cannot use routing.prefix.tokenizer: text: the engine "
+                    "hashes the model's token ids, not characters, so no block would ever match. Leave "
+                    "routing.prefix.tokenizer out (auto: the served model's tokenizer) or name a "
+                    "tokenizer dir"
+                )
             self.tokenizer = self.tokenizer or "auto"
         else:
             if self.tokenizer in (None, "auto"):
                 if self.tokenizer == "auto":
-                    raise ValueError("routing.prefix.tokenizer: auto needs routing.prefix.mode: precise (the engines "
-                                     "tell the model); in approximate mode name the tokenizer or leave it out (text)")
+                    raise ValueError(
+                        "routing.prefix.tokenizer: auto needs routing.prefix.mode: precise (the engines "
+                        "tell the model); in approximate mode name the tokenizer or leave it out (text)"
+                    )
                 self.tokenizer = "text"
             if self.block_size is None:
                 self.block_size = 64 if self.tokenizer == "text" else 16
@@ -202,26 +235,37 @@ class RoutingConfig(_Strict):
 
     policy: PolicyConfig = Field(
         default_factory=CacheAwareConfig,
-        description="round_robin | least_loaded | cache_aware | prefill_time | affinity, or a mapping "
-                    "{name: <policy>, <its knobs>}")
+        description="round_robin | least_loaded | cache_aware | prefill_time | affinity, or a mapping {name: <policy>, <its knobs>}",
+    )
     prefix: PrefixConfig = Field(default_factory=PrefixConfig)
     engine: Literal["auto", "vllm", "openai"] = Field(
-        "auto", description="what serves the replicas: auto = asked from each replica (vLLM answers /version); "
-                            "vllm; openai = any other OpenAI-compatible server (no cache_salt, no engine settings)")
-    cache_salt: bool = Field(True, description="scope tenant on a vLLM engine: every forwarded request carries a "
-                                               "cache_salt derived from the tenant, so tenants never share "
-                                               "(or time) each other's prefix cache")
+        "auto",
+        description="what serves the replicas: auto = asked from each replica (vLLM answers /version); "
+        "vllm; openai = any other OpenAI-compatible server (no cache_salt, no engine settings)",
+    )
+    cache_salt: bool = Field(
+        True,
+        description="scope tenant on a vLLM engine: every forwarded request carries a "
+        "cache_salt derived from the tenant, so tenants never share "
+        "(or time) each other's prefix cache",
+    )
     max_attempts: int = Field(3, ge=1, le=10, description="replicas tried per request on connection errors / 5xx")
     down_for_s: float = Field(5.0, gt=0, description="a failed replica gets no traffic this long (then half-open)")
     probe_interval_s: float = Field(2.0, gt=0, description="health probe of down replicas (proxy)")
-    engine_poll_s: float = Field(2.0, ge=0.1, le=300,
-                                 description="seconds between two reads of each replica's /metrics by the proxy (its "
-                                             "engine's queue and prefill rate for prefill_time, and the dashboard's "
-                                             "engine numbers); below the engine's HTTP keep-alive (vLLM: 5 s), one "
-                                             "connection per replica serves every read")
+    engine_poll_s: float = Field(
+        2.0,
+        ge=0.1,
+        le=300,
+        description="seconds between two reads of each replica's /metrics by the proxy (its "
+        "engine's queue and prefill rate for prefill_time, and the dashboard's "
+        "engine numbers); below the engine's HTTP keep-alive (vLLM: 5 s), one "
+        "connection per replica serves every read",
+    )
     forward: Literal["relay", "litellm"] = Field(
-        "relay", description="proxy misses: relay = pass the replica's own bytes through (httpx, OpenAI-compatible "
-                             "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion")
+        "relay",
+        description="proxy misses: relay = pass the replica's own bytes through (httpx, OpenAI-compatible "
+        "replicas: backend.model openai/… or hosted_vllm/…); litellm = through litellm.acompletion",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -259,13 +303,15 @@ class RoutingConfig(_Strict):
         if moved:
             prefix = data.get("prefix", {})
             if not isinstance(prefix, dict):
-                raise ValueError(f"routing.{moved[0]} and routing.prefix are both given; "
-                                 f"write routing.prefix.{moved[0]}")
+                raise ValueError(
+                    f"routing.{moved[0]} and routing.prefix are both given; write routing.prefix.{moved[0]}"
+                )
             prefix = dict(prefix)
             for key in moved:
                 if key in prefix:
-                    raise ValueError(f"routing.{key} and routing.prefix.{key} are both given; "
-                                     f"keep routing.prefix.{key}")
+                    raise ValueError(
+                        f"routing.{key} and routing.prefix.{key} are both given; keep routing.prefix.{key}"
+                    )
                 prefix[key] = data.pop(key)
                 deprecated(f"routing.{key} is deprecated: write routing.prefix.{key}")
             data["prefix"] = prefix

@@ -7,6 +7,7 @@ each a few calls into the response cache and the route's forwarder, which never 
 back into the pipeline. They live beside pipeline.py rather than in it so that the pipeline module
 is entered once per request (`acomplete`), whatever runs on a thread or on the client's reads.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,17 @@ from kvgate.middleware.request import CacheControl
 from kvgate.middleware.text_answers import DONE
 
 
-def look_up(cache: ResponseCache, forwarder: Forwarder, route: RouteConfig, kwargs: dict[str, Any], tenant: str,
-            control: CacheControl | None, endpoint: str, started: float, inline: bool) -> Looked:
+def look_up(
+    cache: ResponseCache,
+    forwarder: Forwarder,
+    route: RouteConfig,
+    kwargs: dict[str, Any],
+    tenant: str,
+    control: CacheControl | None,
+    endpoint: str,
+    started: float,
+    inline: bool,
+) -> Looked:
     """The request view, the cache's tiers (a hit is served from here) and, on a miss, the
     forwarder's prepare: the prompt hashed and matched for the router's plan. Inline, the plan
     hashes the small prompt itself, on the loop, where `prepare` would only add a copy."""
@@ -34,29 +44,38 @@ def look_up(cache: ResponseCache, forwarder: Forwarder, route: RouteConfig, kwar
     return looked
 
 
-def record(cache: ResponseCache, forwarder: Forwarder, looked: Looked, info: CacheInfo, forwarded: Forwarded,
-           answer: str | None) -> Settle:
+def record(
+    cache: ResponseCache,
+    forwarder: Forwarder,
+    looked: Looked,
+    info: CacheInfo,
+    forwarded: Forwarded,
+    answer: str | None,
+) -> Settle:
     """A complete answer's record step: prompt + answer's routing hashes (handed to the router
     once the forwarder is done), then the cache's write, request-log record and metrics."""
     forwarder.hash_answer(forwarded, answer)
     return cache.record(looked, info, answer, forwarded.payload, forwarder.model_for(looked.view))
 
 
-async def recorded(cache: ResponseCache, forwarder: Forwarder, looked: Looked, info: CacheInfo,
-                   forwarded: Forwarded) -> None:
+async def recorded(
+    cache: ResponseCache, forwarder: Forwarder, looked: Looked, info: CacheInfo, forwarded: Forwarded
+) -> None:
     """The record step where it belongs (on the loop when the request and its answer are small),
     then the forwarder told it is done: also when the step fails or the client leaves meanwhile,
     since the replica's books must balance."""
     answer = forwarded.text
     try:
-        await cache.step(cache.records_inline(looked, answer), record, cache, forwarder, looked, info, forwarded,
-                         answer)
+        await cache.step(
+            cache.records_inline(looked, answer), record, cache, forwarder, looked, info, forwarded, answer
+        )
     finally:
         forwarder.done(forwarded, True)
 
 
-async def ending(cache: ResponseCache, forwarder: Forwarder, looked: Looked, info: CacheInfo,
-                 forwarded: Forwarded) -> AsyncIterator[Any]:
+async def ending(
+    cache: ResponseCache, forwarder: Forwarder, looked: Looked, info: CacheInfo, forwarded: Forwarded
+) -> AsyncIterator[Any]:
     """A streamed miss as the client reads it: the replica's stream, then, once it ended whole,
     the record step (so the answer is stored before the stream's end reaches the client) and
     [DONE] after a relayed stream. A stream that broke or that the client left is never stored.

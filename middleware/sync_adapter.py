@@ -7,6 +7,7 @@ clients bind to the loop that created them: a fresh `asyncio.run` per call, or t
 loop, would hand them a dead or foreign one. Many threads may call at once; their calls run
 concurrently on the one loop.
 """
+
 from __future__ import annotations
 
 import asyncio

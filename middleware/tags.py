@@ -3,6 +3,7 @@
 prompt's hash). The model revision's tag is added where the entry is stored
 (kvgate.index.responses.semantic); what each tag means: kvgate.index.responses.tags.
 """
+
 from __future__ import annotations
 
 from typing import Any

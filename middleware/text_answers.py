@@ -8,6 +8,7 @@ shape. Pure helpers over plain dicts and LiteLLM's objects; no I/O.
 
 Invariant: the text of a replayed stream's choice 0, joined, is the stored answer's text.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,6 +18,8 @@ from typing import Any, Iterator
 import orjson
 
 from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+
+# isort: split
 from litellm.types.utils import TextCompletionResponse
 
 from kvgate.middleware.replay import split_text
@@ -49,9 +52,13 @@ def streamed_text_answer(chunks: list[Any]) -> dict[str, Any] | None:
     if finish is None:
         return None
     head = chunks[0].model_dump() if hasattr(chunks[0], "model_dump") else dict(chunks[0])
-    answer = {"id": head.get("id"), "object": "text_completion", "created": head.get("created"),
-              "model": head.get("model"),
-              "choices": [{"index": 0, "text": "".join(texts), "logprobs": None, "finish_reason": finish}]}
+    answer = {
+        "id": head.get("id"),
+        "object": "text_completion",
+        "created": head.get("created"),
+        "model": head.get("model"),
+        "choices": [{"index": 0, "text": "".join(texts), "logprobs": None, "finish_reason": finish}],
+    }
     if usage:
         answer["usage"] = usage
     return answer
@@ -80,15 +87,33 @@ def replay_events(stored: dict[str, Any], include_usage: bool) -> list[bytes]:
 
 def replay_text_chunks(stored: dict[str, Any], include_usage: bool) -> Iterator[dict[str, Any]]:
     """vLLM's `text_completion` stream chunks for a stored answer (choice by choice)."""
-    base = {"id": stored.get("id") or f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": stored.get("created") or int(time.time()), "model": stored.get("model", "")}
+    base = {
+        "id": stored.get("id") or f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": stored.get("created") or int(time.time()),
+        "model": stored.get("model", ""),
+    }
     for choice in stored.get("choices") or []:
         index = choice.get("index", 0)
         for piece in split_text(choice.get("text") or ""):
-            yield {**base, "choices": [{"index": index, "text": piece, "logprobs": None, "finish_reason": None,
-                                        "stop_reason": None}]}
-        yield {**base, "choices": [{"index": index, "text": "", "logprobs": None,
-                                    "finish_reason": choice.get("finish_reason") or "stop", "stop_reason": None}]}
+            yield {
+                **base,
+                "choices": [
+                    {"index": index, "text": piece, "logprobs": None, "finish_reason": None, "stop_reason": None}
+                ],
+            }
+        yield {
+            **base,
+            "choices": [
+                {
+                    "index": index,
+                    "text": "",
+                    "logprobs": None,
+                    "finish_reason": choice.get("finish_reason") or "stop",
+                    "stop_reason": None,
+                }
+            ],
+        }
     if include_usage and stored.get("usage"):
         yield {**base, "choices": [], "usage": stored["usage"]}
 

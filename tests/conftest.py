@@ -1,4 +1,5 @@
 """Shared fixtures: one real embedder per session, fake backends and proxies on 127.0.0.1."""
+
 from __future__ import annotations
 
 import os
@@ -13,12 +14,12 @@ import httpx
 import pytest
 
 import kvgate.middleware  # noqa: F401
-from kvgate.index.responses.embedder import Embedder, make_embedder
 from kvgate.engines.demo import Calls, create_fake_app
-from kvgate.tools.bench.procs import ServerThread
-from kvgate.middleware.config import Config, parse_config
+from kvgate.index.responses.embedder import Embedder, make_embedder
 from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import Config, parse_config
 from kvgate.middleware.server.proxy import create_app
+from kvgate.tools.bench.procs import ServerThread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,12 +91,20 @@ class Proxy:
         self.url = self.server.url
         self.http = httpx.Client(base_url=self.url, timeout=30)
 
-    def chat(self, content: str | list[dict[str, Any]], *, key: str = "key-a", model: str = "demo-1",
-             headers: dict[str, str] | None = None, **params: Any) -> httpx.Response:
+    def chat(
+        self,
+        content: str | list[dict[str, Any]],
+        *,
+        key: str = "key-a",
+        model: str = "demo-1",
+        headers: dict[str, str] | None = None,
+        **params: Any,
+    ) -> httpx.Response:
         messages = content if isinstance(content, list) else [{"role": "user", "content": content}]
         body = {"model": model, "messages": messages, **params}
-        return self.http.post("/v1/chat/completions", json=body,
-                              headers={"authorization": f"Bearer {key}", **(headers or {})})
+        return self.http.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}", **(headers or {})}
+        )
 
     def stop(self) -> None:
         self.http.close()
@@ -147,15 +156,22 @@ def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
         server.stop()
 
 
-def one_replica_config(cache_dir: Path, replica_url: str, *, semantic: dict[str, Any] | None = None,
-                       routing: dict[str, Any] | None = None) -> Config:
+def one_replica_config(
+    cache_dir: Path, replica_url: str, *, semantic: dict[str, Any] | None = None, routing: dict[str, Any] | None = None
+) -> Config:
     """Route `r` (models smol*) on one OpenAI-compatible replica, the semantic tier off unless given."""
-    return parse_config({
-        "cache_dir": str(cache_dir),
-        "routes": [{
-            "name": "r", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
-            "semantic": semantic or {"enabled": False},
-            "replicas": [{"name": "r0", "api_base": f"{replica_url}/v1"}],
-            "routing": routing or {},
-        }],
-    })
+    return parse_config(
+        {
+            "cache_dir": str(cache_dir),
+            "routes": [
+                {
+                    "name": "r",
+                    "model": "smol*",
+                    "backend": {"model": "openai/smollm2", "api_key": "none"},
+                    "semantic": semantic or {"enabled": False},
+                    "replicas": [{"name": "r0", "api_base": f"{replica_url}/v1"}],
+                    "routing": routing or {},
+                }
+            ],
+        }
+    )

@@ -1,5 +1,6 @@
 """The admin API (middleware/server/admin.py): replicas added to and removed from a route while the proxy
 runs, against a real proxy and fake replicas; plus Router.add_replica / remove_replica alone."""
+
 from __future__ import annotations
 
 import threading
@@ -10,10 +11,10 @@ import httpx
 import pytest
 
 from kvgate.engines.demo import Calls, create_fake_app
-from kvgate.middleware.config import ReplicaConfig, RoutingConfig, parse_config
 from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.config import ReplicaConfig, RoutingConfig, parse_config
 from kvgate.middleware.routing.router import Router
+from kvgate.middleware.server.proxy import create_app
 from kvgate.tools.bench.procs import ServerThread
 
 ADMIN = "admin-secret-1"
@@ -47,8 +48,11 @@ class Proxy:
 
     def chat(self, text: str, key: str | None = None) -> httpx.Response:
         headers = {"authorization": f"Bearer {key}"} if key is not None else {}
-        return self.http.post("/v1/chat/completions", headers=headers,
-                              json={"model": "smol-1", "messages": [{"role": "user", "content": text}]})
+        return self.http.post(
+            "/v1/chat/completions",
+            headers=headers,
+            json={"model": "smol-1", "messages": [{"role": "user", "content": text}]},
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -65,12 +69,21 @@ def make_proxy(replicas: list[FakeReplica], tmp_path) -> Iterator[Any]:
             "cache_dir": str(tmp_path / f"cache-{len(started)}"),
             "auth": {"admin_keys": [ADMIN]} if auth is None else auth,
             "routes": [
-                {"name": "local", "model": "smol*", "exact": False, "semantic": {"enabled": False},
-                 "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 5},
-                 "replicas": [{"name": r.name, "api_base": r.api_base} for r in replicas[:2]],
-                 "routing": {"policy": "round_robin"}},
-                {"name": "direct", "model": "direct*", "semantic": {"enabled": False},
-                 "backend": {"model": "openai/x", "api_base": replicas[0].api_base}},
+                {
+                    "name": "local",
+                    "model": "smol*",
+                    "exact": False,
+                    "semantic": {"enabled": False},
+                    "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 5},
+                    "replicas": [{"name": r.name, "api_base": r.api_base} for r in replicas[:2]],
+                    "routing": {"policy": "round_robin"},
+                },
+                {
+                    "name": "direct",
+                    "model": "direct*",
+                    "semantic": {"enabled": False},
+                    "backend": {"model": "openai/x", "api_base": replicas[0].api_base},
+                },
             ],
         }
         proxy = Proxy(raw, worker)
@@ -99,17 +112,35 @@ def test_added_replica_takes_traffic_and_removed_one_gets_none(make_proxy, repli
     proxy = make_proxy()
     listed = proxy.admin("GET", "/replicas")
     assert listed.status_code == 200
-    assert listed.json() == {"routes": {"local": [
-        {"name": "r0", "api_base": replicas[0].api_base, "events": None, "healthy": True},
-        {"name": "r1", "api_base": replicas[1].api_base, "events": None, "healthy": True}]}}
+    assert listed.json() == {
+        "routes": {
+            "local": [
+                {"name": "r0", "api_base": replicas[0].api_base, "events": None, "healthy": True},
+                {"name": "r1", "api_base": replicas[1].api_base, "events": None, "healthy": True},
+            ]
+        }
+    }
 
-    added = proxy.admin("POST", "/replicas", json={"route": "local", "name": "r2", "api_base": replicas[2].api_base,
-                                                   "api_key": "sk-r2", "events": "tcp://127.0.0.1:5557"})
+    added = proxy.admin(
+        "POST",
+        "/replicas",
+        json={
+            "route": "local",
+            "name": "r2",
+            "api_base": replicas[2].api_base,
+            "api_key": "sk-r2",
+            "events": "tcp://127.0.0.1:5557",
+        },
+    )
     assert added.status_code == 201, added.text
     body = added.json()
     assert body["route"] == "local" and "restart" in body["note"] and "YAML" in body["note"]
-    assert body["replica"] == {"name": "r2", "api_base": replicas[2].api_base, "events": "tcp://127.0.0.1:5557",
-                               "healthy": True}
+    assert body["replica"] == {
+        "name": "r2",
+        "api_base": replicas[2].api_base,
+        "events": "tcp://127.0.0.1:5557",
+        "healthy": True,
+    }
     assert [r["name"] for r in proxy.admin("GET", "/replicas").json()["routes"]["local"]] == ["r0", "r1", "r2"]
 
     before = counts(replicas)
@@ -130,8 +161,12 @@ def test_added_replica_takes_traffic_and_removed_one_gets_none(make_proxy, repli
     assert [r["name"] for r in proxy.admin("GET", "/replicas").json()["routes"]["local"]] == ["r1", "r2"]
 
     # a removed name can come back
-    assert proxy.admin("POST", "/replicas", json={"route": "local", "name": "r0",
-                                                  "api_base": replicas[0].api_base}).status_code == 201
+    assert (
+        proxy.admin(
+            "POST", "/replicas", json={"route": "local", "name": "r0", "api_base": replicas[0].api_base}
+        ).status_code
+        == 201
+    )
     assert "r0" in send(proxy, 3, "back again")
 
 
@@ -157,7 +192,9 @@ def test_workers_refuse_changes(make_proxy, replicas):
     """One worker of `kvgate serve --workers N`: a change would reach that worker only."""
     proxy = make_proxy(worker=0)
     assert proxy.admin("GET", "/replicas").status_code == 200
-    add = error(proxy.admin("POST", "/replicas", json={"route": "local", "name": "r2", "api_base": replicas[2].api_base}), 409)
+    add = error(
+        proxy.admin("POST", "/replicas", json={"route": "local", "name": "r2", "api_base": replicas[2].api_base}), 409
+    )
     assert "--workers" in add["message"]
     error(proxy.admin("DELETE", "/replicas/local/r0"), 409)
     assert len(proxy.admin("GET", "/replicas").json()["routes"]["local"]) == 2
@@ -169,8 +206,9 @@ def test_admin_keys(make_proxy):
     wrong = proxy.admin("GET", "/replicas", key="not-it")
     assert wrong.status_code == 403 and wrong.json()["error"]["message"] == "not an admin key (auth.admin_keys)"
     assert proxy.admin("GET", "/replicas", key=ADMIN + "x").status_code == 403
-    refused = proxy.admin("POST", "/replicas", key="not-it", json={"route": "local", "name": "rx",
-                                                                   "api_base": "http://127.0.0.1:9/v1"})
+    refused = proxy.admin(
+        "POST", "/replicas", key="not-it", json={"route": "local", "name": "rx", "api_base": "http://127.0.0.1:9/v1"}
+    )
     assert refused.status_code == 403 and "rx" not in proxy.admin("GET", "/replicas").text
 
     off = make_proxy(auth={})  # no admin_keys: never open by default
@@ -185,8 +223,12 @@ def test_admin_keys(make_proxy):
 def test_every_admin_route_needs_an_admin_key(make_proxy):
     """Walks the app's routes, so an admin route added later is covered without editing this."""
     proxy = make_proxy()
-    paths = [(m, r.path.replace("{", "").replace("}", "")) for r in proxy.server.config.app.routes
-             if r.path.startswith("/v1/admin/") for m in r.methods]
+    paths = [
+        (m, r.path.replace("{", "").replace("}", ""))
+        for r in proxy.server.config.app.routes
+        if r.path.startswith("/v1/admin/")
+        for m in r.methods
+    ]
     assert {m for m, _ in paths} == {"GET", "POST", "DELETE"}
     for method, path in paths:
         url = path.removeprefix("/v1/admin")
@@ -218,8 +260,14 @@ def error(resp: httpx.Response, status: int) -> dict[str, Any]:
 def test_refusals(make_proxy, replicas):
     proxy = make_proxy()
     r2 = replicas[2].api_base
-    assert error(proxy.admin("POST", "/replicas", json={"route": "local", "name": "r1", "api_base": r2}), 409)["param"] == "name"
-    assert error(proxy.admin("POST", "/replicas", json={"route": "nope", "name": "r2", "api_base": r2}), 404)["param"] == "route"
+    assert (
+        error(proxy.admin("POST", "/replicas", json={"route": "local", "name": "r1", "api_base": r2}), 409)["param"]
+        == "name"
+    )
+    assert (
+        error(proxy.admin("POST", "/replicas", json={"route": "nope", "name": "r2", "api_base": r2}), 404)["param"]
+        == "route"
+    )
     no_routing = error(proxy.admin("POST", "/replicas", json={"route": "direct", "name": "r2", "api_base": r2}), 400)
     assert no_routing["param"] == "route" and "no replicas" in no_routing["message"]
     error(proxy.admin("DELETE", "/replicas/nope/r0"), 404)
@@ -231,15 +279,21 @@ def test_refusals(make_proxy, replicas):
     assert send(proxy, 2, "still routed") == ["r0", "r0"]
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"route": "local", "name": "r2"}, "api_base"),
-    ({"route": "local", "api_base": "http://127.0.0.1:9/v1"}, "name"),
-    ({"name": "r2", "api_base": "http://127.0.0.1:9/v1"}, "route"),
-    ({"route": "local", "name": "", "api_base": "http://127.0.0.1:9/v1"}, "name"),
-    ({"route": "local", "name": "r2", "api_base": "127.0.0.1:9/v1"}, "api_base"),
-    ({"route": "local", "name": "r2", "api_base": "http://127.0.0.1:9/v1", "capacity_blocks": 0}, "capacity_blocks"),
-    ({"route": "local", "name": "r2", "api_base": "http://127.0.0.1:9/v1", "weight": 2}, "weight"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"route": "local", "name": "r2"}, "api_base"),
+        ({"route": "local", "api_base": "http://127.0.0.1:9/v1"}, "name"),
+        ({"name": "r2", "api_base": "http://127.0.0.1:9/v1"}, "route"),
+        ({"route": "local", "name": "", "api_base": "http://127.0.0.1:9/v1"}, "name"),
+        ({"route": "local", "name": "r2", "api_base": "127.0.0.1:9/v1"}, "api_base"),
+        (
+            {"route": "local", "name": "r2", "api_base": "http://127.0.0.1:9/v1", "capacity_blocks": 0},
+            "capacity_blocks",
+        ),
+        ({"route": "local", "name": "r2", "api_base": "http://127.0.0.1:9/v1", "weight": 2}, "weight"),
+    ],
+)
 def test_validation_names_the_field(make_proxy, body, field):
     proxy = make_proxy()
     err = error(proxy.admin("POST", "/replicas", json=body), 400)

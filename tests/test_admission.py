@@ -1,4 +1,5 @@
 """Admission control and the event-loop lag metric, on a real proxy (uvicorn) over the fake backend."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +9,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.middleware.server.admission import AdmissionGate
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import ConfigError
+from kvgate.middleware.server.admission import AdmissionGate
 from kvgate.middleware.telemetry.loop_lag import watch_loop_lag
 from tests.conftest import route_config
 
@@ -22,16 +23,24 @@ def _limited(backend, tmp_path, limit: int) -> dict:
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 async def _burst(url: str, n: int, stream: bool) -> list[httpx.Response]:
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
         async def one(i: int) -> httpx.Response:
-            body = {"model": "demo-1", "stream": stream,
-                    "messages": [{"role": "user", "content": f"slow question {i} {stream} [[sleep=1.5]]"}]}
+            body = {
+                "model": "demo-1",
+                "stream": stream,
+                "messages": [{"role": "user", "content": f"slow question {i} {stream} [[sleep=1.5]]"}],
+            }
             return await client.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer k"})
+
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 

@@ -1,4 +1,5 @@
 """kvgate.index.kv.chunks.allocator: a freed chunk-sized buffer comes back without page faults."""
+
 from __future__ import annotations
 
 import resource

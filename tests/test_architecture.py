@@ -1,5 +1,6 @@
 """The boundaries of docs/ARCHITECTURE.md, checked: import-linter contracts, what an engine process
 loads, module sizes, and README's layout against the tree."""
+
 from __future__ import annotations
 
 import json
@@ -21,16 +22,23 @@ PROXY_STACK = ("litellm", "faiss", "onnxruntime", "sentence_transformers", "midd
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_import_contracts_hold() -> None:
     """pyproject.toml's [tool.importlinter] contracts, as `.ci/lint-imports` checks them (on the tree
     shaped as installed: kvgate/ with its subpackages inside)."""
     lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run([str(ROOT / ".ci" / "lint-imports")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "LINT_IMPORTS": str(lint)})
+    done = subprocess.run(
+        [str(ROOT / ".ci" / "lint-imports")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "LINT_IMPORTS": str(lint)},
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
 
@@ -52,10 +60,17 @@ def _import_graph() -> dict[str, list[str]]:
         (stage / "kvgate").mkdir()
         shutil.copy(ROOT / "kvgate" / "__init__.py", stage / "kvgate")
         for pkg in PACKAGES:
-            shutil.copytree(ROOT / pkg, stage / "kvgate" / pkg, copy_function=os.link,
-                            ignore=shutil.ignore_patterns("__pycache__"))
-        done = subprocess.run([sys.executable, "-c", IMPORT_GRAPH], cwd=stage, capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "PYTHONPATH": str(stage)})
+            shutil.copytree(
+                ROOT / pkg, stage / "kvgate" / pkg, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        done = subprocess.run(
+            [sys.executable, "-c", IMPORT_GRAPH],
+            cwd=stage,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(stage)},
+        )
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -199,14 +214,19 @@ def test_cli_loads_only_the_subcommand_it_runs() -> None:
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["[]", "[]"]
+
+
 def _modules() -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
 
 
 def test_no_module_over_the_line_limit() -> None:
     """One job per module: no module of the four packages past MAX_LINES lines."""
-    long = [f"{path.relative_to(ROOT)} ({path.read_text().count(chr(10))} lines)"
-            for path in _modules() if path.read_text().count("\n") > MAX_LINES]
+    long = [
+        f"{path.relative_to(ROOT)} ({path.read_text().count(chr(10))} lines)"
+        for path in _modules()
+        if path.read_text().count("\n") > MAX_LINES
+    ]
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
@@ -249,12 +269,20 @@ def test_docs_name_only_existing_paths(doc: str) -> None:
 
 # Variables kvgate's libraries once set for the whole process; only an entry point may (middleware/cli.py,
 # a `python -m` block), and middleware/litellm_env.py for the ones LiteLLM reads at import.
-PROCESS_ENV = ("LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
-               "AIOHTTP_KEEPALIVE_TIMEOUT", "OMP_WAIT_POLICY")
+PROCESS_ENV = (
+    "LITELLM_LOCAL_MODEL_COST_MAP",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TOKENIZERS_PARALLELISM",
+    "AIOHTTP_KEEPALIVE_TIMEOUT",
+    "OMP_WAIT_POLICY",
+)
 ENV_OWNERS = {"middleware/cli.py", "middleware/litellm_env.py"}
 MAIN_BLOCK = re.compile(r'^if __name__ == "__main__":', re.M)
-SETS_ENV = re.compile(r"\b(?:os\.)?environ(?:\[[^\]]*\]\s*(?:\|)?=(?!=)|\.(?:setdefault|update|pop|popitem|clear)\s*\()"
-                      r"|\b(?:os\.)?(?:putenv|unsetenv)\s*\(|\bdel\s+(?:os\.)?environ\[")
+SETS_ENV = re.compile(
+    r"\b(?:os\.)?environ(?:\[[^\]]*\]\s*(?:\|)?=(?!=)|\.(?:setdefault|update|pop|popitem|clear)\s*\()"
+    r"|\b(?:os\.)?(?:putenv|unsetenv)\s*\(|\bdel\s+(?:os\.)?environ\["
+)
 
 
 def test_library_imports_leave_the_environment_alone() -> None:
@@ -344,7 +372,7 @@ def test_litellm_is_imported_through_litellm_env() -> None:
             continue
         text = path.read_text()
         found = first_import.search(text)
-        if found and "from kvgate.middleware.litellm_env import litellm" not in text[:found.start()]:
+        if found and "from kvgate.middleware.litellm_env import litellm" not in text[: found.start()]:
             offenders.append(f"{rel}:{text.count(chr(10), 0, found.start()) + 1}")
     assert not offenders, f"modules importing LiteLLM before kvgate.middleware.litellm_env: {offenders}"
 
@@ -354,6 +382,10 @@ HISTORY = re.compile(r"[Ii]ssue [0-9]+|BENCHMARKS\.md issue")
 
 def test_comments_cite_no_issue_numbers() -> None:
     """Comments say why, never history: no issue numbers or benchmark-log entries in the code."""
-    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in _modules()
-             for n, line in enumerate(p.read_text().splitlines(), 1) if HISTORY.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in _modules()
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if HISTORY.search(line)
+    ]
     assert not found, "code citing issues instead of reasons:\n" + "\n".join(found)

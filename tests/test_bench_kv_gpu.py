@@ -1,5 +1,6 @@
 """`kvgate bench kv-gpu --quick` on the CPU: the JSON's fields, the loaded KV equal to the saved KV
 (raw chunks), and the bench importing the connector's worker classes without vLLM."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,19 @@ from pathlib import Path
 from kvgate.middleware.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-CELL_FIELDS = {"shape", "tier", "codec", "history_tokens", "load_gbps_bf16_equiv", "load_gbps_moved", "prefill_s",
-               "load_plus_suffix_s", "gate_choice", "gate_s", "best_s"}
+CELL_FIELDS = {
+    "shape",
+    "tier",
+    "codec",
+    "history_tokens",
+    "load_gbps_bf16_equiv",
+    "load_gbps_moved",
+    "prefill_s",
+    "load_plus_suffix_s",
+    "gate_choice",
+    "gate_s",
+    "best_s",
+}
 
 
 def test_quick_run_writes_every_cell_and_loads_exactly(tmp_path: Path) -> None:
@@ -26,8 +38,12 @@ def test_quick_run_writes_every_cell_and_loads_exactly(tmp_path: Path) -> None:
     assert result["raw_loads_exact"] is True
     cells = result["cells"]
     assert {(c["shape"], c["tier"], c["codec"], c["history_tokens"]) for c in cells} == {
-        (s, t, c, h) for s in ("llama-3-8b", "llama-3-70b-tp8") for t in ("memory", "disk")
-        for c in ("raw", "int8", "int4") for h in (64, 128)}
+        (s, t, c, h)
+        for s in ("llama-3-8b", "llama-3-70b-tp8")
+        for t in ("memory", "disk")
+        for c in ("raw", "int8", "int4")
+        for h in (64, 128)
+    }
     for c in cells:
         assert CELL_FIELDS <= set(c)
         assert c["best_s"] == min(c["prefill_s"], c["load_plus_suffix_s"])
@@ -39,8 +55,10 @@ def test_quick_run_writes_every_cell_and_loads_exactly(tmp_path: Path) -> None:
 
 def test_the_bench_imports_no_vllm() -> None:
     """The GPU machine has torch but no vLLM: the bench reaches only the connector's torch-only modules."""
-    code = ("import sys, kvgate.tools.bench.kv_gpu, kvgate.tools.bench.kv_gpu_cells; "
-            "print('vllm' in sys.modules, sorted(m for m in sys.modules if m.startswith('kvgate.engines.vllm.kv_connector.')))")
+    code = (
+        "import sys, kvgate.tools.bench.kv_gpu, kvgate.tools.bench.kv_gpu_cells; "
+        "print('vllm' in sys.modules, sorted(m for m in sys.modules if m.startswith('kvgate.engines.vllm.kv_connector.')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     has_vllm, modules = done.stdout.strip().split(" ", 1)

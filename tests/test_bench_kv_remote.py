@@ -1,5 +1,6 @@
 """`kvgate bench kv-remote` at a tiny size: a real redis-server, the real model, two replicas'
 stores; the JSON carries issue 14's `kv` fields. Figures are not checked (timing is never pass/fail)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,22 @@ from kvgate.middleware.cli import main
 
 def test_bench_kv_remote_tiny(tmp_path: Path, capsys) -> None:
     out = tmp_path / "kv.json"
-    argv = ["bench", "kv-remote", "--history-tokens", "560", "--repeats", "1", "--io-repeats", "1",
-            "--max-tokens", "2", "--dir", str(tmp_path), "--json", str(out)]
+    argv = [
+        "bench",
+        "kv-remote",
+        "--history-tokens",
+        "560",
+        "--repeats",
+        "1",
+        "--io-repeats",
+        "1",
+        "--max-tokens",
+        "2",
+        "--dir",
+        str(tmp_path),
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     r = json.loads(out.read_text())
     kv = r["kv"]

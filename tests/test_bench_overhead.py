@@ -1,5 +1,6 @@
 """`kvgate bench loop-load --rate`: the router-overhead run end to end on tiny settings (figures are
 not asserted, the JSON's shape is: every tokenizer × shape row, both phases, the added latency)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,24 @@ from kvgate.tools.bench import loop_load
 @pytest.mark.slow
 def test_overhead_run_tiny(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
-    argv = ["bench", "loop-load", "--rate", "20", "--duration-s", "0.5", "--prompt-words", "60",
-            "--tokenizers", "text", "--shapes", "fresh,continue", "--conversations", "3", "--json", str(out)]
+    argv = [
+        "bench",
+        "loop-load",
+        "--rate",
+        "20",
+        "--duration-s",
+        "0.5",
+        "--prompt-words",
+        "60",
+        "--tokenizers",
+        "text",
+        "--shapes",
+        "fresh,continue",
+        "--conversations",
+        "3",
+        "--json",
+        str(out),
+    ]
     args = build_parser(argv).parse_args(argv)
     assert loop_load.main(args) == 0
     runs = json.loads(out.read_text())["runs"]

@@ -1,4 +1,5 @@
 """The routing benchmarks run end to end on tiny settings (figures are not asserted, shapes are)."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,28 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake_conv
 
 def test_routing_arena_tiny(tmp_path):
     out = tmp_path / "arena.json"
-    rc = main(["bench", "routing", "--trace", str(TRACE), "--limit", "40", "--speed", "40", "--replicas", "2",
-               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware,sglang,vllm_router", "--json", str(out),
-               "--plot", str(tmp_path / "cdf.png")])
+    rc = main(
+        [
+            "bench",
+            "routing",
+            "--trace",
+            str(TRACE),
+            "--limit",
+            "40",
+            "--speed",
+            "40",
+            "--replicas",
+            "2",
+            "--capacity-tokens",
+            "200000",
+            "--policies",
+            "round_robin,cache_aware,sglang,vllm_router",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "cdf.png"),
+        ]
+    )
     assert rc == 0
     assert (tmp_path / "cdf.png").read_bytes()[:4] == b"\x89PNG"  # the TTFT CDF from the per-request TTFTs
     r = json.loads(out.read_text())
@@ -37,9 +57,29 @@ def test_routing_arena_with_several_client_processes(tmp_path):
     """--clients 2: the requests are split between two load-generator processes on one schedule;
     every request is still sent once and measured once."""
     out = tmp_path / "arena.json"
-    rc = main(["bench", "routing", "--trace", str(TRACE), "--limit", "30", "--speed", "40", "--replicas", "2",
-               "--capacity-tokens", "200000", "--policies", "round_robin,cache_aware", "--clients", "2",
-               "--per-request", "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            "routing",
+            "--trace",
+            str(TRACE),
+            "--limit",
+            "30",
+            "--speed",
+            "40",
+            "--replicas",
+            "2",
+            "--capacity-tokens",
+            "200000",
+            "--policies",
+            "round_robin,cache_aware",
+            "--clients",
+            "2",
+            "--per-request",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["clients"] == 2
@@ -71,9 +111,17 @@ def test_routing_arena_with_several_client_processes(tmp_path):
 
 
 def _stream_events() -> bytes:
-    chunk = {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "finish_reason": None}]}
-    return (b": keep-alive\n\n" + b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-            + b'data: {"error":{"message":"replica gone"}}\n\n')
+    chunk = {
+        "id": "x",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "finish_reason": None}],
+    }
+    return (
+        b": keep-alive\n\n"
+        + b"data: "
+        + json.dumps(chunk, separators=(",", ":")).encode()
+        + b"\n\n"
+        + b'data: {"error":{"message":"replica gone"}}\n\n'
+    )
 
 
 def test_stream_scan_finds_content_and_errors_whatever_the_chunking():
@@ -87,7 +135,7 @@ def test_stream_scan_finds_content_and_errors_whatever_the_chunking():
     for size in (1, 2, 3, 7, 13, 64, len(data)):
         scan, seen_at, error_at = StreamScan(), None, None
         for start in range(0, len(data), size):
-            piece = data[start:start + size]
+            piece = data[start : start + size]
             if scan.feed(piece) and seen_at is None:
                 seen_at = start + len(piece)
             if scan.error is not None and error_at is None:
@@ -112,9 +160,32 @@ def test_routing_arena_tunes_on_its_own_slice_batched(tmp_path, capsys):
     """Tuning runs on the tuning slice only; the pick is reported; the batched model serves;
     --table prints the JSON's table."""
     out = tmp_path / "arena.json"
-    rc = main(["bench", "routing", "--trace", str(TRACE), "--tune-slice", "0:20", "--report-slice", "20:40", "--speed", "40",
-               "--replicas", "2", "--capacity-tokens", "200000", "--policies", "cache_aware,vllm_router",
-               "--anchor-grid", "0.3/64/1.5,0.5/4/1.1", "--sim-model", "batched", "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            "routing",
+            "--trace",
+            str(TRACE),
+            "--tune-slice",
+            "0:20",
+            "--report-slice",
+            "20:40",
+            "--speed",
+            "40",
+            "--replicas",
+            "2",
+            "--capacity-tokens",
+            "200000",
+            "--policies",
+            "cache_aware,vllm_router",
+            "--anchor-grid",
+            "0.3/64/1.5,0.5/4/1.1",
+            "--sim-model",
+            "batched",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["tune_slice"] == "0:20" and r["report_slice"] == "20:40" and r["sim_model"] == "batched"
@@ -152,12 +223,14 @@ def test_gen_trace_is_seeded_and_shaped(tmp_path):
     for row in a:
         key = next(h for h in row["hash_ids"] if h > 8 * 8)
         prev = sessions.get(key)
-        assert prev is None or (row["hash_ids"][:len(prev)] == prev and len(row["hash_ids"]) >= len(prev))
+        assert prev is None or (row["hash_ids"][: len(prev)] == prev and len(row["hash_ids"]) >= len(prev))
         sessions[key] = row["hash_ids"]
     assert 500 < len(sessions) < 1500  # mean ~2 turns a session
     out = tmp_path / "t.jsonl"
     assert main(["bench", "gen-trace", "--out", str(out), "--requests", "50", "--seed", "1"]) == 0
-    assert [r.input_length for r in load_trace(out)] == [r["input_length"] for r in generate(TraceShape(requests=50, seed=1))]
+    assert [r.input_length for r in load_trace(out)] == [
+        r["input_length"] for r in generate(TraceShape(requests=50, seed=1))
+    ]
 
 
 def test_route_overhead_tiny(tmp_path):
@@ -180,8 +253,23 @@ def test_routing_model_is_deterministic_and_ranks_the_rules(tmp_path):
     assert a["hit_rate"] > rr["hit_rate"] and 0 < a["ttft_p50_s"] <= a["ttft_p99_s"]
     assert 0 < simulate(reqs, SglangRule())["hit_rate"] <= 1
     out = tmp_path / "m.json"
-    assert main(["bench", "routing-model", "--trace", str(TRACE), "--slices", "0:60", "--candidates",
-                 "miss_weight=8;queue_slack=.inf", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "routing-model",
+                "--trace",
+                str(TRACE),
+                "--slices",
+                "0:60",
+                "--candidates",
+                "miss_weight=8;queue_slack=.inf",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [r["rule"] for r in rows][:2] == ["sglang", "vllm_router"] and len(rows) == 4
 
@@ -191,14 +279,26 @@ def test_pooled_table_groups_runs_of_one_setting_and_counts_the_goal():
 
     def run(trace, model, speed, ca_hit, sg_hit, vl_hit, ca_p99=1.0, sg_p99=2.0, name=None):
         pol = lambda hit, p99: {"hit_rate": hit, "ttft_p99_s": p99, "errors": 0}  # noqa: E731
-        return {"scenario": name or f"{trace} ×{speed}, {model}", "trace": f"/x/{trace}.jsonl", "sim_model": model,
-                "speed": speed, "policies": {"cache_aware": pol(ca_hit, ca_p99), "sglang": pol(sg_hit, sg_p99),
-                                             "vllm_router": pol(vl_hit, 3.0)}}
+        return {
+            "scenario": name or f"{trace} ×{speed}, {model}",
+            "trace": f"/x/{trace}.jsonl",
+            "sim_model": model,
+            "speed": speed,
+            "policies": {
+                "cache_aware": pol(ca_hit, ca_p99),
+                "sglang": pol(sg_hit, sg_p99),
+                "vllm_router": pol(vl_hit, 3.0),
+            },
+        }
 
-    text = pooled([run("conv", "fifo", 10, 0.212, 0.210, 0.211),
-                   run("long", "fifo", 4, 0.50, 0.49, 0.49),
-                   # the same setting under another label, and a run that misses by hit rate
-                   run("conv", "fifo", 10.0, 0.210, 0.211, 0.209, ca_p99=1.5, name="conv x10 fifo")])
+    text = pooled(
+        [
+            run("conv", "fifo", 10, 0.212, 0.210, 0.211),
+            run("long", "fifo", 4, 0.50, 0.49, 0.49),
+            # the same setting under another label, and a run that misses by hit rate
+            run("conv", "fifo", 10.0, 0.210, 0.211, 0.209, ca_p99=1.5, name="conv x10 fifo"),
+        ]
+    )
     rows = [line for line in text.splitlines()[2:] if line]
     assert len(rows) == 3  # two settings, then every run together
     conv = [c.strip() for c in rows[0].strip("|").split("|")]
@@ -215,7 +315,11 @@ def test_mean_interval_is_the_normal_interval_of_the_mean():
 
     assert mean_interval([0.5]) == (0.5, 0.5, 0.5)
     mean, low, high = mean_interval([1.0, 2.0, 3.0])  # sd 1, n 3
-    assert mean == 2.0 and abs(high - mean - 1.959963984540054 / 3 ** 0.5) < 1e-12 and abs((mean - low) - (high - mean)) < 1e-12
+    assert (
+        mean == 2.0
+        and abs(high - mean - 1.959963984540054 / 3**0.5) < 1e-12
+        and abs((mean - low) - (high - mean)) < 1e-12
+    )
 
 
 def test_table_and_routing_hits_name_a_file_that_is_not_an_arena_result(tmp_path):
@@ -223,8 +327,10 @@ def test_table_and_routing_hits_name_a_file_that_is_not_an_arena_result(tmp_path
     other.write_text(json.dumps({"runs": []}))
     broken = tmp_path / "broken.json"
     broken.write_text("{")
-    for path, says in ((other, "is not a `kvgate bench routing --json` result (no scenario, trace"),
-                       (broken, "cannot read")):
+    for path, says in (
+        (other, "is not a `kvgate bench routing --json` result (no scenario, trace"),
+        (broken, "cannot read"),
+    ):
         for command in (["bench", "routing", "--table"], ["bench", "routing-hits"]):
             with pytest.raises(SystemExit) as stop:
                 main([*command, str(path)])

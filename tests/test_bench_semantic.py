@@ -1,4 +1,5 @@
 """`kvgate bench semantic` end to end on tiny inputs: both modes, input validation, the GPTCache mapping."""
+
 from __future__ import annotations
 
 import csv
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.middleware.cli import main
 from kvgate.tools.bench.gptcache_anchor import gptcache_threshold, require_gptcache
 from kvgate.tools.bench.proxy_latency import SEED_QUESTIONS
-from kvgate.middleware.cli import main
 
 
 def _write_pairs(path: Path) -> tuple[int, int]:
@@ -29,11 +30,41 @@ def test_pairs_mode_reports_consistent_figures(tmp_path: Path) -> None:
     pairs_file = tmp_path / "pairs.csv"
     n, dups = _write_pairs(pairs_file)
     out = tmp_path / "deep" / "out.json"
-    assert main(["bench", "semantic", "--pairs", str(pairs_file), "--threshold", "0.8",
-                 "--latency-queries", "10", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "semantic",
+                "--pairs",
+                str(pairs_file),
+                "--threshold",
+                "0.8",
+                "--latency-queries",
+                "10",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
-    for key in ("mode", "pairs_file", "pairs", "duplicates", "threshold", "precision", "recall", "hits",
-                "correct_hits", "lookup_p50_ms", "lookup_p99_ms", "sweep", "gptcache", "machine", "notes"):
+    for key in (
+        "mode",
+        "pairs_file",
+        "pairs",
+        "duplicates",
+        "threshold",
+        "precision",
+        "recall",
+        "hits",
+        "correct_hits",
+        "lookup_p50_ms",
+        "lookup_p99_ms",
+        "sweep",
+        "gptcache",
+        "machine",
+        "notes",
+    ):
         assert key in data, key
     assert data["mode"] == "pairs" and data["pairs"] == n and data["duplicates"] == dups
     assert data["skipped_rows"] == 1
@@ -68,12 +99,24 @@ def test_pairs_mode_reports_consistent_figures(tmp_path: Path) -> None:
 
 def test_entries_mode_times_real_hits(tmp_path: Path) -> None:
     out = tmp_path / "proxy.json"
-    assert main(["bench", "semantic", "--entries", "2000", "--queries", "20", "--filler", "random",
-                 "--json", str(out)]) == 0
+    assert (
+        main(["bench", "semantic", "--entries", "2000", "--queries", "20", "--filler", "random", "--json", str(out)])
+        == 0
+    )
     data = json.loads(out.read_text())
     assert data["filler"] == "random"
-    for key in ("exact_hit_p50_ms", "exact_hit_p99_ms", "semantic_hit_p50_ms", "semantic_hit_p99_ms",
-                "entries", "index_kind", "miss_p50_ms", "backend_direct_p50_ms", "machine", "notes"):
+    for key in (
+        "exact_hit_p50_ms",
+        "exact_hit_p99_ms",
+        "semantic_hit_p50_ms",
+        "semantic_hit_p99_ms",
+        "entries",
+        "index_kind",
+        "miss_p50_ms",
+        "backend_direct_p50_ms",
+        "machine",
+        "notes",
+    ):
         assert key in data, key
     assert data["mode"] == "proxy" and data["entries"] == 2000 and data["index_kind"] == "flat"
     assert data["scope_entries"] > 2000
@@ -86,12 +129,48 @@ def test_entries_mode_times_real_hits(tmp_path: Path) -> None:
     assert 0 < data["semantic_hit_p50_ms"] <= data["semantic_hit_p99_ms"]
 
 
-NOUNS = ("bicycle", "violin", "bonsai tree", "parrot", "laptop", "canoe", "sourdough loaf", "wool sweater",
-         "leather jacket", "chess set", "telescope", "aquarium", "lawn mower", "espresso machine", "hammock",
-         "kayak", "piano", "snowboard", "tent", "vinyl record", "watercolor set", "drone", "hedgehog",
-         "orchid", "cast iron pan", "skateboard", "microscope", "ukulele", "beehive", "sewing machine",
-         "rowing machine", "fountain pen", "bread maker", "greenhouse", "tortoise", "sailboat", "trumpet",
-         "compost bin", "3D printer", "harmonica")
+NOUNS = (
+    "bicycle",
+    "violin",
+    "bonsai tree",
+    "parrot",
+    "laptop",
+    "canoe",
+    "sourdough loaf",
+    "wool sweater",
+    "leather jacket",
+    "chess set",
+    "telescope",
+    "aquarium",
+    "lawn mower",
+    "espresso machine",
+    "hammock",
+    "kayak",
+    "piano",
+    "snowboard",
+    "tent",
+    "vinyl record",
+    "watercolor set",
+    "drone",
+    "hedgehog",
+    "orchid",
+    "cast iron pan",
+    "skateboard",
+    "microscope",
+    "ukulele",
+    "beehive",
+    "sewing machine",
+    "rowing machine",
+    "fountain pen",
+    "bread maker",
+    "greenhouse",
+    "tortoise",
+    "sailboat",
+    "trumpet",
+    "compost bin",
+    "3D printer",
+    "harmonica",
+)
 
 
 def _write_filler_sources(tmp_path: Path) -> tuple[Path, Path]:
@@ -104,16 +183,35 @@ def _write_filler_sources(tmp_path: Path) -> tuple[Path, Path]:
             writer.writerow([f"How do I take care of a {noun}?", f"What is the best way to look after a {noun}?", 1])
             writer.writerow([f"How much does a {noun} cost?", f"How much does a {noun} weigh?", 0])
     positives = tmp_path / "mock.json"
-    positives.write_text(json.dumps([{"origin": f"Where can I rent a {n} for a weekend?",
-                                      "similar": f"Is there a place to hire a {n} for two days?"} for n in NOUNS]))
+    positives.write_text(
+        json.dumps(
+            [
+                {
+                    "origin": f"Where can I rent a {n} for a weekend?",
+                    "similar": f"Is there a place to hire a {n} for two days?",
+                }
+                for n in NOUNS
+            ]
+        )
+    )
     return pairs, positives
 
 
 def test_entries_mode_real_filler_is_embedded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_BENCH_CACHE", str(tmp_path / "embeddings"))
     pairs, positives = _write_filler_sources(tmp_path)
-    args = ["bench", "semantic", "--entries", "400", "--queries", "12", "--filler-pairs", str(pairs),
-            "--filler-positives", str(positives)]
+    args = [
+        "bench",
+        "semantic",
+        "--entries",
+        "400",
+        "--queries",
+        "12",
+        "--filler-pairs",
+        str(pairs),
+        "--filler-positives",
+        str(positives),
+    ]
     assert main([*args, "--json", str(tmp_path / "first.json")]) == 0
     first = json.loads((tmp_path / "first.json").read_text())
     assert first["filler"] == "real" and first["entries"] == 400 and first["index_kind"] == "flat"
@@ -199,8 +297,24 @@ def test_stages_mode_times_both_caches_stage_by_stage(tmp_path: Path) -> None:
     pairs_file = tmp_path / "pairs.csv"
     n, _ = _write_pairs(pairs_file)
     out = tmp_path / "stages.json"
-    assert main(["bench", "semantic", "--pairs", str(pairs_file), "--stages", "--threshold", "0.8",
-                 "--latency-queries", "6", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "semantic",
+                "--pairs",
+                str(pairs_file),
+                "--stages",
+                "--threshold",
+                "0.8",
+                "--latency-queries",
+                "6",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     assert data["mode"] == "stages" and data["pairs"] == n and data["latency_queries"] == 6
     ours, theirs = data["kvgate"], data["gptcache"]

@@ -1,6 +1,7 @@
 """`kvgate bench throughput` end to end with tiny counts: every target starts, answers without
 errors, and the JSON has the fields docs/BENCHMARKS.md reads (LiteLLM's proxy and sglang-router
 are skipped, and say so, where they are not installed)."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,47 @@ import pytest
 from kvgate.middleware.cli import build_parser
 from kvgate.tools.bench import throughput
 
-ROW_FIELDS = {"mix", "concurrency", "target", "requests", "errors", "elapsed_s", "rps", "p50_ms", "p99_ms", "hit_ratio",
-              "backend_cpu_ms_per_req", "client_cpu_ms_per_req"}
+ROW_FIELDS = {
+    "mix",
+    "concurrency",
+    "target",
+    "requests",
+    "errors",
+    "elapsed_s",
+    "rps",
+    "p50_ms",
+    "p99_ms",
+    "hit_ratio",
+    "backend_cpu_ms_per_req",
+    "client_cpu_ms_per_req",
+}
 
 
 @pytest.mark.slow
 def test_throughput_bench_tiny(tmp_path: Path) -> None:
     out = tmp_path / "throughput.json"
-    argv = ["bench", "throughput", "--requests", "24", "--duration-s", "5", "--warmup", "8", "--concurrency", "4",
-            "--system-words", "40", "--question-words", "6", "--tokenizer", "text",
-            "--workdir", str(tmp_path / "work"), "--json", str(out)]
+    argv = [
+        "bench",
+        "throughput",
+        "--requests",
+        "24",
+        "--duration-s",
+        "5",
+        "--warmup",
+        "8",
+        "--concurrency",
+        "4",
+        "--system-words",
+        "40",
+        "--question-words",
+        "6",
+        "--tokenizer",
+        "text",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--json",
+        str(out),
+    ]
     args = build_parser(argv).parse_args(argv)
     assert throughput.main(args) == 0
     result = json.loads(out.read_text())
@@ -28,7 +60,7 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert set(result["targets"]) == set(throughput.TARGETS)
     ran = {t for t, state in result["targets"].items() if state == "ran"}
     assert {"kvgate_relay", "kvgate_relay_w2", "kvgate_litellm", "direct"} <= ran
-    for target, state in result["targets"].items():
+    for state in result["targets"].values():
         assert state == "ran" or state.startswith("skipped: "), state
     rows = result["rows"]
     assert all(ROW_FIELDS <= set(r) and r["errors"] == 0 and r["requests"] > 0 for r in rows)
@@ -43,5 +75,8 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert all(r["proxy_cpu_ms_per_req"] > 0 for r in rows if r["target"].startswith("kvgate"))
     assert "proxy_cpu_ms_per_req" not in by[("all_miss", "direct")]
     assert "kvgate_relay/direct" in result["ratios"]["all_miss"]["4"]
-    assert set(result["goals"]) == {"relay_at_least_2x_litellm_proxy", "relay_all_miss_at_least_half_sglang_router",
-                                    "relay_w2_all_miss_at_least_half_sglang_router"}
+    assert set(result["goals"]) == {
+        "relay_at_least_2x_litellm_proxy",
+        "relay_all_miss_at_least_half_sglang_router",
+        "relay_w2_all_miss_at_least_half_sglang_router",
+    }

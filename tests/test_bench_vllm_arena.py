@@ -1,5 +1,6 @@
 """`kvgate bench vllm`'s pure parts: conversations from a trace, the oracle, vLLM's /metrics, the
 JSON shape. No vLLM server is started here (the bench itself is run by hand: see its docstring)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,10 +12,24 @@ import pytest
 from kvgate.middleware.config import parse_config
 from kvgate.tools.bench.trace import TraceRequest
 from kvgate.tools.bench.vllm_arena import ARMS, add_arguments, validate
-from kvgate.tools.bench.vllm_arena_setup import kvgate_config
 from kvgate.tools.bench.vllm_arena_client import Turn, take_event
-from kvgate.tools.bench.vllm_arena_stats import Computed, counters, metric_labels, oracle_cached, router_summary, run_summary
-from kvgate.tools.bench.vllm_arena_workload import WORDS, block_words, estimate_tokens, group_conversations, select, user_texts
+from kvgate.tools.bench.vllm_arena_setup import kvgate_config
+from kvgate.tools.bench.vllm_arena_stats import (
+    Computed,
+    counters,
+    metric_labels,
+    oracle_cached,
+    router_summary,
+    run_summary,
+)
+from kvgate.tools.bench.vllm_arena_workload import (
+    WORDS,
+    block_words,
+    estimate_tokens,
+    group_conversations,
+    select,
+    user_texts,
+)
 
 
 def req(t: float, n: int, ids: list[int]) -> TraceRequest:
@@ -23,14 +38,14 @@ def req(t: float, n: int, ids: list[int]) -> TraceRequest:
 
 def test_conversations_grouped_on_full_blocks():
     trace = [
-        req(0, 1300, [0, 1, 2]),          # A1: full blocks (0, 1)
-        req(1, 1200, [0, 7, 8]),          # B1: shares only block 0 with A: its own conversation
-        req(2, 1800, [0, 1, 5, 6]),       # A2: starts with A1's full blocks, longer
-        req(3, 1250, [0, 7, 9]),          # B2: starts with B1's full blocks (0, 7), longer
-        req(4, 1000, [0, 7, 9]),          # shorter than B2: not a turn of B, a new conversation (1 full block: no tail)
+        req(0, 1300, [0, 1, 2]),  # A1: full blocks (0, 1)
+        req(1, 1200, [0, 7, 8]),  # B1: shares only block 0 with A: its own conversation
+        req(2, 1800, [0, 1, 5, 6]),  # A2: starts with A1's full blocks, longer
+        req(3, 1250, [0, 7, 9]),  # B2: starts with B1's full blocks (0, 7), longer
+        req(4, 1000, [0, 7, 9]),  # shorter than B2: not a turn of B, a new conversation (1 full block: no tail)
         req(5, 2100, [0, 1, 5, 11, 12]),  # A3: starts with A2's full blocks (0, 1, 5)
-        req(6, 400, [0]),                 # too short to be extended (< 2 full blocks)
-        req(7, 900, [0, 13]),             # not a turn of the 400-token request
+        req(6, 400, [0]),  # too short to be extended (< 2 full blocks)
+        req(7, 900, [0, 13]),  # not a turn of the 400-token request
     ]
     convs = group_conversations(trace)
     assert [c.requests for c in convs] == [(0, 2, 5), (1, 3), (4,), (6,), (7,)]
@@ -84,11 +99,11 @@ def test_words_are_one_token_each():
 
 
 def test_oracle_counts_whole_blocks_of_earlier_finished_sequences():
-    a = Computed(0, 1, list(range(10)), [100, 101])          # computes 0..9, 100, 101
-    b = Computed(2, 3, [*range(10), 100, 101, 7, 7, 7])      # shares 12 tokens = 3 blocks of 4
-    c = Computed(2.5, 4, list(range(9)))                      # a's first 2 blocks; 8 of 9 tokens
-    d = Computed(5, 6, list(range(8)))                        # exactly 2 blocks: the last token is never a hit
-    e = Computed(0.5, 7, [50, 51, 52, 53, 54])                # nothing before it shares its first block
+    a = Computed(0, 1, list(range(10)), [100, 101])  # computes 0..9, 100, 101
+    b = Computed(2, 3, [*range(10), 100, 101, 7, 7, 7])  # shares 12 tokens = 3 blocks of 4
+    c = Computed(2.5, 4, list(range(9)))  # a's first 2 blocks; 8 of 9 tokens
+    d = Computed(5, 6, list(range(8)))  # exactly 2 blocks: the last token is never a hit
+    e = Computed(0.5, 7, [50, 51, 52, 53, 54])  # nothing before it shares its first block
     hits = oracle_cached([a, b, c, d, e], 4)
     assert hits == [0, 12, 8, 4, 0]
     # sent before `a` finished: nothing to hit
@@ -109,8 +124,11 @@ vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="46592",
 
 
 def test_metrics_read():
-    assert counters([METRICS, METRICS.replace("2044.0", "100")]) == {"cached": 1024.0, "prompt": 2144.0,
-                                                                    "external": 512.0}
+    assert counters([METRICS, METRICS.replace("2044.0", "100")]) == {
+        "cached": 1024.0,
+        "prompt": 2144.0,
+        "external": 512.0,
+    }
     info = metric_labels(METRICS, "vllm:cache_config_info")
     assert info["kv_cache_size_tokens"] == "46592" and info["block_size"] == "128"
     assert metric_labels(METRICS, "vllm:nothing") == {}
@@ -122,7 +140,9 @@ def test_stream_events_folded():
     assert t.ttft is None  # an empty content is not the first token
     take_event(t, {"choices": [{"delta": {"content": "Hi"}}]}, 2.0)
     take_event(t, {"choices": [{"delta": {"content": " there"}, "finish_reason": "length"}]}, 2.1)
-    take_event(t, {"choices": [], "usage": {"prompt_tokens": 300, "prompt_tokens_details": {"cached_tokens": 256}}}, 2.2)
+    take_event(
+        t, {"choices": [], "usage": {"prompt_tokens": 300, "prompt_tokens_details": {"cached_tokens": 256}}}, 2.2
+    )
     assert t.ttft == 1.0 and "".join(t.pieces) == "Hi there" and t.finish_reason == "length"
     assert (t.prompt_tokens, t.cached_tokens) == (300, 256)
     take_event(t, {"error": {"message": "boom"}}, 3)
@@ -130,12 +150,22 @@ def test_stream_events_folded():
 
 
 def test_json_shape_from_fake_runs():
-    runs = [run_summary([0.1, 0.2, 0.3], [], 3, {"prompt": 0, "cached": 0}, {"prompt": 1000, "cached": 400}),
-            run_summary([0.2, 0.4], ["HTTP 500"], 3, {"prompt": 1000, "cached": 400}, {"prompt": 2000, "cached": 1000})]
+    runs = [
+        run_summary([0.1, 0.2, 0.3], [], 3, {"prompt": 0, "cached": 0}, {"prompt": 1000, "cached": 400}),
+        run_summary([0.2, 0.4], ["HTTP 500"], 3, {"prompt": 1000, "cached": 400}, {"prompt": 2000, "cached": 1000}),
+    ]
     assert runs[1]["cached_fraction"] == 0.6 and runs[1]["errors"] == 1
     s = router_summary(runs, router="kvgate cache_aware")
-    assert {"ttft_mean_s", "ttft_mean_ci_s", "ttft_p50_s", "ttft_p90_s", "cached_fraction", "errors", "requests",
-            "runs"} <= set(s)
+    assert {
+        "ttft_mean_s",
+        "ttft_mean_ci_s",
+        "ttft_p50_s",
+        "ttft_p90_s",
+        "cached_fraction",
+        "errors",
+        "requests",
+        "runs",
+    } <= set(s)
     assert math.isclose(s["ttft_mean_s"], (0.2 + 0.3) / 2)
     half = statistics.NormalDist().inv_cdf(0.975) * statistics.stdev([0.2, 0.3]) / math.sqrt(2)
     assert math.isclose(s["ttft_mean_ci_s"], half)
@@ -158,7 +188,10 @@ def test_kvgate_configs_are_valid(tmp_path):
         assert route.exact is False and route.semantic.enabled is False
         assert [r.api_base for r in route.replicas] == [s.api_base for s in servers]
     precise = kvgate_config("kvgate_precise", servers, tmp_path, "/m")["routes"][0]
-    assert precise["routing"] == {"policy": "cache_aware", "prefix": {"mode": "precise"}}  # block size, tokenizer: the engine's
+    assert precise["routing"] == {
+        "policy": "cache_aware",
+        "prefix": {"mode": "precise"},
+    }  # block size, tokenizer: the engine's
     assert [r["events"] for r in precise["replicas"]] == [s.events for s in servers]
     approx = kvgate_config("kvgate_approximate", servers, tmp_path, "/m")["routes"][0]["routing"]
     assert approx == {"policy": "cache_aware", "prefix": {"mode": "approximate", "tokenizer": "/m"}}
@@ -174,7 +207,9 @@ def test_options_checked():
     assert validate(p.parse_args(["--json", "x"])) == []
     assert validate(p.parse_args(["--json", "x", "--arms", ",".join(ARMS)])) == []
     bad = validate(p.parse_args(["--json", "x", "--arms", "kvgate_precise,nope", "--concurrency", "1", "--runs", "0"]))
-    assert any("--arms" in m for m in bad) and any("--concurrency" in m for m in bad) and any("--runs" in m for m in bad)
+    assert (
+        any("--arms" in m for m in bad) and any("--concurrency" in m for m in bad) and any("--runs" in m for m in bad)
+    )
 
 
 def test_an_answer_that_ends_at_once_still_has_a_first_token() -> None:

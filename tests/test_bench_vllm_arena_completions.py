@@ -1,5 +1,6 @@
 """`kvgate bench vllm --endpoint completions`'s pure parts: the conversations rendered as growing
 text prompts, the completions stream read, the option. No vLLM server is started here."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,6 +24,7 @@ def _fake_send(seen: list[Turn]):
         seen.append(turn)
         turn.answer = f" reply {turn.conversation}.{turn.turn}"
         turn.ttft = 0.01
+
     return send
 
 
@@ -30,8 +32,9 @@ def test_completions_turns_start_with_the_previous_prompt_and_answer(monkeypatch
     seen: list[Turn] = []
     monkeypatch.setattr(vllm_arena_client, "send_turn", _fake_send(seen))
     texts = [["one two", "three", "four five"], ["six", "seven"]]
-    sent = asyncio.run(converse("http://x/v1/completions", texts, model="m", max_tokens=4, concurrency=2,
-                                endpoint="completions"))
+    sent = asyncio.run(
+        converse("http://x/v1/completions", texts, model="m", max_tokens=4, concurrency=2, endpoint="completions")
+    )
     assert sorted((t.conversation, t.turn) for t in sent) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
     for c, conv in enumerate(texts):
         turns = sorted((t for t in sent if t.conversation == c), key=lambda t: t.turn)
@@ -47,8 +50,11 @@ def test_chat_turns_unchanged(monkeypatch):
     monkeypatch.setattr(vllm_arena_client, "send_turn", _fake_send(seen))
     sent = asyncio.run(converse("http://x/v1/chat/completions", [["a", "b"]], model="m", max_tokens=4, concurrency=2))
     assert [t.prompt for t in sent] == [None, None]
-    assert sent[1].messages == [{"role": "user", "content": "a"}, {"role": "assistant", "content": " reply 0.0"},
-                                {"role": "user", "content": "b"}]
+    assert sent[1].messages == [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": " reply 0.0"},
+        {"role": "user", "content": "b"},
+    ]
 
 
 def test_completion_stream_events_folded():
@@ -74,8 +80,10 @@ def test_endpoint_option():
 def test_render_requests_counted_per_handler():
     from kvgate.tools.bench.vllm_arena_stats import render_requests
 
-    page = ('http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 8.0\n'
-            'http_requests_total{handler="/v1/completions/render",method="POST",status="2xx"} 5.0\n'
-            'http_requests_total{handler="/v1/chat/completions/render",method="POST",status="2xx"} 2.0\n')
+    page = (
+        'http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 8.0\n'
+        'http_requests_total{handler="/v1/completions/render",method="POST",status="2xx"} 5.0\n'
+        'http_requests_total{handler="/v1/chat/completions/render",method="POST",status="2xx"} 2.0\n'
+    )
     assert render_requests([page, page]) == 14.0
     assert render_requests(["vllm:prompt_tokens_total 3.0\n"]) is None

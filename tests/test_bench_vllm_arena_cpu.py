@@ -1,5 +1,6 @@
 """`kvgate bench vllm`'s CPU accounting (tools/bench/vllm_arena_cpu.py) against processes that burn
 a known amount of CPU, its per-request records, and the client reading x-kvgate-replica."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,14 @@ import pytest
 
 from kvgate.middleware.forward.http1 import Connection, Pool
 from kvgate.tools.bench.vllm_arena_client import Turn, send_turn
-from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records, tree_pids
+from kvgate.tools.bench.vllm_arena_cpu import (
+    CpuWindow,
+    arm_cpu,
+    cpu_fields,
+    replica_summary,
+    request_records,
+    tree_pids,
+)
 
 # Waits for a line on stdin, then burns CPU (by its own CPU clock, so a busy machine makes it slower,
 # not cheaper): itself SELF_S, a forked child REAPED_S (exits, is waited for), a forked child LIVE_S
@@ -44,8 +52,13 @@ BURNER = textwrap.dedent("""
 
 
 def _burner(self_s: float, reaped_s: float, live_s: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", BURNER, str(self_s), str(reaped_s), str(live_s)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BURNER, str(self_s), str(reaped_s), str(live_s)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -104,14 +117,20 @@ def test_request_records_count_the_clients_own_in_flight_requests_per_replica():
         t.replica = replica
         return t
 
-    turns = [turn(0, 0.0, 5.0, "v0", 100, 64), turn(1, 1.0, 3.0, "v1", 50, 0), turn(2, 2.0, 4.0, "v0", 80, 16),
-             turn(3, 3.5, 6.0, "v1", 10, 0)]
+    turns = [
+        turn(0, 0.0, 5.0, "v0", 100, 64),
+        turn(1, 1.0, 3.0, "v1", 50, 0),
+        turn(2, 2.0, 4.0, "v0", 80, 16),
+        turn(3, 3.5, 6.0, "v1", 10, 0),
+    ]
     recs = request_records(turns)
     assert [r["inflight"] for r in recs] == [0, 1, 2, 2]
     assert [r["queue"] for r in recs] == [0, 0, 1, 0]  # turn 1 ended at 3.0, before turn 3 was sent
     assert [r["uncached"] for r in recs] == [36, 50, 64, 10]
-    assert replica_summary(recs) == {"v0": {"requests": 2, "uncached_tokens": 100, "queue_mean": 0.5},
-                                     "v1": {"requests": 2, "uncached_tokens": 60, "queue_mean": 0.0}}
+    assert replica_summary(recs) == {
+        "v0": {"requests": 2, "uncached_tokens": 100, "queue_mean": 0.5},
+        "v1": {"requests": 2, "uncached_tokens": 60, "queue_mean": 0.0},
+    }
     anchor = request_records([turn(0, 0.0, 1.0, None, 10, 0)])
     assert "replica" not in anchor[0] and "queue" not in anchor[0]
     assert replica_summary(anchor) is None

@@ -1,5 +1,6 @@
 """`kvgate bench vllm-client`'s summary (pure) and its command line (the run itself needs real vLLM:
 `make bench`)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,8 +10,17 @@ from kvgate.tools.bench.vllm_client_arena import summarize
 
 
 def run(mean: float, median: float, cached: float | None, failed: int = 0) -> dict:
-    return {"router": "r", "completed": 8, "failed": failed, "mean_ttft_ms": mean, "median_ttft_ms": median,
-            "p99_ttft_ms": mean * 3, "request_throughput": 2.0, "cached_fraction": cached, "wall_s": 1.0}
+    return {
+        "router": "r",
+        "completed": 8,
+        "failed": failed,
+        "mean_ttft_ms": mean,
+        "median_ttft_ms": median,
+        "p99_ttft_ms": mean * 3,
+        "request_throughput": 2.0,
+        "cached_fraction": cached,
+        "wall_s": 1.0,
+    }
 
 
 def test_summary_pools_runs() -> None:
@@ -21,6 +31,10 @@ def test_summary_pools_runs() -> None:
 
 
 def test_cli_lists_it() -> None:
-    out = subprocess.run([sys.executable, "-m", "kvgate.middleware.cli", "bench", "vllm-client", "--help"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvgate.middleware.cli", "bench", "vllm-client", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "--num-prompts" in out.stdout

@@ -1,5 +1,6 @@
 """`kvgate bench vllm-kv`'s own arithmetic: output agreement, logprob differences, a disk tier read
 back, ExampleConnector's stored bytes (the vLLM phases themselves run in the bench, not here)."""
+
 from __future__ import annotations
 
 import json

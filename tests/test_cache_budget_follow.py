@@ -1,4 +1,5 @@
 """The response cache's byte budget, and handles on one directory seeing each other's writes."""
+
 from __future__ import annotations
 
 from pathlib import Path

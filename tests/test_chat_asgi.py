@@ -1,6 +1,7 @@
 """The lean ASGI path of POST /v1/chat/completions (middleware/server/chat_asgi.py), on real uvicorn
 servers over the fake backend: it skips FastAPI's middleware stack, and the FastAPI route, reached
 when the app is mounted under a prefix, answers through the same handler."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,11 +10,11 @@ import httpx
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from kvgate.middleware.config import parse_config
 from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import parse_config
 from kvgate.middleware.server.proxy import create_app
-from tests.conftest import route_config
 from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import route_config
 
 
 class Spy:

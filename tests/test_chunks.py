@@ -3,6 +3,7 @@
 Chunk contents are derived from the chunk hash (`det_chunk`), so another process (or the test
 after a crash) can recompute exactly what must have been written under a key.
 """
+
 from __future__ import annotations
 
 import errno
@@ -34,8 +35,9 @@ TESTS = Path(__file__).resolve().parent
 NS = "tiny-model:float32"
 
 
-def det_chunk(h: int, layers: int = 2, heads: int = 2, tokens: int = 4, dim: int = 8,
-              dtype: torch.dtype = torch.float32) -> KVChunk:
+def det_chunk(
+    h: int, layers: int = 2, heads: int = 2, tokens: int = 4, dim: int = 8, dtype: torch.dtype = torch.float32
+) -> KVChunk:
     """A chunk whose every value depends on (h, layer, k/v, position): cheap, exact to recompute."""
     n = heads * tokens * dim
     base = float(h % 100_003)
@@ -63,7 +65,10 @@ def run_py(code: str) -> subprocess.Popen[str]:
     """A child Python in this venv that can import the test helpers."""
     return subprocess.Popen(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r})\n{code}"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -133,7 +138,7 @@ def test_corrupt_chunk_cases() -> None:
         "flipped header byte": _flip(data, 12),
         "flipped checksum byte": _flip(data, len(data) - 1),
     }
-    for name, bad in cases.items():
+    for bad in cases.values():
         with pytest.raises(CorruptChunk, match="kv:a"):
             decode_chunk(bad, "kv:a")
     with pytest.raises(CorruptChunk, match="misfiled"):
@@ -177,9 +182,11 @@ def test_disk_tier_budget_lru_persistence_and_failures(tmp_path: Path, monkeypat
     assert s["evictions"] == 2 and s["items"] == 4 and s["bytes"] <= s["budget_bytes"] == 1_000_000
     # oversize: refused without touching what is stored
     assert tier.put("big", b"x" * 1_000_001) is False and tier.stats()["rejected"] == 1 and tier.stats()["items"] == 4
+
     # disk full while writing the value file: False, counted, nothing stored
     def full(*a: object, **k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(tier._cache, "add", full)
     assert tier.put("g", val["g"]) is False and tier.stats()["write_errors"] == 1
     monkeypatch.undo()
@@ -271,8 +278,9 @@ def test_store_rejects_misfiled_bytes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
-def test_disk_corruption_is_detected_deleted_and_repaired(tmp_path: Path, damage: str,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_disk_corruption_is_detected_deleted_and_repaired(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     store = make_store(tmp_path)
     hs = list(range(100, 104))
     chunks = [det_chunk(h) for h in hs]
@@ -372,7 +380,7 @@ while True:
     assert keys, "the writer stored nothing in 1 s"
     prefix = f"kv:{NS}:"
     for key in keys:
-        h = int(key[len(prefix):], 16)
+        h = int(key[len(prefix) :], 16)
         chunk = decode_chunk(tier.get(key) or b"", key)  # raises if torn or dangling
         assert same_chunk(chunk, det_chunk(h, **shape)), key  # type: ignore[arg-type]
         assert len(store.get_many([h])) == 1

@@ -2,6 +2,7 @@
 contract, a ChunkStore of two "replicas" (own RAM + disk each) sharing one Redis in one round trip
 per prompt, and faults: Redis killed (misses, skipped writes, backoff, reconnect), restarted empty
 (misses), a damaged value (a miss and a delete)."""
+
 from __future__ import annotations
 
 import time
@@ -10,10 +11,10 @@ from typing import Any, Sequence
 
 import pytest
 import redis
+from test_chunks import NS, det_chunk, same_chunk
 
 from kvgate.index.kv.chunks import BatchTier, ChunkStore, DiskTier, MemoryTier, StorageTier, chunk_hashes, encode_chunk
 from kvgate.index.kv.chunks.redis import RedisTier
-from test_chunks import NS, det_chunk, same_chunk
 
 
 class CountingTier(RedisTier):
@@ -138,8 +139,16 @@ def test_damaged_value_is_a_miss_and_a_delete(redis_server: Any, tmp_path: Path)
 
 def test_redis_killed_then_restarted_empty_costs_misses_never_errors(redis_server: Any, tmp_path: Path) -> None:
     now = [0.0]  # the backoff's clock: it moves only when the test moves it
-    store, remote = replica_store(tmp_path, "a", redis_server.url, timeout_s=0.5, connect_timeout_s=0.2,
-                                  backoff_s=0.2, max_backoff_s=0.4, clock=lambda: now[0])
+    store, remote = replica_store(
+        tmp_path,
+        "a",
+        redis_server.url,
+        timeout_s=0.5,
+        connect_timeout_s=0.2,
+        backoff_s=0.2,
+        max_backoff_s=0.4,
+        clock=lambda: now[0],
+    )
     hs = chunk_hashes(list(range(4 * 16)), 16)
     chunks = [det_chunk(h) for h in hs]
     assert store.put_many(hs, chunks) == 4
@@ -233,13 +242,25 @@ def test_password_from_the_environment_and_a_wrong_one_is_an_outage(monkeypatch:
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         monkeypatch.setenv("KVGATE_TEST_REDIS_PW", "s3cret")
-        args = parser.parse_args(["--port", "1", "--kv-remote", server.url, "--kv-remote-password-env",
-                                  "KVGATE_TEST_REDIS_PW", "--kv-remote-prefix", "p"])
+        args = parser.parse_args(
+            [
+                "--port",
+                "1",
+                "--kv-remote",
+                server.url,
+                "--kv-remote-password-env",
+                "KVGATE_TEST_REDIS_PW",
+                "--kv-remote-prefix",
+                "p",
+            ]
+        )
         tier = remote_tier(args)
         assert tier.put("k3", b"w") and tier.get("k3") == b"w" and tier.prefix == "p:"
-        for flags, named in ((["--kv-remote-password-env", "KVGATE_TEST_UNSET_VAR"], "--kv-remote-password-env"),
-                             (["--kv-remote-ttl", "-1"], "--kv-remote-ttl"),
-                             (["--kv-remote-timeout", "0"], "--kv-remote")):
+        for flags, named in (
+            (["--kv-remote-password-env", "KVGATE_TEST_UNSET_VAR"], "--kv-remote-password-env"),
+            (["--kv-remote-ttl", "-1"], "--kv-remote-ttl"),
+            (["--kv-remote-timeout", "0"], "--kv-remote"),
+        ):
             args = parser.parse_args(["--port", "1", "--kv-remote", server.url, *flags])
             with pytest.raises(ValueError, match=named):
                 remote_tier(args)

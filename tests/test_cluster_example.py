@@ -1,5 +1,6 @@
 """examples/cluster_demo.py against real processes: two `kvgate serve` on examples/cluster_config.yaml
 (pointed at a throwaway Redis and the test's fake backend), as `make run-cluster` starts them."""
+
 from __future__ import annotations
 
 import os
@@ -24,14 +25,20 @@ def test_cluster_demo_hits_on_the_second_proxy(backend, redis_server: RedisServe
     path.write_text(yaml.safe_dump(config))
     env = {"PYTHONPATH": str(ROOT)}
     ports = [free_port(), free_port()]
-    procs = [Proc(f"proxy-{p}", kvgate_argv("serve", "--config", str(path), "--port", str(p)), tmp_path, env)
-             for p in ports]
+    procs = [
+        Proc(f"proxy-{p}", kvgate_argv("serve", "--config", str(path), "--port", str(p)), tmp_path, env) for p in ports
+    ]
     try:
         for proc, port in zip(procs, ports):
             proc.wait_http(f"http://127.0.0.1:{port}/health", timeout=120)
-        out = subprocess.run([sys.executable, str(ROOT / "examples" / "cluster_demo.py"),
-                              *[f"http://127.0.0.1:{p}" for p in ports]],
-                             capture_output=True, text=True, timeout=120, env={**os.environ, **env}, check=False)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "cluster_demo.py"), *[f"http://127.0.0.1:{p}" for p in ports]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env},
+            check=False,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         tiers = [line.split()[1] for line in out.stdout.splitlines()]
         assert tiers == ["miss", "exact", "semantic"]

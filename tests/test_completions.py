@@ -1,5 +1,6 @@
 """POST /v1/completions end to end: openai client / httpx → proxy → pipeline → fake backend (LiteLLM's
 text completion, and the relay on a route with replicas); the SDK's text_completion."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ PROMPT = "The capital of France is"
 
 
 def post(proxy, body: dict, key: str = "key-a", **headers: str) -> httpx.Response:
-    return proxy.http.post("/v1/completions", json={"model": "demo-1", **body},
-                           headers={"authorization": f"Bearer {key}", **headers})
+    return proxy.http.post(
+        "/v1/completions", json={"model": "demo-1", **body}, headers={"authorization": f"Bearer {key}", **headers}
+    )
 
 
 def sse(resp: httpx.Response) -> tuple[str, list[dict]]:
@@ -30,10 +32,19 @@ def sse(resp: httpx.Response) -> tuple[str, list[dict]]:
 
 def relay_config(api_base: str, cache_dir, **route) -> dict:
     """One route whose two replicas are the fake backend: misses take the relay."""
-    return {"cache_dir": str(cache_dir), "routes": [{
-        "name": "r", "model": "demo-*", "backend": {"model": "openai/served", "api_key": "none"},
-        "semantic": {"enabled": False},
-        "replicas": [{"name": "a", "api_base": api_base}, {"name": "b", "api_base": api_base}], **route}]}
+    return {
+        "cache_dir": str(cache_dir),
+        "routes": [
+            {
+                "name": "r",
+                "model": "demo-*",
+                "backend": {"model": "openai/served", "api_key": "none"},
+                "semantic": {"enabled": False},
+                "replicas": [{"name": "a", "api_base": api_base}, {"name": "b", "api_base": api_base}],
+                **route,
+            }
+        ],
+    }
 
 
 @pytest.fixture(params=["litellm", "relay"])
@@ -87,8 +98,11 @@ def test_streamed_hit_replays_the_miss_byte_for_byte(proxy, backend):
 
 
 def test_uncacheable_requests_are_forwarded_and_say_why(proxy, backend):
-    for params, why in [({"n": 2, "temperature": 0.8}, "n>1 with temperature>0"), ({"logprobs": 1}, "logprobs"),
-                        ({"echo": True}, "echo")]:
+    for params, why in [
+        ({"n": 2, "temperature": 0.8}, "n>1 with temperature>0"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"echo": True}, "echo"),
+    ]:
         for _ in range(2):
             resp = post(proxy, {"prompt": PROMPT + why, "max_tokens": 4, **params})
             assert resp.status_code == 200, resp.text
@@ -111,8 +125,15 @@ def test_batch_splits_into_requests_and_joins_in_order(proxy, backend):
     assert resp.json()["usage"]["total_tokens"] > 0
     ids = post(proxy, {"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 8})
     assert [c["text"].split(": ", 1)[1] for c in ids.json()["choices"]] == ["5 6 7", "8 9"]
-    streamed = post(proxy, {"prompt": ["first prompt", "second prompt"], "stream": True, "max_tokens": 8,
-                            "stream_options": {"include_usage": True}})
+    streamed = post(
+        proxy,
+        {
+            "prompt": ["first prompt", "second prompt"],
+            "stream": True,
+            "max_tokens": 8,
+            "stream_options": {"include_usage": True},
+        },
+    )
     _, chunks = sse(streamed)
     by_index: dict[int, str] = {}
     for c in chunks:
@@ -122,15 +143,18 @@ def test_batch_splits_into_requests_and_joins_in_order(proxy, backend):
     assert chunks[-1]["usage"]["total_tokens"] > 0
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"prompt": [1, -2]}, "prompt[1]"),
-    ({"prompt": ["ok", ""]}, "prompt[1]"),
-    ({"prompt": PROMPT, "n": 0}, "n"),
-    ({"prompt": 12}, "prompt"),
-    ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, -2]}, "prompt[1]"),
+        ({"prompt": ["ok", ""]}, "prompt[1]"),
+        ({"prompt": PROMPT, "n": 0}, "n"),
+        ({"prompt": 12}, "prompt"),
+        ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+    ],
+)
 def test_bad_input_is_refused_before_the_backend(proxy, backend, body, param):
     calls = backend.count
     resp = post(proxy, body)
@@ -155,28 +179,45 @@ def test_tenants_do_not_share_completions(proxy, backend):
     post(proxy, {"prompt": "tenant prompt"}, key="key-a")
     assert post(proxy, {"prompt": "tenant prompt"}, key="key-b").headers["x-kvgate-cache"] == "miss"
     assert post(proxy, {"prompt": "tenant prompt"}, key="key-a").headers["x-kvgate-cache"] == "exact"
-    assert post(proxy, {"prompt": "tenant prompt"}, key="key-a",
-                **{"x-kvgate-cache-control": "no-cache"}).headers["x-kvgate-cache"] == "miss"
+    assert (
+        post(proxy, {"prompt": "tenant prompt"}, key="key-a", **{"x-kvgate-cache-control": "no-cache"}).headers[
+            "x-kvgate-cache"
+        ]
+        == "miss"
+    )
 
 
 def test_feedback_by_request_id_removes_a_completions_answer(proxy, backend):
     miss = post(proxy, {"prompt": "feedback prompt"})
     rid = miss.headers["x-kvgate-request-id"]
     assert post(proxy, {"prompt": "feedback prompt"}).headers["x-kvgate-cache"] == "exact"
-    resp = proxy.http.post("/v1/cache/feedback", json={"request_id": rid, "correct": False},
-                           headers={"authorization": "Bearer key-a"})
+    resp = proxy.http.post(
+        "/v1/cache/feedback", json={"request_id": rid, "correct": False}, headers={"authorization": "Bearer key-a"}
+    )
     assert resp.status_code == 200, resp.text
     assert post(proxy, {"prompt": "feedback prompt"}).headers["x-kvgate-cache"] == "miss"
 
 
 def test_semantic_tier_on_a_completions_route(make_proxy, backend, tmp_path):
-    raw = {"cache_dir": str(tmp_path / "sem"), "routes": [
-        {"name": "text", "model": "demo-*", "endpoints": ["completions"],
-         "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"},
-         "semantic": {"enabled": True, "threshold": 0.9}},
-        {"name": "chat", "model": "demo-*", "endpoints": ["chat"],
-         "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"},
-         "semantic": {"enabled": False}}]}
+    raw = {
+        "cache_dir": str(tmp_path / "sem"),
+        "routes": [
+            {
+                "name": "text",
+                "model": "demo-*",
+                "endpoints": ["completions"],
+                "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"},
+                "semantic": {"enabled": True, "threshold": 0.9},
+            },
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "endpoints": ["chat"],
+                "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"},
+                "semantic": {"enabled": False},
+            },
+        ],
+    }
     proxy = make_proxy(raw=raw)
     post(proxy, {"prompt": "What is the capital of France?"})
     hit = post(proxy, {"prompt": "Tell me the capital city of France"})
@@ -193,9 +234,19 @@ def test_semantic_tier_needs_turning_on_for_completions(make_proxy, backend):
 
 
 def test_sdk_text_completion(backend, tmp_path, embedder):
-    config = parse_config({"cache_dir": str(tmp_path / "sdk"), "routes": [{
-        "name": "r", "model": "demo-*", "semantic": {"enabled": False},
-        "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"}}]})
+    config = parse_config(
+        {
+            "cache_dir": str(tmp_path / "sdk"),
+            "routes": [
+                {
+                    "name": "r",
+                    "model": "demo-*",
+                    "semantic": {"enabled": False},
+                    "backend": {"model": "openai/served", "api_base": backend.api_base, "api_key": "sk-x"},
+                }
+            ],
+        }
+    )
     from kvgate.middleware.build import build_pipeline
 
     with Gateway(config, pipeline=build_pipeline(config, embedder=embedder)) as gw:

@@ -1,6 +1,7 @@
 """The /ui dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real
 proxy and a fake backend: the page shows the traffic's numbers, and a wrong key shows a sign-in
 prompt, never data. Screenshot: test-artifacts/dashboard.png."""
+
 from __future__ import annotations
 
 import shutil
@@ -34,12 +35,17 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def proxy(embedder: Any, backend: Any, tmp_path: Path) -> Iterator[Proxy]:
-    raw = {**route_config(backend.api_base, tmp_path / "cache"), "auth": {"keys": [KEY]},
-           "stats": {"interval_s": 0.25}}
-    raw["routes"].append({"name": "local", "model": "smol*", "semantic": {"enabled": False},  # two replicas
-                          "backend": {"model": "openai/served", "api_key": "sk-x"},
-                          "replicas": [{"name": n, "api_base": backend.api_base} for n in ("r1", "r2")],
-                          "routing": {"policy": "round_robin"}})
+    raw = {**route_config(backend.api_base, tmp_path / "cache"), "auth": {"keys": [KEY]}, "stats": {"interval_s": 0.25}}
+    raw["routes"].append(
+        {
+            "name": "local",
+            "model": "smol*",
+            "semantic": {"enabled": False},  # two replicas
+            "backend": {"model": "openai/served", "api_key": "sk-x"},
+            "replicas": [{"name": n, "api_base": backend.api_base} for n in ("r1", "r2")],
+            "routing": {"policy": "round_robin"},
+        }
+    )
     started = Proxy(parse_config(raw), embedder)
     yield started
     started.stop()
@@ -51,8 +57,9 @@ def test_dashboard_shows_the_traffic(browser: Browser, proxy: Proxy) -> None:
         assert proxy.chat(question, key=KEY).headers["x-kvgate-cache"] == "exact"
     for turn in ("one", "two"):  # misses on the replica route: one per replica
         assert proxy.chat(f"Routed question {turn}", key=KEY, model="smollm2").headers["x-kvgate-replica"]
-    context = browser.new_context(http_credentials={"username": "ops", "password": KEY},
-                                  viewport={"width": 1280, "height": 1400})
+    context = browser.new_context(
+        http_credentials={"username": "ops", "password": KEY}, viewport={"width": 1280, "height": 1400}
+    )
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -63,7 +70,9 @@ def test_dashboard_shows_the_traffic(browser: Browser, proxy: Proxy) -> None:
     assert page.text_content("#hit-ratio") == f"{100 * 3 / 8:.1f} %"  # 3 hits of 8 requests
     traces = page.evaluate("document.getElementById('c-cumulative').data.map(t => [t.name, t.y[t.y.length - 1]])")
     assert dict(traces) == {"hits": len(QUESTIONS), "misses": len(QUESTIONS) + 2, "errors": 0}
-    bars = page.evaluate("document.getElementById('c-requests').data.map(t => [t.name, t.y.reduce((a, b) => a + b, 0)])")
+    bars = page.evaluate(
+        "document.getElementById('c-requests').data.map(t => [t.name, t.y.reduce((a, b) => a + b, 0)])"
+    )
     assert dict(bars) == {"exact hit": 3, "semantic hit": 0, "miss": 5, "error": 0}
     rows = page.eval_on_selector_all("#replica-rows tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
     assert [(r[0], r[1], r[3]) for r in rows] == [("local/r1", "up", "1"), ("local/r2", "up", "1")]

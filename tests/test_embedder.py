@@ -1,4 +1,5 @@
 """The ONNX export and the sentence-transformers reference give the same unit vectors."""
+
 from __future__ import annotations
 
 import numpy as np

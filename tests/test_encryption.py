@@ -2,6 +2,7 @@
 the response cache's entry stores (disk and a real Redis), the KV chunk store's tiers, the vLLM
 connector's chunk path on CPU tensors, and the proxy end to end. The EntryStore contract runs
 against encrypted stores too (tests/test_entry_store.py, the "-encrypted" stores)."""
+
 from __future__ import annotations
 
 import base64
@@ -19,8 +20,15 @@ from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
 from kvgate.index.responses.entries import CacheEntry, DiskEntryStore
 from kvgate.index.responses.entries.redis import RedisEntryStore
-from kvgate.index.storage.cipher import (AuthFailed, ChunkCipher, EntryCipher, chunk_key, derive_key, entry_key,
-                                         parse_master_key)
+from kvgate.index.storage.cipher import (
+    AuthFailed,
+    ChunkCipher,
+    EntryCipher,
+    chunk_key,
+    derive_key,
+    entry_key,
+    parse_master_key,
+)
 from kvgate.index.storage.env import MissingSecret
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.index.storage.sealed import seal, unseal
@@ -38,8 +46,16 @@ DIM = 8
 
 def entry(store, key: str = "exact-1", scope: str = "scope-a", content: str = ANSWER) -> CacheEntry:
     (entry_id,) = store.allocate(1)
-    return CacheEntry(entry_id, scope, {"choices": [{"message": {"role": "assistant", "content": content}}]}, key,
-                      "the secret question", "route", "model", time.time())
+    return CacheEntry(
+        entry_id,
+        scope,
+        {"choices": [{"message": {"role": "assistant", "content": content}}]},
+        key,
+        "the secret question",
+        "route",
+        "model",
+        time.time(),
+    )
 
 
 def unit() -> np.ndarray:
@@ -59,8 +75,16 @@ def test_master_key_is_hex_or_base64_of_32_bytes() -> None:
 
 def test_derived_keys_are_deterministic_and_independent() -> None:
     assert entry_key(KEY, "s1") == entry_key(KEY, "s1") == derive_key(KEY, b"kvgate entries v1\0s1")
-    keys = {entry_key(KEY, "s1"), entry_key(KEY, "s2"), entry_key(OTHER, "s1"), chunk_key(KEY, None),
-            chunk_key(KEY, "salt-a"), chunk_key(KEY, "salt-b"), chunk_key(OTHER, "salt-a"), KEY}
+    keys = {
+        entry_key(KEY, "s1"),
+        entry_key(KEY, "s2"),
+        entry_key(OTHER, "s1"),
+        chunk_key(KEY, None),
+        chunk_key(KEY, "salt-a"),
+        chunk_key(KEY, "salt-b"),
+        chunk_key(OTHER, "salt-a"),
+        KEY,
+    }
     assert len(keys) == 8 and all(len(k) == 32 for k in keys)
 
 
@@ -70,9 +94,13 @@ def test_entry_cipher_opens_only_what_it_sealed_for_that_place() -> None:
     assert b'"a"' not in sealed and cipher.open(sealed, "e:1", "entries") == b'{"a": 1}'
     tampered = bytearray(sealed)
     tampered[-20] ^= 1
-    for value, where in ((sealed, "e:2"), (bytes(tampered), "e:1"), (b'{"a": 1}', "e:1"),
-                         (EntryCipher(OTHER).seal(b'{"a": 1}', "scope-a", "e:1"), "e:1"),
-                         (sealed.replace(b"scope-a", b"scope-b"), "e:1")):
+    for value, where in (
+        (sealed, "e:2"),
+        (bytes(tampered), "e:1"),
+        (b'{"a": 1}', "e:1"),
+        (EntryCipher(OTHER).seal(b'{"a": 1}', "scope-a", "e:1"), "e:1"),
+        (sealed.replace(b"scope-a", b"scope-b"), "e:1"),
+    ):
         with pytest.raises(AuthFailed):
             cipher.open(value, where, "entries")
     with pytest.raises(AuthFailed):
@@ -125,8 +153,9 @@ def test_an_encrypted_disk_store_holds_no_plaintext_and_reads_back(tmp_path: Pat
     again.close()
 
 
-@pytest.mark.parametrize("written, read", [(None, KEY), (KEY, None), (KEY, OTHER)],
-                         ids=["plain-then-key", "key-then-off", "rotated-key"])
+@pytest.mark.parametrize(
+    "written, read", [(None, KEY), (KEY, None), (KEY, OTHER)], ids=["plain-then-key", "key-then-off", "rotated-key"]
+)
 def test_entries_of_another_key_or_none_are_misses(tmp_path: Path, written: bytes | None, read: bytes | None) -> None:
     store = DiskEntryStore(tmp_path / "e", DIM, EntryCipher(written) if written else None)
     e = entry(store)
@@ -309,8 +338,9 @@ def test_config_takes_a_variable_name_never_a_key(backend, tmp_path: Path, monke
 
 
 @pytest.mark.parametrize("store", ["local", "redis"])
-def test_proxy_serves_encrypted_hits_and_tampering_is_a_miss(make_proxy, backend, tmp_path: Path, store: str,
-                                                             monkeypatch: pytest.MonkeyPatch, request) -> None:
+def test_proxy_serves_encrypted_hits_and_tampering_is_a_miss(
+    make_proxy, backend, tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch, request
+) -> None:
     monkeypatch.setenv("KVGATE_TEST_MASTER", KEY.hex())
     extra = {}
     if store == "redis":
@@ -326,8 +356,12 @@ def test_proxy_serves_encrypted_hits_and_tampering_is_a_miss(make_proxy, backend
     assert semantic.headers["x-kvgate-cache"] in ("semantic", "miss")
     entries = proxy.pipeline.index.entries
     config = parse_config(encrypted_config(backend, tmp_path / "cache", **extra))
-    view = build_view(config, {"model": "demo-1", "messages": [{"role": "user", "content": question}]},
-                      tenant_of("key-a"), CacheControl())
+    view = build_view(
+        config,
+        {"model": "demo-1", "messages": [{"role": "user", "content": question}]},
+        tenant_of("key-a"),
+        CacheControl(),
+    )
     entry_id = entries.exact_id(view.exact_key)
     if store == "local":
         assert content.encode() not in db_bytes(tmp_path / "cache" / "responses")

@@ -1,6 +1,7 @@
 """middleware/telemetry/engine_metrics.py on real exposition text: vLLM's (as vLLM 0.32 serves it) and the
 reference replica's (made by engines/replica/metrics.py itself, so a rename there fails here),
 and the /metrics collector that re-exports the readings per {route,replica}."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,15 +37,23 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="smollm2"} 0.52
 """
 
 
-def vllm_text(prompt: float = 1022, cached: float = 384, external: float = 0, running: float = 1,
-              waiting: float = 2, engines: tuple[str, ...] = ("0",)) -> str:
+def vllm_text(
+    prompt: float = 1022,
+    cached: float = 384,
+    external: float = 0,
+    running: float = 1,
+    waiting: float = 2,
+    engines: tuple[str, ...] = ("0",),
+) -> str:
     """vLLM's names and labels with chosen values (each engine core reports the same here)."""
     lines = []
-    for name, kind, value in (("vllm:num_requests_running", "gauge", running),
-                              ("vllm:num_requests_waiting", "gauge", waiting),
-                              ("vllm:prompt_tokens_total", "counter", prompt),
-                              ("vllm:prompt_tokens_cached_total", "counter", cached),
-                              ("vllm:external_prefix_cache_hits_total", "counter", external)):
+    for name, kind, value in (
+        ("vllm:num_requests_running", "gauge", running),
+        ("vllm:num_requests_waiting", "gauge", waiting),
+        ("vllm:prompt_tokens_total", "counter", prompt),
+        ("vllm:prompt_tokens_cached_total", "counter", cached),
+        ("vllm:external_prefix_cache_hits_total", "counter", external),
+    ):
         lines.append(f"# TYPE {name} {kind}")
         lines += [f'{name}{{engine="{e}",model_name="smollm2"}} {float(value)}' for e in engines]
     return "\n".join(lines) + "\n"
@@ -63,8 +72,9 @@ class QueueOf:
 def test_vllm_exposition_reads_tokens_and_queues() -> None:
     samples = parse_metrics(VLLM_TEXT)
     assert samples is not None and engine_of(samples) is VLLM
-    assert replica_reading(samples) == ReplicaReading("vllm", prompt_tokens=1022.0, cached_tokens=384.0,
-                                                      external_cached_tokens=0.0, running=1.0, waiting=2.0)
+    assert replica_reading(samples) == ReplicaReading(
+        "vllm", prompt_tokens=1022.0, cached_tokens=384.0, external_cached_tokens=0.0, running=1.0, waiting=2.0
+    )
 
 
 def test_vllm_label_sets_are_summed() -> None:
@@ -80,8 +90,9 @@ def test_reference_replica_exposition_reads_its_own_names() -> None:
     samples = parse_metrics(generate_latest(metrics.registry).decode())
     assert samples is not None and engine_of(samples) is KVGATE
     # no running gauge and no separate external count on the reference replica: None, not 0
-    assert replica_reading(samples) == ReplicaReading("kvgate", prompt_tokens=100.0, cached_tokens=40.0,
-                                                      external_cached_tokens=None, running=None, waiting=3.0)
+    assert replica_reading(samples) == ReplicaReading(
+        "kvgate", prompt_tokens=100.0, cached_tokens=40.0, external_cached_tokens=None, running=None, waiting=3.0
+    )
 
 
 def test_unknown_or_partial_expositions() -> None:
@@ -106,14 +117,19 @@ def test_since_gives_counter_growth_and_current_gauges() -> None:
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(metrics.render().decode()) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(metrics.render().decode())
+        for s in fam.samples
+    }
 
 
 def test_collector_exports_the_last_readings_per_route_and_replica() -> None:
     metrics = Metrics()
-    readings = {("local", "v"): ReplicaReading("vllm", 1022.0, 384.0, 0.0, 1.0, 2.0),
-                ("local", "k"): ReplicaReading("kvgate", 100.0, 40.0, None, None, 3.0)}
+    readings = {
+        ("local", "v"): ReplicaReading("vllm", 1022.0, 384.0, 0.0, 1.0, 2.0),
+        ("local", "k"): ReplicaReading("kvgate", 100.0, 40.0, None, None, 3.0),
+    }
     metrics.watch_engines(lambda: readings)
     got = scrape(metrics)
     v, k = (("replica", "v"), ("route", "local")), (("replica", "k"), ("route", "local"))

@@ -5,6 +5,7 @@ opens a new handle on one shared store, so two handles stand for two processes. 
 them against a real redis-server (kvgate.tools.redis_proc) and passes every test here unchanged; the
 tests at the end forge damage through one backend's internals and are that backend's own.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,10 +17,10 @@ import pytest
 
 from kvgate.index.responses.entries import CacheEntry, DiskEntryStore, EntryStore, LogGap, Stored
 from kvgate.index.responses.entries.redis import RedisEntryStore
+from kvgate.index.responses.tags import tenant_term
+from kvgate.index.responses.tighten import Mark
 from kvgate.index.storage.cipher import EntryCipher
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
-from kvgate.index.responses.tighten import Mark
-from kvgate.index.responses.tags import tenant_term
 from kvgate.tools.redis_proc import RedisServer
 
 DIM = 8
@@ -38,8 +39,12 @@ def redis_store(tmp_path: Path, dim: int, url: str, cipher: EntryCipher | None =
     return lambda: RedisEntryStore(RedisLink(LinkSettings(url)), dim, key_prefix=prefix, cipher=cipher)
 
 
-STORES = [pytest.param("disk", id="disk"), pytest.param("redis", id="redis"),
-          pytest.param("disk-encrypted", id="disk-encrypted"), pytest.param("redis-encrypted", id="redis-encrypted")]
+STORES = [
+    pytest.param("disk", id="disk"),
+    pytest.param("redis", id="redis"),
+    pytest.param("disk-encrypted", id="disk-encrypted"),
+    pytest.param("redis-encrypted", id="redis-encrypted"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +80,17 @@ def unit(seed: int) -> np.ndarray:
 def new_entry(store: EntryStore, key: str | None = None, text: str = "q", ttl: float | None = None) -> CacheEntry:
     (entry_id,) = store.allocate(1)
     now = time.time()
-    return CacheEntry(entry_id, "scope", {"choices": [{"message": {"content": f"answer {entry_id}"}}]}, key, text,
-                      "route", "model", now, now + ttl if ttl else None)
+    return CacheEntry(
+        entry_id,
+        "scope",
+        {"choices": [{"message": {"content": f"answer {entry_id}"}}]},
+        key,
+        text,
+        "route",
+        "model",
+        now,
+        now + ttl if ttl else None,
+    )
 
 
 def test_protocol_shape(open_store: Opener) -> None:

@@ -1,4 +1,5 @@
 """Scoring a semantic hit by every label in the pairs file (kvgate.tools.tuning.equivalence)."""
+
 from __future__ import annotations
 
 from kvgate.tools.bench.semantic import Pair, TopHit, score
@@ -31,9 +32,11 @@ def test_own_entry_by_its_label_other_entries_by_equivalence() -> None:
 
 
 def test_score_counts_an_identical_question_from_another_pair() -> None:
-    pairs = [Pair("What was your biggest mistake?", "What is your biggest regret?", True),
-             Pair("What was your biggest mistake?", "Which mistake hurt you most?", False),
-             Pair("What is your biggest regret?", "What was your worst regret?", True)]
+    pairs = [
+        Pair("What was your biggest mistake?", "What is your biggest regret?", True),
+        Pair("What was your biggest mistake?", "Which mistake hurt you most?", False),
+        Pair("What is your biggest regret?", "What was your worst regret?", True),
+    ]
     # lookup 0 lands on pair 2's entry: the same text as its own question2 -> correct
     top = [TopHit(2, 0.99), TopHit(1, 0.95), TopHit(0, 0.9)]
     out = score(pairs, top, 0.85)

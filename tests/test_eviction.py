@@ -1,4 +1,5 @@
 """kvgate.index.responses.eviction.LruEviction as pure logic: LRU order, entry and byte budgets, expiry."""
+
 from __future__ import annotations
 
 import random

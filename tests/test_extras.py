@@ -2,6 +2,7 @@
 only by default serves exact-only and says so; one that asks by name is refused at start, naming
 the field and the fix. A subcommand whose extra is missing is one line naming the extra, exit 2.
 A model dir with its ONNX export beside the tokenizer runs without exporting anything."""
+
 from __future__ import annotations
 
 import logging
@@ -55,8 +56,10 @@ def test_semantic_by_default_without_an_embedder_serves_exact_only(no_minilm, ba
             assert http.get("/health").json()["semantic"] is False
             body = {"model": "demo-1", "messages": [{"role": "user", "content": "Capital of France?"}]}
             first, again = (http.post("/v1/chat/completions", json=body) for _ in range(2))
-            near = http.post("/v1/chat/completions", json={**body, "messages": [
-                {"role": "user", "content": "What's the capital of France?"}]})
+            near = http.post(
+                "/v1/chat/completions",
+                json={**body, "messages": [{"role": "user", "content": "What's the capital of France?"}]},
+            )
         assert (first.headers["x-kvgate-cache"], again.headers["x-kvgate-cache"]) == ("miss", "exact")
         assert near.headers["x-kvgate-cache"] == "miss"  # no semantic tier
     finally:
@@ -87,33 +90,40 @@ def test_an_embedder_section_counts_as_asking(no_minilm, backend, tmp_path):
 
 def run_cli(*argv: str, blocked: str) -> subprocess.CompletedProcess[str]:
     """`kvgate ARGV` in a process where importing `blocked` fails as it does where it is not installed."""
-    code = ("import sys\n"
-            "class Missing:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            f"        if name.split('.')[0] == {blocked!r}:\n"
-            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-            "sys.meta_path.insert(0, Missing())\n"
-            "from kvgate.middleware.cli import main\n"
-            f"sys.exit(main({list(argv)!r}))\n")
+    code = (
+        "import sys\n"
+        "class Missing:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {blocked!r}:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Missing())\n"
+        "from kvgate.middleware.cli import main\n"
+        f"sys.exit(main({list(argv)!r}))\n"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 PAIRS = "question1,question2,is_duplicate\nwhat is a cat,what is a cat?,1\nhow to cook rice,what is the sun,0\n"
 
 
-@pytest.mark.parametrize("argv, blocked, extra", [
-    (("bench", "kv-gpu", "--help"), "torch", "bench"),  # torch at the bench module's import
-    (("replica", "--port", "0"), "torch", "replica"),  # torch once it loads the model
-    (("tune", "--embedder", "--pairs", "{pairs}", "--out", "{tmp}/tuned"), "torch", "tune"),  # torch once it trains
-])
+@pytest.mark.parametrize(
+    "argv, blocked, extra",
+    [
+        (("bench", "kv-gpu", "--help"), "torch", "bench"),  # torch at the bench module's import
+        (("replica", "--port", "0"), "torch", "replica"),  # torch once it loads the model
+        (("tune", "--embedder", "--pairs", "{pairs}", "--out", "{tmp}/tuned"), "torch", "tune"),  # torch once it trains
+    ],
+)
 def test_a_missing_extra_is_one_line_naming_it(argv, blocked, extra, tmp_path):
     (tmp_path / "pairs.csv").write_text(PAIRS)
     done = run_cli(*(a.format(pairs=tmp_path / "pairs.csv", tmp=tmp_path) for a in argv), blocked=blocked)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last == (f"kvgate {argv[0]}: {blocked} is not installed; the {extra} extra brings what "
-                    f"`kvgate {argv[0]}` needs: pip install 'kvgate[{extra}]'"), done.stderr
+    assert last == (
+        f"kvgate {argv[0]}: {blocked} is not installed; the {extra} extra brings what "
+        f"`kvgate {argv[0]}` needs: pip install 'kvgate[{extra}]'"
+    ), done.stderr
 
 
 def test_prepare_without_the_embedder_extra_names_it():

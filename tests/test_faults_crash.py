@@ -2,6 +2,7 @@
 heavy writes and restart them; fill the disk under the proxy and a chunk store. Processes are
 real (`kvgate serve`, `python -m kvgate.tools.bench.chunk_writer`); the figures in
 docs/RELIABILITY.md come from `make bench-faults` (20 rounds)."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ In-thread fake replicas for the stream-splicing and timeout rules; real processe
 + `kvgate serve`, one SIGKILLed under load) for the end-to-end claim. Assertions are on counts
 (errors, failovers, who served what), never on timings.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,29 +17,37 @@ import httpx
 import pytest
 
 from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.server.proxy import create_app
 from kvgate.tools.bench.procs import ServerThread
 from kvgate.tools.bench.replica_faults import check_sse, parse_metrics, run_scenario
-from kvgate.middleware.config import parse_config
-from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.server.proxy import create_app
 
 
 class Fleet:
     """Fake replicas (each with its own fault) behind an in-thread proxy."""
 
-    def __init__(self, tmp: Path, faults: list[dict[str, Any]], *, policy: str = "round_robin", timeout: float = 10.0) -> None:
+    def __init__(
+        self, tmp: Path, faults: list[dict[str, Any]], *, policy: str = "round_robin", timeout: float = 10.0
+    ) -> None:
         self.calls = [Calls() for _ in faults]
         self.replicas = [ServerThread(create_fake_app(c, **f)).start() for c, f in zip(self.calls, faults)]
-        config = parse_config({
-            "cache_dir": str(tmp / "cache"),
-            "routes": [{
-                "name": "local", "model": "fake*",
-                "backend": {"model": "openai/fake", "api_key": "none", "timeout": timeout},
-                "exact": False, "semantic": {"enabled": False},  # every request reaches a replica
-                "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(self.replicas)],
-                "routing": {"policy": policy, "tokenizer": "text", "down_for_s": 30, "probe_interval_s": 60},
-            }],
-        })
+        config = parse_config(
+            {
+                "cache_dir": str(tmp / "cache"),
+                "routes": [
+                    {
+                        "name": "local",
+                        "model": "fake*",
+                        "backend": {"model": "openai/fake", "api_key": "none", "timeout": timeout},
+                        "exact": False,
+                        "semantic": {"enabled": False},  # every request reaches a replica
+                        "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(self.replicas)],
+                        "routing": {"policy": policy, "tokenizer": "text", "down_for_s": 30, "probe_interval_s": 60},
+                    }
+                ],
+            }
+        )
         self.pipeline = build_pipeline(config)
         self.proxy = ServerThread(create_app(config, self.pipeline)).start()
         self.http = httpx.Client(base_url=self.proxy.url, timeout=60)

@@ -5,6 +5,7 @@ open and the proxy serves on; damage while serving makes misses, not errors.
 Answers use the fake backend's `[[fixed]]` trigger ("Answer: <question>" on every call), so a
 cold run's output is known and every later answer must be exactly it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,7 +13,6 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import diskcache
 import pytest
 
 QUESTIONS = {
@@ -43,7 +43,9 @@ def _value(directory: Path, row: tuple[int, str, Any, str | None]) -> bytes:
 
 
 def _entry_row(directory: Path, marker: str) -> tuple[int, str, Any, str | None]:
-    rows = [r for r in _rows(directory / "cache.db") if r[1].startswith("e:") and marker.encode() in _value(directory, r)]
+    rows = [
+        r for r in _rows(directory / "cache.db") if r[1].startswith("e:") and marker.encode() in _value(directory, r)
+    ]
     assert len(rows) == 1, marker
     return rows[0]
 
@@ -59,8 +61,10 @@ def _checkpoint(db: Path) -> None:
 def _damage(directory: Path) -> int:
     """Damage one item per kind, the way a disk does; returns how many items were damaged."""
     db = directory / "cache.db"
-    rows = {m: _entry_row(directory, m) for m in ("MARK_INLINE", "MARK_FLIP", "MARK_TRUNC", "MARK_DEL", "MARK_PTR",
-                                                  "MARK_OK", "MARK_VEC")}
+    rows = {
+        m: _entry_row(directory, m)
+        for m in ("MARK_INLINE", "MARK_FLIP", "MARK_TRUNC", "MARK_DEL", "MARK_PTR", "MARK_OK", "MARK_VEC")
+    }
     inline = rows["MARK_INLINE"]
     assert inline[3] is None  # small answers live inside the SQLite file
     _checkpoint(db)
@@ -83,7 +87,9 @@ def _damage(directory: Path) -> int:
     ptr_id, other_id, vec_id = (int(rows[m][1][2:]) for m in ("MARK_PTR", "MARK_OK", "MARK_VEC"))
     with sqlite3.connect(db) as conn:
         # the exact pointer of one question now leads to another question's entry
-        (n,) = conn.execute("UPDATE Cache SET value = ? WHERE key LIKE 'x:%' AND value = ?", (other_id, ptr_id)).rowcount,
+        (n,) = (
+            conn.execute("UPDATE Cache SET value = ? WHERE key LIKE 'x:%' AND value = ?", (other_id, ptr_id)).rowcount,
+        )
         assert n == 1
         (blob,) = conn.execute("SELECT value FROM Cache WHERE key = ?", (f"v:{vec_id}",)).fetchone()
         flipped = bytearray(blob)
@@ -92,8 +98,9 @@ def _damage(directory: Path) -> int:
     return 6
 
 
-def test_damaged_entries_are_detected_served_as_misses_and_repaired(make_proxy, tmp_path: Path,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_damaged_entries_are_detected_served_as_misses_and_repaired(
+    make_proxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     cache = tmp_path / "cache"
     proxy = make_proxy(cache_dir=cache)
     cold = {name: _ask(proxy, q) for name, q in QUESTIONS.items()}
@@ -104,7 +111,7 @@ def test_damaged_entries_are_detected_served_as_misses_and_repaired(make_proxy, 
     with caplog.at_level(logging.WARNING):
         proxy = make_proxy(cache_dir=cache)
         second = {name: _ask(proxy, q) for name, q in QUESTIONS.items()}
-    for name, (tier, text) in second.items():
+    for name, (_tier, text) in second.items():
         assert text == cold[name][1], name  # identical to the cold run, damaged or not
     for name in ("inline", "flip", "truncate", "delete"):
         assert second[name][0] == "miss", name  # the damaged answer itself is never served
@@ -123,8 +130,9 @@ def test_damaged_entries_are_detected_served_as_misses_and_repaired(make_proxy, 
 
 
 @pytest.mark.parametrize("damage", ["garbage_header", "truncated", "zeroed_pages"])
-def test_damaged_database_is_moved_aside_and_the_proxy_serves(make_proxy, tmp_path: Path, damage: str,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_damaged_database_is_moved_aside_and_the_proxy_serves(
+    make_proxy, tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     cache = tmp_path / "cache"
     proxy = make_proxy(cache_dir=cache, threshold=0.999)
     questions = [f"[[fixed]] Question {i}: what is {i} plus {i}?" for i in range(12)]
@@ -137,10 +145,10 @@ def test_damaged_database_is_moved_aside_and_the_proxy_serves(make_proxy, tmp_pa
     if damage == "garbage_header":
         raw[:100] = b"\xa5" * 100
     elif damage == "truncated":
-        del raw[len(raw) // 3:]
+        del raw[len(raw) // 3 :]
     else:  # zero a run of pages in the middle (page size 4096)
         start = (len(raw) // 2) // 4096 * 4096
-        raw[start:start + 3 * 4096] = bytes(3 * 4096)
+        raw[start : start + 3 * 4096] = bytes(3 * 4096)
     db.write_bytes(bytes(raw))
 
     with caplog.at_level(logging.ERROR, logger="kvgate.semantic"):
@@ -169,6 +177,9 @@ def test_damage_while_serving_makes_misses_not_errors(make_proxy, tmp_path: Path
         tier, text = _ask(proxy, q)
         assert (tier, text[:40]) in (("miss", f"Answer: {q}"[:40]), ("exact", f"Answer: {q}"[:40]))
         assert text == f"Answer: {q}"
-    assert _ask(proxy, "[[fixed]] a new question after the damage") == ("miss", "Answer: [[fixed]] a new question after the damage")
+    assert _ask(proxy, "[[fixed]] a new question after the damage") == (
+        "miss",
+        "Answer: [[fixed]] a new question after the damage",
+    )
     stats = proxy.pipeline.index.stats()
     assert stats["storage_errors"] + stats["damaged"] > 0, stats  # the damage was met, and absorbed

@@ -1,4 +1,5 @@
 """Feedback building blocks without servers: floors (kvgate.index.responses.tighten), SemanticIndex.tighten, DiskRequestLog."""
+
 from __future__ import annotations
 
 import time
@@ -7,11 +8,18 @@ import numpy as np
 import pytest
 
 from kvgate.index.responses.semantic import SemanticIndex
-from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks, floor_from_marks, raise_floor, threshold_for
-from kvgate.middleware.errors import RequestNotFound
+from kvgate.index.responses.tighten import (
+    Mark,
+    decode_marks,
+    encode_marks,
+    floor_from_marks,
+    raise_floor,
+    threshold_for,
+)
 from kvgate.middleware.cache.feedback import give_feedback
-from kvgate.middleware.telemetry.metrics import Metrics
 from kvgate.middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
+from kvgate.middleware.errors import RequestNotFound
+from kvgate.middleware.telemetry.metrics import Metrics
 
 DIM = 8
 

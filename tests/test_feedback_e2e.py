@@ -1,5 +1,6 @@
 """Request ids and `POST /v1/cache/feedback` end to end: uvicorn proxy → real LiteLLM → fake backend,
 real embedder; and the SDK's Gateway.feedback. The verdicts are the caller's: any hit can be judged wrong."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +9,9 @@ import json
 import pytest
 
 from kvgate import Gateway, cache_info
+from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import RequestNotFound
-from kvgate.middleware.build import build_pipeline
 from tests.conftest import route_config
 
 ORIGINAL = "How do I lose weight in a week?"
@@ -20,8 +21,11 @@ FRESH = {"x-kvgate-cache-control": "no-store"}
 
 
 def feedback(proxy, request_id: str, correct: bool, key: str = "key-a"):
-    return proxy.http.post("/v1/cache/feedback", json={"request_id": request_id, "correct": correct},
-                           headers={"authorization": f"Bearer {key}"})
+    return proxy.http.post(
+        "/v1/cache/feedback",
+        json={"request_id": request_id, "correct": correct},
+        headers={"authorization": f"Bearer {key}"},
+    )
 
 
 def test_every_response_has_a_request_id(make_proxy):
@@ -91,8 +95,14 @@ def test_wrong_miss_and_wrong_exact_hit_remove_the_entry(make_proxy):
     assert miss.headers["x-kvgate-cache"] == "miss"
     resp = feedback(proxy, miss.headers["x-kvgate-request-id"], False)
     assert resp.json() | {"request_id": None} == {
-        "object": "cache.feedback", "request_id": None, "correct": False, "tier": "miss", "route": "chat",
-        "removed": True, "tightened": 0}
+        "object": "cache.feedback",
+        "request_id": None,
+        "correct": False,
+        "tier": "miss",
+        "route": "chat",
+        "removed": True,
+        "tightened": 0,
+    }
     assert proxy.chat(question).headers["x-kvgate-cache"] == "miss"  # answered afresh and stored
     hit = proxy.chat(question)
     assert hit.headers["x-kvgate-cache"] == "exact"
@@ -121,7 +131,9 @@ def test_other_tenants_and_unknown_ids_get_404(make_proxy):
     assert other.json()["error"]["code"] == "request_not_found" and other.json()["error"]["param"] == "request_id"
     assert proxy.chat(ORIGINAL).headers["x-kvgate-cache"] == "exact"  # untouched
     unknown = feedback(proxy, "kvg-0123456789abcdef0123456789abcdef", False)
-    assert unknown.status_code == 404 and unknown.json()["error"]["message"] == other.json()["error"]["message"].replace(rid, "kvg-0123456789abcdef0123456789abcdef")
+    assert unknown.status_code == 404 and unknown.json()["error"]["message"] == other.json()["error"][
+        "message"
+    ].replace(rid, "kvg-0123456789abcdef0123456789abcdef")
 
 
 @pytest.mark.parametrize(
@@ -204,8 +216,13 @@ def _run_example(name: str, arg: str) -> list[str]:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "examples" / name), arg], capture_output=True, text=True,
-                         timeout=180, env={**os.environ, "PYTHONPATH": str(root)})
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / name), arg],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 

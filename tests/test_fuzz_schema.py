@@ -3,6 +3,7 @@
 Bounded (positive + negative cases per operation) so it stays a few seconds in the default suite.
 The route matches every model, so well-formed cases really go through LiteLLM to the fake backend.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -10,11 +11,10 @@ from typing import Any
 
 import pytest
 import schemathesis
+from conftest import route_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-
-from conftest import route_config
 
 CASES_PER_MODE = 40
 KEY = "fuzz-key"
@@ -41,15 +41,21 @@ def test_no_generated_request_gets_a_5xx(proxy, mode):
     statuses: Counter[int] = Counter()
     for op in _operations(proxy):
 
-        @settings(max_examples=CASES_PER_MODE, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=CASES_PER_MODE,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=op.as_strategy(generation_mode=mode))
         def run(case: Any) -> None:
             resp = case.call(base_url=proxy.url, headers={"authorization": f"Bearer {KEY}"}, timeout=30)
             statuses[resp.status_code] += 1
             if resp.status_code >= 500:
-                failures.append(f"{op.method.upper()} {op.path} → {resp.status_code}: {resp.text[:300]}\n"
-                                f"  body={case.body!r:.300}")
+                failures.append(
+                    f"{op.method.upper()} {op.path} → {resp.status_code}: {resp.text[:300]}\n  body={case.body!r:.300}"
+                )
 
         try:
             run()

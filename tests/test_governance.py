@@ -1,6 +1,7 @@
 """Erasing a tenant and invalidating tags, without servers: tags and their checks, the response
 index's erase/invalidate and model-revision staleness, the request log's erasure, salt epochs
 (disk and Redis) and the salt they change. Through the proxy: tests/test_governance_e2e.py."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,8 +42,14 @@ def answer(text: str) -> dict:
 def test_client_tags_are_checked_with_clear_errors() -> None:
     assert parse_tags(" doc:123@v4, team:a ,doc:123@v4") == ("doc:123@v4", "team:a")
     assert parse_tags(["a/b+c=d~e-f.g_h"]) == ("a/b+c=d~e-f.g_h",)
-    for bad, words in [("doc 1", "may hold only"), ("-x", "may hold only"), ("x" * 201, "longer than"),
-                       ("model:m2", "kvgate's own"), ("system:abc", "kvgate's own"), ("tenant:x", "kvgate's own")]:
+    for bad, words in [
+        ("doc 1", "may hold only"),
+        ("-x", "may hold only"),
+        ("x" * 201, "longer than"),
+        ("model:m2", "kvgate's own"),
+        ("system:abc", "kvgate's own"),
+        ("tenant:x", "kvgate's own"),
+    ]:
         with pytest.raises(BadRequest) as err:
             parse_tags([bad], param="cache_tags")
         assert words in err.value.message and err.value.param == "cache_tags"
@@ -55,9 +62,14 @@ def test_client_tags_are_checked_with_clear_errors() -> None:
 
 
 def test_a_request_is_tagged_with_its_system_prompt_and_the_clients_tags(tmp_path: Path) -> None:
-    config = parse_config({"cache_dir": str(tmp_path), "routes": [{"name": "r", "model": "m", "semantic": {"enabled": False}}]})
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "developer", "content": [{"type": "text", "text": "No lists."}]},
-                {"role": "user", "content": "hi"}]
+    config = parse_config(
+        {"cache_dir": str(tmp_path), "routes": [{"name": "r", "model": "m", "semantic": {"enabled": False}}]}
+    )
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "developer", "content": [{"type": "text", "text": "No lists."}]},
+        {"role": "user", "content": "hi"},
+    ]
     view = build_view(config, {"model": "m", "messages": messages}, "t", CacheControl(tags=("doc:1",)))
     assert entry_tags(view) == ["doc:1", system_tag("You are terse.\nNo lists.")]
     plain = build_view(config, {"model": "m", "messages": messages[2:]}, "t", CacheControl())
@@ -70,8 +82,12 @@ def test_a_request_is_tagged_with_its_system_prompt_and_the_clients_tags(tmp_pat
 def make_index(tmp_path: Path, store: str, url: str | None = None) -> SemanticIndex:
     if store == "disk":
         return SemanticIndex(tmp_path / "responses", DIM, follow_interval_s=None)
-    return SemanticIndex(None, DIM, follow_interval_s=None,
-                         entries=RedisEntryStore(RedisLink(LinkSettings(url or "")), DIM, key_prefix=f"g{tmp_path.name}:"))
+    return SemanticIndex(
+        None,
+        DIM,
+        follow_interval_s=None,
+        entries=RedisEntryStore(RedisLink(LinkSettings(url or "")), DIM, key_prefix=f"g{tmp_path.name}:"),
+    )
 
 
 @pytest.fixture(params=["disk", "redis"])
@@ -83,16 +99,38 @@ def index(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 def test_erase_removes_one_tenants_entries_vectors_and_marks_only(index: SemanticIndex) -> None:
-    mine = [index.add("s-acme", answer(f"{CANARY} {i}"), exact_key=f"a{i}", text=f"{CANARY} q{i}", vector=unit(i),
-                      tenant="acme", tags=["doc:1"]) for i in range(3)]
+    mine = [
+        index.add(
+            "s-acme",
+            answer(f"{CANARY} {i}"),
+            exact_key=f"a{i}",
+            text=f"{CANARY} q{i}",
+            vector=unit(i),
+            tenant="acme",
+            tags=["doc:1"],
+        )
+        for i in range(3)
+    ]
     shared = index.add("s-shared", answer(f"{CANARY} shared"), exact_key="as", text=CANARY, tenant="acme")
-    theirs = [index.add("s-umb", answer(f"theirs {i}"), exact_key=f"u{i}", text=f"q{i}", vector=unit(10 + i),
-                        tenant="umbrella", tags=["doc:1"]) for i in range(2)]
+    theirs = [
+        index.add(
+            "s-umb",
+            answer(f"theirs {i}"),
+            exact_key=f"u{i}",
+            text=f"q{i}",
+            vector=unit(10 + i),
+            tenant="umbrella",
+            tags=["doc:1"],
+        )
+        for i in range(2)
+    ]
     index.tighten("s-shared", unit(1), 0.8, tenant="acme")
     index.tighten("s-shared", unit(2), 0.85, tenant="umbrella")
     index.tighten("s-acme", unit(3), 0.9, tenant="acme")
     # an index row lost (Redis evicting a set) does not save an entry from the erasure
-    index.entries.link.client.delete(index.entries._g + tenant_term("acme")) if isinstance(index.entries, RedisEntryStore) else None
+    index.entries.link.client.delete(index.entries._g + tenant_term("acme")) if isinstance(
+        index.entries, RedisEntryStore
+    ) else None
     erased = erase_tenant(index, "acme")
     assert (erased.entries, erased.vectors, erased.marks, erased.scrubbed) == (4, 3, 2, True)
     assert all(index.get(e.id) is None for e in [*mine, shared]) and index.get_exact("a0") is None
@@ -133,8 +171,14 @@ def test_an_answer_of_another_model_revision_is_stale(index: SemanticIndex) -> N
 def test_disk_erasure_leaves_no_plaintext_in_the_directory(tmp_path: Path) -> None:
     idx = make_index(tmp_path, "disk")
     for i in range(50):
-        idx.add(f"s{i % 3}", answer(f"{CANARY} answer {i} " + "x" * 200), exact_key=f"k{i}", text=f"{CANARY} {i}",
-                vector=unit(i), tenant="acme")
+        idx.add(
+            f"s{i % 3}",
+            answer(f"{CANARY} answer {i} " + "x" * 200),
+            exact_key=f"k{i}",
+            text=f"{CANARY} {i}",
+            vector=unit(i),
+            tenant="acme",
+        )
     kept = idx.add("s", answer("someone else's answer"), exact_key="other", tenant="umbrella")
     assert raw_hits(tmp_path / "responses", CANARY.encode())  # the scan finds it before
     assert erase_tenant(idx, "acme").entries == 50
@@ -152,8 +196,10 @@ def raw_hits(directory: Path, needle: bytes) -> list[Path]:
 
 # ---------------------------------------------------------------- the request log
 def test_request_log_erasure_disk_and_redis(tmp_path: Path, redis_server) -> None:
-    logs = [DiskRequestLog(tmp_path / "requests", ttl=3600, max_bytes=2**20),
-            RedisRequestLog(RedisLink(LinkSettings(redis_server.url)), "rl:", ttl=3600)]
+    logs = [
+        DiskRequestLog(tmp_path / "requests", ttl=3600, max_bytes=2**20),
+        RedisRequestLog(RedisLink(LinkSettings(redis_server.url)), "rl:", ttl=3600),
+    ]
     for log in logs:
         ids = {t: [new_request_id() for _ in range(3)] for t in ("acme", "umbrella")}
         for tenant, rids in ids.items():
@@ -165,26 +211,27 @@ def test_request_log_erasure_disk_and_redis(tmp_path: Path, redis_server) -> Non
     logs[1].link.close()
 
 
-# ---------------------------------------------------------------- salt epochs
+# ---------------------------------------------------------------- salt records (more: tests/test_salt_records.py)
 @pytest.mark.parametrize("backend", ["disk", "redis"])
-def test_a_bumped_epoch_changes_only_that_tenants_salt_in_every_process(backend: str, tmp_path: Path,
-                                                                        request: pytest.FixtureRequest) -> None:
+def test_a_bumped_epoch_changes_only_that_tenants_salt_in_every_process(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if backend == "disk":
         stores = [DiskEpochStore(tmp_path / "tenants"), DiskEpochStore(tmp_path / "tenants")]
     else:
         link = RedisLink(LinkSettings(request.getfixturevalue("redis_server").url))
         stores = [RedisEpochStore(link, "ep:"), RedisEpochStore(link, "ep:")]
     here, there = Epochs(stores[0], interval_s=0.0), Epochs(stores[1], interval_s=0.0)
-    salters = [Salter(b"s" * 32, here.epoch), Salter(b"s" * 32, there.epoch)]
-    unsalted = Salter(b"s" * 32)
-    before = salters[0].salt("acme")
-    assert before == salters[1].salt("acme") == unsalted.salt("acme")  # epoch 0: the salt it always had
-    assert here.bump("acme") == 1 and here.epoch("acme") == 1
-    assert salters[0].salt("acme") != before and salters[1].salt("acme") == salters[0].salt("acme")
+    salters = [Salter(b"s" * 32, here.record), Salter(b"s" * 32, there.record)]
+    before, umbrella = salters[0].salt("acme"), salters[0].salt("umbrella")
+    assert before == salters[1].salt("acme") and umbrella == salters[1].salt("umbrella") != before
+    assert here.bump("acme") == 1 and here.record("acme").epoch == 1
+    assert salters[0].salt("acme") not in (before, umbrella) and salters[1].salt("acme") == salters[0].salt("acme")
     assert salters[0].salt("acme", "client") != salters[0].salt("acme")
-    assert salters[0].salt("umbrella") == unsalted.salt("umbrella")
-    assert there.bump("acme") == 2 and here.epoch("acme") == 2
-    assert set(stores[0].epochs()) == {tenant_digest("acme")}  # no tenant name in the store
+    assert salters[0].salt("umbrella") == salters[1].salt("umbrella") == umbrella
+    assert there.bump("acme") == 2 and here.record("acme").epoch == 2
+    digests = [tenant_digest("acme"), tenant_digest("umbrella")]
+    assert set(stores[0].records(digests)) == set(digests)  # named by digest: no tenant name in the store
     if backend == "disk":
         assert b"acme" not in b"".join(p.read_bytes() for p in (tmp_path / "tenants").rglob("*") if p.is_file())
     for store in stores:
@@ -203,13 +250,14 @@ def test_epochs_read_the_store_at_most_every_interval_and_survive_it_failing(tmp
             return super().generation()
 
     store = Flaky(tmp_path / "tenants")
-    assert store.epochs() == {} and not (tmp_path / "tenants").exists()  # reads create nothing
+    assert store.records([tenant_digest("acme")]) == {} and not (tmp_path / "tenants").exists()  # reads create nothing
     epochs = Epochs(store, interval_s=3600)
-    assert epochs.epoch("acme") == 0 and epochs.epoch("acme") == 0 and store.reads == 1
-    DiskEpochStore(tmp_path / "tenants").bump(tenant_digest("acme"))  # another process
-    assert epochs.epoch("acme") == 0  # not looked again yet
+    first = epochs.record("acme")
+    assert first.epoch == 0 and epochs.record("acme") == first and store.reads == 1
+    DiskEpochStore(tmp_path / "tenants").bump(tenant_digest("acme"), b"n" * 32)  # another process
+    assert epochs.record("acme") == first  # not looked again yet
     epochs.interval_s = 0.0
-    assert epochs.epoch("acme") == 1
+    assert epochs.record("acme").epoch == 1 and epochs.record("acme").nonce == b"n" * 32
     store.broken = True
-    assert epochs.epoch("acme") == 1  # the last copy stands
+    assert epochs.record("acme").epoch == 1  # the last copy stands
     store.close()

@@ -1,6 +1,7 @@
 """Erasing a tenant and invalidating tags through the real proxy (disk and real Redis stores), a
 fake vLLM replica (it answers /version and reports a model `root`, and records each forwarded
 body's cache_salt), the SDK in process and `kvgate admin` against the proxy."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
+from conftest import wait_until
 from fastapi import FastAPI
 
-from conftest import wait_until
 from kvgate.engines.demo import Calls, create_fake_app
 from kvgate.index.responses.tags import system_tag
 from kvgate.middleware.cli import main as kvgate_main
@@ -61,12 +62,22 @@ def governance_config(cache_dir: Path, vllm: FakeVllm, backend_base: str, redis_
         "cache_dir": str(cache_dir),
         "auth": {"keys": [KEY_A, KEY_B], "admin_keys": [ADMIN]},
         "routes": [
-            {"name": "chat", "model": "demo-*", "scope": "tenant", "semantic": {"threshold": 0.9},
-             "backend": {"model": "openai/smol", "api_key": "none"},
-             "replicas": [{"name": "v1", "api_base": vllm.api_base}],
-             "routing": {"engine": "vllm", "policy": "round_robin", "probe_interval_s": 0.1}},
-            {"name": "shared", "model": "shared-*", "scope": "shared", "semantic": {"enabled": False},
-             "backend": {"model": "openai/served-name", "api_base": backend_base, "api_key": "sk-x"}},
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "scope": "tenant",
+                "semantic": {"threshold": 0.9},
+                "backend": {"model": "openai/smol", "api_key": "none"},
+                "replicas": [{"name": "v1", "api_base": vllm.api_base}],
+                "routing": {"engine": "vllm", "policy": "round_robin", "probe_interval_s": 0.1},
+            },
+            {
+                "name": "shared",
+                "model": "shared-*",
+                "scope": "shared",
+                "semantic": {"enabled": False},
+                "backend": {"model": "openai/served-name", "api_base": backend_base, "api_key": "sk-x"},
+            },
         ],
     }
     if redis_url is not None:
@@ -109,9 +120,14 @@ def cache_of(response: httpx.Response) -> str:
 
 
 @pytest.mark.parametrize("store", ["local", "redis"])
-def test_erase_a_tenant_everywhere_and_no_one_else(store: str, make_proxy: Callable[..., Any], vllm: FakeVllm,
-                                                   backend: Any, tmp_path: Path,
-                                                   request: pytest.FixtureRequest) -> None:
+def test_erase_a_tenant_everywhere_and_no_one_else(
+    store: str,
+    make_proxy: Callable[..., Any],
+    vllm: FakeVllm,
+    backend: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     redis_url = request.getfixturevalue("redis_server").url if store == "redis" else None
     proxy = make_proxy(raw=governance_config(tmp_path / "cache", vllm, backend.api_base, redis_url))
     tagged = {"x-kvgate-tags": "doc:1@v1"}
@@ -120,11 +136,16 @@ def test_erase_a_tenant_everywhere_and_no_one_else(store: str, make_proxy: Calla
     salt_before = vllm.last_salt()
     assert salt_before
     hit = proxy.chat(q1, key=KEY_A)
-    assert cache_of(hit) == "exact" and hit.headers["x-kvgate-entry-id"] and float(hit.headers["x-kvgate-entry-age"]) >= 0
+    assert (
+        cache_of(hit) == "exact" and hit.headers["x-kvgate-entry-id"] and float(hit.headers["x-kvgate-entry-age"]) >= 0
+    )
     near = proxy.chat(q1b, key=KEY_A)  # a semantic hit, judged wrong: a feedback mark of tenant A
     assert cache_of(near) == "semantic"
-    verdict = proxy.http.post("/v1/cache/feedback", headers={"authorization": f"Bearer {KEY_A}"},
-                              json={"request_id": near.headers["x-kvgate-request-id"], "correct": False})
+    verdict = proxy.http.post(
+        "/v1/cache/feedback",
+        headers={"authorization": f"Bearer {KEY_A}"},
+        json={"request_id": near.headers["x-kvgate-request-id"], "correct": False},
+    )
     assert verdict.status_code == 200 and verdict.json()["removed"]
     assert cache_of(proxy.chat(q1, key=KEY_A, headers=tagged)) == "miss"  # stored again
     assert cache_of(proxy.chat(f"{CANARY} on the shared route", key=KEY_A, model="shared-1")) == "miss"
@@ -135,8 +156,12 @@ def test_erase_a_tenant_everywhere_and_no_one_else(store: str, make_proxy: Calla
     seen = raw_redis(redis_url) if redis_url else raw_disk(tmp_path / "cache")
     assert CANARY.encode() in seen  # the scan below would find it
 
-    assert proxy.http.delete(f"/v1/admin/tenants/{tenant_id(KEY_A)}",
-                             headers={"authorization": f"Bearer {KEY_B}"}).status_code == 403
+    assert (
+        proxy.http.delete(
+            f"/v1/admin/tenants/{tenant_id(KEY_A)}", headers={"authorization": f"Bearer {KEY_B}"}
+        ).status_code
+        == 403
+    )
     erased = proxy.http.delete(f"/v1/admin/tenants/{tenant_id(KEY_A)}", headers={"authorization": f"Bearer {ADMIN}"})
     assert erased.status_code == 200, erased.text
     body = erased.json()
@@ -156,9 +181,39 @@ def test_erase_a_tenant_everywhere_and_no_one_else(store: str, make_proxy: Calla
 
 
 @pytest.mark.parametrize("store", ["local", "redis"])
-def test_invalidate_by_client_tag_system_prompt_and_model_revision(store: str, make_proxy: Callable[..., Any],
-                                                                    vllm: FakeVllm, backend: Any, tmp_path: Path,
-                                                                    request: pytest.FixtureRequest) -> None:
+def test_proxies_on_one_store_salt_a_tenant_alike_across_restarts(
+    store: str,
+    make_proxy: Callable[..., Any],
+    vllm: FakeVllm,
+    backend: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    redis_url = request.getfixturevalue("redis_server").url if store == "redis" else None
+    raw = governance_config(tmp_path / "cache", vllm, backend.api_base, redis_url)
+    first, second = make_proxy(raw=raw), make_proxy(raw=raw)
+
+    def salt_of(proxy: Any, key: str) -> str | None:
+        forwarded = proxy.chat("Name a colour.", key=key, headers={"x-kvgate-cache-control": "no-cache, no-store"})
+        assert forwarded.status_code == 200, forwarded.text
+        return vllm.last_salt()
+
+    a = salt_of(first, KEY_A)
+    assert a and salt_of(second, KEY_A) == a and salt_of(second, KEY_B) not in (None, a)
+    first.stop()
+    second.stop()
+    assert salt_of(make_proxy(raw=raw), KEY_A) == a  # the record outlives the processes
+
+
+@pytest.mark.parametrize("store", ["local", "redis"])
+def test_invalidate_by_client_tag_system_prompt_and_model_revision(
+    store: str,
+    make_proxy: Callable[..., Any],
+    vllm: FakeVllm,
+    backend: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     redis_url = request.getfixturevalue("redis_server").url if store == "redis" else None
     proxy = make_proxy(raw=governance_config(tmp_path / "cache", vllm, backend.api_base, redis_url))
     tagged = {"x-kvgate-tags": "doc:7@v2, team:red"}
@@ -173,11 +228,19 @@ def test_invalidate_by_client_tag_system_prompt_and_model_revision(store: str, m
 
     refused = invalidate(KEY_B, tags=["doc:7@v2"], tenant=tenant_id(KEY_A))
     assert refused.status_code == 403 and refused.json()["error"]["param"] == "tenant"
-    assert proxy.http.post("/v1/admin/invalidate", headers={"authorization": f"Bearer {KEY_B}"},
-                           json={"tags": ["doc:7@v2"]}).status_code == 403  # the admin API refuses a tenant key
+    assert (
+        proxy.http.post(
+            "/v1/admin/invalidate", headers={"authorization": f"Bearer {KEY_B}"}, json={"tags": ["doc:7@v2"]}
+        ).status_code
+        == 403
+    )  # the admin API refuses a tenant key
     own = invalidate(KEY_B, tags=["doc:7@v2"])  # a tenant key: its own entries only
-    assert own.status_code == 200 and own.json() == {"object": "cache.invalidated", "tags": ["doc:7@v2"],
-                                                     "tenant": tenant_id(KEY_B), "removed": 1}
+    assert own.status_code == 200 and own.json() == {
+        "object": "cache.invalidated",
+        "tags": ["doc:7@v2"],
+        "tenant": tenant_id(KEY_B),
+        "removed": 1,
+    }
     assert cache_of(proxy.chat(qa, key=KEY_A)) == "exact" and cache_of(proxy.chat(qb, key=KEY_B)) == "miss"
     assert invalidate(ADMIN, tags=["team:red"]).json()["removed"] == 1  # an admin: every tenant's
     assert cache_of(proxy.chat(qa, key=KEY_A)) == "miss"
@@ -205,8 +268,14 @@ def test_invalidate_by_client_tag_system_prompt_and_model_revision(store: str, m
     assert invalidate(ADMIN, tags=["model:/models/smol@rev2"]).json()["removed"] == 2
 
 
-def test_cli_admin_commands(make_proxy: Callable[..., Any], vllm: FakeVllm, backend: Any, tmp_path: Path,
-                            monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_admin_commands(
+    make_proxy: Callable[..., Any],
+    vllm: FakeVllm,
+    backend: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     proxy = make_proxy(raw=governance_config(tmp_path / "cache", vllm, backend.api_base, None))
     assert cache_of(proxy.chat("Spell cat.", key=KEY_A, headers={"x-kvgate-tags": "doc:9"})) == "miss"
     monkeypatch.setenv("KVGATE_ADMIN_KEY", ADMIN)
@@ -214,8 +283,10 @@ def test_cli_admin_commands(make_proxy: Callable[..., Any], vllm: FakeVllm, back
     assert kvgate_main(["admin", "tenant-id", "--tenant-key-env", "TENANT_A_KEY"]) == 0
     assert capsys.readouterr().out.strip() == tenant_id(KEY_A)
     monkeypatch.setenv("TENANT_B_KEY", KEY_B)
-    assert kvgate_main(["admin", "invalidate", "--url", proxy.url, "--tag", "doc:9", "--own",
-                        "--key-env", "TENANT_B_KEY"]) == 0  # B's own: A's entry stays
+    assert (
+        kvgate_main(["admin", "invalidate", "--url", proxy.url, "--tag", "doc:9", "--own", "--key-env", "TENANT_B_KEY"])
+        == 0
+    )  # B's own: A's entry stays
     assert json.loads(capsys.readouterr().out)["removed"] == 0
     assert kvgate_main(["admin", "invalidate", "--url", proxy.url, "--tag", "doc:9"]) == 0
     assert json.loads(capsys.readouterr().out)["removed"] == 1
@@ -230,9 +301,17 @@ def test_cli_admin_commands(make_proxy: Callable[..., Any], vllm: FakeVllm, back
 
 
 def test_sdk_tags_invalidate_and_erase_in_process(backend: Any, tmp_path: Path) -> None:
-    config = {"cache_dir": str(tmp_path / "cache"),
-              "routes": [{"name": "r", "model": "demo-*", "semantic": {"enabled": False},
-                          "backend": {"model": "openai/served-name", "api_base": backend.api_base, "api_key": "x"}}]}
+    config = {
+        "cache_dir": str(tmp_path / "cache"),
+        "routes": [
+            {
+                "name": "r",
+                "model": "demo-*",
+                "semantic": {"enabled": False},
+                "backend": {"model": "openai/served-name", "api_base": backend.api_base, "api_key": "x"},
+            }
+        ],
+    }
     with Gateway(config, tenant="acme") as gw:
         ask = {"model": "demo-1", "messages": [{"role": "user", "content": f"{CANARY} sdk"}]}
         assert cache_info(gw.completion(**ask, cache_tags=["doc:5"])).cache == "miss"

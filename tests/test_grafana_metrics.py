@@ -2,13 +2,13 @@
 through a proxy (a priced route on the demo backend; a routed one over a real reference replica
 and a dead one, so a failover happens) every kvgate_* name in its PromQL is on the proxy's or the
 replica's /metrics. The same setup checks that /v1/stats carries the replica's own KV readings."""
+
 from __future__ import annotations
 
 import json
 import re
 import socket
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
@@ -19,8 +19,8 @@ from kvgate.engines.replica.engine import ReplicaEngine
 from kvgate.engines.replica.model import load_model, model_namespace
 from kvgate.engines.replica.server import build_store, create_replica_app
 from kvgate.middleware.config import parse_config
-from tests.conftest import ROOT, Proxy
 from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import ROOT, Proxy
 
 pytestmark = pytest.mark.slow  # loads the real SmolLM2 replica
 DASHBOARD = ROOT / "examples" / "grafana" / "kvgate-dashboard.json"
@@ -58,18 +58,30 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
 
 
 @pytest.fixture(scope="module")
-def traffic(replica: ServerThread, backend: Any, embedder: Any, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[tuple[Proxy, str]]:
+def traffic(
+    replica: ServerThread, backend: Any, embedder: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Proxy, str]]:
     raw = {
-        "cache_dir": str(tmp_path_factory.mktemp("cache")), "stats": {"interval_s": 0.2},
+        "cache_dir": str(tmp_path_factory.mktemp("cache")),
+        "stats": {"interval_s": 0.2},
         "routes": [
-            {"name": "priced", "model": "gpt-*", "semantic": {"enabled": False},
-             "backend": {"model": "openai/gpt-4o-mini", "api_base": backend.api_base, "api_key": "sk-x"}},
-            {"name": "local", "model": "smol*", "semantic": {"enabled": False},
-             "backend": {"model": "openai/smollm2", "api_key": "none"},
-             "replicas": [{"name": "dead", "api_base": f"http://127.0.0.1:{free_port()}/v1"},
-                          {"name": "r1", "api_base": f"{replica.url}/v1"}],
-             "routing": {"policy": "round_robin", "probe_interval_s": 60, "down_for_s": 60}},
+            {
+                "name": "priced",
+                "model": "gpt-*",
+                "semantic": {"enabled": False},
+                "backend": {"model": "openai/gpt-4o-mini", "api_base": backend.api_base, "api_key": "sk-x"},
+            },
+            {
+                "name": "local",
+                "model": "smol*",
+                "semantic": {"enabled": False},
+                "backend": {"model": "openai/smollm2", "api_key": "none"},
+                "replicas": [
+                    {"name": "dead", "api_base": f"http://127.0.0.1:{free_port()}/v1"},
+                    {"name": "r1", "api_base": f"{replica.url}/v1"},
+                ],
+                "routing": {"policy": "round_robin", "probe_interval_s": 60, "down_for_s": 60},
+            },
         ],
     }
     proxy = Proxy(parse_config(raw), embedder)
@@ -78,8 +90,11 @@ def traffic(replica: ServerThread, backend: Any, embedder: Any, tmp_path_factory
     hit = proxy.chat(question, model="gpt-4o-mini")
     assert hit.headers["x-kvgate-cache"] == "exact"
     assert proxy.chat("Stream this one", model="gpt-4o-mini", stream=True).status_code == 200
-    verdict = proxy.http.post("/v1/cache/feedback", json={"request_id": hit.headers["x-kvgate-request-id"], "correct": False},
-                              headers={"authorization": "Bearer key-a"})
+    verdict = proxy.http.post(
+        "/v1/cache/feedback",
+        json={"request_id": hit.headers["x-kvgate-request-id"], "correct": False},
+        headers={"authorization": "Bearer key-a"},
+    )
     assert verdict.status_code == 200
     long_chat = [{"role": "user", "content": f"{LONG}\nWhat is 7 squared?"}]
     for _ in range(2):  # the first goes to the dead replica and fails over; the second reuses its chunk

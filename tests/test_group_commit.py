@@ -1,5 +1,6 @@
 """Group commit of inline record steps (kvgate.middleware.cache.group_commit), the stores' write batches
 (`batch()`, kvgate.index.storage.softfail.soft_transaction) and ids reserved in blocks (kvgate.index.responses.id_blocks)."""
+
 from __future__ import annotations
 
 import asyncio

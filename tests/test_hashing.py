@@ -1,4 +1,5 @@
 """Chained block hashing: the properties prefix routing relies on."""
+
 from __future__ import annotations
 
 import subprocess
@@ -73,15 +74,27 @@ def test_only_full_blocks_extra_keys_and_seed():
 def test_hashes_are_the_ones_earlier_versions_wrote():
     """Chunks on disk and in Redis are keyed by these: the scheme must never drift."""
     assert block_hashes(list(range(64)), 16) == [
-        6877071744155751715, 8223139665013800787, 17151805118127067295, 16759691945055215955]
+        6877071744155751715,
+        8223139665013800787,
+        17151805118127067295,
+        16759691945055215955,
+    ]
     text = [ord(c) for c in "héllo wörld, 🙂 twenty-four chars!"]
     assert block_hashes(text, 8, extra=("m", 3)) == [
-        3148698562844123075, 15979847942193214104, 15142781145999798721, 15742930476255675572]
+        3148698562844123075,
+        15979847942193214104,
+        15142781145999798721,
+        15742930476255675572,
+    ]
 
 
 @settings(max_examples=200, deadline=None)
-@given(tokens, st.integers(1, 16), st.one_of(st.none(), st.integers(0, 2**64 - 1)),
-       st.lists(st.text(max_size=3), max_size=2))
+@given(
+    tokens,
+    st.integers(1, 16),
+    st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+    st.lists(st.text(max_size=3), max_size=2),
+)
 def test_packed_digests_are_block_hashes(toks, bs, parent, extra):
     assert unpack_tokens(pack_tokens(toks)) == toks
     digests = packed_block_digests(pack_tokens(toks), bs, parent, extra)
@@ -106,8 +119,14 @@ def test_prompt_hashes_are_block_hashes_of_the_prompts_tokens(turns, bs):
 
 def test_stable_across_processes():
     code = "from kvgate.index.kv.hashing import block_hashes; print(block_hashes(list(range(64)), 16))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=__file__.rsplit("/tests/", 1)[0])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+        cwd=__file__.rsplit("/tests/", 1)[0],
+    )
     assert out.stdout.strip() == str(block_hashes(list(range(64)), 16))
 
 
@@ -139,8 +158,14 @@ def test_chat_tokenizer_encode_matches_the_tokenizers_own_call():
 
     tok = load_tokenizer("smollm2")
     assert tok._rust is not None
-    for text in ["<|im_start|>user\nwhat about é, 日本語 and emoji 🙂?<|im_end|>\n", "<|im_start|>assistant\n",
-                 " leading space", "", "tabs\tand\nnewlines  ", "word and more " * 500]:
+    for text in [
+        "<|im_start|>user\nwhat about é, 日本語 and emoji 🙂?<|im_end|>\n",
+        "<|im_start|>assistant\n",
+        " leading space",
+        "",
+        "tabs\tand\nnewlines  ",
+        "word and more " * 500,
+    ]:
         assert tok.encode(text) == list(tok._tok(text, add_special_tokens=False)["input_ids"])
 
 
@@ -149,9 +174,9 @@ def test_chat_tokenizer_encode_matches_the_tokenizers_own_call():
 def test_completions_prompts_hash_their_own_tokens(text, bs, salt):
     """A completions prompt hashes as the engine's tokens of the raw text (no template) or the ids
     as given, under the same salt rule as chat; text, ids and chat never share a chain state."""
+    from kvgate.index.kv.hashing import salted_seed, text_tokens
     from kvgate.index.kv.prompt import PromptHasher, TextPrompt
     from kvgate.index.kv.tokenizer import TextTokenizer
-    from kvgate.index.kv.hashing import salted_seed, text_tokens
 
     hasher = PromptHasher(TextTokenizer(), bs)
     tokens = text_tokens(text)

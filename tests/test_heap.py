@@ -1,5 +1,6 @@
 """The server process's collector settings (kvgate.middleware.server.heap), in a fresh interpreter: this one's
 collector is pytest's."""
+
 from __future__ import annotations
 
 import subprocess

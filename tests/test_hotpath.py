@@ -1,5 +1,6 @@
 """The proxy's hot path: prompt-sized work off the event loop, each prompt hashed once, and the
 same hashes and routing decisions as before."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,13 @@ from kvgate.engines.demo import Calls, create_fake_app
 from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import TextTokenizer
-from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
-from kvgate.middleware.cache.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
 from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.server.body import OFF_LOOP_BODY_BYTES, _parse_body
-from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.cache.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
+from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
 from kvgate.middleware.routing.records import INLINE_RECORD_BLOCKS
 from kvgate.middleware.routing.router import Router
+from kvgate.middleware.server.body import OFF_LOOP_BODY_BYTES, _parse_body
+from kvgate.middleware.server.proxy import create_app
 from kvgate.middleware.server.schema import ChatCompletionRequest
 from kvgate.tools.bench.procs import ServerThread
 
@@ -44,7 +45,10 @@ class Recording(TextTokenizer):
 def chat(turns: int) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are terse. " * 40}]
     for t in range(turns):
-        msgs += [{"role": "user", "content": f"question {t} " * 30}, {"role": "assistant", "content": f"answer {t} " * 20}]
+        msgs += [
+            {"role": "user", "content": f"question {t} " * 30},
+            {"role": "assistant", "content": f"answer {t} " * 20},
+        ]
     return msgs + [{"role": "user", "content": "and finally?"}]
 
 
@@ -107,8 +111,9 @@ def test_a_fresh_prompt_is_matched_on_its_first_blocks_and_recorded_whole():
         r.prepare(msgs)
         plan = r.plan(msgs)
         assert plan.prompt is not None and plan.prompt.partial and len(plan.hashes) < len(full)
-        assert plan.matched_blocks == {"r0": 0, "r1": 0} and plan.prompt_tokens == len("".join(
-            TextTokenizer().segments(msgs)))
+        assert plan.matched_blocks == {"r0": 0, "r1": 0} and plan.prompt_tokens == len(
+            "".join(TextTokenizer().segments(msgs))
+        )
         r.started(r.replicas[1], plan)
         assert r.settle(10.0)
         assert idx.threads and all(t.startswith("kvgate-index") for t in idx.threads)  # hashed and recorded there
@@ -167,7 +172,7 @@ def test_answer_hashes_resume_from_the_prompt_and_are_what_finished_records():
     ticket = r.started(r.replicas[0], plan)
     hashes = r.answer_hashes(plan, [*msgs, answer])
     full = PromptHasher(TextTokenizer(), 16).hashes([*msgs, answer])[0]
-    assert hashes == full and hashes[:len(plan.hashes)] == plan.hashes
+    assert hashes == full and hashes[: len(plan.hashes)] == plan.hashes
     r.finished(ticket, True, hashes)
     assert r.index.match(full)["r0"] == len(full)
 
@@ -230,7 +235,9 @@ def test_a_short_chain_is_recorded_on_the_callers_thread_unless_records_are_queu
         index.record = lambda replica, hashes, _orig=index.record: (gate.wait(5), _orig(replica, hashes))[1]  # type: ignore[method-assign]
         long = r.plan(long_chat(1))
         r.started(r.replicas[1], long)  # a long chain: queued behind the gate
-        r.started(r.replicas[1], r.plan([{"role": "user", "content": "another short one"}]))  # queued behind it, in order
+        r.started(
+            r.replicas[1], r.plan([{"role": "user", "content": "another short one"}])
+        )  # queued behind it, in order
         gate.set()
         r.settle()
         assert index.threads[1:] and all(name.startswith("kvgate-index") for name in index.threads[1:])
@@ -258,12 +265,15 @@ def test_no_answer_hashing_when_answers_are_not_recorded():
 
 
 # ------------------------------------------------------------------ body parsing
-@pytest.mark.parametrize("raw", [
-    b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00 \xc3\xa9"}]}',
-    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 123456789012345678901234567890}',
-    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0.30000000000000004, "top_p": 1e-7}',
-    b'{"model": "m", "model": "n", "messages": [{"role": "user", "content": "x"}], "metadata": {"a": [null, true, -0]}}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00 \xc3\xa9"}]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 123456789012345678901234567890}',
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0.30000000000000004, "top_p": 1e-7}',
+        b'{"model": "m", "model": "n", "messages": [{"role": "user", "content": "x"}], "metadata": {"a": [null, true, -0]}}',
+    ],
+)
 def test_fast_parse_equals_json(raw):
     assert _parse_body(raw, ChatCompletionRequest) == json.loads(raw)
 
@@ -273,15 +283,21 @@ def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
     """A long prompt (or a long new turn) is rendered and tokenised in worker threads; a small one
     on the event loop, where the hops would cost more than the work (kvgate.middleware.cache.offload)."""
     replicas = [ServerThread(create_fake_app(Calls())).start() for _ in range(2)]
-    config = parse_config({
-        "cache_dir": str(tmp_path / "cache"),
-        "routes": [{
-            "name": "local", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(replicas)],
-            "routing": {"prefix": {"tokenizer": "text", "block_size": 16}},
-        }],
-    })
+    config = parse_config(
+        {
+            "cache_dir": str(tmp_path / "cache"),
+            "routes": [
+                {
+                    "name": "local",
+                    "model": "smol*",
+                    "backend": {"model": "openai/smollm2", "api_key": "none"},
+                    "semantic": {"enabled": False},
+                    "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(replicas)],
+                    "routing": {"prefix": {"tokenizer": "text", "block_size": 16}},
+                }
+            ],
+        }
+    )
     pipeline = build_pipeline(config, embedder=embedder)
     tok = Recording()
     pipeline.routers["local"].hasher.tokenizer = tok
@@ -294,10 +310,15 @@ def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
                 assert prompt_chars(msgs) < INLINE_NEW_CHARS_TEXT
                 big = [*msgs[:-1], {"role": "user", "content": f"long {stream} " + "y" * OFF_LOOP_BODY_BYTES}]
                 # under the total bound, but a new turn past the text tokenizer's new-characters bound
-                new_turn = [*msgs[:-1], {"role": "user", "content": f"new {stream} " + "z" * (2 * INLINE_NEW_CHARS_TEXT)}]
-                for body, on_loop in (({"model": "smollm2", "messages": msgs, "stream": stream}, True),
-                                      ({"model": "smollm2", "messages": big, "stream": stream}, False),
-                                      ({"model": "smollm2", "messages": new_turn, "stream": stream}, False)):
+                new_turn = [
+                    *msgs[:-1],
+                    {"role": "user", "content": f"new {stream} " + "z" * (2 * INLINE_NEW_CHARS_TEXT)},
+                ]
+                for body, on_loop in (
+                    ({"model": "smollm2", "messages": msgs, "stream": stream}, True),
+                    ({"model": "smollm2", "messages": big, "stream": stream}, False),
+                    ({"model": "smollm2", "messages": new_turn, "stream": stream}, False),
+                ):
                     before = len(tok.calls)
                     resp = client.post("/v1/chat/completions", json=body)
                     assert resp.status_code == 200, resp.text
@@ -320,7 +341,9 @@ def test_block_size_default_depends_on_tokenizer_and_mode():
     assert PrefixConfig(mode="precise").block_size is None  # precise: the engine's own, once it says
     assert PrefixConfig(mode="precise").tokenizer == "auto"
     assert PrefixConfig(tokenizer="smollm2").block_size == 16
-    assert PrefixConfig(block_size=16).block_size == 16 and PrefixConfig(block_size=256, mode="precise").block_size == 256
+    assert (
+        PrefixConfig(block_size=16).block_size == 16 and PrefixConfig(block_size=256, mode="precise").block_size == 256
+    )
 
 
 def test_a_record_after_close_is_applied_inline_not_raised():
@@ -365,7 +388,9 @@ def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):
         msgs = long_chat(9)
         waits: list[tuple[float | None, bool]] = []
         settle = r.records.settle
-        monkeypatch.setattr(r.records, "settle", lambda timeout=None: waits.append((timeout, settle(timeout))) or waits[-1][1])
+        monkeypatch.setattr(
+            r.records, "settle", lambda timeout=None: waits.append((timeout, settle(timeout))) or waits[-1][1]
+        )
         r.prepare(msgs)  # waits at most SETTLE_WAIT_S for the stuck records, then matches what is in
         assert waits == [(planner_module.SETTLE_WAIT_S, False)]  # a bounded wait, and it ran out
         assert not settle(0)  # prepare returned with the records still stuck: it did not wait for them

@@ -1,5 +1,6 @@
 """The relay's HTTP/1.1 client (kvgate.middleware.forward.http1) against real sockets on 127.0.0.1: servers that
 answer in each framing, close idle connections, break mid-body, send garbage or nothing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,9 @@ async def read_request(reader: asyncio.StreamReader) -> bytes | None:
         head = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     return await reader.readexactly(length)
 
 
@@ -55,6 +58,7 @@ class Server:
 def sends(*steps: bytes | float, keep: bool = True) -> Behaviour:
     """Answers every request with `steps` as is: bytes are written (and drained), a number is a
     pause in seconds between them; `keep`: the connection stays open after it."""
+
     async def answer(reader, writer, n):
         for step in steps:
             if isinstance(step, bytes):
@@ -63,11 +67,14 @@ def sends(*steps: bytes | float, keep: bool = True) -> Behaviour:
             else:
                 await asyncio.sleep(step)
         return keep
+
     return answer
 
 
 def fixed(body: bytes, status: int = 200) -> Behaviour:
-    return sends(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body))
+    return sends(
+        b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body)
+    )
 
 
 def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
@@ -75,12 +82,19 @@ def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
 
 
 def test_targets_and_heads_are_well_framed():
-    assert target_of("http://127.0.0.1:8000/v1/chat/completions?x=1") == ("http", "127.0.0.1", 8000, "/v1/chat/completions?x=1")
+    assert target_of("http://127.0.0.1:8000/v1/chat/completions?x=1") == (
+        "http",
+        "127.0.0.1",
+        8000,
+        "/v1/chat/completions?x=1",
+    )
     assert target_of("https://api.example/v1") == ("https", "api.example", 443, "/v1")
     with pytest.raises(ValueError):
         target_of("ftp://host/x")
     head = request_head(("http", "::1", 8000, "/v1"), 5, {"content-type": "application/json"})
-    assert head == b"POST /v1 HTTP/1.1\r\nhost: [::1]:8000\r\ncontent-length: 5\r\ncontent-type: application/json\r\n\r\n"
+    assert (
+        head == b"POST /v1 HTTP/1.1\r\nhost: [::1]:8000\r\ncontent-length: 5\r\ncontent-type: application/json\r\n\r\n"
+    )
     for bad in ({"x-a": "1\r\nx-injected: 2"}, {"x\nb": "1"}, {"x:b": "1"}, {"x-a": "\0"}):
         with pytest.raises(ValueError):
             request_head(("http", "h", 80, "/"), 0, bad)
@@ -96,6 +110,7 @@ def test_a_kept_alive_connection_carries_the_next_requests():
                 assert response.status == 200 and await response.read() == b'{"ok": true}'
             assert server.connections == 1 and server.bodies == [b'{"i": 0}', b'{"i": 1}', b'{"i": 2}']
             await pool.aclose()
+
     run(main)
 
 
@@ -114,15 +129,19 @@ def test_chunked_bodies_come_decoded_and_in_order():
             assert await (await pool.post(url, b"{}", {}, 5)).read() == b"".join(pieces)
             assert server.connections == 1  # read to its end: the connection went back to the pool
             await pool.aclose()
+
     run(main)
 
 
-@pytest.mark.parametrize("answer, body", [
-    # a body that ends with the connection: whole, and the connection is not reused
-    (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it", b"all of it"),
-    # answers, then drops the connection without saying so: the pooled one is retried on a new one
-    (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", b"ok"),
-])
+@pytest.mark.parametrize(
+    "answer, body",
+    [
+        # a body that ends with the connection: whole, and the connection is not reused
+        (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it", b"all of it"),
+        # answers, then drops the connection without saying so: the pooled one is retried on a new one
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", b"ok"),
+    ],
+)
 def test_a_connection_the_server_closes_after_answering_is_not_used_again(answer, body):
     async def main() -> None:
         server = Server(sends(answer, keep=False))
@@ -133,6 +152,7 @@ def test_a_connection_the_server_closes_after_answering_is_not_used_again(answer
             assert await (await pool.post(url, b"{}", {}, 5)).read() == body
             assert server.connections == 2
             await pool.aclose()
+
     run(main)
 
 
@@ -152,7 +172,9 @@ def test_failures_raise_what_the_relay_fails_over_on():
             with pytest.raises(asyncio.TimeoutError):  # only its own timeout can end this wait
                 await pool.post(url, b"{}", {}, 0.2)
             release.set()
-        async with Server(sends(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789", keep=False)) as url:  # 10 of 100
+        async with Server(
+            sends(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789", keep=False)
+        ) as url:  # 10 of 100
             response = await pool.post(url, b"{}", {}, 5)
             with pytest.raises(ConnectionError):
                 await response.read()
@@ -164,6 +186,7 @@ def test_failures_raise_what_the_relay_fails_over_on():
         with pytest.raises(ConnectionError):  # refused
             await pool.post(f"http://127.0.0.1:{port}/v1", b"{}", {}, 5)
         await pool.aclose()
+
     run(main)
 
 
@@ -189,6 +212,7 @@ def test_a_slow_reader_pauses_the_socket_and_gets_every_byte():
                 paused = paused or (conn is not None and conn._paused)
             assert got == size and paused
             await pool.aclose()
+
     run(main)
 
 
@@ -204,4 +228,5 @@ def test_a_response_left_unread_drops_its_connection():
             assert await (await pool.post(url, b"{}", {}, 5)).read() == b"x" * 100_000
             assert server.connections == 2
             await pool.aclose()
+
     run(main)

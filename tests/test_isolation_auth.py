@@ -1,5 +1,6 @@
 """Tenant isolation, the API-key gate on every route, secrets kept out of logs and metrics, and
 the loopback default — against the real proxy (in-process server and a `kvgate serve` process)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ import httpx
 import psutil
 import pytest
 import yaml
-
 from conftest import route_config
+
 from kvgate.middleware.server.auth import BASIC_CHALLENGE, bind_warning, on_dashboard
 from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
 
@@ -33,6 +34,7 @@ def keyed(make_proxy, backend, tmp_path):
 def test_fifty_tenants_never_see_each_others_answers(keyed, backend):
     """Every tenant asks the same questions (and paraphrases): each gets its own miss first, then
     hits only on what it stored itself."""
+
     def tenant_run(key: str) -> list[tuple[str, str, str]]:
         out = []
         for question, paraphrase in QUESTIONS:
@@ -89,8 +91,12 @@ def test_every_route_but_health_needs_a_key(keyed):
     assert ("POST", "/v1/chat/completions") in paths and ("GET", "/metrics") in paths
     assert ("GET", "/openapi.json") in paths
     for method, path in paths + [("GET", "/no/such/path"), ("POST", "/v1/admin/anything")]:
-        for headers in ({}, {"authorization": "Bearer not-a-tenant"}, {"authorization": "Basic " + TENANTS[0]},
-                        {"authorization": f"Bearer {TENANTS[0]}x"}):
+        for headers in (
+            {},
+            {"authorization": "Bearer not-a-tenant"},
+            {"authorization": "Basic " + TENANTS[0]},
+            {"authorization": f"Bearer {TENANTS[0]}x"},
+        ):
             resp = keyed.http.request(method, path, headers=headers, json={})
             if path == "/health":
                 assert resp.status_code == 200
@@ -107,8 +113,11 @@ def test_every_route_but_health_needs_a_key(keyed):
 def test_cache_control_and_feedback_need_a_key(keyed, backend):
     keyed.chat("A question worth caching?", key=TENANTS[0])
     calls = backend.count
-    no_key = keyed.http.post("/v1/chat/completions", headers={"x-kvgate-cache-control": "no-cache"},
-                             json={"model": "demo-1", "messages": [{"role": "user", "content": "A question worth caching?"}]})
+    no_key = keyed.http.post(
+        "/v1/chat/completions",
+        headers={"x-kvgate-cache-control": "no-cache"},
+        json={"model": "demo-1", "messages": [{"role": "user", "content": "A question worth caching?"}]},
+    )
     assert no_key.status_code == 401 and backend.count == calls
     assert keyed.http.post("/v1/cache/feedback", json={"request_id": "x", "correct": False}).status_code == 401
 
@@ -139,12 +148,14 @@ def test_serve_binds_loopback_and_keeps_keys_and_prompts_out_of_logs(tmp_path: P
     try:
         fake.wait_http(f"http://127.0.0.1:{backend_port}/v1/models")
         proxy.wait_http(f"{url}/health")
-        listening = {c.laddr.ip for c in psutil.Process(proxy.proc.pid).net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN}
+        listening = {
+            c.laddr.ip for c in psutil.Process(proxy.proc.pid).net_connections("inet") if c.status == psutil.CONN_LISTEN
+        }
         assert listening == {"127.0.0.1"}, listening
 
         auth = {"authorization": f"Bearer {SECRET_KEY}"}
         with httpx.Client(base_url=url, timeout=30) as http:
+
             def chat(content: Any, headers: dict[str, str] = auth, **extra: Any) -> httpx.Response:
                 body = {"model": "demo-1", "messages": [{"role": "user", "content": content}], **extra}
                 return http.post("/v1/chat/completions", json=body, headers=headers)
@@ -157,8 +168,11 @@ def test_serve_binds_loopback_and_keeps_keys_and_prompts_out_of_logs(tmp_path: P
             assert chat(f"{SECRET_PROMPT}", temperature="hot").status_code == 400
             assert chat(f"{SECRET_PROMPT}", headers={"authorization": f"Bearer {SECRET_KEY}-wrong"}).status_code == 401
             assert chat(f"{SECRET_PROMPT}", headers={**auth, "x-kvgate-cache-control": "bogus"}).status_code == 400
-            bad = http.post("/v1/chat/completions", headers=auth,
-                            content=f'{{"model": "demo-1", "messages": [{{"role": "user", "content": "{SECRET_PROMPT}\\ud800"}}]}}')
+            bad = http.post(
+                "/v1/chat/completions",
+                headers=auth,
+                content=f'{{"model": "demo-1", "messages": [{{"role": "user", "content": "{SECRET_PROMPT}\\ud800"}}]}}',
+            )
             assert bad.status_code == 400
             metrics = http.get("/metrics", headers=auth)
             assert metrics.status_code == 200 and "kvgate_requests_total" in metrics.text

@@ -1,5 +1,6 @@
 """The connector's worker data path without vLLM: layouts vLLM registers, the staging pool, batched
 loads (one scatter per layer per request), background loads, and the load-or-recompute gate."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvgate.engines.vllm.kv_connector.background import BackgroundLoads
-from kvgate.engines.vllm.kv_connector.gate import (COLD, Costs, Estimates, chunks_worth_loading, ewma, in_background,
-                                            load_seconds, prefill_seconds, slowest)
+from kvgate.engines.vllm.kv_connector.gate import (
+    COLD,
+    Costs,
+    Estimates,
+    chunks_worth_loading,
+    ewma,
+    in_background,
+    load_seconds,
+    prefill_seconds,
+    slowest,
+)
 from kvgate.engines.vllm.kv_connector.paged import PagedKV, block_axis
 from kvgate.engines.vllm.kv_connector.settings import SettingsError, parse
 from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
@@ -36,14 +46,17 @@ def strided_views(order: tuple[int, ...], num_blocks: int = BLOCKS, ratio: int =
 
 
 # -- layouts -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("shape, num_blocks, expect", [
-    ((BLOCKS, HEADS, BS, 2 * HEAD), BLOCKS, (0, 1)),  # vLLM 0.32's [B, H, N, C]
-    ((2 * BLOCKS, HEADS, BS // 2, 2 * HEAD), BLOCKS, (0, 2)),  # kernel blocks half the scheduler's
-    ((2, BLOCKS, BS, HEADS, HEAD), BLOCKS, (1, 1)),  # FlashAttention's K/V-first
-    ((BLOCKS, 2, BS, HEADS, HEAD), BLOCKS, (0, 1)),  # FlashInfer's
-    ((2, BLOCKS, BS, HEADS, HEAD), None, (1, 1)),
-    ((10, 2, 4, 8), None, (0, 1)),
-])
+@pytest.mark.parametrize(
+    "shape, num_blocks, expect",
+    [
+        ((BLOCKS, HEADS, BS, 2 * HEAD), BLOCKS, (0, 1)),  # vLLM 0.32's [B, H, N, C]
+        ((2 * BLOCKS, HEADS, BS // 2, 2 * HEAD), BLOCKS, (0, 2)),  # kernel blocks half the scheduler's
+        ((2, BLOCKS, BS, HEADS, HEAD), BLOCKS, (1, 1)),  # FlashAttention's K/V-first
+        ((BLOCKS, 2, BS, HEADS, HEAD), BLOCKS, (0, 1)),  # FlashInfer's
+        ((2, BLOCKS, BS, HEADS, HEAD), None, (1, 1)),
+        ((10, 2, 4, 8), None, (0, 1)),
+    ],
+)
 def test_block_axis_of_the_layouts_vllm_registers(shape, num_blocks, expect) -> None:
     assert block_axis(shape, num_blocks) == expect
 
@@ -142,8 +155,10 @@ def test_background_loads_report_each_request_once_after_its_failures(store: Chu
         assert bg.take_finished() == {"ok", "gap"} and bg.take_finished() == set()
         assert bg.take_failed() == {5}
         assert counters.background_loads == 2 and counters.loads == 0
-        assert all(torch.equal(d[3], d[4]) and near(d[3], s[2], store.codec_name)  # type: ignore[attr-defined]
-                   for d, s in zip(dst.layers, src.layers))
+        assert all(
+            torch.equal(d[3], d[4]) and near(d[3], s[2], store.codec_name)  # type: ignore[attr-defined]
+            for d, s in zip(dst.layers, src.layers)
+        )
     finally:
         bg.close()
 
@@ -214,9 +229,11 @@ def test_estimates_move_from_cold_towards_measurements_per_tier() -> None:
     assert est.costs("remote").load_bytes_per_s == COLD.load_bytes_per_s  # never measured: cold
     assert math.isclose(est.costs("remote").prefill_tokens_per_s, 4000, rel_tol=1e-3)
     est.observe_load(0, 0, 0, "disk")  # nothing measured moves nothing
-    assert est.gauges(["disk", "remote"]) == {"gate_load_gbps_disk": pytest.approx(1.0, rel=1e-3),
-                                              "gate_load_gbps_remote": COLD.load_bytes_per_s / 1e9,
-                                              "gate_prefill_tokens_per_s": pytest.approx(4000, rel=1e-3)}
+    assert est.gauges(["disk", "remote"]) == {
+        "gate_load_gbps_disk": pytest.approx(1.0, rel=1e-3),
+        "gate_load_gbps_remote": COLD.load_bytes_per_s / 1e9,
+        "gate_prefill_tokens_per_s": pytest.approx(4000, rel=1e-3),
+    }
 
 
 @given(st.lists(st.sampled_from(["memory", "disk", "remote", "other"]), max_size=6))
@@ -239,8 +256,10 @@ def test_loads_are_counted_by_the_slowest_tier_serving_them(tmp_path) -> None:
     assert both.longest_prefix([1, 2], holders) == 2 and holders == ["memory", "disk"]
     counters = Counters()
     Loader(both, PagedKV(strided_views((0, 1, 2, 3, 4)), BLOCKS), counters).load(LoadSpec("r", [1, 2], [[4], [5]], 0))
-    assert list(counters.by_tier) == ["disk"] and counters.by_tier["disk"][:2] == [sum(
-        c.nbytes for c in both.get_many([1, 2])), 2]
+    assert list(counters.by_tier) == ["disk"] and counters.by_tier["disk"][:2] == [
+        sum(c.nbytes for c in both.get_many([1, 2])),
+        2,
+    ]
     both.close()
 
 
@@ -259,8 +278,7 @@ def test_loader_is_usable_from_two_threads(store: ChunkStore) -> None:
     save(store, src, [SaveSpec(h, [h], [h]) for h in range(4)])
     dst = PagedKV(strided_views((0, 1, 2, 3, 4)), BLOCKS)
     loader = Loader(store, dst, Counters())
-    threads = [threading.Thread(target=loader.load, args=(LoadSpec(str(h), [h], [[h + 4]], skip=0),))
-               for h in range(4)]
+    threads = [threading.Thread(target=loader.load, args=(LoadSpec(str(h), [h], [[h + 4]], skip=0),)) for h in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,8 +1,8 @@
 """KV cache events: vLLM wire format, EventApplier into our hash space, ZMQ end to end."""
+
 from __future__ import annotations
 
 import logging
-
 from typing import Any, Union
 
 import msgpack
@@ -89,27 +89,44 @@ def test_decode_hand_built_vllm_layout() -> None:
 
 def test_decode_older_and_newer_layouts() -> None:
     # Oldest vLLM: [ts, events], BlockStored without medium, BlockRemoved with hashes only.
-    old = msgpack.packb([1.0, [["BlockStored", [1], None, toks(1), 16, None],
-                               ["BlockRemoved", [1]]]])
-    assert decode_batch(old).events == [BlockStored([1], None, toks(1), 16),
-                                        BlockRemoved([1])]
+    old = msgpack.packb([1.0, [["BlockStored", [1], None, toks(1), 16, None], ["BlockRemoved", [1]]]])
+    assert decode_batch(old).events == [BlockStored([1], None, toks(1), 16), BlockRemoved([1])]
     # Later releases append lora_name, extra_keys, group_idx, kv_cache_spec_* positionally.
-    new = msgpack.packb([1.0, [["BlockStored", [1], None, toks(1), 16, None, "GPU", None,
-                                [None], 0, "full_attention"]], 0])
+    new = msgpack.packb(
+        [1.0, [["BlockStored", [1], None, toks(1), 16, None, "GPU", None, [None], 0, "full_attention"]], 0]
+    )
     # The classes mirror vLLM's field order, so those fields are kept too.
-    assert decode_batch(new).events == [BlockStored([1], None, toks(1), 16, None, "GPU",
-                                                    extra_keys=[None], group_idx=0,
-                                                    kv_cache_spec_kind="full_attention")]
+    assert decode_batch(new).events == [
+        BlockStored(
+            [1], None, toks(1), 16, None, "GPU", extra_keys=[None], group_idx=0, kv_cache_spec_kind="full_attention"
+        )
+    ]
     # Some releases encode events as maps with a "type" tag.
-    as_map = msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1],
-                                   "parent_block_hash": None, "token_ids": toks(1),
-                                   "block_size": 16, "lora_id": None, "medium": "GPU",
-                                   "lora_name": None, "extra_keys": [None], "group_idx": 0},
-                                  {"type": "BlockRemoved", "block_hashes": [1],
-                                   "medium": "GPU"}], 0])
+    as_map = msgpack.packb(
+        [
+            1.0,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [1],
+                    "parent_block_hash": None,
+                    "token_ids": toks(1),
+                    "block_size": 16,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                    "extra_keys": [None],
+                    "group_idx": 0,
+                },
+                {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"},
+            ],
+            0,
+        ]
+    )
     assert decode_batch(as_map).events == [
         BlockStored([1], None, toks(1), 16, None, "GPU", extra_keys=[None], group_idx=0),
-        BlockRemoved([1], "GPU")]
+        BlockRemoved([1], "GPU"),
+    ]
     as_map_batch = msgpack.packb({"ts": 2.0, "events": [["AllBlocksCleared"]]})
     assert decode_batch(as_map_batch) == KVEventBatch(2.0, [AllBlocksCleared()], None)
 
@@ -175,38 +192,54 @@ class VMapBatch(msgspec.Struct, omit_defaults=True, gc=False):
 def test_vllm_array_decoder_reads_what_we_publish() -> None:
     # medium None too: msgspec writes every field of an array_like Struct, so the fields old
     # vLLM readers require are always there
-    ours = KVEventBatch(ts=3.5, events=[BlockStored([1, b"h"], None, toks(1), BS),
-                                        BlockRemoved([1], "GPU"), AllBlocksCleared()])
+    ours = KVEventBatch(
+        ts=3.5, events=[BlockStored([1, b"h"], None, toks(1), BS), BlockRemoved([1], "GPU"), AllBlocksCleared()]
+    )
     theirs = msgspec.msgpack.Decoder(VArrayBatch).decode(encode_batch(ours))
-    assert theirs == VArrayBatch(3.5, [VArrayStored([1, b"h"], None, toks(1), BS, None, None),
-                                       VArrayRemoved([1], "GPU"), VArrayCleared()])
+    assert theirs == VArrayBatch(
+        3.5, [VArrayStored([1, b"h"], None, toks(1), BS, None, None), VArrayRemoved([1], "GPU"), VArrayCleared()]
+    )
 
 
 def test_we_read_what_vllm_publishes() -> None:
-    arr = VArrayBatch(1.0, [VArrayStored([2**64 - 1], None, toks(1), BS, None, "GPU"),
-                            VArrayRemoved([2**64 - 1], "GPU"), VArrayCleared()], 1)
+    arr = VArrayBatch(
+        1.0,
+        [VArrayStored([2**64 - 1], None, toks(1), BS, None, "GPU"), VArrayRemoved([2**64 - 1], "GPU"), VArrayCleared()],
+        1,
+    )
     assert decode_batch(msgspec.msgpack.encode(arr)) == KVEventBatch(
-        1.0, [BlockStored([2**64 - 1], None, toks(1), BS, None, "GPU"), BlockRemoved([2**64 - 1], "GPU"),
-              AllBlocksCleared()], 1)
-    as_map = VMapBatch(2.0, [VMapStored([5], 4, toks(1), BS, None, "GPU", "ad", [None], 1),
-                             VMapRemoved([5], "GPU")], 0)
+        1.0,
+        [
+            BlockStored([2**64 - 1], None, toks(1), BS, None, "GPU"),
+            BlockRemoved([2**64 - 1], "GPU"),
+            AllBlocksCleared(),
+        ],
+        1,
+    )
+    as_map = VMapBatch(2.0, [VMapStored([5], 4, toks(1), BS, None, "GPU", "ad", [None], 1), VMapRemoved([5], "GPU")], 0)
     assert decode_batch(msgspec.msgpack.encode(as_map)) == KVEventBatch(
-        2.0, [BlockStored([5], 4, toks(1), BS, None, "GPU", "ad", [None], 1),
-              BlockRemoved([5], "GPU")], 0)
+        2.0, [BlockStored([5], 4, toks(1), BS, None, "GPU", "ad", [None], 1), BlockRemoved([5], "GPU")], 0
+    )
 
 
 def test_bytes_hashes() -> None:
     h1, h2 = bytes(range(32)), bytes(range(1, 33))
-    payload = msgpack.packb([1.0, [["BlockStored", [h1, h2], None, toks(2), 16, None, "GPU"],
-                                   ["BlockStored", [b"x"], h2, toks(1), 16, None, "GPU"]]],
-                            use_bin_type=True)
+    payload = msgpack.packb(
+        [
+            1.0,
+            [
+                ["BlockStored", [h1, h2], None, toks(2), 16, None, "GPU"],
+                ["BlockStored", [b"x"], h2, toks(1), 16, None, "GPU"],
+            ],
+        ],
+        use_bin_type=True,
+    )
     ev = decode_batch(payload).events
     assert ev[0].block_hashes == [h1, h2] and ev[1].parent_block_hash == h2
 
 
 def test_unknown_tags_skipped_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    payload = msgpack.packb([1.0, [["BlockMoved", 1, 2], ["AllBlocksCleared"],
-                                   {"type": "BlockMoved"}]])
+    payload = msgpack.packb([1.0, [["BlockMoved", 1, 2], ["AllBlocksCleared"], {"type": "BlockMoved"}]])
     seen: set[str] = set()
     with caplog.at_level(logging.WARNING, logger="kvgate.index.kv.kv_events"):
         assert decode_batch(payload, seen).events == [AllBlocksCleared()]
@@ -280,9 +313,7 @@ def test_applier_extra_and_seed_match_router_hashes() -> None:
     assert idx.match(block_hashes(t, BS)) == {"r": 0}
 
 
-def test_applier_ignores_wrong_block_size_and_unknown_parent(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_applier_ignores_wrong_block_size_and_unknown_parent(caplog: pytest.LogCaptureFixture) -> None:
     idx, ap = applier()
     with caplog.at_level(logging.WARNING, logger="kvgate.index.kv.kv_events"):
         ap.apply(BlockStored([1], None, toks(1)[:8], 8))
@@ -306,10 +337,18 @@ def test_applier_bytes_engine_hashes() -> None:
 # -- EventFeed ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("last, seq, order", [
-    (None, None, "next"), (None, 7, "next"), (3, None, "next"), (3, 4, "next"),
-    (3, 3, "duplicate"), (3, 6, "gap"), (3, 0, "restart"),
-])
+@pytest.mark.parametrize(
+    "last, seq, order",
+    [
+        (None, None, "next"),
+        (None, 7, "next"),
+        (3, None, "next"),
+        (3, 4, "next"),
+        (3, 3, "duplicate"),
+        (3, 6, "gap"),
+        (3, 0, "restart"),
+    ],
+)
 def test_order_of(last: int | None, seq: int | None, order: str) -> None:
     assert order_of(last, seq) == order
 
@@ -396,14 +435,25 @@ def test_subscriber_counts_gaps_errors_and_two_frame_messages() -> None:
         base = sub.stats()["last_seq"]
         assert base == 0
         raw.send_multipart([b"other", (1).to_bytes(8, "big"), stored])  # filtered by topic
-        raw.send_multipart([b"kv", (5).to_bytes(8, "big"),  # seqs 1..4 missed: resync, then apply
-                            encode_batch(KVEventBatch(0.0, [BlockStored([2], None, t[BS:2 * BS], BS)]))])
+        raw.send_multipart(
+            [
+                b"kv",
+                (5).to_bytes(8, "big"),  # seqs 1..4 missed: resync, then apply
+                encode_batch(KVEventBatch(0.0, [BlockStored([2], None, t[BS : 2 * BS], BS)])),
+            ]
+        )
         assert wait_until(lambda: sub.stats()["resyncs"] == 1)
         assert wait_until(lambda: idx.blocks("r") == 1)  # block 1 dropped, block 2 (a new root) kept
         raw.send_multipart([b"kv", (6).to_bytes(8, "big"), b"\xc1garbage"])  # lost too: resync
         raw.send_multipart([b"kv", b"a", b"b", b"c"])  # and again
-        raw.send_multipart([b"kv", encode_batch(  # two-frame message, no seq
-            KVEventBatch(0.0, [BlockStored([3], None, t[2 * BS:], BS)]))])
+        raw.send_multipart(
+            [
+                b"kv",
+                encode_batch(  # two-frame message, no seq
+                    KVEventBatch(0.0, [BlockStored([3], None, t[2 * BS :], BS)])
+                ),
+            ]
+        )
         assert wait_until(lambda: sub.stats()["decode_errors"] == 2)
         assert wait_until(lambda: idx.blocks("r") == 1 and ap.our_hash(3) is not None)
         s = sub.stats()
@@ -413,8 +463,9 @@ def test_subscriber_counts_gaps_errors_and_two_frame_messages() -> None:
         assert wait_until(lambda: sub.stats()["restarts"] == 1)
         assert wait_until(lambda: idx.blocks("r") == 1)
         dups = sub.stats()["duplicates"]
-        raw.send_multipart([b"kv", (0).to_bytes(8, "big"), encode_batch(
-            KVEventBatch(0.0, [AllBlocksCleared()]))])  # same seq again: skipped
+        raw.send_multipart(
+            [b"kv", (0).to_bytes(8, "big"), encode_batch(KVEventBatch(0.0, [AllBlocksCleared()]))]
+        )  # same seq again: skipped
         assert wait_until(lambda: sub.stats()["duplicates"] == dups + 1)
         assert idx.blocks("r") == 1
     finally:

@@ -1,6 +1,7 @@
 """Precise mode stays precise and bounded: resync on lost KV events, removal per medium, the
 index's and the applier's bounds under long random event streams, the config's default bound,
 and the chunk store telling the replica which chunks no tier holds any more."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,12 +11,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvgate.engines.replica.announce import Announcer
 from kvgate.index.kv.chunks import ChunkStore, DiskTier, KVChunk, MemoryTier, chunk_hashes
 from kvgate.index.kv.hashing import block_hashes
-from kvgate.index.kv.kv_events import (MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EventApplier,
-                             EventFeed, KVEventBatch, encode_batch)
+from kvgate.index.kv.kv_events import (
+    MEDIUM_CPU,
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventApplier,
+    EventFeed,
+    KVEventBatch,
+    encode_batch,
+)
 from kvgate.index.kv.prefix import EVENT_FED_CAPACITY, PrefixIndex
-from kvgate.engines.replica.announce import Announcer
 from kvgate.middleware.config import PrefixConfig, RoutingConfig
 
 BS = 4
@@ -128,8 +138,14 @@ def event_streams(draw: st.DrawFn) -> list[tuple]:
         kind = draw(st.sampled_from(["store"] * 5 + ["remove"] * 2 + ["restore", "match", "clear"]))
         medium = draw(st.sampled_from([None, MEDIUM_GPU, MEDIUM_CPU]))
         if kind == "store":
-            ops.append(("store", draw(st.none() | st.integers(0, 200)), draw(st.lists(block_st, min_size=1, max_size=5)),
-                        medium))
+            ops.append(
+                (
+                    "store",
+                    draw(st.none() | st.integers(0, 200)),
+                    draw(st.lists(block_st, min_size=1, max_size=5)),
+                    medium,
+                )
+            )
         elif kind in ("remove", "restore"):
             ops.append((kind, draw(st.lists(st.integers(0, 200), min_size=1, max_size=6)), medium))
         elif kind == "match":

@@ -1,4 +1,5 @@
 """LayerCodec and the quantizers: the connector's chunk format (raw, int8, int4, zstd)."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,7 +35,7 @@ def test_roundtrip_within_half_a_step(codec: str, bound: float, entropy: str) ->
         absmax = x.float().reshape(*x.shape[:-1], -1, group).abs().amax(-1, keepdim=True)
         err = (x.float() - y.float()).reshape(*x.shape[:-1], -1, group).abs()
         # half a step, plus bf16 rounding of the result and float16 rounding of the scale
-        assert bool((err <= absmax * (bound * 1.02) + absmax * 2 ** -8 + 1e-6).all())
+        assert bool((err <= absmax * (bound * 1.02) + absmax * 2**-8 + 1e-6).all())
     if codec == "raw":
         assert all(torch.equal(x, y) for x, y in zip(layers, got))
 

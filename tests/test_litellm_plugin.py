@@ -1,4 +1,5 @@
 """The LiteLLM Router plugin: a real litellm.Router over two local servers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,9 +8,9 @@ import litellm
 import pytest
 
 from kvgate.engines.demo import Calls, create_fake_app
-from kvgate.tools.bench.procs import ServerThread
 from kvgate.middleware.config import PrefixConfig, RoutingConfig
 from kvgate.middleware.sdk.litellm_plugin import PrefixRoutingPlugin
+from kvgate.tools.bench.procs import ServerThread
 
 
 @pytest.fixture
@@ -21,9 +22,14 @@ def two_servers():
 
 
 def model_list(servers) -> list[dict]:
-    return [{"model_name": "smol", "model_info": {"id": f"replica-{i}"},
-             "litellm_params": {"model": "openai/smol", "api_base": f"{s.url}/v1", "api_key": "none"}}
-            for i, s in enumerate(servers)]
+    return [
+        {
+            "model_name": "smol",
+            "model_info": {"id": f"replica-{i}"},
+            "litellm_params": {"model": "openai/smol", "api_base": f"{s.url}/v1", "api_key": "none"},
+        }
+        for i, s in enumerate(servers)
+    ]
 
 
 @pytest.fixture
@@ -45,8 +51,10 @@ async def test_router_sticks_conversations_to_their_prefix(routed):
         for turn in range(3):
             resp = await router.acompletion(model="smol", messages=messages)
             served.append(resp._hidden_params["model_id"])
-            messages += [{"role": "assistant", "content": resp.choices[0].message.content},
-                         {"role": "user", "content": f"More please, {turn}. [[sleep=0.2]]"}]
+            messages += [
+                {"role": "assistant", "content": resp.choices[0].message.content},
+                {"role": "user", "content": f"More please, {turn}. [[sleep=0.2]]"},
+            ]
         return served
 
     results = await asyncio.gather(*(conversation(t) for t in ["volcanoes", "glaciers", "deserts", "rainforests"]))

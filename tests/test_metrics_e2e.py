@@ -1,6 +1,7 @@
 """/metrics end to end: sim replicas publish KV events over ZMQ, the proxy routes in precise mode,
 and the scrape shows each replica's load, prefix index and event feed, and the stores' soft
 failures, read from the live objects."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -18,12 +19,12 @@ from kvgate.engines.sim.engine import SimEngine
 from kvgate.engines.sim.server import create_sim_app
 from kvgate.index.kv.kv_events import KVEventBatch, encode_batch
 from kvgate.index.kv.prefix import EVENT_FED_CAPACITY
-from kvgate.middleware.config import parse_config
-from kvgate.middleware.telemetry.metrics import Metrics
-from kvgate.middleware.pipeline import Pipeline
 from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.server.proxy import create_app
 from kvgate.middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.telemetry.metrics import Metrics
 from kvgate.tools.bench.procs import ServerThread
 
 BS = 16
@@ -56,8 +57,11 @@ class TamperablePublisher:
 def scrape(client: httpx.Client) -> Samples:
     resp = client.get("/metrics")
     assert resp.status_code == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(resp.text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(resp.text)
+        for s in fam.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -66,8 +70,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[key]
 
 
-def wait_for(client: httpx.Client, cond: Callable[[Samples], bool], timeout: float = 10.0,
-             poke: Callable[[], None] | None = None) -> Samples:
+def wait_for(
+    client: httpx.Client, cond: Callable[[Samples], bool], timeout: float = 10.0, poke: Callable[[], None] | None = None
+) -> Samples:
     deadline = time.time() + timeout
     while True:
         if poke is not None:
@@ -84,19 +89,34 @@ def precise_proxy(tmp_path) -> Iterator[tuple[httpx.Client, Pipeline, dict[str, 
     ctx = zmq.Context()
     pubs = {name: TamperablePublisher(ctx) for name in ("r0", "r1")}
     # decode 20 tok/s: a 30-token answer streams for 1.5 s, long enough to scrape mid-request
-    engines = {name: SimEngine(100_000, BS, prefill_tps=1e6, decode_tps=20, overhead_s=0.0,
-                               **publisher_callbacks(pub, BS)) for name, pub in pubs.items()}
+    engines = {
+        name: SimEngine(100_000, BS, prefill_tps=1e6, decode_tps=20, overhead_s=0.0, **publisher_callbacks(pub, BS))
+        for name, pub in pubs.items()
+    }
     replicas = {name: ServerThread(create_sim_app(engine, name)).start() for name, engine in engines.items()}
-    config = parse_config({
-        "cache_dir": str(tmp_path / "cache"),
-        "routes": [{
-            "name": "sim", "model": "sim*", "backend": {"model": "openai/sim", "api_key": "none", "timeout": 10},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": name, "api_base": f"{server.url}/v1", "events": pubs[name].endpoint}
-                         for name, server in replicas.items()],
-            "routing": {"policy": "cache_aware", "mode": "precise", "block_size": BS, "tokenizer": "codepoints"},
-        }],
-    })
+    config = parse_config(
+        {
+            "cache_dir": str(tmp_path / "cache"),
+            "routes": [
+                {
+                    "name": "sim",
+                    "model": "sim*",
+                    "backend": {"model": "openai/sim", "api_key": "none", "timeout": 10},
+                    "semantic": {"enabled": False},
+                    "replicas": [
+                        {"name": name, "api_base": f"{server.url}/v1", "events": pubs[name].endpoint}
+                        for name, server in replicas.items()
+                    ],
+                    "routing": {
+                        "policy": "cache_aware",
+                        "mode": "precise",
+                        "block_size": BS,
+                        "tokenizer": "codepoints",
+                    },
+                }
+            ],
+        }
+    )
     pipeline = build_pipeline(config)
     proxy = ServerThread(create_app(config, pipeline)).start()
     client = httpx.Client(base_url=proxy.url, timeout=30)
@@ -130,8 +150,10 @@ def test_metrics_export_replica_state_event_feeds_and_storage(precise_proxy) -> 
     served = []
     for i in range(4):
         prompt = f"Conversation {i}: " + f"tell me about topic {i} in detail, please. " * 12
-        resp = client.post("/v1/chat/completions", json={"model": "sim", "max_tokens": 2,
-                                                         "messages": [{"role": "user", "content": prompt}]})
+        resp = client.post(
+            "/v1/chat/completions",
+            json={"model": "sim", "max_tokens": 2, "messages": [{"role": "user", "content": prompt}]},
+        )
         assert resp.status_code == 200, resp.text
         served.append(resp.headers["x-kvgate-replica"])
     router = pipeline.routers[route]
@@ -152,8 +174,15 @@ def test_metrics_export_replica_state_event_feeds_and_storage(precise_proxy) -> 
         # applied after it was sent, and before this scrape: within the test's own window
         assert 0 <= value(after, "kvgate_kv_events_last_lag_seconds", **labels) <= time.time() - first_publish
         assert value(after, "kvgate_kv_events_lag_seconds_bucket", le="+Inf", **labels) == batches
-        for name in ("decode_errors", "sequence_gaps", "missed_batches", "apply_errors", "publisher_restarts",
-                     "resyncs", "forgotten_mappings"):
+        for name in (
+            "decode_errors",
+            "sequence_gaps",
+            "missed_batches",
+            "apply_errors",
+            "publisher_restarts",
+            "resyncs",
+            "forgotten_mappings",
+        ):
             assert value(after, f"kvgate_kv_events_{name}_total", **labels) == 0, name
         assert value(after, "kvgate_kv_events_ignored_total", reason="unknown_parent", **labels) == 0
     for r in pubs:
@@ -172,8 +201,12 @@ def test_metrics_export_replica_state_event_feeds_and_storage(precise_proxy) -> 
     assert value(after, "kvgate_cache_damaged_items_total", store="responses") == 0
 
     # mid-stream the replica has one request in flight, and its prefill is no longer queued
-    body = {"model": "sim", "stream": True, "max_tokens": 30,
-            "messages": [{"role": "user", "content": "Stream a long story about a lighthouse keeper."}]}
+    body = {
+        "model": "sim",
+        "stream": True,
+        "max_tokens": 30,
+        "messages": [{"role": "user", "content": "Stream a long story about a lighthouse keeper."}],
+    }
     with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         replica = resp.headers["x-kvgate-replica"]
         lines = resp.iter_lines()
@@ -190,8 +223,13 @@ def test_metrics_export_replica_state_event_feeds_and_storage(precise_proxy) -> 
     r1 = {"route": route, "replica": "r1"}
     pubs["r1"].send(b"\xc1 not msgpack")
     pubs["r1"].send(encode_batch(KVEventBatch(ts=time.time(), events=[])), skip=3)
-    damaged = wait_for(client, lambda s: value(s, "kvgate_kv_events_sequence_gaps_total", **r1) == 1
-                       and value(s, "kvgate_kv_events_resyncs_total", **r1) == 2)
+    damaged = wait_for(
+        client,
+        lambda s: (
+            value(s, "kvgate_kv_events_sequence_gaps_total", **r1) == 1
+            and value(s, "kvgate_kv_events_resyncs_total", **r1) == 2
+        ),
+    )
     assert value(damaged, "kvgate_kv_events_decode_errors_total", **r1) == 1
     assert value(damaged, "kvgate_kv_events_missed_batches_total", **r1) == 3
     # each loss resyncs r1's view: its blocks are dropped until it stores them again

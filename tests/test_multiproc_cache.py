@@ -2,6 +2,7 @@
 others (exact at once, semantic after the follower's catch-up), and after a concurrent mixed load
 the directory holds no unreadable entry, no dangling exact pointer, and every process counts the
 same entries as the disk."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,14 +24,21 @@ def test_three_proxies_share_one_cache_dir(tmp_path: Path) -> None:
     config = {
         "cache_dir": str(tmp_path / "cache"),
         "auth": {"keys": [KEY, "other-key"]},
-        "routes": [{"name": "chat", "model": "demo-*",
-                    "backend": {"model": "openai/fake", "api_base": f"http://127.0.0.1:{backend_port}/v1", "api_key": "x"},
-                    "semantic": {"threshold": 0.9}}],
+        "routes": [
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "backend": {"model": "openai/fake", "api_base": f"http://127.0.0.1:{backend_port}/v1", "api_key": "x"},
+                "semantic": {"threshold": 0.9},
+            }
+        ],
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     procs = [Proc("backend", kvgate_argv("demo-backend", "--port", str(backend_port)), tmp_path)]
-    procs += [Proc(f"proxy{i}", kvgate_argv("serve", "--config", str(tmp_path / "config.yaml"), "--port", str(p)), tmp_path)
-              for i, p in enumerate(ports)]
+    procs += [
+        Proc(f"proxy{i}", kvgate_argv("serve", "--config", str(tmp_path / "config.yaml"), "--port", str(p)), tmp_path)
+        for i, p in enumerate(ports)
+    ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     auth = {"authorization": f"Bearer {KEY}"}
     try:

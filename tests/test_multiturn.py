@@ -1,5 +1,6 @@
 """Follow-ups never hit another conversation's answer: our conversation set played end to end through
 the proxy (uvicorn, real LiteLLM, fake backend, real embedder), plus `kvgate bench multiturn`."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.tools.bench.multiturn import load_conversations, play, summarise
 from kvgate.middleware.cli import main
+from kvgate.tools.bench.multiturn import load_conversations, play, summarise
 
 DATA = Path(__file__).parent / "data" / "multiturn_conversations.json"
 AUTH = {"authorization": "Bearer key-a"}
@@ -56,7 +57,9 @@ def test_bench_multiturn_cli(tmp_path):
     assert run["feedback"]["entries_removed"] == run["feedback"]["wrong_verdicts"]
 
 
-@pytest.mark.parametrize("content", ['{"conversations": []}', '{"conversations": [{"kind": "original", "turns": []}]}', "nope"])
+@pytest.mark.parametrize(
+    "content", ['{"conversations": []}', '{"conversations": [{"kind": "original", "turns": []}]}', "nope"]
+)
 def test_bench_multiturn_rejects_bad_files(tmp_path, content):
     bad = tmp_path / "bad.json"
     bad.write_text(content)

@@ -1,5 +1,6 @@
 """Which requests' cache work runs on the event loop (kvgate.middleware.cache.offload), and the estimate of a
 prompt's new characters it reads (PromptHasher.uncached_chars)."""
+
 from __future__ import annotations
 
 import threading
@@ -10,19 +11,26 @@ import pytest
 from kvgate.engines.demo import Calls, create_fake_app
 from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import TextTokenizer
-from kvgate.middleware.cache.offload import (
-    INLINE_NEW_CHARS_HF, INLINE_NEW_CHARS_TEXT, INLINE_TOTAL_CHARS, new_chars_limit, prompt_chars, runs_inline,
-)
 from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.cache.offload import (
+    INLINE_NEW_CHARS_HF,
+    INLINE_NEW_CHARS_TEXT,
+    INLINE_TOTAL_CHARS,
+    new_chars_limit,
+    prompt_chars,
+    runs_inline,
+)
 from kvgate.middleware.server.proxy import create_app
-from tests.conftest import one_replica_config
 from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import one_replica_config
 
 
 def test_prompt_chars_counts_text_and_refuses_what_is_not_messages():
-    msgs = [{"role": "system", "content": "abc"},
-            {"role": "user", "content": [{"type": "text", "text": "de"}, {"type": "image_url", "image_url": {"url": "x"}}]},
-            {"role": "assistant", "content": None}]
+    msgs = [
+        {"role": "system", "content": "abc"},
+        {"role": "user", "content": [{"type": "text", "text": "de"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "assistant", "content": None},
+    ]
     assert prompt_chars(msgs) == 5
     assert prompt_chars([]) == 0
     assert prompt_chars("hello") == -1 and prompt_chars(None) == -1 and prompt_chars([{"role": "user"}, "x"]) == -1
@@ -75,8 +83,12 @@ def test_inline_and_offloaded_requests_give_the_same_cache_behaviour(embedder, t
     worker threads) both miss, store, and hit on repeat; on a semantic route even the small one
     hops (its lookup embeds)."""
     replica = ServerThread(create_fake_app(Calls())).start()
-    config = one_replica_config(tmp_path / "cache", replica.url, semantic={"enabled": store_semantic, "threshold": 0.98},
-                                routing={"prefix": {"tokenizer": "text"}})
+    config = one_replica_config(
+        tmp_path / "cache",
+        replica.url,
+        semantic={"enabled": store_semantic, "threshold": 0.98},
+        routing={"prefix": {"tokenizer": "text"}},
+    )
     pipeline = build_pipeline(config, embedder=embedder)
     threads: list[str] = []
     look_up = pipeline.cache.look_up
@@ -91,21 +103,34 @@ def test_inline_and_offloaded_requests_give_the_same_cache_behaviour(embedder, t
         with httpx.Client(base_url=server.url, timeout=30) as client:
             # (content, first request inline?, its repeat inline?): a repeat of a long new turn is
             # hashed already, so only a prompt past the total bound hops twice
-            cases = (("a small question?", True, True),
-                     ("a long new turn " + "x" * (2 * INLINE_NEW_CHARS_TEXT), False, True),
-                     ("a prompt past the total bound " + "y" * INLINE_TOTAL_CHARS, False, False))
+            cases = (
+                ("a small question?", True, True),
+                ("a long new turn " + "x" * (2 * INLINE_NEW_CHARS_TEXT), False, True),
+                ("a prompt past the total bound " + "y" * INLINE_TOTAL_CHARS, False, False),
+            )
             for content, first_inline, again_inline in cases:
                 for stream in (False,) if store_semantic else (False, True):  # semantic: one variant, or it hits
-                    body = {"model": "smollm2", "stream": stream,
-                            "messages": [{"role": "user", "content": f"{content} {stream}"}]}
-                    first, again = client.post("/v1/chat/completions", json=body), client.post("/v1/chat/completions", json=body)
+                    body = {
+                        "model": "smollm2",
+                        "stream": stream,
+                        "messages": [{"role": "user", "content": f"{content} {stream}"}],
+                    }
+                    first, again = (
+                        client.post("/v1/chat/completions", json=body),
+                        client.post("/v1/chat/completions", json=body),
+                    )
                     assert first.status_code == again.status_code == 200, first.text
                     assert first.headers["x-kvgate-cache"] == "miss" and again.headers["x-kvgate-cache"] == "exact"
                     if not stream:
-                        assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+                        assert (
+                            again.json()["choices"][0]["message"]["content"]
+                            == first.json()["choices"][0]["message"]["content"]
+                        )
                     on_loop = [name == server.thread.name for name in threads[-2:]]
                     # a semantic route's lookup embeds: it always hops
-                    assert on_loop == [first_inline and not store_semantic, again_inline and not store_semantic], threads[-2:]
+                    assert on_loop == [first_inline and not store_semantic, again_inline and not store_semantic], (
+                        threads[-2:]
+                    )
         assert pipeline.routers["r"].index.stats()  # the router learnt from both kinds
     finally:
         server.stop()
@@ -117,8 +142,9 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
     """The record step hashes the answer after the prompt (the router's records): an answer past
     the new-characters bound sends it to a worker thread, though the lookup ran inline."""
     replica = ServerThread(create_fake_app(Calls())).start()
-    config = one_replica_config(tmp_path / "cache", replica.url, semantic={"enabled": False},
-                                routing={"prefix": {"tokenizer": "text"}})
+    config = one_replica_config(
+        tmp_path / "cache", replica.url, semantic={"enabled": False}, routing={"prefix": {"tokenizer": "text"}}
+    )
     pipeline = build_pipeline(config, embedder=embedder)
     steps: list[tuple[str, str]] = []
     for name in ("look_up", "record"):
@@ -135,8 +161,11 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
             for stream in (False, True):
                 for size, record_inline in ((0, True), (3 * INLINE_NEW_CHARS_TEXT, False)):
                     steps.clear()
-                    body = {"model": "smollm2", "stream": stream,
-                            "messages": [{"role": "user", "content": f"tell me more [[long={size}]] {stream}"}]}
+                    body = {
+                        "model": "smollm2",
+                        "stream": stream,
+                        "messages": [{"role": "user", "content": f"tell me more [[long={size}]] {stream}"}],
+                    }
                     resp = client.post("/v1/chat/completions", json=body)
                     assert resp.status_code == 200 and resp.headers["x-kvgate-cache"] == "miss", resp.text
                     assert len(resp.text) > size

@@ -1,5 +1,6 @@
 """PrefixIndex: leading-match semantics, LRU capacity, events, replicas, agreement with a
 brute-force model."""
+
 from __future__ import annotations
 
 import random
@@ -228,8 +229,11 @@ def test_concurrent_writers_and_readers() -> None:
         except BaseException as e:  # pragma: no cover
             errors.append(e)
 
-    threads = [threading.Thread(target=writer, args=("a", 1)),
-               threading.Thread(target=writer, args=("b", 2)), threading.Thread(target=reader)]
+    threads = [
+        threading.Thread(target=writer, args=("a", 1)),
+        threading.Thread(target=writer, args=("b", 2)),
+        threading.Thread(target=reader),
+    ]
     for t in threads:
         t.start()
     for t in threads:

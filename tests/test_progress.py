@@ -1,4 +1,5 @@
 """kvgate.middleware.progress: a bar on a terminal, plain lines in logs; and `kvgate bench plot`."""
+
 from __future__ import annotations
 
 import io
@@ -42,15 +43,27 @@ def test_a_bar_on_a_terminal_and_say_keeps_it() -> None:
 
 
 def test_bench_plot_draws_saved_results_and_names_a_wrong_file(tmp_path: Path) -> None:
-    semantic = {"pairs": 10, "sweep": [{"threshold": t, "precision": 0.5 + t / 4, "recall": 1 - t, "hits": 3}
-                                       for t in (0.7, 0.8, 0.9)],
-                "gptcache": {"threshold": 0.8, "precision": 0.7, "recall": 0.2}}
-    routing = {"scenario": "tiny", "requests": 3, "policies": {
-        "cache_aware": {"router": "kvgate cache_aware", "ttft_p99_s": 0.3, "ttfts_s": [0.1, 0.2, 0.3]},
-        "sglang": {"skipped": "not installed"}}}
-    kv = {"history_tokens": 2000, "repeats": 3, "modes": {
-        m: {"ttft_s": t, "load_s": l, "prefill_s": p} for m, t, l, p in
-        (("cold", 4.0, 0.0, 3.9), ("warm_ram", 0.2, 0.07, 0.1), ("warm_disk", 0.3, 0.2, 0.08))}}
+    semantic = {
+        "pairs": 10,
+        "sweep": [{"threshold": t, "precision": 0.5 + t / 4, "recall": 1 - t, "hits": 3} for t in (0.7, 0.8, 0.9)],
+        "gptcache": {"threshold": 0.8, "precision": 0.7, "recall": 0.2},
+    }
+    routing = {
+        "scenario": "tiny",
+        "requests": 3,
+        "policies": {
+            "cache_aware": {"router": "kvgate cache_aware", "ttft_p99_s": 0.3, "ttfts_s": [0.1, 0.2, 0.3]},
+            "sglang": {"skipped": "not installed"},
+        },
+    }
+    kv = {
+        "history_tokens": 2000,
+        "repeats": 3,
+        "modes": {
+            m: {"ttft_s": t, "load_s": load, "prefill_s": p}
+            for m, t, load, p in (("cold", 4.0, 0.0, 3.9), ("warm_ram", 0.2, 0.07, 0.1), ("warm_disk", 0.3, 0.2, 0.08))
+        },
+    }
     for kind, result in (("semantic", semantic), ("routing", routing), ("kv", kv)):
         src, png = tmp_path / f"{kind}.json", tmp_path / f"{kind}.png"
         src.write_text(json.dumps(result))

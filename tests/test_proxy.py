@@ -1,4 +1,5 @@
 """End-to-end: fake backend ← LiteLLM ← pipeline ← proxy (uvicorn) ← openai client / httpx."""
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,14 @@ def test_repeat_is_exact_hit_without_backend_call(make_proxy, backend):
 def test_paraphrase_is_semantic_hit_via_openai_client(make_proxy, backend):
     proxy = make_proxy()
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="key-a", max_retries=0)
-    first = client.chat.completions.with_raw_response.create(model="demo-1", messages=[{"role": "user", "content": PARIS}])
+    first = client.chat.completions.with_raw_response.create(
+        model="demo-1", messages=[{"role": "user", "content": PARIS}]
+    )
     assert first.headers["x-kvgate-cache"] == "miss"
     calls = backend.count
-    hit = client.chat.completions.with_raw_response.create(model="demo-1", messages=[{"role": "user", "content": PARAPHRASE}])
+    hit = client.chat.completions.with_raw_response.create(
+        model="demo-1", messages=[{"role": "user", "content": PARAPHRASE}]
+    )
     assert hit.headers["x-kvgate-cache"] == "semantic"
     assert float(hit.headers["x-kvgate-similarity"]) >= 0.9
     assert hit.parse().choices[0].message.content == first.parse().choices[0].message.content
@@ -137,7 +142,9 @@ def test_streamed_hit_replays_the_original_text(make_proxy, backend):
 def test_streamed_miss_passes_through_and_is_stored(make_proxy, backend):
     proxy = make_proxy()
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="key-a", max_retries=0)
-    stream = client.chat.completions.create(model="demo-1", messages=[{"role": "user", "content": "Why is the sky blue?"}], stream=True)
+    stream = client.chat.completions.create(
+        model="demo-1", messages=[{"role": "user", "content": "Why is the sky blue?"}], stream=True
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text.startswith("Answer ") and text.endswith("Why is the sky blue?")
     again = proxy.chat("Why is the sky blue?")
@@ -188,8 +195,16 @@ def test_ttl_expiry(make_proxy):
         (b"[1, 2]", None),
         (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), "model"),
         (json.dumps({"model": "demo-1", "messages": []}).encode(), "messages"),
-        (json.dumps({"model": "demo-1", "messages": [{"role": "wizard", "content": "hi"}]}).encode(), "messages.0.role"),
-        (json.dumps({"model": "demo-1", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}).encode(), "temperature"),
+        (
+            json.dumps({"model": "demo-1", "messages": [{"role": "wizard", "content": "hi"}]}).encode(),
+            "messages.0.role",
+        ),
+        (
+            json.dumps(
+                {"model": "demo-1", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}
+            ).encode(),
+            "temperature",
+        ),
         (b"\xff\xfe{}", None),
     ],
 )

@@ -1,6 +1,7 @@
 """The relay (middleware/forward/relay.py): proxy misses on OpenAI-compatible replicas pass through as the
 replica's bytes. Same answers as the LiteLLM path, the same failover and resume rules, and the
 SSE parser's framing on its own."""
+
 from __future__ import annotations
 
 import json
@@ -13,25 +14,37 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import ConfigError
-from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.server.proxy import create_app
 from kvgate.middleware.forward.relay import wire_model
 from kvgate.middleware.forward.relay_events import ReplicaError, SseParser
+from kvgate.middleware.server.proxy import create_app
 from kvgate.tools.bench.procs import ServerThread
 
 
 def _config(tmp: Path, urls: list[str], forward: str, **routing: Any) -> Any:
-    return parse_config({
-        "cache_dir": str(tmp / f"cache-{forward}"),
-        "routes": [{
-            "name": "local", "model": "fake*", "semantic": {"enabled": False},
-            "backend": {"model": "openai/fake", "api_key": "none", "timeout": 10},
-            "replicas": [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(urls)],
-            "routing": {"policy": "round_robin", "tokenizer": "text", "forward": forward, "probe_interval_s": 60, **routing},
-        }],
-    })
+    return parse_config(
+        {
+            "cache_dir": str(tmp / f"cache-{forward}"),
+            "routes": [
+                {
+                    "name": "local",
+                    "model": "fake*",
+                    "semantic": {"enabled": False},
+                    "backend": {"model": "openai/fake", "api_key": "none", "timeout": 10},
+                    "replicas": [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(urls)],
+                    "routing": {
+                        "policy": "round_robin",
+                        "tokenizer": "text",
+                        "forward": forward,
+                        "probe_interval_s": 60,
+                        **routing,
+                    },
+                }
+            ],
+        }
+    )
 
 
 class Proxy:
@@ -41,7 +54,10 @@ class Proxy:
         self.http = httpx.Client(base_url=self.server.url, timeout=30)
 
     def chat(self, content: str, **params: Any) -> httpx.Response:
-        return self.http.post("/v1/chat/completions", json={"model": "fake-1", "messages": [{"role": "user", "content": content}], **params})
+        return self.http.post(
+            "/v1/chat/completions",
+            json={"model": "fake-1", "messages": [{"role": "user", "content": content}], **params},
+        )
 
     def stop(self) -> None:
         self.http.close()
@@ -67,8 +83,11 @@ def servers() -> Iterator[Any]:
 
 
 def _events(resp: httpx.Response) -> list[Any]:
-    return [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
-            for line in resp.text.splitlines() if line.startswith("data: ")]
+    return [
+        json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
+        for line in resp.text.splitlines()
+        if line.startswith("data: ")
+    ]
 
 
 def _text(resp: httpx.Response) -> tuple[str, str | None, Any]:
@@ -119,8 +138,11 @@ def test_relay_answers_as_litellm_does(servers, tmp_path: Path) -> None:
         wants_usage = bool(params.get("stream_options")) or not params.get("stream")
         assert (relay_miss[2] is not None) == wants_usage, relay_miss
     # the relay asked for the usage of every stream, so stored streamed answers carry real counts
-    stored = relay.pipeline.index.get_exact(relay.pipeline.view(
-        {"model": "fake-1", "messages": [{"role": "user", "content": CASES[1][0]}], "stream": True}).exact_key)
+    stored = relay.pipeline.index.get_exact(
+        relay.pipeline.view(
+            {"model": "fake-1", "messages": [{"role": "user", "content": CASES[1][0]}], "stream": True}
+        ).exact_key
+    )
     assert stored is not None and stored.response["usage"]["completion_tokens"] > 0
 
 
@@ -177,10 +199,18 @@ def test_greedy_stream_resumes_on_both_paths(servers, tmp_path: Path, forward: s
 
 
 # ---------------------------------------------------------------- the parser alone
-def _chunk(content: str | None = None, finish: str | None = None, role: str | None = None, **extra: Any) -> dict[str, Any]:
+def _chunk(
+    content: str | None = None, finish: str | None = None, role: str | None = None, **extra: Any
+) -> dict[str, Any]:
     delta = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        **extra,
+    }
 
 
 def _sse(events: list[Any], sep: bytes = b"\n\n") -> bytes:
@@ -195,11 +225,11 @@ def test_parser_framing_any_split(sep: bytes) -> None:
     parser = SseParser(False)
     sent, seen = [], []
     for i in range(len(wire)):
-        sent.append(parser.feed(wire[i:i + 1]))
+        sent.append(parser.feed(wire[i : i + 1]))
         seen.append(parser.first_seen)
     assert b"".join(sent) == b": keep-alive" + sep + _sse(events, sep)
     # the first content token is seen with the event that carries it (not the role-only one before)
-    assert b"".join(sent[:seen.index(True) + 1]).endswith(_sse(events[1:2], sep))
+    assert b"".join(sent[: seen.index(True) + 1]).endswith(_sse(events[1:2], sep))
     assert parser.resume.sent_text == "Hello world" and parser.finish == "stop"
     assert parser.answer([])["choices"][0]["message"] == {"role": "assistant", "content": "Hello world"}
 
@@ -224,7 +254,11 @@ def test_parser_errors_and_resume() -> None:
     parser.feed(_sse([_chunk("", role="assistant"), _chunk("Hello ")]))
     parser.resume.restart()
     parser.restart()
-    retry = [{**_chunk("", role="assistant"), "id": "c2"}, {**_chunk("Hello wor"), "id": "c2"}, {**_chunk("ld"), "id": "c2"}]
+    retry = [
+        {**_chunk("", role="assistant"), "id": "c2"},
+        {**_chunk("Hello wor"), "id": "c2"},
+        {**_chunk("ld"), "id": "c2"},
+    ]
     out = parser.feed(_sse(retry))
     sent = [json.loads(line[6:]) for line in out.decode().splitlines() if line.startswith("data: ")]
     assert [e["choices"][0]["delta"] for e in sent] == [{"content": "wor"}, {"content": "ld"}]
@@ -243,9 +277,14 @@ def test_price_lookup() -> None:
     (None) so the pipeline asks only once."""
     from kvgate.middleware.answers import cost
 
-    answer = {"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-              "usage": {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}}
+    answer = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000},
+    }
     assert (cost(answer, "gpt-4o-mini") or 0) > 0
     assert cost({**answer, "model": "fake"}, "openai/fake") is None
 
@@ -280,19 +319,37 @@ def test_tool_call_stream_is_stored_and_replayed(servers, tmp_path: Path) -> Non
     """A stream that is not plain text (tool calls) is put back together by LiteLLM's builder."""
     start, proxy = servers
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather", "arguments": ""}}
-    events = [_chunk(role="assistant"),
-              {**_chunk(), "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
-              {**_chunk(), "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]},
-                                        "finish_reason": None}]},
-              _chunk(finish="tool_calls")]
+    events = [
+        _chunk(role="assistant"),
+        {**_chunk(), "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
+        {
+            **_chunk(),
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]},
+                    "finish_reason": None,
+                }
+            ],
+        },
+        _chunk(finish="tool_calls"),
+    ]
     replica = start(_streaming_app(events))
     p = proxy(tmp_path, [replica.url], "relay")
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}]
     miss = p.chat("weather in Oslo?", stream=True, tools=tools)
     hit = p.chat("weather in Oslo?", stream=True, tools=tools)
     assert miss.headers["x-kvgate-cache"] == "miss" and hit.headers["x-kvgate-cache"] == "exact", hit.text
-    calls = [c for e in _events(hit) if e != "[DONE]" for ch in e["choices"] for c in (ch.get("delta") or {}).get("tool_calls") or []]
-    assert calls and calls[0]["function"]["name"] == "weather" and calls[0]["function"]["arguments"] == '{"city": "Oslo"}'
+    calls = [
+        c
+        for e in _events(hit)
+        if e != "[DONE]"
+        for ch in e["choices"]
+        for c in (ch.get("delta") or {}).get("tool_calls") or []
+    ]
+    assert (
+        calls and calls[0]["function"]["name"] == "weather" and calls[0]["function"]["arguments"] == '{"city": "Oslo"}'
+    )
 
 
 def test_client_leaving_mid_stream_frees_the_replica(servers, tmp_path: Path) -> None:
@@ -302,8 +359,13 @@ def test_client_leaving_mid_stream_frees_the_replica(servers, tmp_path: Path) ->
 
     start, proxy = servers
     seen: list[str] = []
-    replica = start(_streaming_app([_chunk("", role="assistant")] + [_chunk(f"w{i} ") for i in range(100)]
-                                   + [_chunk(finish="stop")], pause_s=0.05, seen=seen))
+    replica = start(
+        _streaming_app(
+            [_chunk("", role="assistant")] + [_chunk(f"w{i} ") for i in range(100)] + [_chunk(finish="stop")],
+            pause_s=0.05,
+            seen=seen,
+        )
+    )
     p = proxy(tmp_path, [replica.url], "relay")
     body = {"model": "fake-1", "messages": [{"role": "user", "content": "long one"}], "stream": True}
     with p.http.stream("POST", "/v1/chat/completions", json=body) as resp:

@@ -2,6 +2,7 @@
 top-level package; its core install has no torch and serves a miss, then a hit, on the demo
 backend; the connector goes into vLLM's environment with one command, changing nothing of vLLM's,
 and an engine starts with it. A few minutes: it installs the core from the package index."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,12 @@ def test_the_release_installs_and_runs_as_documented(tmp_path):
     if not vllm_available():
         pytest.fail(f"vLLM's environment is missing ({vllm_python()}): run `make install`")
     report = tmp_path / "release.json"
-    done = subprocess.run([sys.executable, str(ROOT / ".ci" / "release-check"), "--json", str(report),
-                           "--keep", str(tmp_path / "work")], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "release-check"), "--json", str(report), "--keep", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     found = json.loads(report.read_text())
     assert found["wheel"]["top_level"] == ["kvgate", "kvgate-0.1.0.dist-info"]
@@ -45,7 +50,10 @@ def test_the_connector_command_names_the_vllm_extra():
     assert names <= set(command.split()), names
     for doc in ("README.md", "docs/kv-connector.md"):
         assert command in (ROOT / doc).read_text(), doc
-    assert "pip install -q --no-deps -e . xxhash zstandard diskcache redis hiredis cryptography cffi pycparser" in (ROOT / "Makefile").read_text()
+    assert (
+        "pip install -q --no-deps -e . xxhash zstandard diskcache redis hiredis cryptography cffi pycparser"
+        in (ROOT / "Makefile").read_text()
+    )
     script = (ROOT / ".ci" / "release-check").read_text()
     packages = ", ".join(f'"{name}"' for name in command.split()[4:])
     assert f"CONNECTOR_PACKAGES = ({packages})" in script

@@ -6,6 +6,7 @@ chunks, that events follow vLLM's BlockStored semantics in the router's hash spa
 face with the openai client and real LiteLLM. The model is loaded once for the module; prompts
 are ~700 tokens (2-3 chunks of 256) and answers short, to keep the file quick on two cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ import litellm
 import pytest
 import torch
 from openai import OpenAI
-from transformers import DynamicCache
 
+from kvgate.engines.api import InvalidRequest, publisher_callbacks
+from kvgate.engines.replica import runner
+from kvgate.engines.replica.engine import ReplicaEngine
+from kvgate.engines.replica.model import load_model, model_namespace
+from kvgate.engines.replica.server import create_replica_app
+from kvgate.engines.replica.text import StopMatcher
 from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
 from kvgate.index.kv.hashing import block_hashes
 from kvgate.index.kv.kv_events import MEDIUM_CPU, BlockStored, EventApplier, ZmqEventPublisher, ZmqEventSubscriber
@@ -31,12 +37,6 @@ from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import load_tokenizer
 from kvgate.tools.bench.procs import ServerThread
-from kvgate.engines.api import InvalidRequest, publisher_callbacks
-from kvgate.engines.replica import runner
-from kvgate.engines.replica.engine import ReplicaEngine
-from kvgate.engines.replica.model import load_model, model_namespace
-from kvgate.engines.replica.server import create_replica_app
-from kvgate.engines.replica.text import StopMatcher
 
 CT = 256
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -45,8 +45,10 @@ PARIS = "The capital of France is Paris."
 
 def long_chat(n_facts: int = 40, question: str = "What is 7 squared? Answer briefly.") -> list[dict[str, Any]]:
     facts = " ".join(f"Fact {i}: the number {i} squared is {i * i}." for i in range(n_facts))
-    return [{"role": "system", "content": "You answer from the facts given."},
-            {"role": "user", "content": f"{facts}\n{question}"}]
+    return [
+        {"role": "system", "content": "You answer from the facts given."},
+        {"role": "user", "content": f"{facts}\n{question}"},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +126,15 @@ def test_kv_from_ram_disk_and_restart_matches_cold(engines: Any, tmp_path: Path)
     assert damaged.tails.stats()["spill_corrupt"] == 1
 
 
-def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(engines: Any, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exact_prefill_loaded_kv_gives_bitwise_cold_logits(
+    engines: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = engines(make_store(tmp_path), exact_prefill=True)
     first_logits: list[torch.Tensor] = []
     sample = runner.sample
-    monkeypatch.setattr(runner, "sample", lambda logits, *a: (first_logits.append(logits.clone()), sample(logits, *a))[1])
+    monkeypatch.setattr(
+        runner, "sample", lambda logits, *a: (first_logits.append(logits.clone()), sample(logits, *a))[1]
+    )
     chat = long_chat(36)
     cold = engine.generate(chat, max_tokens=1)  # cold: stores the prompt's chunks
     warm = engine.generate(chat, max_tokens=1)
@@ -141,8 +146,10 @@ def test_second_turn_reuses_first_turn_chunks(engines: Any, tmp_path: Path) -> N
     engine = engines(make_store(tmp_path))
     turn1 = long_chat(44, "Explain what 7 squared is, in a full sentence.")  # 760 tokens + ~19
     first = engine.generate(turn1, max_tokens=24)
-    turn2 = turn1 + [{"role": "assistant", "content": first.text},
-                     {"role": "user", "content": "And what is 8 squared?"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "And what is 8 squared?"},
+    ]
     second = engine.generate(turn2, max_tokens=8)
     assert second.cached_tokens >= first.prompt_tokens // CT * CT
     # exactly the chunks turn 1 left in the cache (prompt + answer but its last token) that
@@ -252,6 +259,7 @@ def test_stop_matcher_holds_back_partial_stops() -> None:
 
 # -- HTTP -------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def replica(engines: Any, tmp_path: Path) -> Iterator[tuple[ServerThread, ReplicaEngine]]:
     engine = engines(make_store(tmp_path))
@@ -270,8 +278,9 @@ def test_http_openai_litellm_and_errors(replica: tuple[ServerThread, ReplicaEngi
     chat = long_chat(36)
     cold = client.chat.completions.create(model="smollm2", messages=chat, max_tokens=8)
     pieces, usage = [], None
-    for chunk in client.chat.completions.create(model="smollm2", messages=chat, max_tokens=8, stream=True,
-                                                stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        model="smollm2", messages=chat, max_tokens=8, stream=True, stream_options={"include_usage": True}
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             pieces.append(chunk.choices[0].delta.content)
         if chunk.usage:
@@ -280,14 +289,18 @@ def test_http_openai_litellm_and_errors(replica: tuple[ServerThread, ReplicaEngi
     assert usage is not None and usage.prompt_tokens == cold.usage.prompt_tokens
     assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1 > CT  # chunks + RAM tail
 
-    resp = litellm.completion(model="openai/x", api_base=f"{server.url}/v1", api_key="none",
-                              messages=FRANCE, max_tokens=16)
+    resp = litellm.completion(
+        model="openai/x", api_base=f"{server.url}/v1", api_key="none", messages=FRANCE, max_tokens=16
+    )
     assert resp.choices[0].message.content == PARIS
 
     http = httpx.Client(base_url=server.url, timeout=30)
-    for body in (b"{not json", json.dumps({"model": "x", "messages": []}).encode(),
-                 json.dumps({"model": "x", "messages": FRANCE, "max_tokens": 5000}).encode(),
-                 json.dumps({"model": "x", "messages": FRANCE, "temperature": "hot"}).encode()):
+    for body in (
+        b"{not json",
+        json.dumps({"model": "x", "messages": []}).encode(),
+        json.dumps({"model": "x", "messages": FRANCE, "max_tokens": 5000}).encode(),
+        json.dumps({"model": "x", "messages": FRANCE, "temperature": "hot"}).encode(),
+    ):
         bad = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
         assert bad.status_code == 400, body
         assert bad.json()["error"]["type"] == "invalid_request_error"
@@ -302,8 +315,11 @@ def _scrape(http: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], 
     """/metrics as {(sample name, labels): value}."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(http.get("/metrics").text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(http.get("/metrics").text)
+        for s in family.samples
+    }
 
 
 def test_metrics_export_kv_store_counters_per_tier(replica: tuple[ServerThread, ReplicaEngine]) -> None:
@@ -363,8 +379,12 @@ def test_metrics_export_kv_store_counters_per_tier(replica: tuple[ServerThread, 
 def test_disconnect_cancels_and_health_stays_responsive(replica: tuple[ServerThread, ReplicaEngine]) -> None:
     server, engine = replica
     http = httpx.Client(base_url=server.url, timeout=30)
-    body = {"model": "x", "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
-            "max_tokens": 400, "stream": True}
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+        "max_tokens": 400,
+        "stream": True,
+    }
     with http.stream("POST", "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
@@ -408,11 +428,15 @@ def test_a_cached_turn_is_not_queued_behind_cold_prompts(engines: Any, tmp_path:
                 done.append(name)
                 if len(done) == 3:
                     finished.set()
+
         return on
 
     params = SamplingParams(max_tokens=1)
-    for name, chat in (("cold-1", long_chat(41, "What is 5 squared?")), ("cold-2", long_chat(42, "What is 6 squared?")),
-                       ("warm", warm_chat)):
+    for name, chat in (
+        ("cold-1", long_chat(41, "What is 5 squared?")),
+        ("cold-2", long_chat(42, "What is 6 squared?")),
+        ("warm", warm_chat),
+    ):
         engine.submit(engine.prepare(chat, params), params, sink(name))
     assert finished.wait(300)
     # whichever cold prompt the worker took first, the cached one runs before the other
@@ -435,6 +459,7 @@ class _Recorder:
                 if not isinstance(event, str):
                     self.results[name] = event
                     self._done.notify_all()
+
         return on
 
     def wait(self, n: int, timeout: float = 300) -> None:
@@ -474,13 +499,17 @@ def test_interleaved_requests_decode_together_with_solo_answers(engines: Any) ->
     from kvgate.engines.replica.engine import SamplingParams
 
     engine = engines()
-    chats = {"dragon": [{"role": "user", "content": "Write a long story about a dragon."}],
-             "ship": [{"role": "user", "content": "Write a long story about a ship."}],
-             "gone": [{"role": "user", "content": "Write a long poem about rain."}]}
+    chats = {
+        "dragon": [{"role": "user", "content": "Write a long story about a dragon."}],
+        "ship": [{"role": "user", "content": "Write a long story about a ship."}],
+        "gone": [{"role": "user", "content": "Write a long poem about rain."}],
+    }
     params = SamplingParams(max_tokens=24)
     solo = {name: engine.generate(chat, params).token_ids for name, chat in chats.items() if name != "gone"}
     rec = _Recorder()
-    tickets = {name: engine.submit(engine.prepare(chat, params), params, rec.sink(name)) for name, chat in chats.items()}
+    tickets = {
+        name: engine.submit(engine.prepare(chat, params), params, rec.sink(name)) for name, chat in chats.items()
+    }
     deadline = time.time() + 60
     while ("gone", "piece") not in rec.log and time.time() < deadline:
         time.sleep(0.001)
@@ -514,7 +543,9 @@ def test_close_cancels_started_requests_and_fails_queued_ones(model_and_tokenize
     engine = ReplicaEngine(model, tok, None, chunk_tokens=CT, max_running=1)
     params, rec = SamplingParams(max_tokens=200), _Recorder()
     for name in ("started", "queued"):
-        engine.submit(engine.prepare([{"role": "user", "content": "Write a long story."}], params), params, rec.sink(name))
+        engine.submit(
+            engine.prepare([{"role": "user", "content": "Write a long story."}], params), params, rec.sink(name)
+        )
     deadline = time.time() + 60
     while ("started", "piece") not in rec.log and time.time() < deadline:
         time.sleep(0.005)

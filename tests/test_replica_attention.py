@@ -2,6 +2,7 @@
 cache (kvgate.engines.replica.kv_cache) compute what transformers' own "sdpa" attention and DynamicCache
 compute, on the real SmolLM2-135M, over the shapes a replica uses: a cold prefill in slices, a
 follow-up's few tokens over a loaded prefix, then decoding."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,10 @@ def model() -> Any:
 
 def _run(model: Any, ids: torch.Tensor, cache: Any) -> list[torch.Tensor]:
     with torch.no_grad():
-        return [model(input_ids=ids[:, a:b], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-                for a, b in SLICES]
+        return [
+            model(input_ids=ids[:, a:b], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            for a, b in SLICES
+        ]
 
 
 def test_the_replica_model_uses_grouped_query_attention_and_matches_transformers_sdpa(model: Any) -> None:
@@ -62,8 +65,10 @@ def test_a_filled_cache_continues_like_one_that_computed_its_prefix(model: Any) 
         model(input_ids=ids[:, :600], past_key_values=cold, use_cache=True)
         want = model(input_ids=ids[:, 600:640], past_key_values=cold, use_cache=True, logits_to_keep=1).logits
     # the loaded prefix in two parts (as chunks, then a tail), views into a bigger tensor as tails are
-    parts = [[(layer.keys[:, :, :512], layer.values[:, :, :512]) for layer in cold.layers],
-             [(layer.keys[:, :, 512:600], layer.values[:, :, 512:600]) for layer in cold.layers]]
+    parts = [
+        [(layer.keys[:, :, :512], layer.values[:, :, :512]) for layer in cold.layers],
+        [(layer.keys[:, :, 512:600], layer.values[:, :, 512:600]) for layer in cold.layers],
+    ]
     warm = growing_cache(model.config, reserve=40, parts=parts)
     assert warm.get_seq_length() == 600
     with torch.no_grad():
@@ -90,8 +95,14 @@ def test_a_cropped_layer_is_rehomed_not_written_through_a_stale_buffer() -> None
 def test_growing_cache_keeps_other_layer_kinds_to_transformers() -> None:
     from transformers import LlamaConfig
 
-    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=100)
+    config = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=100,
+    )
     assert all(isinstance(layer, GrowingLayer) for layer in growing_cache(config, 4).layers)
     config.sliding_window, config.layer_types = 8, ["sliding_attention", "full_attention"]
     kinds = [type(layer) for layer in growing_cache(config, 4).layers]

@@ -2,6 +2,7 @@
 samples kvgate reads are parsed (checked against prometheus_client's parser on a page a real vLLM
 0.32 server served, tests/data/vllm-0.32-metrics.txt), one connection per replica serves every
 read, and each engine's report reaches its router (prefill_time's rate and queue)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,12 @@ def test_filtered_parse_reads_what_the_full_parser_reads() -> None:
     assert fast == {key: value for key, value in full.items() if key[0] in SCRAPED}
     reading = replica_reading(fast)
     assert reading is not None and reading.engine == "vllm"
-    assert (reading.prompt_tokens, reading.cached_tokens, reading.prefill_tokens, reading.prefill_requests) == \
-        (2403.0, 1152.0, 1251.0, 3.0)
+    assert (reading.prompt_tokens, reading.cached_tokens, reading.prefill_tokens, reading.prefill_requests) == (
+        2403.0,
+        1152.0,
+        1251.0,
+        3.0,
+    )
     assert reading.prefill_seconds == pytest.approx(5.688, abs=1e-3)
     report = engine_report(reading)
     assert (report.running, report.waiting, report.prefill_tokens) == (0.0, 0.0, 1251.0)
@@ -38,8 +43,9 @@ def test_filtered_parse_reads_what_the_full_parser_reads() -> None:
 
 def test_filtered_parse_labels_escapes_and_bad_lines() -> None:
     names = {"a", "b"}
-    assert parse_metrics('a{x="q\\"u\\\\o\\n",y="}{"} 3 1700000000\nab 9\n', names) == \
-        {("a", (("x", 'q"u\\o\n'), ("y", "}{"))): 3.0}
+    assert parse_metrics('a{x="q\\"u\\\\o\\n",y="}{"} 3 1700000000\nab 9\n', names) == {
+        ("a", (("x", 'q"u\\o\n'), ("y", "}{"))): 3.0
+    }
     assert parse_metrics("b +Inf\n# HELP a text\nzz{broken 1\n", names) == {("b", ()): float("inf")}
     assert parse_metrics('a{x="1" 3\n', names) is None  # a line of a sample read must parse
     assert parse_metrics("a\n", names) is None and parse_metrics(None, names) is None
@@ -54,6 +60,7 @@ class FakeEngine:
 
         async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await self.serve(scope, receive, send)
+
         self.server = ServerThread(app).start()
 
     async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

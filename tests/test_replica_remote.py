@@ -3,6 +3,7 @@ from `kvgate replica` flags (--kv-dir, --kv-remote): turn 2 of a conversation on
 the chunks replica A wrote during turn 1 from Redis and answers exactly as a cold run does; with
 Redis killed a third replica still answers 200 from a cold prefill, and says so in its metrics.
 The model is loaded once; each replica is an engine over it behind its own HTTP app."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,12 +16,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import httpx
 import pytest
 from openai import OpenAI
+from test_replica import CT, _scrape, long_chat
 
-from kvgate.tools.bench.procs import ServerThread
 from kvgate.engines.replica.engine import ReplicaEngine
 from kvgate.engines.replica.model import load_model, model_namespace
 from kvgate.engines.replica.server import add_arguments, build_store, create_replica_app, remote_tier
-from test_replica import CT, _scrape, long_chat
+from kvgate.tools.bench.procs import ServerThread
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,10 @@ def test_turn_two_on_another_replica_loads_turn_one_from_redis(replicas: Any, re
     url_b, _ = replicas("b", *flags)
     turn1 = long_chat(33, "What is 7 squared?")  # ~550 tokens: 2 chunks
     first = ask(url_a, turn1, 8)
-    turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
-                     {"role": "user", "content": "And what is 8 squared?"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And what is 8 squared?"},
+    ]
     second = ask(url_b, turn2, 8)
     cached = second.usage.prompt_tokens_details.cached_tokens
     # A stored the chunks of the prompt it prefilled (2 chunks); B loads them from Redis

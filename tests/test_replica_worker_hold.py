@@ -3,6 +3,7 @@ request's load until its prompt is prefilled, and lets them go while it only dec
 
 The runner here records the order of the worker's calls (the Runner protocol is the seam between
 scheduling and the model); tests/test_replica.py runs the worker with the real model."""
+
 from __future__ import annotations
 
 import threading
@@ -44,9 +45,21 @@ class RecordingRunner:
 
     def finish(self, run: Any) -> Completion:
         self.calls.append("finish")
-        return Completion(text="", finish_reason="length", prompt_tokens=len(run.job.tokens), cached_tokens=0,
-                          completion_tokens=run.decoded, stored_chunks=0, queue_s=0, load_s=0, prefill_s=0,
-                          ttft_s=0, decode_s=0, store_s=0, token_ids=())
+        return Completion(
+            text="",
+            finish_reason="length",
+            prompt_tokens=len(run.job.tokens),
+            cached_tokens=0,
+            completion_tokens=run.decoded,
+            stored_chunks=0,
+            queue_s=0,
+            load_s=0,
+            prefill_s=0,
+            ttft_s=0,
+            decode_s=0,
+            store_s=0,
+            token_ids=(),
+        )
 
     def hold_background(self, held: bool) -> None:
         self.calls.append("hold" if held else "release")
@@ -56,11 +69,17 @@ def test_copies_are_held_from_the_load_to_the_end_of_the_prefill() -> None:
     runner = RecordingRunner()
     worker = Worker(runner, Counters(), max_running=1)  # type: ignore[arg-type]
     done = threading.Event()
-    worker.submit(Job(tokens=list(range(6)), params=SamplingParams(), max_tokens=3,
-                      sink=lambda e: done.set() if isinstance(e, Completion) else None))
+    worker.submit(
+        Job(
+            tokens=list(range(6)),
+            params=SamplingParams(),
+            max_tokens=3,
+            sink=lambda e: done.set() if isinstance(e, Completion) else None,
+        )
+    )
     assert done.wait(10)
     worker.close(10)
     calls = runner.calls
     assert calls[:5] == ["hold", "begin", "prefill", "prefill", "prefill"]  # held before the load queues copies
-    assert calls[5] == "release" and set(calls[6:calls.index("finish")]) == {"decode"}  # decoding: let go
+    assert calls[5] == "release" and set(calls[6 : calls.index("finish")]) == {"decode"}  # decoding: let go
     assert calls.count("hold") == 1

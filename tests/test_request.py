@@ -1,4 +1,5 @@
 """Keys and scopes: pure functions, checked with properties."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,11 +11,15 @@ from kvgate.middleware.errors import BadRequest
 from kvgate.middleware.replay import replay_chunks, split_text
 from kvgate.middleware.request import CacheControl, build_view, canonical_json
 
-CONFIG = parse_config({"routes": [
-    {"name": "a", "model": "m-*"},
-    {"name": "b", "model": "last-*", "semantic": {"context": "last_user_only"}},
-    {"name": "s", "model": "shared-*", "scope": "shared"},
-]})
+CONFIG = parse_config(
+    {
+        "routes": [
+            {"name": "a", "model": "m-*"},
+            {"name": "b", "model": "last-*", "semantic": {"context": "last_user_only"}},
+            {"name": "s", "model": "shared-*", "scope": "shared"},
+        ]
+    }
+)
 
 
 def view(messages, model="m-1", tenant="t1", **params):
@@ -27,15 +32,35 @@ def user(text):
 
 def test_key_ignores_dict_order_and_non_output_params():
     a = view([user("hi")], temperature=0.2, top_p=0.9)
-    b = build_view(CONFIG, {"top_p": 0.9, "messages": [{"content": "hi", "role": "user"}], "temperature": 0.2,
-                            "model": "m-1", "stream": True, "user": "someone", "metadata": {"x": 1}}, "t1", CacheControl())
+    b = build_view(
+        CONFIG,
+        {
+            "top_p": 0.9,
+            "messages": [{"content": "hi", "role": "user"}],
+            "temperature": 0.2,
+            "model": "m-1",
+            "stream": True,
+            "user": "someone",
+            "metadata": {"x": 1},
+        },
+        "t1",
+        CacheControl(),
+    )
     assert a.exact_key == b.exact_key and a.scope == b.scope
 
 
-@pytest.mark.parametrize("change", [
-    {"model": "m-2"}, {"tenant": "t2"}, {"temperature": 0.5}, {"max_tokens": 10}, {"seed": 3},
-    {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"response_format": {"type": "json_object"}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model": "m-2"},
+        {"tenant": "t2"},
+        {"temperature": 0.5},
+        {"max_tokens": 10},
+        {"seed": 3},
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"response_format": {"type": "json_object"}},
+    ],
+)
 def test_every_output_affecting_change_splits_scope(change):
     base = view([user("hi")])
     other = view([user("hi")], **change)
@@ -56,7 +81,9 @@ def test_context_modes():
 
 
 def test_shared_scope_ignores_tenant():
-    assert view([user("x")], model="shared-1", tenant="a").scope == view([user("x")], model="shared-1", tenant="b").scope
+    assert (
+        view([user("x")], model="shared-1", tenant="a").scope == view([user("x")], model="shared-1", tenant="b").scope
+    )
 
 
 def test_query_text_only_for_plain_user_text():
@@ -65,12 +92,20 @@ def test_query_text_only_for_plain_user_text():
     assert view([{"role": "user", "content": parts}]).query_text == "a\nb"
     image = [{"type": "image_url", "image_url": {"url": "data:..."}}]
     assert view([{"role": "user", "content": image}]).query_text is None
-    tool = [user("x"), {"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "1", "content": "42"}]
+    tool = [
+        user("x"),
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "1", "content": "42"},
+    ]
     assert view(tool).query_text is None  # last turn is a tool result: exact tier only
 
 
-@pytest.mark.parametrize("messages", [[], "hi", [{"role": "user"}], [{"role": "x", "content": "y"}], [{"role": "user", "content": 5}]])
+@pytest.mark.parametrize(
+    "messages", [[], "hi", [{"role": "user"}], [{"role": "x", "content": "y"}], [{"role": "user", "content": 5}]]
+)
 def test_bad_messages(messages):
     with pytest.raises(BadRequest):
         view(messages)
@@ -84,9 +119,11 @@ def test_cache_control_parsing():
             CacheControl.from_header(bad)
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-                           max_leaves=10)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=10,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -102,18 +139,36 @@ def test_split_text_roundtrips(text):
 
 
 def test_replay_rebuilds_content_and_usage():
-    stored = {"id": "x", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "one two three four five"},
-              "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
+    stored = {
+        "id": "x",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "one two three four five"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6},
+    }
     chunks = list(replay_chunks(stored, include_usage=True))
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == "one two three four five"
     assert chunks[-1]["usage"]["total_tokens"] == 6 and chunks[-2]["choices"][0]["finish_reason"] == "stop"
 
 
-_leaf = (st.text() | st.integers(min_value=-(1 << 70), max_value=1 << 70) | st.booleans() | st.none()
-         | st.floats(allow_nan=False, allow_infinity=False))
-_json_like = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-                          max_leaves=20)
+_leaf = (
+    st.text()
+    | st.integers(min_value=-(1 << 70), max_value=1 << 70)
+    | st.booleans()
+    | st.none()
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+_json_like = st.recursive(
+    _leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -157,10 +212,15 @@ def test_view_keys_are_the_digests_of_the_messages(context):
     """The keys build_view writes from per-message texts equal the digests of the lists (keys made before stay valid)."""
     from kvgate.middleware.request import digest
 
-    cfg = parse_config({"routes": [{"name": "r", "model": "*", "backend": {"model": "openai/x"},
-                                    "semantic": {"context": context}}]})
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "hello", "name": None}, {"role": "user", "content": "2+2?"}]
+    cfg = parse_config(
+        {"routes": [{"name": "r", "model": "*", "backend": {"model": "openai/x"}, "semantic": {"context": context}}]}
+    )
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "name": None},
+        {"role": "user", "content": "2+2?"},
+    ]
     view = build_view(cfg, {"model": "m", "messages": messages, "temperature": 0.5}, "t", CacheControl())
     clean = [{k: v for k, v in m.items() if v is not None} for m in messages]
     assert view.exact_key == digest("exact", "r", "m", clean, view.params, "t")  # the tenant: scope "tenant" by default

@@ -7,6 +7,7 @@ Counted with a profile hook on every thread: a new frame (a call, not the resump
 coroutine already running: each await resumes every frame of the task's chain) whose code is in
 middleware/pipeline.py and whose caller's code is not.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,11 +20,11 @@ import httpx
 import pytest
 
 import kvgate.middleware.pipeline
+from kvgate.engines.demo import Calls, create_fake_app
 from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.server.proxy import create_app
-from kvgate.engines.demo import Calls, create_fake_app
-from tests.conftest import one_replica_config
 from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import one_replica_config
 
 PIPELINE = str(Path(kvgate.middleware.pipeline.__file__).resolve())
 ENTRIES = 1
@@ -66,9 +67,13 @@ def test_a_miss_enters_the_pipeline_once(tmp_path: Path, forward: str, stream: b
 
     async def one_miss() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
-        async with app.router.lifespan_context(app), \
-                httpx.AsyncClient(transport=transport, base_url="http://kvgate") as client:
-            warm = await client.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "warm"}]})
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://kvgate") as client,
+        ):
+            warm = await client.post(
+                "/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "warm"}]}
+            )
             assert warm.status_code == 200, warm.text  # engines discovered, pools open: the steady state
             threading.setprofile(entries)  # the worker threads the loop starts from here on
             sys.setprofile(entries)

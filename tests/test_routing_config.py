@@ -1,5 +1,6 @@
 """`routing:` of a route: the policy as a union on `name`, the shared `prefix` block, and the old
 flat spellings still read (each with a deprecation naming its new field)."""
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,16 @@ import pytest
 import yaml
 
 from kvgate.index.kv.prefix import EVENT_FED_CAPACITY
-from kvgate.middleware.config import (AffinityConfig, CacheAwareConfig, LeastLoadedConfig, PrefixConfig, RoundRobinConfig,
-                               RoutingConfig, load_config, parse_config)
+from kvgate.middleware.config import (
+    AffinityConfig,
+    CacheAwareConfig,
+    LeastLoadedConfig,
+    PrefixConfig,
+    RoundRobinConfig,
+    RoutingConfig,
+    load_config,
+    parse_config,
+)
 from kvgate.middleware.errors import ConfigError
 from kvgate.middleware.routing import make_policy
 
@@ -39,8 +48,12 @@ def deprecations(routing: dict, replicas: list | None = None) -> tuple[RoutingCo
     return cfg, [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
 
 
-POLICIES = [("round_robin", RoundRobinConfig), ("least_loaded", LeastLoadedConfig),
-            ("cache_aware", CacheAwareConfig), ("affinity", AffinityConfig)]
+POLICIES = [
+    ("round_robin", RoundRobinConfig),
+    ("least_loaded", LeastLoadedConfig),
+    ("cache_aware", CacheAwareConfig),
+    ("affinity", AffinityConfig),
+]
 
 
 @pytest.mark.parametrize("name, model", POLICIES)
@@ -53,8 +66,13 @@ def test_each_policy_parses_from_a_name_and_from_a_mapping(name, model):
 def test_the_default_policy_is_cache_aware_with_its_defaults():
     cfg = routing_of({})
     assert cfg.policy == CacheAwareConfig() and cfg.policy.name == "cache_aware"
-    assert (cfg.policy.decode_weight, cfg.policy.miss_weight, cfg.policy.queue_slack, cfg.policy.prompt_slack,
-            cfg.policy.session_slack) == (8.0, 64.0, 2.5, 0.5, float("inf"))
+    assert (
+        cfg.policy.decode_weight,
+        cfg.policy.miss_weight,
+        cfg.policy.queue_slack,
+        cfg.policy.prompt_slack,
+        cfg.policy.session_slack,
+    ) == (8.0, 64.0, 2.5, 0.5, float("inf"))
     assert RoutingConfig() == cfg
 
 
@@ -65,18 +83,23 @@ def test_knobs_live_on_their_policy():
     assert policy.decode_weight == 4 and policy.queue_slack == float("inf")
     assert make_policy(routing_of({"policy": {"name": "affinity", "load_factor": 2}}).policy).load_factor == 2
     # bounds as before
-    assert "routes.0.routing.policy.cache_aware.miss_weight" in refused({"policy": {"name": "cache_aware",
-                                                                                  "miss_weight": 0.5}})
-    assert "routes.0.routing.policy.affinity.load_factor" in refused({"policy": {"name": "affinity",
-                                                                                 "load_factor": 0.9}})
+    assert "routes.0.routing.policy.cache_aware.miss_weight" in refused(
+        {"policy": {"name": "cache_aware", "miss_weight": 0.5}}
+    )
+    assert "routes.0.routing.policy.affinity.load_factor" in refused(
+        {"policy": {"name": "affinity", "load_factor": 0.9}}
+    )
 
 
-@pytest.mark.parametrize("policy, knob, owner", [
-    ("affinity", "decode_weight", "cache_aware"),
-    ("round_robin", "session_slack", "cache_aware"),
-    ("cache_aware", "load_factor", "affinity"),
-    ("least_loaded", "load_factor", "affinity"),
-])
+@pytest.mark.parametrize(
+    "policy, knob, owner",
+    [
+        ("affinity", "decode_weight", "cache_aware"),
+        ("round_robin", "session_slack", "cache_aware"),
+        ("cache_aware", "load_factor", "affinity"),
+        ("least_loaded", "load_factor", "affinity"),
+    ],
+)
 def test_a_knob_of_another_policy_is_refused_naming_its_policy(policy, knob, owner):
     message = refused({"policy": {"name": policy, knob: 4}})
     assert f"routing.policy.{knob} belongs to policy {owner}; this route's policy is {policy}" in message
@@ -85,33 +108,52 @@ def test_a_knob_of_another_policy_is_refused_naming_its_policy(policy, knob, own
 
 
 def test_strict_models_and_unknown_names():
-    assert "routes.0.routing.policy.cache_aware.decode_wieght" in refused({"policy": {"name": "cache_aware",
-                                                                                   "decode_wieght": 4}})
+    assert "routes.0.routing.policy.cache_aware.decode_wieght" in refused(
+        {"policy": {"name": "cache_aware", "decode_wieght": 4}}
+    )
     assert "'cache_aware'" in refused({"policy": "random"})
     assert "routing.policy needs a name" in refused({"policy": {"decode_weight": 4}})
     assert "routes.0.routing.prefix.blocksize" in refused({"prefix": {"blocksize": 4}})
 
 
-@pytest.mark.parametrize("knob, value", [("decode_weight", 4.0), ("miss_weight", 16.0), ("queue_slack", 3.0),
-                                         ("prompt_slack", 1.0), ("session_slack", 2.0)])
+@pytest.mark.parametrize(
+    "knob, value",
+    [
+        ("decode_weight", 4.0),
+        ("miss_weight", 16.0),
+        ("queue_slack", 3.0),
+        ("prompt_slack", 1.0),
+        ("session_slack", 2.0),
+    ],
+)
 @pytest.mark.parametrize("policy", [{}, {"policy": "cache_aware"}, {"policy": {"name": "cache_aware"}}])
 def test_old_flat_cache_aware_knobs_still_work_and_are_deprecated(knob, value, policy):
     cfg, said = deprecations({**policy, knob: value})
     assert getattr(cfg.policy, knob) == value and cfg.policy.name == "cache_aware"
-    assert said == [f"routing.{knob} is deprecated: write routing.policy.{knob} "
-                    "(with policy: {name: cache_aware, ...})"]
+    assert said == [
+        f"routing.{knob} is deprecated: write routing.policy.{knob} (with policy: {{name: cache_aware, ...}})"
+    ]
 
 
 def test_old_flat_load_factor_still_works_with_affinity():
     cfg, said = deprecations({"policy": "affinity", "load_factor": 2})
     assert cfg.policy == AffinityConfig(load_factor=2)
-    assert said == ["routing.load_factor is deprecated: write routing.policy.load_factor (with policy: "
-                    "{name: affinity, ...})"]
+    assert said == [
+        "routing.load_factor is deprecated: write routing.policy.load_factor (with policy: {name: affinity, ...})"
+    ]
 
 
-@pytest.mark.parametrize("field, value", [("tokenizer", "smollm2"), ("block_size", 32), ("seed", "s"),
-                                          ("capacity_blocks", 1000), ("record_answers", False),
-                                          ("mode", "approximate")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tokenizer", "smollm2"),
+        ("block_size", 32),
+        ("seed", "s"),
+        ("capacity_blocks", 1000),
+        ("record_answers", False),
+        ("mode", "approximate"),
+    ],
+)
 def test_old_flat_prefix_fields_still_work_and_are_deprecated(field, value):
     cfg, said = deprecations({"policy": "cache_aware", field: value})
     assert getattr(cfg.prefix, field) == value
@@ -120,8 +162,11 @@ def test_old_flat_prefix_fields_still_work_and_are_deprecated(field, value):
 
 def test_an_old_file_loads_as_the_new_one_and_says_each_field_once(caplog):
     old = {"policy": "cache_aware", "mode": "precise", "block_size": 256, "decode_weight": 4, "max_attempts": 2}
-    new = {"policy": {"name": "cache_aware", "decode_weight": 4}, "prefix": {"mode": "precise", "block_size": 256},
-           "max_attempts": 2}
+    new = {
+        "policy": {"name": "cache_aware", "decode_weight": 4},
+        "prefix": {"mode": "precise", "block_size": 256},
+        "max_attempts": 2,
+    }
     two_routes = {"routes": [{"name": n, "model": "*", "replicas": [EVENTS], "routing": old} for n in ("a", "b")]}
     with caplog.at_level(logging.WARNING, logger="kvgate.config"):
         with pytest.warns(DeprecationWarning) as caught:
@@ -138,15 +183,19 @@ def test_an_old_file_loads_as_the_new_one_and_says_each_field_once(caplog):
 
 
 def test_a_field_given_old_and_new_is_refused():
-    assert "keep routing.policy.decode_weight" in refused({"policy": {"name": "cache_aware", "decode_weight": 4},
-                                                          "decode_weight": 5})
+    assert "keep routing.policy.decode_weight" in refused(
+        {"policy": {"name": "cache_aware", "decode_weight": 4}, "decode_weight": 5}
+    )
     assert "keep routing.prefix.mode" in refused({"prefix": {"mode": "precise"}, "mode": "approximate"})
 
 
 def test_prefix_defaults_and_validation_hold_under_routing_prefix():
     cfg = routing_of({})
     assert cfg.prefix == PrefixConfig() and (cfg.prefix.mode, cfg.prefix.tokenizer, cfg.prefix.block_size) == (
-        "approximate", "text", 64)
+        "approximate",
+        "text",
+        64,
+    )
     assert cfg.prefix.capacity_blocks == EVENT_FED_CAPACITY
     assert cfg.prefix.record_answers and cfg.prefix.seed == "kvgate"
     assert PrefixConfig(tokenizer="smollm2").block_size == 16
@@ -165,8 +214,13 @@ def test_prefix_defaults_and_validation_hold_under_routing_prefix():
 
 
 def test_examples_use_the_new_spellings():
-    for name in ("replicas_config.yaml", "vllm_config.yaml", "cluster_config.yaml", "proxy_config.yaml",
-                 "verified_config.yaml"):
+    for name in (
+        "replicas_config.yaml",
+        "vllm_config.yaml",
+        "cluster_config.yaml",
+        "proxy_config.yaml",
+        "verified_config.yaml",
+    ):
         with warnings.catch_warnings():
             warnings.simplefilter("error", DeprecationWarning)
             load_config(ROOT / "examples" / name)
@@ -174,13 +228,21 @@ def test_examples_use_the_new_spellings():
 
 def test_check_config_prints_the_deprecation_of_an_old_file(tmp_path):
     old = tmp_path / "old.yaml"
-    old.write_text("routes:\n  - name: chat\n    model: 'demo-*'\n"
-                   "    replicas: [{name: r1, api_base: 'http://127.0.0.1:1/v1'}]\n"
-                   "    routing: {policy: cache_aware, decode_weight: 4, tokenizer: text}\n")
-    run = subprocess.run([sys.executable, "-m", "kvgate.middleware.cli", "check-config", "--config", str(old)],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    old.write_text(
+        "routes:\n  - name: chat\n    model: 'demo-*'\n"
+        "    replicas: [{name: r1, api_base: 'http://127.0.0.1:1/v1'}]\n"
+        "    routing: {policy: cache_aware, decode_weight: 4, tokenizer: text}\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "kvgate.middleware.cli", "check-config", "--config", str(old)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr
-    assert ("routing.decode_weight is deprecated: write routing.policy.decode_weight "
-            "(with policy: {name: cache_aware, ...})") in run.stderr
+    assert (
+        "routing.decode_weight is deprecated: write routing.policy.decode_weight (with policy: {name: cache_aware, ...})"
+    ) in run.stderr
     assert "routing.tokenizer is deprecated: write routing.prefix.tokenizer" in run.stderr
     assert run.stderr.count("routing.decode_weight is deprecated") == 1

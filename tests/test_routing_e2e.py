@@ -1,4 +1,5 @@
 """Routing misses across replicas through the proxy: prefix stickiness, failover, re-admission."""
+
 from __future__ import annotations
 
 import socket
@@ -10,10 +11,10 @@ import httpx
 import pytest
 
 from kvgate.engines.demo import Calls, create_fake_app
-from kvgate.tools.bench.procs import ServerThread
-from kvgate.middleware.config import parse_config
 from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import parse_config
 from kvgate.middleware.server.proxy import create_app
+from kvgate.tools.bench.procs import ServerThread
 from tests.conftest import wait_until
 
 
@@ -41,16 +42,27 @@ def cluster(embedder, tmp_path):
     started = []
 
     def make(policy="cache_aware", **routing):
-        config = parse_config({
-            "cache_dir": str(tmp_path / f"cache-{policy}-{len(started)}"),
-            "routes": [{
-                "name": "local", "model": "smol*",
-                "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 5},
-                "semantic": {"enabled": False},  # these tests are about routing misses
-                "replicas": [{"name": r.name, "api_base": f"http://127.0.0.1:{r.port}/v1"} for r in reps],
-                "routing": {"policy": policy, "block_size": 16, "tokenizer": "smollm2", "probe_interval_s": 0.2, **routing},
-            }],
-        })
+        config = parse_config(
+            {
+                "cache_dir": str(tmp_path / f"cache-{policy}-{len(started)}"),
+                "routes": [
+                    {
+                        "name": "local",
+                        "model": "smol*",
+                        "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 5},
+                        "semantic": {"enabled": False},  # these tests are about routing misses
+                        "replicas": [{"name": r.name, "api_base": f"http://127.0.0.1:{r.port}/v1"} for r in reps],
+                        "routing": {
+                            "policy": policy,
+                            "block_size": 16,
+                            "tokenizer": "smollm2",
+                            "probe_interval_s": 0.2,
+                            **routing,
+                        },
+                    }
+                ],
+            }
+        )
         pipeline = build_pipeline(config, embedder=embedder)
         server = ServerThread(create_app(config, pipeline)).start()
         started.append((server, pipeline))
@@ -65,14 +77,20 @@ def cluster(embedder, tmp_path):
 
 
 def converse(client, opener: str, turns: int, suffix: str = "") -> list[str]:
-    messages = [{"role": "system", "content": "You are a travel guide. " * 20}, {"role": "user", "content": opener + suffix}]
+    messages = [
+        {"role": "system", "content": "You are a travel guide. " * 20},
+        {"role": "user", "content": opener + suffix},
+    ]
     served = []
     for t in range(turns):
         resp = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages})
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-kvgate-cache"] == "miss"
         served.append(resp.headers["x-kvgate-replica"])
-        messages += [resp.json()["choices"][0]["message"], {"role": "user", "content": f"Tell me more, part {t}.{suffix}"}]
+        messages += [
+            resp.json()["choices"][0]["message"],
+            {"role": "user", "content": f"Tell me more, part {t}.{suffix}"},
+        ]
     return served
 
 
@@ -83,6 +101,7 @@ def test_cache_aware_keeps_conversations_on_their_replica(cluster):
     # concurrent conversations (each turn keeps the backend busy 0.2 s): the shared system prompt
     # pulls them together, the queued prefill work pushes them apart
     with ThreadPoolExecutor(6) as pool:
+
         def opener(city: str) -> str:
             return f"Plan a trip to {city}. I love {city}, its museums, food and history. " * 25
 
@@ -106,7 +125,10 @@ def test_failover_and_readmission(cluster):
     reps[0].stop()
     seen = Counter()
     for i in range(9):
-        resp = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": [{"role": "user", "content": f"question {i}"}]})
+        resp = client.post(
+            "/v1/chat/completions",
+            json={"model": "smollm2", "messages": [{"role": "user", "content": f"question {i}"}]},
+        )
         assert resp.status_code == 200, resp.text  # no client-visible error
         seen[resp.headers["x-kvgate-replica"]] += 1
     assert "r0" not in seen
@@ -124,14 +146,20 @@ def test_all_replicas_down_is_502(cluster):
     client, _ = make("cache_aware")
     for r in reps:
         r.stop()
-    resp = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": [{"role": "user", "content": "anyone?"}]})
+    resp = client.post(
+        "/v1/chat/completions", json={"model": "smollm2", "messages": [{"role": "user", "content": "anyone?"}]}
+    )
     assert resp.status_code == 502 and resp.json()["error"]["type"] == "backend_error"
 
 
 def test_streams_route_and_record(cluster):
     _, make = cluster
     client, pipeline = make("cache_aware")
-    body = {"model": "smollm2", "stream": True, "messages": [{"role": "user", "content": "Stream me a story about a fox."}]}
+    body = {
+        "model": "smollm2",
+        "stream": True,
+        "messages": [{"role": "user", "content": "Stream me a story about a fox."}],
+    }
     resp = client.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200 and resp.text.rstrip().endswith("data: [DONE]")
     replica = resp.headers["x-kvgate-replica"]
@@ -144,16 +172,24 @@ def test_precise_mode_follows_replica_events(embedder, tmp_path):
 
     reps = [Replica(f"r{i}") for i in range(2)]
     pubs = [ZmqEventPublisher("tcp://127.0.0.1:*") for _ in reps]
-    config = parse_config({
-        "cache_dir": str(tmp_path / "c"),
-        "routes": [{
-            "name": "local", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none"},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": r.name, "api_base": f"http://127.0.0.1:{r.port}/v1", "events": p.endpoint}
-                         for r, p in zip(reps, pubs)],
-            "routing": {"policy": "cache_aware", "mode": "precise", "block_size": 16, "tokenizer": "smollm2"},
-        }],
-    })
+    config = parse_config(
+        {
+            "cache_dir": str(tmp_path / "c"),
+            "routes": [
+                {
+                    "name": "local",
+                    "model": "smol*",
+                    "backend": {"model": "openai/smollm2", "api_key": "none"},
+                    "semantic": {"enabled": False},
+                    "replicas": [
+                        {"name": r.name, "api_base": f"http://127.0.0.1:{r.port}/v1", "events": p.endpoint}
+                        for r, p in zip(reps, pubs)
+                    ],
+                    "routing": {"policy": "cache_aware", "mode": "precise", "block_size": 16, "tokenizer": "smollm2"},
+                }
+            ],
+        }
+    )
     pipeline = build_pipeline(config, embedder=embedder)
     server = ServerThread(create_app(config, pipeline)).start()
     try:
@@ -169,8 +205,9 @@ def test_precise_mode_follows_replica_events(embedder, tmp_path):
         assert router.index.blocks("r1") == len(engine_hashes)
         client = httpx.Client(base_url=server.url, timeout=30)
         for _ in range(3):
-            resp = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages,
-                                                               "temperature": 0.1 * _})
+            resp = client.post(
+                "/v1/chat/completions", json={"model": "smollm2", "messages": messages, "temperature": 0.1 * _}
+            )
             assert resp.headers["x-kvgate-replica"] == "r1"
         assert router.index.blocks("r0") == 0  # precise mode: routing itself records nothing
         pubs[1].publish([BlockRemoved(engine_hashes)])

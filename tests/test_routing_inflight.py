@@ -1,5 +1,6 @@
 """Precise mode counts a routed prefix as its replica's until the engine reports what it holds:
 requests sharing a prefix that arrive together stay together instead of each replica prefilling it."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -23,9 +24,13 @@ class Clock:
 
 
 def precise_router(clock: Clock) -> Router:
-    replicas = [ReplicaConfig(name=n, api_base=f"http://127.0.0.1:9/{n}/v1", events=f"tcp://127.0.0.1:{p}")
-                for n, p in (("a", 9), ("b", 10))]
-    cfg = RoutingConfig(policy="cache_aware", prefix=PrefixConfig(mode="precise", block_size=BS, tokenizer="codepoints"))
+    replicas = [
+        ReplicaConfig(name=n, api_base=f"http://127.0.0.1:9/{n}/v1", events=f"tcp://127.0.0.1:{p}")
+        for n, p in (("a", 9), ("b", 10))
+    ]
+    cfg = RoutingConfig(
+        policy="cache_aware", prefix=PrefixConfig(mode="precise", block_size=BS, tokenizer="codepoints")
+    )
     return Router(replicas, cfg, clock=clock)
 
 
@@ -50,8 +55,11 @@ def test_concurrent_requests_with_one_prefix_go_to_one_replica() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("ab"), st.lists(st.integers(0, 6), min_size=1, max_size=5)),
-                min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("ab"), st.lists(st.integers(0, 6), min_size=1, max_size=5)), min_size=1, max_size=12
+    )
+)
 def test_a_block_stays_while_any_request_holds_it(requests) -> None:
     clock = Clock()
     index = PrefixIndex()
@@ -64,7 +72,7 @@ def test_a_block_stays_while_any_request_holds_it(requests) -> None:
     for i, (replica, chain) in enumerate(chains):
         inflight.done(replica, chain)
         clock.now += GRACE_S + 0.01
-        still = {(r, h) for r, c in chains[i + 1:] for h in c}
+        still = {(r, h) for r, c in chains[i + 1 :] for h in c}
         inflight.expire()
         for r, c in chains:
             folded = inflight.fold(index.match(c))

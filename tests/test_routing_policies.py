@@ -1,4 +1,5 @@
 """Routing policies as pure decisions over replica states."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -7,8 +8,14 @@ import pytest
 
 from kvgate.middleware.routing import RoutePlan, make_policy
 from kvgate.middleware.routing.base import ReplicaState
-from kvgate.middleware.routing.cache_aware import (CacheAware, admissible, duplicate_charge, expected_cost, ttft_estimate,
-                                            wait_bound)
+from kvgate.middleware.routing.cache_aware import (
+    CacheAware,
+    admissible,
+    duplicate_charge,
+    expected_cost,
+    ttft_estimate,
+    wait_bound,
+)
 
 
 def replicas(n=3):
@@ -51,7 +58,9 @@ def test_cache_aware_spills_when_queue_outweighs_savings():
 def test_duplicate_charge_weighs_a_prefix_by_its_share_of_the_prompt():
     assert duplicate_charge(0, 1600, 1600) == 1600  # the whole prompt is held elsewhere
     assert duplicate_charge(0, 160, 1600) == 16  # a 10% prefix (a system prompt): 1/10 of its length
-    assert duplicate_charge(160, 160, 1600) == 0 and duplicate_charge(0, 0, 1600) == 0 and duplicate_charge(0, 0, 0) == 0
+    assert (
+        duplicate_charge(160, 160, 1600) == 0 and duplicate_charge(0, 0, 1600) == 0 and duplicate_charge(0, 0, 0) == 0
+    )
     rs = replicas()
     # a system prompt on r1 only (10% of the prompt) does not justify waiting behind r1's queue ...
     rs[1].pending_prefill_tokens = 4000

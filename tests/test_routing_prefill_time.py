@@ -1,6 +1,7 @@
 """prefill_time (middleware/routing/prefill_time.py) and the engine reports it reads
 (middleware/routing/engine_load.py): pure scoring, its invariants on random states, online
 calibration of the prefill rate, and the Router filling both in before a decision."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,17 +12,28 @@ from kvgate.middleware.config import ReplicaConfig, RoutingConfig
 from kvgate.middleware.routing import RoutePlan, make_policy
 from kvgate.middleware.routing.base import ReplicaState
 from kvgate.middleware.routing.engine_load import EngineLoad, EngineReport, fit_rate, waiting_tokens
-from kvgate.middleware.routing.prefill_time import (PrefillTime, effective_rates, prefill_tokens, queued_tokens,
-                                                     ttft_seconds)
+from kvgate.middleware.routing.prefill_time import (
+    PrefillTime,
+    effective_rates,
+    prefill_tokens,
+    queued_tokens,
+    ttft_seconds,
+)
 from kvgate.middleware.routing.router import Router
 
 BLOCK = 16
 
 
-def state(name: str, pending: int = 0, engine_waiting: float = 0.0, rate: float | None = None,
-          in_flight: int = 0) -> ReplicaState:
+def state(
+    name: str, pending: int = 0, engine_waiting: float = 0.0, rate: float | None = None, in_flight: int = 0
+) -> ReplicaState:
     r = ReplicaState(name, f"http://{name}")
-    r.pending_prefill_tokens, r.engine_waiting_tokens, r.prefill_rate, r.in_flight = pending, engine_waiting, rate, in_flight
+    r.pending_prefill_tokens, r.engine_waiting_tokens, r.prefill_rate, r.in_flight = (
+        pending,
+        engine_waiting,
+        rate,
+        in_flight,
+    )
     return r
 
 
@@ -30,6 +42,7 @@ def plan(matched: dict[str, int], tokens: int = 1600) -> RoutePlan:
 
 
 # -------------------------------------------------------------------------------- pure scoring
+
 
 def test_a_request_waits_behind_a_long_prefill_only_for_a_longer_recompute() -> None:
     """The arena's case: a replica busy with a 1926-token prefill holds 256 tokens of this prompt;
@@ -65,7 +78,11 @@ def test_a_faster_engine_wins_at_equal_work() -> None:
 
 def test_rates_not_measured_yet_take_the_measured_mean_or_the_cold_default() -> None:
     assert effective_rates([state("a"), state("b")], 1000.0) == [1000.0, 1000.0]
-    assert effective_rates([state("a", rate=300.0), state("b"), state("c", rate=500.0)], 1000.0) == [300.0, 400.0, 500.0]
+    assert effective_rates([state("a", rate=300.0), state("b"), state("c", rate=500.0)], 1000.0) == [
+        300.0,
+        400.0,
+        500.0,
+    ]
     with pytest.raises(ValueError):
         make_policy("prefill_time", cold_prefill_rate=0)
 
@@ -87,12 +104,20 @@ def test_ties_go_to_fewer_in_flight_then_round_robin() -> None:
 
 # ------------------------------------------------------------------------ invariants on random states
 
-replica_st = st.tuples(st.integers(0, 200), st.integers(0, 20_000), st.floats(0, 20_000),
-                       st.one_of(st.none(), st.floats(50, 5000)), st.integers(0, 8))
+replica_st = st.tuples(
+    st.integers(0, 200),
+    st.integers(0, 20_000),
+    st.floats(0, 20_000),
+    st.one_of(st.none(), st.floats(50, 5000)),
+    st.integers(0, 8),
+)
 
 
 def _states(specs: list[tuple[int, int, float, float | None, int]]) -> tuple[list[ReplicaState], RoutePlan]:
-    reps = [state(f"r{i}", pending=p, engine_waiting=w, rate=rate, in_flight=n) for i, (_, p, w, rate, n) in enumerate(specs)]
+    reps = [
+        state(f"r{i}", pending=p, engine_waiting=w, rate=rate, in_flight=n)
+        for i, (_, p, w, rate, n) in enumerate(specs)
+    ]
     return reps, plan({f"r{i}": blocks for i, (blocks, *_) in enumerate(specs)}, tokens=3200)
 
 
@@ -103,13 +128,20 @@ def test_never_a_replica_dominated_in_work_by_one_at_least_as_fast(specs) -> Non
     chosen = PrefillTime().choose(reps, p)
     rates = dict(zip((r.name for r in reps), effective_rates(reps)))
     for other in reps:
-        dominated = (prefill_tokens(chosen, p) > prefill_tokens(other, p) and queued_tokens(chosen) > queued_tokens(other)
-                     and rates[chosen.name] <= rates[other.name])
+        dominated = (
+            prefill_tokens(chosen, p) > prefill_tokens(other, p)
+            and queued_tokens(chosen) > queued_tokens(other)
+            and rates[chosen.name] <= rates[other.name]
+        )
         assert not dominated, (chosen, other)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 200), min_size=2, max_size=5), st.integers(0, 20_000), st.one_of(st.none(), st.floats(50, 5000)))
+@given(
+    st.lists(st.integers(0, 200), min_size=2, max_size=5),
+    st.integers(0, 20_000),
+    st.one_of(st.none(), st.floats(50, 5000)),
+)
 def test_equal_queues_and_rates_reduce_to_longest_prefix(blocks, queued, rate) -> None:
     reps = [state(f"r{i}", pending=queued, rate=rate) for i in range(len(blocks))]
     p = plan({f"r{i}": b for i, b in enumerate(blocks)}, tokens=3200)
@@ -130,6 +162,7 @@ def test_a_held_prefix_is_left_only_for_a_queue_larger_than_its_recompute(held, 
 
 
 # ------------------------------------------------------------------------ calibration from the engine
+
 
 def test_fit_rate_is_the_ratio_of_sums_once_enough_prefill_was_seen() -> None:
     assert fit_rate([]) is None and fit_rate([(100.0, 0.01)]) is None  # too little prefill time to trust
@@ -165,12 +198,17 @@ def test_engine_load_calibrates_from_counter_growth_and_survives_a_restart() -> 
 def test_the_router_fills_engine_reports_into_its_decisions() -> None:
     now = [0.0]
     cfg = RoutingConfig(policy="prefill_time", prefix={"tokenizer": "text", "block_size": 16})
-    router = Router([ReplicaConfig(name="a", api_base="http://a"), ReplicaConfig(name="b", api_base="http://b")], cfg,
-                    clock=lambda: now[0])
+    router = Router(
+        [ReplicaConfig(name="a", api_base="http://a"), ReplicaConfig(name="b", api_base="http://b")],
+        cfg,
+        clock=lambda: now[0],
+    )
     try:
         assert router.reads_engine_load
         for name, tokens in (("a", 0), ("b", 0)):
-            router.engine_report(name, EngineReport(waiting=0, prefill_tokens=tokens, prefill_seconds=0, prefill_requests=0))
+            router.engine_report(
+                name, EngineReport(waiting=0, prefill_tokens=tokens, prefill_seconds=0, prefill_requests=0)
+            )
         router.engine_report("a", EngineReport(waiting=4, prefill_tokens=2000, prefill_seconds=2, prefill_requests=2))
         router.engine_report("b", EngineReport(waiting=0, prefill_tokens=2000, prefill_seconds=2, prefill_requests=2))
         router.engine_report("gone", EngineReport(waiting=9))  # not on this route: ignored

@@ -1,4 +1,5 @@
 """RoutingState: the local one, and the workers' one (shared memory + ZMQ ipc), two hubs for two workers."""
+
 from __future__ import annotations
 
 import time
@@ -91,7 +92,9 @@ def test_replicas_added_at_run_time_are_shared_and_counted_by_every_worker(hubs)
     assert nudged  # the other worker was told
     one.add_replica(r2)
     two.add_replica(r2)
-    ticket = one.started(next(r for r in one.replicas if r.name == "r2"), one.plan([{"role": "user", "content": "z" * 64}]))
+    ticket = one.started(
+        next(r for r in one.replicas if r.name == "r2"), one.plan([{"role": "user", "content": "z" * 64}])
+    )
     assert two.stats()["r2"]["in_flight"] == 1  # one column, seen by both
     one.finished(ticket, ok=True)
     with pytest.raises(ValueError, match="on route 'chat' already"):

@@ -1,19 +1,20 @@
 """The shared routing view on a real Redis: two proxies' Routers (each with its own link and hub)."""
+
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
-from kvgate.middleware.config import ConfigError, ReplicaConfig, RoutingConfig, SharedRoutingConfig, load_config
+from kvgate.middleware.config import ConfigError, ReplicaConfig, RoutingConfig, load_config
 from kvgate.middleware.routing.router import Router
 from kvgate.middleware.routing.state_redis import RedisRoutingHub, sum_loads
+from kvgate.middleware.store_config import SharedRoutingConfig
 from tests.conftest import wait_until
 
 REPLICAS = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
@@ -49,7 +50,9 @@ def test_a_decision_in_one_proxy_steers_the_other(proxies) -> None:
     chat = [{"role": "user", "content": "a long shared system prompt " * 8}]
     plan = one.plan(chat)
     ticket = one.started(one.replicas[1], plan)
-    one.finished(ticket, ok=True, hashes=one.answer_hashes(plan, [*chat, {"role": "assistant", "content": "the answer " * 6}]))
+    one.finished(
+        ticket, ok=True, hashes=one.answer_hashes(plan, [*chat, {"role": "assistant", "content": "the answer " * 6}])
+    )
     assert wait_until(lambda: proxies[1].received >= 2, 5.0)
     follow_up = [*chat, {"role": "assistant", "content": "the answer " * 6}, {"role": "user", "content": "and then?"}]
     fplan = two.plan(follow_up)
@@ -63,19 +66,24 @@ def test_the_other_proxy_sees_in_flight_within_the_bound(proxies) -> None:
     plan = one.plan([{"role": "user", "content": "x" * 64}])
     ticket = one.started(one.replicas[0], plan)
     assert one.stats()["r0"]["in_flight"] == 1  # its own change, at once
-    assert wait_until(lambda: two.stats()["r0"] == {**two.stats()["r0"], "in_flight": 1,
-                                                   "pending_prefill_tokens": plan.prompt_tokens}, STALENESS)
+    assert wait_until(
+        lambda: (
+            two.stats()["r0"] == {**two.stats()["r0"], "in_flight": 1, "pending_prefill_tokens": plan.prompt_tokens}
+        ),
+        STALENESS,
+    )
     # B's choice avoids the replica A loaded, though B sent nothing itself
     assert two.choose(two.plan([{"role": "user", "content": "y" * 64}])).name == "r1"
     one.finished(ticket, ok=True)
-    assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 0 and two.stats()["r0"]["pending_prefill_tokens"] == 0,
-                  STALENESS)
+    assert wait_until(
+        lambda: two.stats()["r0"]["in_flight"] == 0 and two.stats()["r0"]["pending_prefill_tokens"] == 0, STALENESS
+    )
 
 
 DEAD_PROXY = """
 import sys, time
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
-from kvgate.middleware.config import SharedRoutingConfig
+from kvgate.middleware.store_config import SharedRoutingConfig
 from kvgate.middleware.routing.state_redis import RedisRoutingHub
 hub = RedisRoutingHub(RedisLink(LinkSettings(sys.argv[1])), "t:", SharedRoutingConfig(sync_s=0.05, load_ttl_s=0.6))
 hub.state("chat", ["r0", "r1"]).add_load("r0", 3, 300)
@@ -113,7 +121,9 @@ def test_redis_killed_routing_goes_on_locally_then_sharing_resumes(proxies, redi
     chat = [{"role": "user", "content": "during the outage " * 6}]
     ticket = two.started(two.choose(two.plan(chat)), two.plan(chat))
     two.finished(ticket, ok=True)
-    assert wait_until(lambda: two.stats()["r0"]["in_flight"] == 0, CFG.load_ttl_s + STALENESS)  # A's load: stale, dropped
+    assert wait_until(
+        lambda: two.stats()["r0"]["in_flight"] == 0, CFG.load_ttl_s + STALENESS
+    )  # A's load: stale, dropped
     assert one.stats()["r0"]["in_flight"] == 1  # A's own count is never stale
     assert proxies[0]._link.errors.get("routing_push", 0) > 0 and not proxies[0]._link.up
     one.finished(t1, ok=True)
@@ -152,15 +162,16 @@ def test_sum_loads_skips_malformed_values() -> None:
 
 def test_bad_shared_routing_config_names_the_field(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("routes: [{name: r, model: '*', backend: {model: openai/x}}]\n"
-                   "store: {backend: redis, url: 'redis://127.0.0.1:1/0', routing: {sync_s: 1, load_ttl_s: 1}}\n")
+    cfg.write_text(
+        "routes: [{name: r, model: '*', backend: {model: openai/x}}]\n"
+        "store: {backend: redis, url: 'redis://127.0.0.1:1/0', routing: {sync_s: 1, load_ttl_s: 1}}\n"
+    )
     with pytest.raises(ConfigError, match="load_ttl_s"):
         load_config(cfg)
 
 
 def test_pipelines_on_a_redis_store_share_their_routing_view(redis_server, tmp_path: Path) -> None:
     """`store.backend: redis` is enough: each Pipeline's routers get the Redis state, no extra wiring."""
-    from kvgate.middleware.pipeline import Pipeline
     from kvgate.middleware.build import build_pipeline
 
     cfg = tmp_path / "c.yaml"
@@ -168,7 +179,8 @@ def test_pipelines_on_a_redis_store_share_their_routing_view(redis_server, tmp_p
         "routes: [{name: chat, model: '*', backend: {model: openai/x, api_key: none}, exact: false,\n"
         "          semantic: {enabled: false}, routing: {prefix: {tokenizer: text, block_size: 4}},\n"
         "          replicas: [{name: r0, api_base: 'http://127.0.0.1:9/v1'}, {name: r1, api_base: 'http://127.0.0.1:8/v1'}]}]\n"
-        f"store: {{backend: redis, url: '{redis_server.url}', routing: {{sync_s: 0.05, load_ttl_s: 0.6}}}}\n")
+        f"store: {{backend: redis, url: '{redis_server.url}', routing: {{sync_s: 0.05, load_ttl_s: 0.6}}}}\n"
+    )
     one, two = build_pipeline(load_config(cfg)), build_pipeline(load_config(cfg))
     try:
         a, b = one.routers["chat"], two.routers["chat"]

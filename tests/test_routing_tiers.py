@@ -1,6 +1,7 @@
 """Tier-aware routing: KV-tier media from the engines' events become tier replicas in the prefix
 index (middleware/routing/tiers.py), plans count what each replica can load, cache_aware weighs
 loads at the measured cost (middleware/routing/load_cost.py)."""
+
 from __future__ import annotations
 
 import random

@@ -1,5 +1,6 @@
 """Scale-out on Redis end to end: two real proxies (uvicorn + Pipeline + real LiteLLM + real
 embedder) on one real redis-server, the fake backend behind both."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import ConfigError
 from kvgate.middleware.pipeline import Pipeline
-from kvgate.middleware.build import build_pipeline
-from tests.conftest import route_config
 from kvgate.tools.redis_proc import RedisServer
+from tests.conftest import route_config
 
 QUESTION = "What is the capital of France?"
 PARAPHRASE = "Tell me the capital city of France"
@@ -51,9 +52,11 @@ def test_two_proxies_share_one_cache(make_proxy, backend, redis_server: RedisSer
     # feedback given to B on the request A served deletes the entry for everyone
     entry_id = a.pipeline.requests.get(stored.headers["x-kvgate-request-id"]).entry_id
     assert entry_id in a.pipeline.index.eviction and entry_id in b.pipeline.index.eviction
-    verdict = b.http.post("/v1/cache/feedback", json={"request_id": stored.headers["x-kvgate-request-id"],
-                                                      "correct": False},
-                          headers={"authorization": "Bearer key-a"})
+    verdict = b.http.post(
+        "/v1/cache/feedback",
+        json={"request_id": stored.headers["x-kvgate-request-id"], "correct": False},
+        headers={"authorization": "Bearer key-a"},
+    )
     assert verdict.status_code == 200 and verdict.json()["removed"] is True
     assert a.chat(QUESTION, headers={"x-kvgate-cache-control": "no-store"}).headers["x-kvgate-cache"] == "miss"
     a.pipeline.index.catch_up(force=True)  # A reads B's delete: its local traces are gone too
@@ -72,8 +75,9 @@ def ask(pipeline: Pipeline, question: str, tenant: str = "t1") -> tuple[str, str
 def test_redis_out_of_reach_at_start_up(backend, tmp_path: Path, monkeypatch) -> None:
     down = RedisServer()  # a free port nobody listens on
     monkeypatch.setenv("KVGATE_TEST_REDIS_PW", "s3cret")
-    raw = redis_config(backend.api_base, tmp_path, f"redis://admin@127.0.0.1:{down.port}/0",
-                       password_env="KVGATE_TEST_REDIS_PW")
+    raw = redis_config(
+        backend.api_base, tmp_path, f"redis://admin@127.0.0.1:{down.port}/0", password_env="KVGATE_TEST_REDIS_PW"
+    )
     with pytest.raises(ConfigError) as err:
         build_pipeline(parse_config(raw))
     message = err.value.message
@@ -88,8 +92,9 @@ def test_redis_out_of_reach_at_start_up(backend, tmp_path: Path, monkeypatch) ->
 
 def test_degrade_starts_without_redis_and_recovers(backend, embedder, tmp_path: Path) -> None:
     server = RedisServer()  # not started yet
-    pipeline = build_pipeline(parse_config(redis_config(backend.api_base, tmp_path, server.url, on_error="degrade")),
-                        embedder=embedder)
+    pipeline = build_pipeline(
+        parse_config(redis_config(backend.api_base, tmp_path, server.url, on_error="degrade")), embedder=embedder
+    )
     try:
         assert ask(pipeline, "degraded question one")[0] == "miss"
         assert ask(pipeline, "degraded question one")[0] == "miss"  # nothing could be stored
@@ -98,7 +103,7 @@ def test_degrade_starts_without_redis_and_recovers(backend, embedder, tmp_path: 
         for _ in range(100):  # the link retries after its backoff; then the answer is stored
             if ask(pipeline, "degraded question two")[0] == "exact":
                 break
-        assert ask(pipeline, "degraded question two") [0] == "exact"
+        assert ask(pipeline, "degraded question two")[0] == "exact"
     finally:
         pipeline.close()
         server.stop()
@@ -106,8 +111,12 @@ def test_degrade_starts_without_redis_and_recovers(backend, embedder, tmp_path: 
 
 def test_redis_killed_then_restarted_empty(backend, embedder, redis_server: RedisServer, tmp_path: Path) -> None:
     """SIGKILL mid-run: misses, never errors; restarted empty: misses, never a stale or wrong answer."""
-    a = build_pipeline(parse_config(redis_config(backend.api_base, tmp_path / "a", redis_server.url)), embedder=embedder)
-    b = build_pipeline(parse_config(redis_config(backend.api_base, tmp_path / "b", redis_server.url)), embedder=embedder)
+    a = build_pipeline(
+        parse_config(redis_config(backend.api_base, tmp_path / "a", redis_server.url)), embedder=embedder
+    )
+    b = build_pipeline(
+        parse_config(redis_config(backend.api_base, tmp_path / "b", redis_server.url)), embedder=embedder
+    )
     try:
         tier, first = ask(a, QUESTION)
         assert tier == "miss" and ask(b, QUESTION) == ("exact", first)
@@ -120,19 +129,21 @@ def test_redis_killed_then_restarted_empty(backend, embedder, redis_server: Redi
             for question in (QUESTION, PARAPHRASE, "a question asked during the outage"):
                 tier, text = ask(pipeline, question)
                 assert tier == "miss" and text.endswith(question)
-        assert b'kvgate_store_up 0.0' in a.metrics.render()
+        assert b"kvgate_store_up 0.0" in a.metrics.render()
         assert b'kvgate_store_errors_total{op="lookup"}' in a.metrics.render()
 
         redis_server.restart()  # empty: every entry is gone
         served: list[tuple[str, str]] = []
         for _ in range(60):  # until the links close again (backoff) and a new answer is served from Redis
             served += [ask(a, PARAPHRASE), ask(b, QUESTION)]
-            if served[-2][0] != "miss" and served[-1][0] != "miss":  # both links closed (each backs off on its own clock)
+            if (
+                served[-2][0] != "miss" and served[-1][0] != "miss"
+            ):  # both links closed (each backs off on its own clock)
                 break
         # never the answer from before the crash, and every answer is to the question asked
         assert all(text != first for _, text in served)
         assert all(text.endswith((PARAPHRASE, QUESTION)) for _, text in served)
-        assert served[-2][0] != "miss" and served[-1][0] != "miss" and b'kvgate_store_up 1.0' in a.metrics.render()
+        assert served[-2][0] != "miss" and served[-1][0] != "miss" and b"kvgate_store_up 1.0" in a.metrics.render()
         a.index.catch_up(force=True)  # the log was reset: A rebuilt its view from Redis
         assert a.index._follow is not None and a.index._follow.gaps >= 1
     finally:

@@ -1,4 +1,5 @@
 """The replica's job order: least prefill first, aged, stop sentinel first."""
+
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,5 @@
 """The SDK face: Gateway.completion / acompletion through real LiteLLM to a fake backend."""
+
 from __future__ import annotations
 
 import time
@@ -54,8 +55,14 @@ def test_scope_differences_miss(gateway, variant):
 
 
 def test_earlier_turns_scope(gateway):
-    history = [{"role": "user", "content": "Tell me about Italy."}, {"role": "assistant", "content": "Italy is in Europe."}]
-    other = [{"role": "user", "content": "Tell me about Peru."}, {"role": "assistant", "content": "Peru is in South America."}]
+    history = [
+        {"role": "user", "content": "Tell me about Italy."},
+        {"role": "assistant", "content": "Italy is in Europe."},
+    ]
+    other = [
+        {"role": "user", "content": "Tell me about Peru."},
+        {"role": "assistant", "content": "Peru is in South America."},
+    ]
     follow = {"role": "user", "content": "What is its capital?"}
     assert cache_info(gateway.completion(**ask(history + [follow]))).cache == "miss"
     assert cache_info(gateway.completion(**ask(other + [follow]))).cache == "miss"
@@ -120,7 +127,7 @@ def test_config_from_yaml_file(tmp_path, backend):
     path = tmp_path / "kvgate.yaml"
     path.write_text(
         f"""
-cache_dir: {tmp_path / 'c'}
+cache_dir: {tmp_path / "c"}
 routes:
   - name: chat
     model: "demo-*"

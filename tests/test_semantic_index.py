@@ -1,4 +1,5 @@
 """SemanticIndex on real FAISS and diskcache, with real embeddings where meaning matters."""
+
 from __future__ import annotations
 
 import time
@@ -23,7 +24,7 @@ def test_add_search_delete_with_real_embeddings(tmp_path, embedder):
     qs = ["What is the capital of France?", "How do I bake bread?", "Who wrote Hamlet?"]
     vecs = embedder.embed(qs)
     entries = [idx.add("s1", resp(q), exact_key=f"k{i}", text=q, vector=v) for i, (q, v) in enumerate(zip(qs, vecs))]
-    (found, sim), = idx.search("s1", embedder.embed(["Tell me the capital city of France"])[0], k=1)
+    ((found, sim),) = idx.search("s1", embedder.embed(["Tell me the capital city of France"])[0], k=1)
     assert found.id == entries[0].id and sim > 0.9
     assert idx.search("other-scope", vecs[0], k=1) == []
     assert idx.get_exact("k1").text == qs[1]
@@ -52,7 +53,7 @@ def test_ttl_lru_and_restart(tmp_path):
 
     again = SemanticIndex(tmp_path, 384, max_entries=3)
     assert len(again) == 2 and again.get_exact("a0").id == ids[0]
-    (found, sim), = again.search("s", v[4], k=1)
+    ((found, sim),) = again.search("s", v[4], k=1)
     assert found.response == resp("a3") and sim > 0.99
     assert short.id not in {e.id for e, _ in again.search("s", v[0], k=5)}
     again.close()
@@ -94,5 +95,5 @@ def test_bulk_add(tmp_path):
     idx = SemanticIndex(tmp_path, 384)
     v = unit(np.random.default_rng(4), 50)
     idx.add_many_vectors("s", [(resp(str(i)), str(i), v[i]) for i in range(50)])
-    (e, sim), = idx.search("s", v[17], k=1)
+    ((e, sim),) = idx.search("s", v[17], k=1)
     assert e.text == "17" and sim > 0.99 and len(idx) == 50

@@ -2,6 +2,7 @@
 mapper (middleware/server/responses.py), through the real app on a real server: every kind of
 exception leaves with the right status, type and param, and every route that takes a body refuses
 one past server.max_body_bytes."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ from kvgate.middleware.server.body import ClientGone
 from kvgate.middleware.server.proxy import create_app
 from kvgate.middleware.server.responses import as_error, error_response
 from kvgate.middleware.server.schema import FeedbackRequest
-from tests.conftest import route_config
 from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import route_config
 
 KEY, ADMIN = "tenant-key", "admin-key"
 LIMIT = 2000
@@ -80,7 +81,7 @@ def error(resp: httpx.Response, status: int, type_: str = "invalid_request_error
 
 def chunked(body: bytes) -> Iterator[bytes]:  # no content-length: the reader counts as it reads
     for i in range(0, len(body), 512):
-        yield body[i:i + 512]
+        yield body[i : i + 512]
 
 
 BIG = json.dumps({"route": "chat", "name": "r9", "api_base": "http://127.0.0.1:9/v1", "pad": "x" * 3 * LIMIT}).encode()
@@ -91,7 +92,10 @@ def test_admin_refuses_a_body_over_max_body_bytes(server):
     for content in (BIG, chunked(BIG)):
         err = error(server.http.post("/v1/admin/replicas", content=content, headers=admin), 413)
         assert err["message"] == f"request body larger than server.max_body_bytes ({LIMIT} bytes)"
-    assert "not valid JSON" in error(server.http.post("/v1/admin/replicas", content=b"{nope", headers=admin), 400)["message"]
+    assert (
+        "not valid JSON"
+        in error(server.http.post("/v1/admin/replicas", content=b"{nope", headers=admin), 400)["message"]
+    )
     bad = error(server.http.post("/v1/admin/replicas", json={"route": "chat", "name": "r9"}, headers=admin), 400)
     assert bad["param"] == "api_base" and ": api_base: " in bad["message"]
 
@@ -118,7 +122,9 @@ def test_each_kind_of_exception_maps_to_openai_error_json(server, caplog):
     wrong_method = http.delete("/v1/models")
     assert error(wrong_method, 405)["message"] == "Method Not Allowed" and "GET" in wrong_method.headers["allow"]
     unauthorised = http.get("/v1/models", headers={"authorization": "Bearer nope"})  # the key gate
-    assert error(unauthorised, 401)["code"] == "invalid_api_key" and unauthorised.headers["www-authenticate"] == "Bearer"
+    assert (
+        error(unauthorised, 401)["code"] == "invalid_api_key" and unauthorised.headers["www-authenticate"] == "Bearer"
+    )
     with caplog.at_level(logging.ERROR, logger="kvgate.proxy"):
         boom = error(http.get("/test/boom"), 500, "internal_error")
     assert boom["message"] == "internal error: RuntimeError"
@@ -158,10 +164,10 @@ def test_the_lean_chat_path_maps_through_the_same_function(server, monkeypatch, 
 
 
 def test_sse_event_is_the_error_json_on_one_line():
-    err = BadRequest("naïve \"quote\"\nnext line", param="messages")
+    err = BadRequest('naïve "quote"\nnext line', param="messages")
     event = err.sse()
     assert event.startswith(b"data: {") and event.endswith(b"\n\n") and event.count(b"\n") == 2
-    assert json.loads(event[len(b"data: "):]) == err.to_json()
+    assert json.loads(event[len(b"data: ") :]) == err.to_json()
 
 
 def test_mapper_on_its_own():

@@ -1,16 +1,17 @@
 """The batched simulator model: block cache (pinning, leaf-first LRU), the step planner (token
 budget, decode first, chunked prefill), and the engine behind the sim-replica HTTP face."""
+
 from __future__ import annotations
 
 import asyncio
 
 from fastapi.testclient import TestClient
 
+from kvgate.engines.sim.base import SimRequest
 from kvgate.engines.sim.batch_scheduler import BatchScheduler, Seq
 from kvgate.engines.sim.batched import BatchedEngine
 from kvgate.engines.sim.block_cache import BlockCache
-from kvgate.engines.sim.engine import SimRequest
-from kvgate.engines.sim.server import build_engine, create_sim_app, add_arguments
+from kvgate.engines.sim.server import add_arguments, build_engine, create_sim_app
 
 BS = 16
 
@@ -26,7 +27,9 @@ def req(tag: str, blocks: int, out: int = 4, extra: int = 1) -> SimRequest:
 
 
 def sched(capacity_blocks: int = 100, step_tokens: int = 64, **kw) -> BatchScheduler:
-    return BatchScheduler(BlockCache(capacity_blocks), BS, step_tokens=step_tokens, overhead_s=0.001, token_s=0.0001, **kw)
+    return BatchScheduler(
+        BlockCache(capacity_blocks), BS, step_tokens=step_tokens, overhead_s=0.001, token_s=0.0001, **kw
+    )
 
 
 def run_step(s: BatchScheduler, now: float = 0.0):
@@ -36,6 +39,7 @@ def run_step(s: BatchScheduler, now: float = 0.0):
 
 
 # -- block cache ------------------------------------------------------------------------------------
+
 
 def test_block_cache_evicts_lru_leaves_first_and_never_orphans():
     c = BlockCache(6)
@@ -81,6 +85,7 @@ def test_block_cache_reuse_pins_held_blocks_before_making_room():
 
 
 # -- step planner -----------------------------------------------------------------------------------
+
 
 def test_token_budget_is_shared_by_chunks_in_fifo_order():
     s = sched(step_tokens=64)
@@ -155,11 +160,18 @@ def test_admission_waits_for_cache_space_then_a_stuck_step_is_forced():
 
 # -- engine + HTTP face ---------------------------------------------------------------------------
 
+
 def test_batched_replica_reports_cached_tokens_and_events():
     stored, removed = [], []
-    engine = BatchedEngine(16 * 64, BS, prefill_tps=1e6, decode_tps=1e4, step_tokens=256,
-                           on_stored=lambda h, t, p: stored.append((list(h), len(t), p)),
-                           on_removed=lambda h: removed.append(list(h)))
+    engine = BatchedEngine(
+        16 * 64,
+        BS,
+        prefill_tps=1e6,
+        decode_tps=1e4,
+        step_tokens=256,
+        on_stored=lambda h, t, p: stored.append((list(h), len(t), p)),
+        on_removed=lambda h: removed.append(list(h)),
+    )
     client = TestClient(create_sim_app(engine, name="b0"))
     body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 100}], "max_tokens": 5}
     first = client.post("/v1/chat/completions", json=body).json()
@@ -183,8 +195,22 @@ def test_sim_replica_flag_builds_the_batched_engine():
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    args = p.parse_args(["--port", "1", "--capacity-tokens", "1600", "--prefill-tps", "1000", "--decode-tps", "100",
-                         "--sim-model", "batched", "--step-tokens", "512"])
+    args = p.parse_args(
+        [
+            "--port",
+            "1",
+            "--capacity-tokens",
+            "1600",
+            "--prefill-tps",
+            "1000",
+            "--decode-tps",
+            "100",
+            "--sim-model",
+            "batched",
+            "--step-tokens",
+            "512",
+        ]
+    )
     engine = build_engine(args)
     assert isinstance(engine, BatchedEngine) and engine.step_tokens == 512
     assert abs(engine.overhead_s - (0.01 - 0.001)) < 1e-12  # a lone decode step lasts 1 / decode_tps
@@ -212,7 +238,10 @@ def test_render_and_tokenize_give_the_prompt_tokens_like_vllm():
     /tokenize) before routing on them; both sim models answer in vLLM's shapes."""
     from kvgate.engines.sim.engine import SimEngine
 
-    for engine in (SimEngine(1600, prefill_tps=1e6, decode_tps=1e6), BatchedEngine(1600, prefill_tps=1e6, decode_tps=1e6)):
+    for engine in (
+        SimEngine(1600, prefill_tps=1e6, decode_tps=1e6),
+        BatchedEngine(1600, prefill_tps=1e6, decode_tps=1e6),
+    ):
         client = TestClient(create_sim_app(engine, name="s"))
         messages = [{"role": "user", "content": "hello"}]
         ids = client.post("/v1/chat/completions/render", json={"model": "m", "messages": messages}).json()["token_ids"]

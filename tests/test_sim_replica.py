@@ -1,5 +1,6 @@
 """The simulated replica: SimEngine's prefix cache and timing model on virtual time, then the
 HTTP face driven by the openai client and real LiteLLM, and its KV events into a PrefixIndex."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,16 +20,16 @@ import litellm
 import pytest
 from openai import OpenAI
 
+from kvgate.engines.api import publisher_callbacks
+from kvgate.engines.sim import server as sim
+from kvgate.engines.sim.engine import PrefixCache, SimEngine, render_transcript
+from kvgate.engines.sim.server import answer_words, create_sim_app
 from kvgate.index.kv.hashing import block_hashes, text_tokens
 from kvgate.index.kv.kv_events import EventApplier, ZmqEventPublisher, ZmqEventSubscriber
 from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import TextTokenizer
 from kvgate.tools.bench.procs import ServerThread
-from kvgate.engines.sim import server as sim
-from kvgate.engines.api import publisher_callbacks
-from kvgate.engines.sim.server import answer_words, create_sim_app
-from kvgate.engines.sim.engine import PrefixCache, SimEngine, render_transcript
 
 SYSTEM = {"role": "system", "content": "You are a meticulous assistant. " * 8}
 
@@ -94,6 +95,7 @@ def complete(engine: SimEngine, clock: VirtualClock, messages: list[dict[str, An
 
 # -- rendering and hashing ----------------------------------------------------------------------
 
+
 def test_transcript_tokens_and_hashes_are_the_routers():
     engine = make_engine()
     msgs = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
@@ -107,6 +109,7 @@ def test_transcript_tokens_and_hashes_are_the_routers():
 
 
 # -- prefix cache ---------------------------------------------------------------------------------
+
 
 def test_prefix_cache_lru_order_and_eviction():
     cache = PrefixCache(4)
@@ -171,8 +174,9 @@ def test_event_callbacks_describe_the_cache():
     clock = VirtualClock()
     stored: list[tuple[list[int], list[int], int | None]] = []
     removed: list[list[int]] = []
-    engine = make_engine(clock, capacity_tokens=20 * 16, on_stored=lambda h, t, p: stored.append((h, t, p)),
-                         on_removed=removed.append)
+    engine = make_engine(
+        clock, capacity_tokens=20 * 16, on_stored=lambda h, t, p: stored.append((h, t, p)), on_removed=removed.append
+    )
     base = user("a" * 205)
     req = engine.request(base)
     complete(engine, clock, base)
@@ -220,6 +224,7 @@ def test_events_keep_a_router_prefix_index_exact():
 
 # -- timing model ---------------------------------------------------------------------------------
 
+
 def test_fifo_prefill_queue_and_concurrent_decode():
     clock = VirtualClock()
     engine = make_engine(clock, overhead_s=0.002)  # 1000 tok/s prefill, 100 tok/s decode
@@ -244,8 +249,16 @@ def test_fifo_prefill_queue_and_concurrent_decode():
     assert r3.queue_s == pytest.approx(0.244) and r3.ttft_s == pytest.approx(0.470) and r3.cached_tokens == 0
     # decode (16 tokens at 100/s) overlaps other requests' prefill and decode
     assert done == pytest.approx({"r1": 0.386, "r2": 0.404, "r3": 0.630})
-    assert {k: probes[0.1][k] for k in ("queue_len", "prefilling", "in_flight")} == {"queue_len": 2, "prefilling": 1, "in_flight": 3}
-    assert {k: probes[0.3][k] for k in ("queue_len", "prefilling", "in_flight")} == {"queue_len": 0, "prefilling": 1, "in_flight": 3}
+    assert {k: probes[0.1][k] for k in ("queue_len", "prefilling", "in_flight")} == {
+        "queue_len": 2,
+        "prefilling": 1,
+        "in_flight": 3,
+    }
+    assert {k: probes[0.3][k] for k in ("queue_len", "prefilling", "in_flight")} == {
+        "queue_len": 0,
+        "prefilling": 1,
+        "in_flight": 3,
+    }
     s = engine.stats()
     assert (s["queue_len"], s["in_flight"], s["completed"]) == (0, 0, 3)
     assert s["prefill_busy_s"] == pytest.approx(0.470)
@@ -261,8 +274,12 @@ def test_cancel_while_queued_leaves_queue_and_cache_alone():
         assert engine.stats()["queue_len"] == 2
         clock.tasks[1].cancel()
 
-    r1, r2, r3, _ = clock.run(engine.complete(engine.request(p)), engine.complete(engine.request(q)),
-                              engine.complete(engine.request(p)), cancel_second(0.05))
+    r1, r2, r3, _ = clock.run(
+        engine.complete(engine.request(p)),
+        engine.complete(engine.request(q)),
+        engine.complete(engine.request(p)),
+        cancel_second(0.05),
+    )
     assert r2 is None and clock.tasks[1].cancelled()
     assert r3.queue_s == pytest.approx(0.224) and r3.cached_tokens == 208
     s = engine.stats()
@@ -284,13 +301,16 @@ def test_stream_steps_spread_decode():
     (nine,) = clock.run(steps(9))
     assert [(s, e) for s, e, _ in nine] == [(0, 1), (1, 3), (3, 5), (5, 7), (7, 9), (-1, -1)]
     ttft = 0.1  # 100 uncached tokens at 1000/s
-    assert [t for *_, t in nine] == pytest.approx([ttft, ttft + 0.225, ttft + 0.45, ttft + 0.675, ttft + 0.9, ttft + 0.9])
+    assert [t for *_, t in nine] == pytest.approx(
+        [ttft, ttft + 0.225, ttft + 0.45, ttft + 0.675, ttft + 0.9, ttft + 0.9]
+    )
     (one,) = clock.run(steps(1))
     assert [(s, e) for s, e, _ in one] == [(0, 1), (-1, -1)]
     assert one[1][2] - one[0][2] == pytest.approx(0.1)  # 1 token at 10/s
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def replica() -> Iterator[ServerThread]:
@@ -325,8 +345,11 @@ def test_openai_client_streams(fresh: ServerThread):
     msgs = user("Stream me something. " * 10)
     usages = []
     for _ in range(2):
-        chunks = list(client.chat.completions.create(model="any", messages=msgs, stream=True, max_tokens=40,
-                                                     stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="any", messages=msgs, stream=True, max_tokens=40, stream_options={"include_usage": True}
+            )
+        )
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == " ".join(answer_words("r1", 40))
         assert chunks[0].choices[0].delta.role == "assistant"
@@ -337,8 +360,11 @@ def test_openai_client_streams(fresh: ServerThread):
     assert usages[1].prompt_tokens_details.cached_tokens == len(render_transcript(msgs)) // 16 * 16
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) <= 1 + sim.STREAM_PIECES
     # without include_usage the usage rides on the finish chunk
-    with httpx.stream("POST", f"{fresh.url}/v1/chat/completions",
-                      json={"model": "m", "messages": msgs, "stream": True, "max_tokens": 3}) as r:
+    with httpx.stream(
+        "POST",
+        f"{fresh.url}/v1/chat/completions",
+        json={"model": "m", "messages": msgs, "stream": True, "max_tokens": 3},
+    ) as r:
         assert r.headers["x-sim-replica"] == "r1"
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -382,8 +408,9 @@ def test_ttft_follows_the_cache_and_queue():
     streamed answer's first token comes after the prefill the engine waited, which the cache
     shortens; cached and queued counts are exact."""
     clock = InstantClock()
-    engine = SimEngine(1_000_000, 16, prefill_tps=20_000, decode_tps=1e4, overhead_s=0.0,
-                       clock=clock.time, sleep=clock.sleep)
+    engine = SimEngine(
+        1_000_000, 16, prefill_tps=20_000, decode_tps=1e4, overhead_s=0.0, clock=clock.time, sleep=clock.sleep
+    )
     server = ServerThread(create_sim_app(engine, "slow")).start()
     try:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
@@ -407,15 +434,23 @@ def test_ttft_follows_the_cache_and_queue():
         # concurrent identical requests: FIFO prefill, each after the first reuses the cache
         engine.reset()
         results: list[Any] = []
-        threads = [threading.Thread(target=lambda: results.append(
-            client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=2))) for _ in range(3)]
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(
+                    client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=2)
+                )
+            )
+            for _ in range(3)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         cached = sorted(int(r.headers["x-sim-cached-tokens"]) for r in results)
         assert cached == [0, len(render_transcript(msgs)) // 16 * 16, len(render_transcript(msgs)) // 16 * 16]
-        assert max(float(r.headers["x-sim-prefill-ms"]) for r in results) == pytest.approx(cold_prefill * 1000, rel=1e-3)
+        assert max(float(r.headers["x-sim-prefill-ms"]) for r in results) == pytest.approx(
+            cold_prefill * 1000, rel=1e-3
+        )
     finally:
         server.stop()
 
@@ -425,8 +460,11 @@ def test_errors_and_admin_endpoints(fresh: ServerThread):
     bad = http.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     assert bad.headers["x-sim-replica"] == "r1"
-    for body, param in (({"model": "m"}, "messages"), ({"model": "m", "messages": "hi"}, "messages"),
-                        ({"model": "m", "messages": user("hi"), "max_tokens": 0}, "max_tokens")):
+    for body, param in (
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": "hi"}, "messages"),
+        ({"model": "m", "messages": user("hi"), "max_tokens": 0}, "max_tokens"),
+    ):
         r = http.post("/v1/chat/completions", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param
     assert http.get("/v1/models").json()["data"][0]["id"] == "sim"
@@ -441,11 +479,26 @@ def test_errors_and_admin_endpoints(fresh: ServerThread):
 
 # -- command line and ZMQ events ------------------------------------------------------------------
 
+
 def test_cli_options_build_the_engine(capsys: pytest.CaptureFixture[str]):
     parser = argparse.ArgumentParser()
     sim.add_arguments(parser)
-    args = parser.parse_args(["--port", "0", "--capacity-tokens", "4096", "--prefill-tps", "5e4", "--decode-tps", "80",
-                              "--block-size", "32", "--overhead-ms", "5"])
+    args = parser.parse_args(
+        [
+            "--port",
+            "0",
+            "--capacity-tokens",
+            "4096",
+            "--prefill-tps",
+            "5e4",
+            "--decode-tps",
+            "80",
+            "--block-size",
+            "32",
+            "--overhead-ms",
+            "5",
+        ]
+    )
     engine = sim.build_engine(args)
     assert (engine.block_size, engine.prefill_tps, engine.decode_tps, engine.overhead_s) == (32, 5e4, 80, 0.005)
     assert engine.stats()["capacity_blocks"] == 128 and args.events_endpoint is None

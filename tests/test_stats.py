@@ -1,5 +1,6 @@
 """/v1/stats: the quantile and growth helpers, and the ring end to end through a real proxy whose
 route has two replicas (demo backends; one also serves a replica-style /metrics)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ from kvgate.engines.demo import create_fake_app
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.telemetry.replica_scrape import metrics_url, parse_metrics
 from kvgate.middleware.telemetry.stats_samples import growth, quantile
-from tests.conftest import Proxy
 from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import Proxy
 
 KEY = "key-stats"
 
@@ -77,11 +78,19 @@ def wait_for_point(proxy: Proxy, ready: Any, timeout: float = 10.0) -> dict[str,
 def test_stats_follow_traffic_per_route_and_replica(embedder: Any, tmp_path: Path, replicas: Any) -> None:
     servers, counters = replicas
     raw = {
-        "cache_dir": str(tmp_path / "cache"), "auth": {"keys": [KEY]}, "stats": {"interval_s": 0.2, "keep": 50},
-        "routes": [{"name": "local", "model": "demo-*", "semantic": {"enabled": False},
-                    "backend": {"model": "openai/served", "api_key": "sk-x"},
-                    "replicas": [{"name": n, "api_base": f"{s.url}/v1"} for n, s in servers.items()],
-                    "routing": {"policy": "round_robin"}}],
+        "cache_dir": str(tmp_path / "cache"),
+        "auth": {"keys": [KEY]},
+        "stats": {"interval_s": 0.2, "keep": 50},
+        "routes": [
+            {
+                "name": "local",
+                "model": "demo-*",
+                "semantic": {"enabled": False},
+                "backend": {"model": "openai/served", "api_key": "sk-x"},
+                "replicas": [{"name": n, "api_base": f"{s.url}/v1"} for n, s in servers.items()],
+                "routing": {"policy": "round_robin"},
+            }
+        ],
     }
     proxy = Proxy(parse_config(raw), embedder)
     try:
@@ -94,8 +103,14 @@ def test_stats_follow_traffic_per_route_and_replica(embedder: Any, tmp_path: Pat
         counters.hits.labels("memory").inc(3)
         counters.bytes.labels("disk").set(4096)
         counters.bytes.labels("memory").set(2048)
-        stats = wait_for_point(proxy, lambda s: s["totals"].get("local", {}).get("exact") == 1 and len(s["points"]) >= 2
-                               and s["points"][-1]["replicas"]["local/r1"].get("kv_bytes"))
+        stats = wait_for_point(
+            proxy,
+            lambda s: (
+                s["totals"].get("local", {}).get("exact") == 1
+                and len(s["points"]) >= 2
+                and s["points"][-1]["replicas"]["local/r1"].get("kv_bytes")
+            ),
+        )
         assert stats["totals"]["local"]["miss"] == 4 and stats["totals"]["local"]["exact"] == 1
         points = stats["points"]
         assert sum(p["routes"]["local"]["miss"] for p in points) == 4
@@ -109,8 +124,9 @@ def test_stats_follow_traffic_per_route_and_replica(embedder: Any, tmp_path: Pat
         assert last["local/r1"]["kv_bytes"] == {"disk": 4096, "memory": 2048}
         assert any(p["routes"]["local"]["miss_p50"] is not None for p in points)
         assert secret not in json.dumps(stats) and KEY not in json.dumps(stats)
-        later = proxy.http.get("/v1/stats", params={"since": points[-2]["t"]},
-                               headers={"authorization": f"Bearer {KEY}"}).json()["points"]
+        later = proxy.http.get(
+            "/v1/stats", params={"since": points[-2]["t"]}, headers={"authorization": f"Bearer {KEY}"}
+        ).json()["points"]
         assert [p["t"] for p in later][:1] == [points[-1]["t"]]
         bad = proxy.http.get("/v1/stats?since=yesterday", headers={"authorization": f"Bearer {KEY}"})
         assert bad.status_code == 400 and bad.json()["error"]["param"].endswith("since")

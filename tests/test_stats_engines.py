@@ -2,6 +2,7 @@
 exposition on /metrics, another the reference replica's (made by engines/replica/metrics.py), and
 /v1/stats and the proxy's /metrics show each one's prompt / cached tokens and running / waiting
 requests. (A live vLLM server is checked apart from this.)"""
+
 from __future__ import annotations
 
 import time
@@ -16,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvgate.engines.demo import create_fake_app
 from kvgate.engines.replica.metrics import ReplicaMetrics
 from kvgate.middleware.config import parse_config
+from kvgate.tools.bench.procs import ServerThread
 from tests.conftest import Proxy
 from tests.test_engine_metrics import QueueOf, vllm_text
-from kvgate.tools.bench.procs import ServerThread
 
 KEY = "key-engines"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -42,11 +43,19 @@ class Replicas:
 def proxy(tmp_path: Path) -> Iterator[tuple[Proxy, Replicas]]:
     replicas = Replicas()
     raw = {
-        "cache_dir": str(tmp_path / "cache"), "auth": {"keys": [KEY]}, "stats": {"interval_s": 0.2, "keep": 100},
-        "routes": [{"name": "local", "model": "demo-*", "semantic": {"enabled": False},
-                    "backend": {"model": "openai/served", "api_key": "sk-x"},
-                    "replicas": [{"name": n, "api_base": f"{s.url}/v1"} for n, s in replicas.servers.items()],
-                    "routing": {"policy": "round_robin"}}],
+        "cache_dir": str(tmp_path / "cache"),
+        "auth": {"keys": [KEY]},
+        "stats": {"interval_s": 0.2, "keep": 100},
+        "routes": [
+            {
+                "name": "local",
+                "model": "demo-*",
+                "semantic": {"enabled": False},
+                "backend": {"model": "openai/served", "api_key": "sk-x"},
+                "replicas": [{"name": n, "api_base": f"{s.url}/v1"} for n, s in replicas.servers.items()],
+                "routing": {"policy": "round_robin"},
+            }
+        ],
     }
     started = Proxy(parse_config(raw), None)  # type: ignore[arg-type]  # no semantic route: no embedder
     yield started, replicas
@@ -69,14 +78,23 @@ def proxy_metrics(proxy: Proxy) -> dict[tuple[str, str], float]:
     """The proxy's kvgate_replica_engine_* samples: {(sample name, replica): value}."""
     resp = proxy.http.get("/metrics", headers=AUTH)
     assert resp.status_code == 200
-    return {(s.name, s.labels["replica"]): s.value for fam in text_string_to_metric_families(resp.text)
-            for s in fam.samples if s.name.startswith("kvgate_replica_engine_") and s.labels.get("route") == "local"}
+    return {
+        (s.name, s.labels["replica"]): s.value
+        for fam in text_string_to_metric_families(resp.text)
+        for s in fam.samples
+        if s.name.startswith("kvgate_replica_engine_") and s.labels.get("route") == "local"
+    }
 
 
 def test_vllm_and_reference_replicas_show_their_engine_numbers(proxy: tuple[Proxy, Replicas]) -> None:
     server, replicas = proxy
-    first = stats_when(server, lambda s: s["points"][-1]["replicas"]["local/v"].get("engine") == "vllm"
-                       and s["points"][-1]["replicas"]["local/k"].get("engine") == "kvgate")
+    first = stats_when(
+        server,
+        lambda s: (
+            s["points"][-1]["replicas"]["local/v"].get("engine") == "vllm"
+            and s["points"][-1]["replicas"]["local/k"].get("engine") == "kvgate"
+        ),
+    )
     last = first["points"][-1]["replicas"]
     assert last["local/v"]["running"] == 1 and last["local/v"]["waiting"] == 2
     assert last["local/k"]["running"] is None and last["local/k"]["waiting"] == 3
@@ -86,16 +104,24 @@ def test_vllm_and_reference_replicas_show_their_engine_numbers(proxy: tuple[Prox
     replicas.vllm = vllm_text(prompt=1500, cached=600, external=50, running=0, waiting=4)
     replicas.ref.prompt_tokens.inc(20)
     replicas.ref.cached_tokens.inc(10)
-    stats = stats_when(server, lambda s: s["points"][-1]["replicas"]["local/v"]["waiting"] == 4
-                       and s["points"][-1]["replicas"]["local/k"]["engine"] == "kvgate"
-                       and sum(p["replicas"]["local/k"]["prompt_tokens"] for p in s["points"]) == 120)
+    stats = stats_when(
+        server,
+        lambda s: (
+            s["points"][-1]["replicas"]["local/v"]["waiting"] == 4
+            and s["points"][-1]["replicas"]["local/k"]["engine"] == "kvgate"
+            and sum(p["replicas"]["local/k"]["prompt_tokens"] for p in s["points"]) == 120
+        ),
+    )
     points = stats["points"]
 
     def added(replica: str, field: str) -> float:
         return sum(p["replicas"][f"local/{replica}"][field] or 0 for p in points)
 
-    assert (added("v", "prompt_tokens"), added("v", "cached_tokens"), added("v", "external_cached_tokens")) == \
-        (1500, 600, 50)
+    assert (added("v", "prompt_tokens"), added("v", "cached_tokens"), added("v", "external_cached_tokens")) == (
+        1500,
+        600,
+        50,
+    )
     assert (added("k", "prompt_tokens"), added("k", "cached_tokens")) == (120, 40 + 10)
     last = points[-1]["replicas"]
     assert last["local/v"]["running"] == 0 and last["local/v"]["scraped"] is True

@@ -1,4 +1,5 @@
 """kvgate.index.storage.env: the one rule for each thing kvgate takes from the environment."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,9 @@ def test_secret_from_env_names_the_setting_and_the_variable(monkeypatch: pytest.
     assert secret_from_env("KVGATE_TEST_SECRET", "store.password_env") == "s3cret"
     assert secret_from_env(None, "store.password_env") is None  # no variable named: no secret
     monkeypatch.delenv("KVGATE_TEST_SECRET")
-    with pytest.raises(MissingSecret, match="^store.password_env: the environment variable KVGATE_TEST_SECRET is not set"):
+    with pytest.raises(
+        MissingSecret, match="^store.password_env: the environment variable KVGATE_TEST_SECRET is not set"
+    ):
         secret_from_env("KVGATE_TEST_SECRET", "store.password_env")
     monkeypatch.setenv("KVGATE_TEST_SECRET", "")
     with pytest.raises(MissingSecret, match="^--kv-remote-password-env: .* KVGATE_TEST_SECRET is empty"):

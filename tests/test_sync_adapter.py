@@ -1,6 +1,7 @@
 """The sync face over the async core (kvgate.middleware.sync_adapter): results and exceptions cross the
 thread as they are, many threads share the one loop, and a sync stream the caller abandons closes
 the async one behind it, down to the backend's HTTP stream, storing nothing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from kvgate.engines.demo import create_fake_app
 from kvgate import Gateway
+from kvgate.engines.demo import create_fake_app
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import BackendError
 from kvgate.middleware.sync_adapter import SyncAdapter
@@ -136,11 +137,17 @@ def test_close_ends_open_streams_and_a_later_call_restarts(adapter: SyncAdapter)
 
 # ---------------------------------------------------------------------------- through the Gateway
 def _config(api_base: str, cache_dir: Any) -> dict[str, Any]:
-    return {"cache_dir": str(cache_dir), "routes": [{
-        "name": "chat", "model": "demo-*",
-        "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
-        "semantic": {"enabled": False},  # exact tier only: no embedder to load
-    }]}
+    return {
+        "cache_dir": str(cache_dir),
+        "routes": [
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
+                "semantic": {"enabled": False},  # exact tier only: no embedder to load
+            }
+        ],
+    }
 
 
 class SlowStream:
@@ -162,7 +169,9 @@ class SlowStream:
         base = {"id": "chatcmpl-slow", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
 
         def event(delta: dict[str, Any], finish: str | None = None) -> str:
-            return f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n"
+            return (
+                f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n"
+            )
 
         try:
             yield event({"role": "assistant", "content": ""})
@@ -187,9 +196,13 @@ def slow(tmp_path: Any) -> Iterator[tuple[SlowStream, Gateway]]:
 
 
 @pytest.mark.parametrize("how", ["close", "drop"])
-def test_abandoned_sync_stream_cancels_the_backend_and_stores_nothing(slow: tuple[SlowStream, Gateway], how: str) -> None:
+def test_abandoned_sync_stream_cancels_the_backend_and_stores_nothing(
+    slow: tuple[SlowStream, Gateway], how: str
+) -> None:
     backend, gateway = slow
-    stream = gateway.completion(model="demo-1", messages=[{"role": "user", "content": "Tell a long story"}], stream=True)
+    stream = gateway.completion(
+        model="demo-1", messages=[{"role": "user", "content": "Tell a long story"}], stream=True
+    )
     read = [next(stream) for _ in range(3)]
     info = stream.kvgate
     assert info.cache == "miss" and read[1].choices[0].delta.content == "w0 "
@@ -205,6 +218,7 @@ def test_abandoned_sync_stream_cancels_the_backend_and_stores_nothing(slow: tupl
 
 def test_sync_calls_from_many_threads(backend: Any, tmp_path: Any) -> None:
     with Gateway(parse_config(_config(backend.api_base, tmp_path / "cache"))) as gateway:
+
         def ask(i: int) -> tuple[str, str, str]:
             question = f"Question number {i}?"
             full = gateway.completion(model="demo-1", messages=[{"role": "user", "content": question}])
@@ -222,8 +236,9 @@ def test_core_exceptions_surface_in_the_sync_caller(tmp_path: Any, monkeypatch: 
     breaking = ServerThread(create_fake_app(break_streams_after=2)).start()
     try:
         with Gateway(parse_config(_config(f"{breaking.url}/v1", tmp_path / "cache"))) as gateway:
-            stream = gateway.completion(model="demo-1", messages=[{"role": "user", "content": "one two three four five"}],
-                                        stream=True)
+            stream = gateway.completion(
+                model="demo-1", messages=[{"role": "user", "content": "one two three four five"}], stream=True
+            )
             with pytest.raises(BackendError):
                 list(stream)
             assert len(gateway.pipeline.index) == 0

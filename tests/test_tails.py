@@ -1,4 +1,5 @@
 """TailCache: the partial last chunk's KV, reused only after the same full chunks."""
+
 from __future__ import annotations
 
 import torch
@@ -8,7 +9,10 @@ from kvgate.engines.replica.tails import Tail, TailCache
 
 def tail(tokens, layers=2):
     t = len(tokens)
-    return Tail(tuple(tokens), tuple((torch.full((1, 3, t, 4), float(i)), torch.full((1, 3, t, 4), -float(i))) for i in range(layers)))
+    return Tail(
+        tuple(tokens),
+        tuple((torch.full((1, 3, t, 4), float(i)), torch.full((1, 3, t, 4), -float(i))) for i in range(layers)),
+    )
 
 
 def test_longest_shared_prefix_cut_to_limit():

@@ -1,6 +1,7 @@
 """semantic.max_error_rate end to end: uvicorn proxy → real LiteLLM → a deterministic local
-backend that answers paraphrases alike (tools/bench/trust.py's), the real embedder, FAISS, the
+backend that answers paraphrases alike (tools/bench/trust_replay.py's), the real embedder, FAISS, the
 disk observation store; config errors; the `kvgate bench trust` command on a tiny pairs file."""
+
 from __future__ import annotations
 
 import json
@@ -12,17 +13,21 @@ import pytest
 from kvgate.index.responses.entries.base import CacheEntry
 from kvgate.index.responses.observations.disk import DiskObservationStore
 from kvgate.index.responses.trust import Observation, fit_rule
+from kvgate.middleware.cache.trust_gate import Exploration, TrustGate
 from kvgate.middleware.cli import main as cli_main
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import ConfigError
-from kvgate.middleware.cache.trust_gate import Exploration, TrustGate
-from tests.conftest import Proxy
 from kvgate.tools.bench.procs import ServerThread
-from kvgate.tools.bench.trust import backend_app
+from kvgate.tools.bench.trust_replay import backend_app
+from tests.conftest import Proxy
 
 PARIS = "Paris is the capital of France."
-QUESTIONS = {"What is the capital of France?": PARIS, "Tell me the capital city of France": PARIS,
-             "Which city is the capital of France?": PARIS, "What is the capital of Spain?": "Madrid."}
+QUESTIONS = {
+    "What is the capital of France?": PARIS,
+    "Tell me the capital city of France": PARIS,
+    "Which city is the capital of France?": PARIS,
+    "What is the capital of Spain?": "Madrid.",
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +38,18 @@ def same_answers():
 
 
 def trust_config(api_base: str, cache_dir, **semantic) -> dict:
-    return {"cache_dir": str(cache_dir), "stats": {"interval_s": 0.2, "keep": 50}, "routes": [{
-        "name": "chat", "model": "demo-*", "semantic": {"max_error_rate": 0.05, **semantic},
-        "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"}}]}
+    return {
+        "cache_dir": str(cache_dir),
+        "stats": {"interval_s": 0.2, "keep": 50},
+        "routes": [
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "semantic": {"max_error_rate": 0.05, **semantic},
+                "backend": {"model": "openai/served-name", "api_base": api_base, "api_key": "sk-x"},
+            }
+        ],
+    }
 
 
 def judged_lookups(trust: TrustGate, route: str = "chat", n: int = 100) -> None:
@@ -104,10 +118,15 @@ def test_confident_candidate_is_served_and_feedback_is_an_observation(embedder, 
         # the caller says it was wrong: an observation of that entry, and the entry is gone
         request_id = hit.headers["x-kvgate-request-id"]
         entry_id = proxy.pipeline.requests.get(request_id).entry_id
-        resp = proxy.http.post("/v1/cache/feedback", json={"request_id": request_id, "correct": False},
-                               headers={"authorization": "Bearer key-a"})
+        resp = proxy.http.post(
+            "/v1/cache/feedback",
+            json={"request_id": request_id, "correct": False},
+            headers={"authorization": "Bearer key-a"},
+        )
         assert resp.status_code == 200, resp.text
-        assert proxy.pipeline.trust.store.of_entry(entry_id) == [Observation(pytest.approx(similarity, abs=1e-4), False)]
+        assert proxy.pipeline.trust.store.of_entry(entry_id) == [
+            Observation(pytest.approx(similarity, abs=1e-4), False)
+        ]
         assert proxy.chat("Which city is the capital of France?", temperature=0).headers["x-kvgate-cache"] == "miss"
     finally:
         proxy.stop()
@@ -115,7 +134,9 @@ def test_confident_candidate_is_served_and_feedback_is_an_observation(embedder, 
 
 def test_non_deterministic_verdict_uses_answer_similarity(embedder, tmp_path):
     gate = TrustGate(DiskObservationStore(tmp_path / "obs"), embedder.embed)
-    cached = CacheEntry(1, "s", {"choices": [{"message": {"role": "assistant", "content": "The capital of France is Paris."}}]})
+    cached = CacheEntry(
+        1, "s", {"choices": [{"message": {"role": "assistant", "content": "The capital of France is Paris."}}]}
+    )
     gate.compare_later(Exploration("r", cached, 0.9, None), "Paris is the capital of France.", deterministic=False)
     gate.compare_later(Exploration("r", cached, 0.9, None), "Paris is the capital of France.", deterministic=True)
     gate.compare_later(Exploration("r", cached, 0.9, None), "Bananas are rich in potassium.", deterministic=False)
@@ -124,12 +145,15 @@ def test_non_deterministic_verdict_uses_answer_similarity(embedder, tmp_path):
     gate.close()
 
 
-@pytest.mark.parametrize("semantic, field", [
-    ({"max_error_rate": 0.02, "threshold": 0.9}, "threshold"),
-    ({"max_error_rate": 0.02, "target_precision": 0.9}, "target_precision"),
-    ({"max_error_rate": 0.02, "verifier": True}, "verifier"),
-    ({"max_error_rate": 1.5}, "max_error_rate"),
-])
+@pytest.mark.parametrize(
+    "semantic, field",
+    [
+        ({"max_error_rate": 0.02, "threshold": 0.9}, "threshold"),
+        ({"max_error_rate": 0.02, "target_precision": 0.9}, "target_precision"),
+        ({"max_error_rate": 0.02, "verifier": True}, "verifier"),
+        ({"max_error_rate": 1.5}, "max_error_rate"),
+    ],
+)
 def test_config_errors_name_the_field(semantic, field):
     config = {"routes": [{"name": "chat", "model": "*", "semantic": semantic}]}
     with pytest.raises(ConfigError) as err:
@@ -138,16 +162,34 @@ def test_config_errors_name_the_field(semantic, field):
 
 
 def test_bench_trust_json_fields(tmp_path, capsys):
-    rows = ["question1,question2,is_duplicate",
-            "What is the capital of France?,Which city is the capital of France?,1",
-            "How do I learn Python quickly?,What is the fastest way to learn Python?,1",
-            "How do I learn Python quickly?,How do I learn Java quickly?,0",
-            "What is the capital of Spain?,What is the capital of France?,0"]
+    rows = [
+        "question1,question2,is_duplicate",
+        "What is the capital of France?,Which city is the capital of France?,1",
+        "How do I learn Python quickly?,What is the fastest way to learn Python?,1",
+        "How do I learn Python quickly?,How do I learn Java quickly?,0",
+        "What is the capital of Spain?,What is the capital of France?,0",
+    ]
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("\n".join(rows) + "\n")
     out = tmp_path / "trust.json"
-    code = cli_main(["bench", "trust", "--pairs", str(pairs), "--slice", "all", "--thresholds", "0.8,0.95",
-                     "--max-error-rate", "0.05", "--json", str(out), "--plot", str(tmp_path / "p.png")])
+    code = cli_main(
+        [
+            "bench",
+            "trust",
+            "--pairs",
+            str(pairs),
+            "--slice",
+            "all",
+            "--thresholds",
+            "0.8,0.95",
+            "--max-error-rate",
+            "0.05",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "p.png"),
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     assert result["queries"] == 6 and result["classes"] == 4
@@ -161,12 +203,33 @@ def test_bench_trust_json_fields(tmp_path, capsys):
     assert strict["hit_rate"] <= best["hit_rate"] and (strict["error_rate_ci_high"] or 0.0) <= 0.05
     assert (tmp_path / "p.png").stat().st_size > 0
     # 2 of the 6 questions have a class asked before: no judge can hit more than 2/6 + δ
-    assert result["ceiling"] == {"repeat_rate": round(2 / 6, 5),
-                                 "max_hit_rate_within": [{"max_error_rate": 0.05, "hit_rate": round(2 / 6 + 0.05, 5)}]}
+    assert result["ceiling"] == {
+        "repeat_rate": round(2 / 6, 5),
+        "max_hit_rate_within": [{"max_error_rate": 0.05, "hit_rate": round(2 / 6 + 0.05, 5)}],
+    }
     # the same stream with the cache and the observations on a real Redis the run starts: the same counts
     on_redis = tmp_path / "trust_redis.json"
-    assert cli_main(["bench", "trust", "--pairs", str(pairs), "--slice", "all", "--thresholds", "0.8,0.95",
-                     "--max-error-rate", "0.05", "--store", "redis", "--json", str(on_redis)]) == 0
+    assert (
+        cli_main(
+            [
+                "bench",
+                "trust",
+                "--pairs",
+                str(pairs),
+                "--slice",
+                "all",
+                "--thresholds",
+                "0.8,0.95",
+                "--max-error-rate",
+                "0.05",
+                "--store",
+                "redis",
+                "--json",
+                str(on_redis),
+            ]
+        )
+        == 0
+    )
     counted = ("hits", "wrong_hits", "backend_calls")
     redis_result = json.loads(on_redis.read_text())
     assert redis_result["store"] == "redis"
@@ -196,7 +259,9 @@ def test_the_gate_serves_within_its_budget_and_never_a_likely_wrong_candidate(em
         assert not any(j.serve for j in far) and all(j.explore is not None and 0.5 < j.p_wrong < 0.9 for j in far)
         rule = fit_rule(store.pool("chat"))
         p, grads = charges(rule, np.stack([features(0.89)] * 30))
-        assert budget_cutoff(p, grads, np.array(rule.cov), allowance(1030, 0.05)) > 0.5  # the budget alone would serve them
+        assert (
+            budget_cutoff(p, grads, np.array(rule.cov), allowance(1030, 0.05)) > 0.5
+        )  # the budget alone would serve them
         served = [gate.judge("chat", 0.05, entry, 0.93, None) for _ in range(300)]
         assert served[0].serve and served[0].p_wrong < 0.2
         assert 0 < sum(j.serve for j in served) < 300  # the budget runs out: the rest are explored

@@ -1,6 +1,7 @@
 """semantic.max_error_rate on the shared Redis (`store: redis`): the ObservationStore contract for
 both implementations, and two real proxies (uvicorn + Pipeline + real LiteLLM + the real embedder)
 on one real redis-server judging from one verified record; a dead Redis costs misses only."""
+
 from __future__ import annotations
 
 import time
@@ -11,12 +12,12 @@ import pytest
 from kvgate.index.responses.observations.base import ObservationStore
 from kvgate.index.responses.observations.disk import DiskObservationStore
 from kvgate.index.responses.observations.redis import RedisObservationStore
-from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.index.responses.trust import Observation
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.middleware.config import parse_config
-from tests.conftest import Proxy
-from tests.test_trust_e2e import PARIS, judged_lookups, same_answers, trust_config  # noqa: F401  (same_answers: a fixture)
 from kvgate.tools.redis_proc import RedisServer
+from tests.conftest import Proxy
+from tests.test_trust_e2e import PARIS, judged_lookups, same_answers, trust_config  # noqa: F401, F811  (same_answers: a fixture)
 
 
 @pytest.fixture(params=["disk", "redis"])
@@ -68,7 +69,11 @@ def test_redis_store_failures_raise_a_declared_failure(redis_server: RedisServer
     link.client.rpush("kvgate:o:e:5", b"garbage", b"0.9:1")
     assert obs.of_entry(5) == [Observation(0.9, True)]
     redis_server.stop()
-    for call in (lambda: obs.of_entry(5), lambda: obs.count("chat"), lambda: obs.add("chat", 5, Observation(0.9, True))):
+    for call in (
+        lambda: obs.of_entry(5),
+        lambda: obs.count("chat"),
+        lambda: obs.add("chat", 5, Observation(0.9, True)),
+    ):
         with pytest.raises(obs.failures):
             call()
     link.close()
@@ -78,7 +83,12 @@ def trust_redis_config(api_base: str, cache_dir: Path, url: str) -> dict:
     return {**trust_config(api_base, cache_dir), "store": {"backend": "redis", "url": url, "follow_interval_s": 0.1}}
 
 
-def test_two_proxies_judge_from_one_record(embedder, same_answers, redis_server: RedisServer, tmp_path: Path) -> None:
+def test_two_proxies_judge_from_one_record(
+    embedder,
+    same_answers,  # noqa: F811 (the fixture)
+    redis_server: RedisServer,
+    tmp_path: Path,
+) -> None:
     cfg = lambda name: parse_config(trust_redis_config(f"{same_answers.url}/v1", tmp_path / name, redis_server.url))  # noqa: E731
     a, b = Proxy(cfg("a"), embedder), Proxy(cfg("b"), embedder)
     try:

@@ -1,19 +1,30 @@
 """The pure decision rule of semantic.max_error_rate (index/responses/trust.py) and the bench's stream
 (tools/bench/trust_stream.py): unit and property tests."""
+
 from __future__ import annotations
 
 import math
 import random
 
-import pytest
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import numpy as np
-
 from kvgate.index.responses.trust import (
-    PRIOR_WEIGHT, Observation, aggregate_upper, allowance, budget_cutoff, charges, error_upper, features, fit_rule,
-    normalise_answer, prior_rule, vetoed, wilson_upper, wrong_probabilities,
+    PRIOR_WEIGHT,
+    Observation,
+    aggregate_upper,
+    allowance,
+    budget_cutoff,
+    charges,
+    error_upper,
+    features,
+    fit_rule,
+    normalise_answer,
+    prior_rule,
+    vetoed,
+    wilson_upper,
+    wrong_probabilities,
 )
 from kvgate.tools.bench.trust_stream import build_stream, classes_of, slice_pairs
 from kvgate.tools.tuning.pairs import Pair
@@ -59,7 +70,12 @@ def test_a_calibration_prior_weighs_a_few_observations_and_yields_to_data():
     obs = [Observation(s, s > 0.95) for s in (rng.uniform(0.6, 1.0) for _ in range(2000))]
     assert 0.93 < fit_rule(obs, prior=prior).threshold < 0.97
     assert error_upper(fit_rule(obs, prior=prior), 0.9) > 0.9
-    for bad in (None, {}, {"coef": [1.0], "cov": [[1, 0], [0, 1]], "n": 5}, {"coef": [1, 2], "cov": [[-1, 0], [0, 1]], "n": 5}):
+    for bad in (
+        None,
+        {},
+        {"coef": [1.0], "cov": [[1, 0], [0, 1]], "n": 5},
+        {"coef": [1, 2], "cov": [[-1, 0], [0, 1]], "n": 5},
+    ):
         assert prior_rule(bad) is None
 
 
@@ -84,8 +100,11 @@ def _fitted(obs_sims: list[float]) -> object:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0.6, 1.0), max_size=40), st.lists(st.floats(0.6, 1.0), min_size=1, max_size=60),
-       st.floats(0.0, 30.0))
+@given(
+    st.lists(st.floats(0.6, 1.0), max_size=40),
+    st.lists(st.floats(0.6, 1.0), min_size=1, max_size=60),
+    st.floats(0.0, 30.0),
+)
 def test_budget_cutoff_serves_only_what_the_bound_affords(history, sims, budget):
     rule = _fitted(history)
     rows = np.stack([features(x) for x in sims])
@@ -126,7 +145,7 @@ def test_allowance_keeps_the_wilson_bound_at_delta(n, delta):
     if m > 0:
         assert wilson_upper(m, n) <= delta * (1 + 1e-6) + 1e-12  # wilson_upper takes the count as a float too
     assert allowance(n + 1, delta) >= m - 1e-9 and allowance(n, min(0.5, delta * 1.5)) >= m - 1e-9
-    assert allowance(n, delta) == 0.0 or n * delta / (1 - delta) > 1.959963984540054 ** 2 - 1e-9
+    assert allowance(n, delta) == 0.0 or n * delta / (1 - delta) > 1.959963984540054**2 - 1e-9
 
 
 @given(st.integers(0, 500), st.integers(0, 500))

@@ -5,6 +5,7 @@ The verifier is the one `make tune` trained (`kvgate tune`) when it exists; with
 tests that need to know what it was taught, a session fixture trains a small one on the hand-written
 paraphrases here (about 45 s on 2 cores).
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,19 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import route_config
 
 from kvgate.index.responses.verifier import Verifier, default_verifier_dir, load_verifier
-from kvgate.tools.bench.proxy_latency import SEED_QUESTIONS
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.cache.operating_point import operating_point_path, read_operating_point
+from kvgate.middleware.cache.verification import SemanticSettings, choose, to_verify
 from kvgate.middleware.cli import main
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import ConfigError
-from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.cache.operating_point import operating_point_path, read_operating_point
+from kvgate.tools.bench.proxy_latency import SEED_QUESTIONS
 from kvgate.tools.tuning.split import assign_parts, group_keys
-from kvgate.tools.tuning.synthetic import hard_negatives, edit_negation, edit_number, edit_roles, edit_unit
-from kvgate.middleware.cache.verification import SemanticSettings, choose, to_verify
-
-from conftest import route_config
+from kvgate.tools.tuning.synthetic import edit_negation, edit_number, edit_roles, edit_unit, hard_negatives
 
 # (cached question, new question): each asks something else, though the embedding puts them close
 DIFFERENT = [
@@ -60,7 +60,7 @@ def tiny_verifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A verifier trained here on `_tiny_rows` (20 epochs of 77 pairs: ~45 s on 2 cores), so
     tests know what it was taught."""
     from kvgate.tools.tuning.train import TrainConfig
-    from kvgate.tools.tuning.tune import ensure_verifier
+    from kvgate.tools.tuning.tune_run import ensure_verifier
 
     target = tmp_path_factory.mktemp("verifier") / "small"
     ensure_verifier(target, _tiny_rows(), [], TrainConfig(epochs=20, max_examples=800), retrain=True)
@@ -121,10 +121,12 @@ def test_calibration_picks_the_best_recall_that_meets_the_target() -> None:
 
     # 4 lookups, top-2 each; lookups 0-2 are duplicates. Lookup 1's own entry is second by cosine but
     # first by verifier score; lookup 3 (not a duplicate) has a high cosine but a low verifier score.
-    c = Candidates(entry=np.array([[0, 5], [7, 1], [2, 6], [3, 4]]),
-                   cosine=np.array([[0.95, 0.5], [0.93, 0.92], [0.7, 0.6], [0.99, 0.2]], dtype=np.float32),
-                   prob=np.array([[0.9, 0.1], [0.2, 0.8], [0.95, 0.1], [0.3, np.nan]], dtype=np.float32),
-                   duplicate=np.array([True, True, True, False]))
+    c = Candidates(
+        entry=np.array([[0, 5], [7, 1], [2, 6], [3, 4]]),
+        cosine=np.array([[0.95, 0.5], [0.93, 0.92], [0.7, 0.6], [0.99, 0.2]], dtype=np.float32),
+        prob=np.array([[0.9, 0.1], [0.2, 0.8], [0.95, 0.1], [0.3, np.nan]], dtype=np.float32),
+        duplicate=np.array([True, True, True, False]),
+    )
     # cosine alone: the non-duplicate's 0.99 is top of every threshold, so 0.99 precision is out of reach
     assert pick(sweep(c, [0.9, 0.94], with_verifier=False), target=0.99, min_hits=1) is None
     cosine_only = pick(sweep(c, [0.9, 0.94], with_verifier=False), target=0.5, min_hits=1)
@@ -179,8 +181,26 @@ def test_tune_writes_a_point_the_pipeline_loads(tmp_path: Path, verifier_dir: Pa
         build_pipeline(config, embedder=embedder)  # no tuned point yet: start-up names the field and the command
 
     report_file = tmp_path / "report.json"
-    assert main(["tune", "--pairs", str(pairs), "--route", "chat", "--config", str(config_file),
-                 "--verifier-dir", str(verifier_dir), "--min-hits", "3", "--json", str(report_file)]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "--pairs",
+                str(pairs),
+                "--route",
+                "chat",
+                "--config",
+                str(config_file),
+                "--verifier-dir",
+                str(verifier_dir),
+                "--min-hits",
+                "3",
+                "--json",
+                str(report_file),
+            ]
+        )
+        == 0
+    )
     point = read_operating_point(tmp_path / "cache", "chat")
     assert point is not None and point.target_precision == 0.7
     assert point.expected_precision >= 0.7 and 0 < point.expected_recall <= 1
@@ -206,9 +226,20 @@ def test_config_rejects_threshold_with_target_and_stale_points(tmp_path: Path, e
     raw["routes"][0]["semantic"] = {"target_precision": 0.99}
     path = operating_point_path(tmp_path / "cache", "chat")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"route": "chat", "target_precision": 0.9, "cosine_threshold": 0.8, "verifier": False,
-                                "verifier_threshold": None, "candidates": 1, "expected_precision": 0.91,
-                                "expected_recall": 0.3}))
+    path.write_text(
+        json.dumps(
+            {
+                "route": "chat",
+                "target_precision": 0.9,
+                "cosine_threshold": 0.8,
+                "verifier": False,
+                "verifier_threshold": None,
+                "candidates": 1,
+                "expected_precision": 0.91,
+                "expected_recall": 0.3,
+            }
+        )
+    )
     with pytest.raises(ConfigError, match=r"target_precision: 0\.99, but the tuned point was made for 0\.9"):
         build_pipeline(parse_config(raw), embedder=embedder)
 
@@ -220,8 +251,9 @@ def test_missing_verifier_fails_at_start_up(tmp_path: Path, embedder: Any) -> No
 
 
 # ------------------------------------------------------------------------------------------ end to end
-def test_proxy_serves_only_what_the_verifier_accepts(make_proxy: Any, backend: Any, tiny_verifier_dir: Path,
-                                                     tiny_verifier: Verifier, tmp_path: Path) -> None:
+def test_proxy_serves_only_what_the_verifier_accepts(
+    make_proxy: Any, backend: Any, tiny_verifier_dir: Path, tiny_verifier: Verifier, tmp_path: Path
+) -> None:
     """The stage end to end with a real trained model: a cosine candidate (0.96 here) that the
     verifier scores under `verifier_threshold` is a miss answered by the backend and counted as a
     rejection; one it scores above is served. Both pairs are ones the tiny verifier was taught."""

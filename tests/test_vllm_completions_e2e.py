@@ -2,22 +2,22 @@
 raw prompts (text and token ids), the openai client, a streamed hit replayed byte for byte, the
 engine's own errors, and vLLM's benchmark client with its default backend (prefix_repetition and
 a multi-turn run, 0 failed requests)."""
-from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Iterator
+from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
+from typing import Any, Iterator
 
 import httpx
 import openai
 import pytest
 
 from kvgate.engines.vllm.launch import default_model_dir, vllm_python
+from kvgate.tools.bench.vllm_bench_client import multi_turn_prompts, run_vllm_bench
 from tests.test_vllm_connector_e2e import FACTS
 from tests.test_vllm_e2e import LONG, Proxy, config
-from kvgate.tools.bench.vllm_bench_client import multi_turn_prompts, run_vllm_bench
 
 
 @pytest.fixture
@@ -59,8 +59,7 @@ def test_raw_prompts_are_routed_precisely(proxy: Proxy) -> None:
 def test_openai_client_and_engine_errors(proxy: Proxy) -> None:
     client = openai.OpenAI(base_url=f"{proxy.server.url}/v1", api_key="alice", max_retries=0)
     plain = client.completions.create(model="smollm2", prompt="The sky is", max_tokens=6, temperature=0)
-    streamed = client.completions.create(model="smollm2", prompt="The sky is", max_tokens=6, temperature=0,
-                                         stream=True)
+    streamed = client.completions.create(model="smollm2", prompt="The sky is", max_tokens=6, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == plain.choices[0].text
     ids = client.completions.create(model="smollm2", prompt=[504, 6175, 314], max_tokens=4, temperature=0)
     assert ids.choices[0].finish_reason in ("stop", "length")
@@ -69,7 +68,7 @@ def test_openai_client_and_engine_errors(proxy: Proxy) -> None:
         client.completions.create(model="smollm2", prompt="word " * 9000, max_tokens=4)
     assert "maximum context length" in str(refused.value)
     with pytest.raises(openai.BadRequestError) as refused:  # a token id outside the engine's vocabulary
-        client.completions.create(model="smollm2", prompt=[1, 10 ** 9], max_tokens=4)
+        client.completions.create(model="smollm2", prompt=[1, 10**9], max_tokens=4)
     assert "out of vocabulary" in str(refused.value)
     assert sum(r.requests for r in proxy.router.replicas) == sent  # no replica saw either
 
@@ -80,8 +79,14 @@ def test_streamed_hit_replays_vllm_bytes(tmp_path: Path, vllm_pair: list[Any]) -
     p = Proxy(cfg)
     try:
         # a stop string ends the answer normally (an answer cut by max_tokens is not stored)
-        body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "stream": True,
-                "stop": ["."]}
+        body = {
+            "model": "smollm2",
+            "prompt": "Once upon a time",
+            "max_tokens": 64,
+            "temperature": 0,
+            "stream": True,
+            "stop": ["."],
+        }
         headers = {"authorization": "Bearer alice"}
         miss = p.client.post("/v1/completions", json=body, headers=headers)
         hit = p.client.post("/v1/completions", json=body, headers=headers)
@@ -94,15 +99,49 @@ def test_streamed_hit_replays_vllm_bytes(tmp_path: Path, vllm_pair: list[Any]) -
 def test_vllm_benchmark_client_default_backend(proxy: Proxy, tmp_path: Path) -> None:
     model = str(default_model_dir())
     common = ["--request-rate", "inf", "--max-concurrency", "2"]
-    prefix = run_vllm_bench(str(vllm_python()), proxy.server.url, model, "smollm2", [
-        "--dataset-name", "prefix_repetition", "--num-prompts", "8", "--prefix-repetition-prefix-len", "256",
-        "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", "2",
-        "--prefix-repetition-output-len", "4", *common], tmp_path / "prefix")
+    prefix = run_vllm_bench(
+        str(vllm_python()),
+        proxy.server.url,
+        model,
+        "smollm2",
+        [
+            "--dataset-name",
+            "prefix_repetition",
+            "--num-prompts",
+            "8",
+            "--prefix-repetition-prefix-len",
+            "256",
+            "--prefix-repetition-suffix-len",
+            "32",
+            "--prefix-repetition-num-prefixes",
+            "2",
+            "--prefix-repetition-output-len",
+            "4",
+            *common,
+        ],
+        tmp_path / "prefix",
+    )
     assert (prefix["completed"], prefix["failed"]) == (8, 0)
     turns = multi_turn_prompts(tmp_path / "turns.jsonl", conversations=2, turns=3)
-    multi = run_vllm_bench(str(vllm_python()), proxy.server.url, model, "smollm2", [
-        "--dataset-name", "custom", "--dataset-path", str(turns), "--skip-chat-template", "--num-prompts", "6",
-        "--custom-output-len", "4", *common], tmp_path / "multi")
+    multi = run_vllm_bench(
+        str(vllm_python()),
+        proxy.server.url,
+        model,
+        "smollm2",
+        [
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(turns),
+            "--skip-chat-template",
+            "--num-prompts",
+            "6",
+            "--custom-output-len",
+            "4",
+            *common,
+        ],
+        tmp_path / "multi",
+    )
     assert (multi["completed"], multi["failed"]) == (6, 0)
 
 
@@ -116,8 +155,11 @@ def test_next_turn_on_the_other_engine_loads_from_the_shared_tier(vllm_pair: lis
         r = httpx.post(f"{server.api_base}/completions", json=body, timeout=180)
         assert r.status_code == 200, r.text
         usage = r.json()["usage"]
-        return (r.json()["choices"][0]["text"], usage["prompt_tokens"],
-                int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
+        return (
+            r.json()["choices"][0]["text"],
+            usage["prompt_tokens"],
+            int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+        )
 
     first = f"Session {uuid.uuid4()}. Remember: {FACTS}\nQuestion: which gate opens first?\nAnswer:"
     answer, history, _ = ask(a, first)

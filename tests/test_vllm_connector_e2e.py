@@ -3,6 +3,7 @@ tier, raw chunks): a next turn on the other engine loads its history (in the bac
 history of that size is estimated slower than a step), a damaged chunk is recomputed
 with the same output and no client error, and kvgate's router learns the shared tier from the
 engines' own events."""
+
 from __future__ import annotations
 
 import time
@@ -15,8 +16,11 @@ import httpx
 from tests.conftest import wait_until
 from tests.test_vllm_e2e import config, proxy_factory  # noqa: F401 - the fixture
 
-FACTS = " ".join(f"Item {i}: the {('north', 'south', 'east', 'west')[i % 4]} gate opens at {i % 12 + 1} o'clock "
-                 f"and the keeper's dog is called {('Rex', 'Bo', 'Max', 'Ivy')[i % 4]}." for i in range(40))
+FACTS = " ".join(
+    f"Item {i}: the {('north', 'south', 'east', 'west')[i % 4]} gate opens at {i % 12 + 1} o'clock "
+    f"and the keeper's dog is called {('Rex', 'Bo', 'Max', 'Ivy')[i % 4]}."
+    for i in range(40)
+)
 
 
 def ask(server: Any, messages: list[dict[str, str]]) -> tuple[str, int, int]:
@@ -24,8 +28,11 @@ def ask(server: Any, messages: list[dict[str, str]]) -> tuple[str, int, int]:
     r = httpx.post(f"{server.api_base}/chat/completions", json=body, timeout=180)
     assert r.status_code == 200, r.text
     usage = r.json()["usage"]
-    return (r.json()["choices"][0]["message"]["content"], usage["prompt_tokens"],
-            int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
+    return (
+        r.json()["choices"][0]["message"]["content"],
+        usage["prompt_tokens"],
+        int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+    )
 
 
 def conversation() -> list[dict[str, str]]:
@@ -93,8 +100,13 @@ def test_the_router_learns_the_shared_tier_from_the_engines(vllm_pair, proxy_fac
     answer, history, _ = ask(vllm_pair[0], first)
     ask(vllm_pair[1], conversation())  # b stores into the tier too: it reads it
     router = proxy.router
-    assert wait_until(lambda: router.precise is not None and all(
-        any(t.startswith("tier:disk:") for t in router.precise.tiers.readable(n)) for n in ("v1", "v2")), 30)
+    assert wait_until(
+        lambda: (
+            router.precise is not None
+            and all(any(t.startswith("tier:disk:") for t in router.precise.tiers.readable(n)) for n in ("v1", "v2"))
+        ),
+        30,
+    )
     plan = router.plan(next_turn(first, answer))  # unsalted, as the engines were asked directly
     blocks = (history - 1) // 128
     assert plan.tier_blocks.get("v1", 0) >= blocks and plan.tier_blocks.get("v2", 0) >= blocks

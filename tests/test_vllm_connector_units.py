@@ -1,6 +1,7 @@
 """The vLLM KV connector's parts that need no vLLM: settings, the scheduler's load/save arithmetic,
 the key namespace, the tiers' event media, and the worker's copies between paged KV and a real
 chunk store (raw codec, so loads are bit-exact)."""
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,22 @@ def disk(path: str = "/tmp/kv", **extra: object) -> dict[str, object]:
 
 # -- settings ----------------------------------------------------------------------------------------
 def test_parse_valid_config_round_trips_into_the_dataclasses() -> None:
-    s = parse({"tiers": {"memory": {"capacity_mb": 256}, "disk": {"path": "/tmp/kv", "capacity_mb": 2048},
-                         "remote": {"url": "redis://kv:6379/2", "password_env": "PW", "key_prefix": "p",
-                                    "timeout_s": 0.25, "ttl_s": 60}},
-               "chunk_blocks": "auto"})
+    s = parse(
+        {
+            "tiers": {
+                "memory": {"capacity_mb": 256},
+                "disk": {"path": "/tmp/kv", "capacity_mb": 2048},
+                "remote": {
+                    "url": "redis://kv:6379/2",
+                    "password_env": "PW",
+                    "key_prefix": "p",
+                    "timeout_s": 0.25,
+                    "ttl_s": 60,
+                },
+            },
+            "chunk_blocks": "auto",
+        }
+    )
     assert s.memory.capacity_mb == 256 and s.disk.path == "/tmp/kv" and s.disk.capacity_mb == 2048
     assert (s.remote.url, s.remote.password_env, s.remote.key_prefix) == ("redis://kv:6379/2", "PW", "p")
     assert (s.remote.timeout_s, s.remote.ttl_s) == (0.25, 60)
@@ -41,19 +54,22 @@ def test_parse_valid_config_round_trips_into_the_dataclasses() -> None:
     assert s.tier_names == ["memory", "disk", "remote"]
 
 
-@pytest.mark.parametrize("extra, match", [
-    ({}, rf"{T}: required"),
-    ({"tiers": {"memory": {"capacity_mb": 64}}}, rf"{T}: name a disk or a remote tier"),
-    ({"tiers": {"disk": {"capacity_mb": 64}}}, rf"{T}\.disk\.path: required"),
-    (disk(colour="red"), r"kv_connector_extra_config: unknown field\(s\) \['colour'\]"),
-    ({"tiers": {"disk": {"path": "/tmp/kv", "size": 1}}}, rf"{T}\.disk: unknown field\(s\) \['size'\]"),
-    ({"tiers": {"remote": {"url": "redis://u:secret@kv:6379/0"}}}, rf"{T}\.remote\.url: holds a password"),
-    ({"tiers": {"remote": {"url": "redis://kv/0", "password": "x"}}}, rf"{T}\.remote\.password:"),
-    (disk(codec="fp4"), r"kv_connector_extra_config\.codec: expected one of"),
-    (disk(chunk_blocks=0), r"kv_connector_extra_config\.chunk_blocks:"),
-    (disk(chunk_blocks=True), r"kv_connector_extra_config\.chunk_blocks:"),
-    ({"tiers": {"disk": "/tmp/kv"}}, rf"{T}\.disk: expected an object, got str"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({}, rf"{T}: required"),
+        ({"tiers": {"memory": {"capacity_mb": 64}}}, rf"{T}: name a disk or a remote tier"),
+        ({"tiers": {"disk": {"capacity_mb": 64}}}, rf"{T}\.disk\.path: required"),
+        (disk(colour="red"), r"kv_connector_extra_config: unknown field\(s\) \['colour'\]"),
+        ({"tiers": {"disk": {"path": "/tmp/kv", "size": 1}}}, rf"{T}\.disk: unknown field\(s\) \['size'\]"),
+        ({"tiers": {"remote": {"url": "redis://u:secret@kv:6379/0"}}}, rf"{T}\.remote\.url: holds a password"),
+        ({"tiers": {"remote": {"url": "redis://kv/0", "password": "x"}}}, rf"{T}\.remote\.password:"),
+        (disk(codec="fp4"), r"kv_connector_extra_config\.codec: expected one of"),
+        (disk(chunk_blocks=0), r"kv_connector_extra_config\.chunk_blocks:"),
+        (disk(chunk_blocks=True), r"kv_connector_extra_config\.chunk_blocks:"),
+        ({"tiers": {"disk": "/tmp/kv"}}, rf"{T}\.disk: expected an object, got str"),
+    ],
+)
 def test_parse_refuses_bad_settings_naming_the_field(extra: dict[str, object], match: str) -> None:
     with pytest.raises(SettingsError, match=match):
         parse(extra)
@@ -81,8 +97,10 @@ def test_build_tiers_without_memory_omits_memory(tmp_path: Path) -> None:
 def test_build_tiers_unset_password_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVGATE_TEST_UNSET_PW", raising=False)
     s = parse({"tiers": {"remote": {"url": "redis://127.0.0.1:1/0", "password_env": "KVGATE_TEST_UNSET_PW"}}})
-    with pytest.raises(MissingSecret, match="kv_connector_extra_config.tiers.remote.password_env: the environment "
-                                            "variable KVGATE_TEST_UNSET_PW is not set"):
+    with pytest.raises(
+        MissingSecret,
+        match="kv_connector_extra_config.tiers.remote.password_env: the environment variable KVGATE_TEST_UNSET_PW is not set",
+    ):
         build_tiers(s)
 
 
@@ -194,22 +212,43 @@ def test_namespace_differs_in_any_part_and_is_stable() -> None:
     base = ns.namespace(parts, 0)
     assert base == ns.namespace(dict(reversed(list(parts.items()))), 0)
     assert base.startswith("org_m:") and base.endswith(":r0")
-    others = {ns.namespace({**parts, "kv_dtype": "float16"}, 0), ns.namespace({**parts, "block_size": 32}, 0),
-              ns.namespace(parts, 1)}
+    others = {
+        ns.namespace({**parts, "kv_dtype": "float16"}, 0),
+        ns.namespace({**parts, "block_size": 32}, 0),
+        ns.namespace(parts, 1),
+    }
     assert base not in others and len(others) == 3
 
 
 def fake_vllm_config(cache_dtype: str) -> types.SimpleNamespace:
-    mc = types.SimpleNamespace(model="org/no-such-model", revision="r1", dtype=torch.bfloat16,
-                               get_num_layers=lambda pc: 4, get_num_kv_heads=lambda pc: 2, get_head_size=lambda: 64)
-    return types.SimpleNamespace(model_config=mc, cache_config=types.SimpleNamespace(block_size=16, cache_dtype=cache_dtype),
-                                 parallel_config=types.SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1))
+    mc = types.SimpleNamespace(
+        model="org/no-such-model",
+        revision="r1",
+        dtype=torch.bfloat16,
+        get_num_layers=lambda pc: 4,
+        get_num_kv_heads=lambda pc: 2,
+        get_head_size=lambda: 64,
+    )
+    return types.SimpleNamespace(
+        model_config=mc,
+        cache_config=types.SimpleNamespace(block_size=16, cache_dtype=cache_dtype),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1),
+    )
 
 
 def test_vllm_parts_kv_dtype_follows_model_or_cache_dtype() -> None:
     parts = ns.vllm_parts(fake_vllm_config("auto"), "cuda")
-    assert parts == {"model": "org/no-such-model@r1", "kv_dtype": "bfloat16", "block_size": 16, "layers": 4,
-                     "kv_heads": 2, "head_size": 64, "tp": 2, "pp": 1, "device": "cuda"}
+    assert parts == {
+        "model": "org/no-such-model@r1",
+        "kv_dtype": "bfloat16",
+        "block_size": 16,
+        "layers": 4,
+        "kv_heads": 2,
+        "head_size": 64,
+        "tp": 2,
+        "pp": 1,
+        "device": "cuda",
+    }
     assert ns.vllm_parts(fake_vllm_config("fp8"), "cuda")["kv_dtype"] == "fp8"
 
 
@@ -231,8 +270,17 @@ def test_media_remote_depends_on_address_and_prefix_only() -> None:
     base = remote("redis://kvhost:6379/0", env="SECRET_PW_VAR")
     assert base.startswith("remote:") and "kvhost" not in base and "SECRET_PW_VAR" not in base
     assert base == remote("redis://kvhost:6379/0")
-    assert len({base, remote("redis://other:6379/0"), remote("redis://kvhost:6379/1"),
-                remote("redis://kvhost:6379/0", prefix="p2")}) == 4
+    assert (
+        len(
+            {
+                base,
+                remote("redis://other:6379/0"),
+                remote("redis://kvhost:6379/1"),
+                remote("redis://kvhost:6379/0", prefix="p2"),
+            }
+        )
+        == 4
+    )
 
 
 # -- worker --------------------------------------------------------------------------------------------
@@ -347,8 +395,10 @@ def test_connector_tiers_on_a_redis_with_a_password(monkeypatch, tmp_path):
 
     server = RedisServer(password="s3cret-pw").start()
     try:
-        cfg = {"tiers": {"remote": {"url": server.url, "password_env": "KVGATE_TEST_REDIS_PW", "key_prefix": "t"}},
-               "codec": "int4"}
+        cfg = {
+            "tiers": {"remote": {"url": server.url, "password_env": "KVGATE_TEST_REDIS_PW", "key_prefix": "t"}},
+            "codec": "int4",
+        }
         monkeypatch.setenv("KVGATE_TEST_REDIS_PW", "s3cret-pw")
         store = ChunkStore(build_tiers(parse(cfg)), "ns", LayerCodec("int4"))
         rows = [torch.randn(1, 2, 4, 64, dtype=torch.bfloat16) for _ in range(3)]

@@ -1,6 +1,7 @@
 """kvgate in front of two real vLLM servers (the session's `vllm_pair`): precise routing with no
 hand settings, tenants salted inside the engine, attribution headers, engine metrics, and a
 vLLM server killed under load."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -11,12 +12,13 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from kvgate.middleware.config import parse_config
+import kvgate.index.kv.tokenizer
 from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.config import parse_config
 from kvgate.middleware.sdk.admin_client import tenant_id
-from tests.conftest import wait_until
+from kvgate.middleware.server.proxy import create_app
 from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import wait_until
 
 LONG = " ".join(f"Point {i}: the river town keeps its old stone bridge, its market and its mill." for i in range(40))
 
@@ -26,11 +28,18 @@ def config(tmp: Path, servers: list[Any], **routing: Any) -> dict[str, Any]:
     return {
         "cache_dir": str(tmp / "cache"),
         "stats": {"interval_s": 0.2},
-        "routes": [{
-            "name": "vllm", "model": "smol*", "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 120},
-            "exact": False, "semantic": {"enabled": False}, "scope": "tenant", "replicas": replicas,
-            "routing": {"policy": "cache_aware", "mode": "precise", **routing},
-        }],
+        "routes": [
+            {
+                "name": "vllm",
+                "model": "smol*",
+                "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 120},
+                "exact": False,
+                "semantic": {"enabled": False},
+                "scope": "tenant",
+                "replicas": replicas,
+                "routing": {"policy": "cache_aware", "mode": "precise", **routing},
+            }
+        ],
     }
 
 
@@ -45,8 +54,9 @@ class Proxy:
     def router(self) -> Any:
         return self.pipeline.routers["vllm"]
 
-    def chat(self, messages: list[dict[str, str]], tenant: str = "alice", stream: bool = False,
-             **extra: Any) -> tuple[httpx.Response, dict[str, Any]]:
+    def chat(
+        self, messages: list[dict[str, str]], tenant: str = "alice", stream: bool = False, **extra: Any
+    ) -> tuple[httpx.Response, dict[str, Any]]:
         body = {"model": "smollm2", "messages": messages, "max_tokens": 8, "temperature": 0, **extra}
         headers = {"authorization": f"Bearer {tenant}"}
         if not stream:
@@ -74,6 +84,7 @@ def proxy_factory(tmp_path: Path) -> Iterator[Any]:
     def make(cfg: dict[str, Any]) -> Proxy:
         made.append(Proxy(cfg))
         return made[-1]
+
     yield make
     for p in made:
         p.close()
@@ -83,7 +94,13 @@ def cached(usage: dict[str, Any]) -> int:
     return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-def test_precise_mode_takes_block_size_and_tokenizer_from_the_engine(vllm_pair, proxy_factory, tmp_path):
+@pytest.mark.parametrize("backend", ["transformers", "tokenizers"])
+def test_precise_mode_takes_block_size_and_tokenizer_from_the_engine(
+    vllm_pair, proxy_factory, tmp_path, monkeypatch, backend
+):
+    """With either tokenizer implementation (tokenizers + jinja2: a core install's, without
+    transformers), the router's expected cached tokens are the engine's."""
+    monkeypatch.setattr(kvgate.index.kv.tokenizer, "tokenizer_backend", lambda: backend)
     proxy = proxy_factory(config(tmp_path, vllm_pair))
     turn1 = [{"role": "user", "content": "Tell me about this town. " + LONG}]
     r1, u1 = proxy.chat(turn1)
@@ -91,6 +108,7 @@ def test_precise_mode_takes_block_size_and_tokenizer_from_the_engine(vllm_pair, 
     assert proxy.router.engines[r1.headers["x-kvgate-replica"]].kind == "vllm"
     assert proxy.router.block_size == 128  # the CPU build's, learned: the route names none
     assert proxy.router.hasher is not None and proxy.router.hasher.tokenizer.name == Path(vllm_pair[0].model).name
+    assert proxy.router.hasher.tokenizer.backend == backend
     first = r1.headers["x-kvgate-replica"]
     assert wait_until(lambda: proxy.router.index.blocks(first) >= u1["prompt_tokens"] // 128, 10)
     answer = r1.json()["choices"][0]["message"]["content"]
@@ -135,8 +153,9 @@ def test_an_erased_tenants_prefix_cache_is_unreachable(vllm_pair, proxy_factory,
     assert wait_until(lambda: proxy.router.index.blocks("v1") > 0, 10)
     _, warm = proxy.chat(prompt, tenant="tenant-e")
     assert cached(warm) >= 128
-    erased = proxy.client.delete(f"/v1/admin/tenants/{tenant_id('tenant-e')}",
-                                 headers={"authorization": "Bearer admin-key"})
+    erased = proxy.client.delete(
+        f"/v1/admin/tenants/{tenant_id('tenant-e')}", headers={"authorization": "Bearer admin-key"}
+    )
     assert erased.status_code == 200 and erased.json()["salt_epoch"] == 1
     r, after = proxy.chat(prompt, tenant="tenant-e")
     assert cached(after) == 0 and int(r.headers["x-kvgate-expected-cached-tokens"]) == 0
@@ -163,8 +182,12 @@ def test_engine_metrics_in_stats(vllm_pair, proxy_factory, tmp_path):
 
     def reported() -> bool:
         points = proxy.client.get("/v1/stats").json().get("points") or []
-        return any(v.get("engine") == "vllm" and (v.get("prompt_tokens") or 0) > 0
-                   for p in points for v in (p.get("replicas") or {}).values())
+        return any(
+            v.get("engine") == "vllm" and (v.get("prompt_tokens") or 0) > 0
+            for p in points
+            for v in (p.get("replicas") or {}).values()
+        )
+
     assert wait_until(reported, 10)
     assert "kvgate_replica_engine_prompt_tokens_total" in proxy.client.get("/metrics").text
 
@@ -181,6 +204,7 @@ def test_prefill_time_reads_the_engines_and_keeps_a_conversation(vllm_pair, prox
 
     def calibrated() -> bool:
         return bool((proxy.router.stats()[first].get("engine_load") or {}).get("prefill_tokens_per_s"))
+
     assert wait_until(calibrated, 15)  # vLLM counts a request's prefill when it finishes
     load = proxy.router.stats()[first]["engine_load"]
     assert load["prefill_tokens_per_s"] > 0 and load["waiting"] == 0 and load["prefill_tokens_per_request"] > 0

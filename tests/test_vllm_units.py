@@ -1,6 +1,7 @@
 """The parts of kvgate-in-front-of-vLLM that need no vLLM: config rules, salts, salted chains in
 both hash paths, the engine-hash check, the vLLM adapter's parsing, replay after a gap, and the
 precise-mode checks (unmatched, stale) driven by hand-made events."""
+
 from __future__ import annotations
 
 import stat
@@ -11,7 +12,6 @@ import pytest
 import zmq
 
 from kvgate.index.kv.engine_hash import checkable_salt, vllm_first_block_hash
-from kvgate.index.kv.hashing import seed_hash
 from kvgate.index.kv.kv_events import BlockStored, EventApplier, KVEventBatch, ZmqEventSubscriber, encode_batch
 from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.index.kv.prompt import PromptHasher
@@ -28,8 +28,16 @@ MESSAGES = [{"role": "user", "content": "a prompt long enough for several blocks
 
 
 def route(**routing: object) -> dict[str, object]:
-    return {"routes": [{"name": "r", "model": "m*", "routing": routing,
-                        "replicas": [{"name": "a", "api_base": "http://127.0.0.1:1/v1", "events": "tcp://127.0.0.1:1"}]}]}
+    return {
+        "routes": [
+            {
+                "name": "r",
+                "model": "m*",
+                "routing": routing,
+                "replicas": [{"name": "a", "api_base": "http://127.0.0.1:1/v1", "events": "tcp://127.0.0.1:1"}],
+            }
+        ]
+    }
 
 
 def test_precise_mode_refuses_the_text_tokenizer_naming_both_fields() -> None:
@@ -64,7 +72,9 @@ def test_a_salted_prompt_and_the_engines_salted_event_hash_alike() -> None:
     index.add_replica("a")
     applier = EventApplier(index, "a", BS, seed="kvgate")
     n = len(tokens) // BS
-    applier.apply(BlockStored(list(range(1, n + 1)), None, tokens[: n * BS], BS, extra_keys=[("s1",)] + [None] * (n - 1)))
+    applier.apply(
+        BlockStored(list(range(1, n + 1)), None, tokens[: n * BS], BS, extra_keys=[("s1",)] + [None] * (n - 1))
+    )
     assert index.match(salted)["a"] == len(salted) and index.match(plain)["a"] == 0
 
 
@@ -87,8 +97,7 @@ def test_vllm_adapter_reads_version_block_size_and_socket_roles() -> None:
     assert parse_version("0.32.0") == (0, 32, 0) and parse_version("0.32.1rc1+cpu") == (0, 32, 1)
     assert version_error("0.32.0") is None
     assert "0.31.2" in version_error("0.31.2") and ">= 0.32.0" in version_error("0.33.0")
-    text = ('# TYPE vllm:cache_config_info gauge\n'
-            'vllm:cache_config_info{block_size="128",kv_cache_size_tokens="46592",engine="0"} 1.0\n')
+    text = '# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="128",kv_cache_size_tokens="46592",engine="0"} 1.0\n'
     assert cache_config(text)["block_size"] == "128" and cache_config("garbage{") == {}
     assert not binds("tcp://127.0.0.1:5557") and binds("tcp://*:5557") and binds("ipc:///tmp/x")
 
@@ -99,8 +108,12 @@ def test_a_gap_is_filled_from_the_replay_socket() -> None:
     pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
     router = ctx.socket(zmq.ROUTER)
     replay_port = router.bind_to_random_port("tcp://127.0.0.1")
-    batches = [encode_batch(KVEventBatch(ts=0.0, events=[BlockStored([i + 1], i or None, list(range(i * BS, (i + 1) * BS)), BS)]))
-               for i in range(4)]
+    batches = [
+        encode_batch(
+            KVEventBatch(ts=0.0, events=[BlockStored([i + 1], i or None, list(range(i * BS, (i + 1) * BS)), BS)])
+        )
+        for i in range(4)
+    ]
 
     def serve_replay() -> None:
         if router.poll(5000):
@@ -111,12 +124,15 @@ def test_a_gap_is_filled_from_the_replay_socket() -> None:
 
     index = PrefixIndex(None)
     index.add_replica("a")
-    sub = ZmqEventSubscriber(f"tcp://127.0.0.1:{pub_port}", EventApplier(index, "a", BS),
-                             replay=f"tcp://127.0.0.1:{replay_port}").start()
+    sub = ZmqEventSubscriber(
+        f"tcp://127.0.0.1:{pub_port}", EventApplier(index, "a", BS), replay=f"tcp://127.0.0.1:{replay_port}"
+    ).start()
     server = threading.Thread(target=serve_replay, daemon=True)
     server.start()
     try:
-        assert wait_until(lambda: (pub.send_multipart([b"kv", (0).to_bytes(8, "big"), batches[0]]), sub.feed.last_seq == 0)[1], 5)
+        assert wait_until(
+            lambda: (pub.send_multipart([b"kv", (0).to_bytes(8, "big"), batches[0]]), sub.feed.last_seq == 0)[1], 5
+        )
         pub.send_multipart([b"kv", (3).to_bytes(8, "big"), batches[3]])  # 1 and 2 were lost
         assert wait_until(lambda: sub.feed.last_seq == 3, 5)
         stats = sub.feed.stats()

@@ -1,4 +1,5 @@
 """kvgate.index.storage.wal.WalCheckpointer: the WAL is copied into the database by its own thread, never blocking."""
+
 from __future__ import annotations
 
 import logging

@@ -2,6 +2,7 @@
 decision made in one worker steers a follow-up that reaches the other, the in-flight counts each
 worker reports include the other's, an answer stored by one worker is a hit in the other, and a
 replica added or removed through the admin API of one worker is added or removed in every worker."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -32,17 +33,37 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc
     config = {
         "cache_dir": str(tmp / "cache"),
         "auth": {"admin_keys": ["admin-key"]},
-        "routes": [{
-            "name": "local", "model": "smol*",
-            "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 20},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(replicas)],
-            "routing": {"policy": "cache_aware", "block_size": 64, "tokenizer": "text"},  # block 0: past the template
-        }],
+        "routes": [
+            {
+                "name": "local",
+                "model": "smol*",
+                "backend": {"model": "openai/smollm2", "api_key": "none", "timeout": 20},
+                "semantic": {"enabled": False},
+                "replicas": [{"name": f"r{i}", "api_base": f"{r.url}/v1"} for i, r in enumerate(replicas)],
+                "routing": {
+                    "policy": "cache_aware",
+                    "block_size": 64,
+                    "tokenizer": "text",
+                },  # block 0: past the template
+            }
+        ],
     }
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = Proc("proxy", kvgate_argv("serve", "--config", str(tmp / "config.yaml"), "--port", str(port),
-                                     "--workers", str(WORKERS), "--log-level", "warning"), tmp)
+    proc = Proc(
+        "proxy",
+        kvgate_argv(
+            "serve",
+            "--config",
+            str(tmp / "config.yaml"),
+            "--port",
+            str(port),
+            "--workers",
+            str(WORKERS),
+            "--log-level",
+            "warning",
+        ),
+        tmp,
+    )
     try:
         proc.wait_http(f"http://127.0.0.1:{port}/health")
         yield f"http://127.0.0.1:{port}", proc
@@ -67,8 +88,9 @@ def proxy_proc(served: tuple[str, Proc]) -> Proc:
 def chat(url: str, content: str, system: str | None = None, **headers: str) -> httpx.Response:
     """One request on a fresh connection (the kernel picks the worker per connection)."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
-    resp = httpx.post(f"{url}/v1/chat/completions", json={"model": "smol-1", "messages": messages},
-                      headers=headers, timeout=30)
+    resp = httpx.post(
+        f"{url}/v1/chat/completions", json={"model": "smol-1", "messages": messages}, headers=headers, timeout=30
+    )
     assert resp.status_code == 200, resp.text
     return resp
 
@@ -101,7 +123,7 @@ def test_a_decision_in_one_worker_steers_a_follow_up_in_the_other(proxy) -> None
 
 def _in_flight(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r'^kvgate_replica_requests_in_flight\{[^}]*\}\s+(\S+)$', text, re.M))
+    return sum(float(v) for v in re.findall(r"^kvgate_replica_requests_in_flight\{[^}]*\}\s+(\S+)$", text, re.M))
 
 
 def test_in_flight_counts_include_the_other_workers(proxy) -> None:
@@ -159,9 +181,15 @@ def test_a_killed_worker_is_replaced_and_its_load_forgotten(proxy, proxy_proc) -
     assert len(workers) == WORKERS
     held = 16  # each on its own connection, which the kernel hashes to a worker: all 16 on one is 1 in 2^15
     with concurrent.futures.ThreadPoolExecutor(held) as pool:
-        running = [pool.submit(httpx.post, f"{url}/v1/chat/completions", timeout=30,
-                               json={"model": "smol-1", "messages": [{"role": "user", "content": f"held {i} [[sleep=4]]"}]})
-                   for i in range(held)]
+        running = [
+            pool.submit(
+                httpx.post,
+                f"{url}/v1/chat/completions",
+                timeout=30,
+                json={"model": "smol-1", "messages": [{"role": "user", "content": f"held {i} [[sleep=4]]"}]},
+            )
+            for i in range(held)
+        ]
         deadline = time.time() + 6
         while _in_flight(url) < held and time.time() < deadline:
             time.sleep(0.1)
@@ -193,24 +221,35 @@ def _lists(url: str) -> dict[str, list[str]]:
 
 def _routed_to(url: str, replica: str, tries: int = 60) -> set[str]:
     """The workers that sent a request to `replica` in `tries` fresh requests."""
-    return {r.headers["x-kvgate-worker"] for i in range(tries)
-            if (r := chat(url, f"to whom {replica} {i} {random.random()}?")).headers["x-kvgate-replica"] == replica}
+    return {
+        r.headers["x-kvgate-worker"]
+        for i in range(tries)
+        if (r := chat(url, f"to whom {replica} {i} {random.random()}?")).headers["x-kvgate-replica"] == replica
+    }
 
 
 def test_a_replica_added_in_one_worker_is_added_in_every_worker(proxy) -> None:
     url, _ = proxy
     extra = ServerThread(create_fake_app(), port=free_port()).start()
     try:
-        added = httpx.post(f"{url}/v1/admin/replicas", headers=ADMIN, timeout=30,
-                           json={"route": "local", "name": "r9", "api_base": f"{extra.url}/v1"})
+        added = httpx.post(
+            f"{url}/v1/admin/replicas",
+            headers=ADMIN,
+            timeout=30,
+            json={"route": "local", "name": "r9", "api_base": f"{extra.url}/v1"},
+        )
         assert added.status_code == 201, added.text
         deadline = time.time() + 10  # the other worker follows within about a second
         while set(map(tuple, _lists(url).values())) != {("r0", "r1", "r9")} and time.time() < deadline:
             time.sleep(0.2)
         assert set(map(tuple, _lists(url).values())) == {("r0", "r1", "r9")}
         assert _routed_to(url, "r9") == {str(w) for w in range(WORKERS)}  # both workers route to it
-        again = httpx.post(f"{url}/v1/admin/replicas", headers=ADMIN, timeout=30,
-                           json={"route": "local", "name": "r9", "api_base": f"{extra.url}/v1"})
+        again = httpx.post(
+            f"{url}/v1/admin/replicas",
+            headers=ADMIN,
+            timeout=30,
+            json={"route": "local", "name": "r9", "api_base": f"{extra.url}/v1"},
+        )
         assert again.status_code == 409  # whichever worker took it: the shared lists have it
         removed = httpx.delete(f"{url}/v1/admin/replicas/local/r9", headers=ADMIN, timeout=30)
         assert removed.status_code == 200, removed.text

@@ -3,6 +3,7 @@
 The server binary is Debian's `redis-server` (installed by `make install`); it runs with no
 persistence, in a temp dir, on a free port, and is killed on `stop()`.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -31,16 +32,35 @@ class RedisServer:
     cache: `allkeys-lru`); `password` sets `requirepass`.
     """
 
-    def __init__(self, *, port: int | None = None, maxmemory: str | None = None,
-                 policy: str = "allkeys-lru", password: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        maxmemory: str | None = None,
+        policy: str = "allkeys-lru",
+        password: str | None = None,
+    ) -> None:
         binary = redis_server_bin()
         if binary is None:
             raise RuntimeError("redis-server is not installed (make install installs Debian's redis-server)")
         self.port = port or _free_port()
         self.password = password
         self._dir = Path(tempfile.mkdtemp(prefix="kvgate-redis-"))
-        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self._dir), "--logfile", str(self._dir / "redis.log")]
+        argv = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self._dir),
+            "--logfile",
+            str(self._dir / "redis.log"),
+        ]
         if maxmemory:
             argv += ["--maxmemory", maxmemory, "--maxmemory-policy", policy]
         if password:

@@ -30,6 +30,7 @@ again it is back in RAM (promotion), announced the other way round. So every ann
 one medium, the fastest place this replica loads it from, and BlockRemoved for it names that
 medium. Redis's own evictions are not seen, like another process's disk evictions.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,8 +71,13 @@ class Announcer:
     writes to the store; events are emitted under the lock, so they leave in a consistent order.
     """
 
-    def __init__(self, chunk_tokens: int, on_stored: StoredCallback | None = None,
-                 on_removed: RemovedCallback | None = None, memory: int = ANNOUNCED_MEMORY) -> None:
+    def __init__(
+        self,
+        chunk_tokens: int,
+        on_stored: StoredCallback | None = None,
+        on_removed: RemovedCallback | None = None,
+        memory: int = ANNOUNCED_MEMORY,
+    ) -> None:
         if memory < 1:
             raise ValueError("memory must be >= 1")
         self.chunk_tokens = chunk_tokens

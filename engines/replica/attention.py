@@ -15,6 +15,7 @@ KV from the store and a cold run go through the same kernels (kvgate.engines.rep
 exact_prefill invariant is unchanged); the result equals transformers' "sdpa" up to float
 rounding (tests/test_replica_attention.py).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,15 +26,16 @@ NAME = "kvgate_sdpa_gqa"
 MATH_MAX_QUERIES = 64
 
 
-def _grouped_math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+def _grouped_math_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask)·v with each KV head's query heads stacked along the query axis:
     two batched matmuls over the KV heads as they are (no copy of K or V, strided views welcome).
     Returns [b, q, heads, d]."""
     b, heads, q, d = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    scale = scaling if scaling is not None else d ** -0.5
+    scale = scaling if scaling is not None else d**-0.5
     scores = torch.matmul(query.reshape(b, kv_heads, group * q, d), key.transpose(-1, -2)).mul_(scale)
     scores = scores.view(b, kv_heads, group, q, n)
     if mask is not None:  # [b, 1, q, n]: bool (True = attend) or additive
@@ -43,9 +45,17 @@ def _grouped_math_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     return torch.matmul(probs, value).view(b, heads, q, d).transpose(1, 2).contiguous()
 
 
-def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                       is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def gqa_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: query [b, heads, q, d], key/value [b, kv_heads, k, d]
     → ([b, q, heads, d], no weights)."""
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -58,8 +68,15 @@ def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     if q_len <= MATH_MAX_QUERIES and not causal:
         return _grouped_math_attention(query, key, value, attention_mask, scaling), None
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
-        enable_gqa=key.shape[1] != query.shape[1])
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

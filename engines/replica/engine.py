@@ -21,13 +21,11 @@ This module composes those parts and is the engine's public face: tokenize and v
 (`prepare`), queue (`submit`), iterate (`stream`), block (`generate`), count (`stats`). The
 public types live in kvgate.engines.replica.types and are re-exported here.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvgate.index.kv.chunks import ChunkStore
-from kvgate.index.kv.prompt import PromptHasher
-from kvgate.index.kv.tokenizer import HFChatTokenizer
 from kvgate.engines.api import InvalidRequest
 from kvgate.engines.replica.announce import ANNOUNCED_MEMORY, Announcer, RemovedCallback, StoredCallback
 from kvgate.engines.replica.kv_io import KVIO
@@ -35,14 +33,38 @@ from kvgate.engines.replica.model import model_namespace
 from kvgate.engines.replica.runner import ModelRunner
 from kvgate.engines.replica.scheduling import MAX_RUNNING
 from kvgate.engines.replica.tails import TailCache
-from kvgate.engines.replica.types import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, Completion, Counters, Event, Job,
-                                   SamplingParams, Sink, Submission, TokenStream)
+from kvgate.engines.replica.types import (
+    DEFAULT_MAX_TOKENS,
+    MAX_TOKENS_LIMIT,
+    Completion,
+    Counters,
+    Event,
+    Job,
+    SamplingParams,
+    Sink,
+    Submission,
+    TokenStream,
+)
 from kvgate.engines.replica.worker import PREEMPT_SLICE, PREFILL_SLICE, Worker
+from kvgate.index.kv.chunks import ChunkStore
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import HFChatTokenizer
 
 __all__ = [
-    "ANNOUNCED_MEMORY", "DEFAULT_MAX_TOKENS", "MAX_TOKENS_LIMIT", "PREEMPT_SLICE", "PREFILL_SLICE",
-    "Completion", "Event", "RemovedCallback", "ReplicaEngine", "SamplingParams", "Sink", "StoredCallback",
-    "Submission", "TokenStream",
+    "ANNOUNCED_MEMORY",
+    "DEFAULT_MAX_TOKENS",
+    "MAX_TOKENS_LIMIT",
+    "PREEMPT_SLICE",
+    "PREFILL_SLICE",
+    "Completion",
+    "Event",
+    "RemovedCallback",
+    "ReplicaEngine",
+    "SamplingParams",
+    "Sink",
+    "StoredCallback",
+    "Submission",
+    "TokenStream",
 ]
 
 
@@ -83,7 +105,9 @@ class ReplicaEngine:
         self.default_max_tokens = default_max_tokens
         self.exact_prefill = exact_prefill
         # exact_prefill's bit-exactness needs chunk-aligned forwards of one chunk (runner.py)
-        self.prefill_slice = chunk_tokens if exact_prefill else max(chunk_tokens, PREFILL_SLICE // chunk_tokens * chunk_tokens)
+        self.prefill_slice = (
+            chunk_tokens if exact_prefill else max(chunk_tokens, PREFILL_SLICE // chunk_tokens * chunk_tokens)
+        )
         self.preempt_slice = chunk_tokens if exact_prefill else min(chunk_tokens, PREEMPT_SLICE)
         self.chat = HFChatTokenizer(tokenizer, self.namespace)
         self._hasher = PromptHasher(self.chat, chunk_tokens)  # for its segment-ids cache
@@ -99,8 +123,9 @@ class ReplicaEngine:
             store.watch_demoted(self._announcer.demoted)  # chunks only the remote tier holds
         self._kv = KVIO(model, store, chunk_tokens, self.tails)
         self._counters = Counters()
-        runner = ModelRunner(model, tokenizer, self._kv, self._announcer, self._counters,
-                             self.prefill_slice, self.preempt_slice)
+        runner = ModelRunner(
+            model, tokenizer, self._kv, self._announcer, self._counters, self.prefill_slice, self.preempt_slice
+        )
         self._closed = False
         self._worker = Worker(runner, self._counters, max_running)
 
@@ -130,17 +155,26 @@ class ReplicaEngine:
         then exactly once with the Completion or an exception; it must not block for long."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        job = Job(tokens=list(tokens), params=params, max_tokens=self._max_tokens(len(tokens), params), sink=sink,
-                  estimate=self._kv.uncached_estimate(list(tokens)))
+        job = Job(
+            tokens=list(tokens),
+            params=params,
+            max_tokens=self._max_tokens(len(tokens), params),
+            sink=sink,
+            estimate=self._kv.uncached_estimate(list(tokens)),
+        )
         self._worker.submit(job)
         return Submission(job)
 
-    def stream(self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, **kwargs: Any) -> TokenStream:
+    def stream(
+        self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, **kwargs: Any
+    ) -> TokenStream:
         """Text pieces as they are decoded (see TokenStream). kwargs build SamplingParams."""
         params = params or SamplingParams(**kwargs)
         return TokenStream(self, self.prepare(messages, params), params)
 
-    def generate(self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, **kwargs: Any) -> Completion:
+    def generate(
+        self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, **kwargs: Any
+    ) -> Completion:
         """Blocking: the whole answer (Completion.text) with usage and timings."""
         with self.stream(messages, params, **kwargs) as s:
             for _ in s:
@@ -153,13 +187,22 @@ class ReplicaEngine:
         may read the disk tier's index."""
         c = self._counters
         out: dict[str, Any] = {
-            "requests": c.requests, "completed": c.completed, "cancelled": c.cancelled, "failed": c.failed,
-            "prompt_tokens": c.prompt_tokens, "cached_tokens": c.cached_tokens,
+            "requests": c.requests,
+            "completed": c.completed,
+            "cancelled": c.cancelled,
+            "failed": c.failed,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
             "hit_rate": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
-            "completion_tokens": c.completion_tokens, "stored_chunks": c.stored_chunks,
-            "prefill_s": round(c.prefill_s, 6), "load_s": round(c.load_s, 6),
-            "queue_len": self._worker.queue_len, "running": self._worker.running,
-            "chunk_tokens": self.chunk_tokens, "namespace": self.namespace, "tails": self.tails.stats(),
+            "completion_tokens": c.completion_tokens,
+            "stored_chunks": c.stored_chunks,
+            "prefill_s": round(c.prefill_s, 6),
+            "load_s": round(c.load_s, 6),
+            "queue_len": self._worker.queue_len,
+            "running": self._worker.running,
+            "chunk_tokens": self.chunk_tokens,
+            "namespace": self.namespace,
+            "tails": self.tails.stats(),
         }
         if store and self.store is not None:
             out["store"] = self.store.stats()
@@ -177,11 +220,16 @@ class ReplicaEngine:
         """The request's answer budget: max_tokens, else the default, within the context left."""
         room = self.context_tokens - prompt_tokens
         if room < 1:
-            raise InvalidRequest(f"the prompt has {prompt_tokens} tokens; this model's context is {self.context_tokens}",
-                                 param="messages")
+            raise InvalidRequest(
+                f"the prompt has {prompt_tokens} tokens; this model's context is {self.context_tokens}",
+                param="messages",
+            )
         if params.max_tokens is None:
             return min(self.default_max_tokens, room)
         if params.max_tokens > room:
-            raise InvalidRequest(f"prompt ({prompt_tokens} tokens) + max_tokens ({params.max_tokens}) exceeds this "
-                                 f"model's context of {self.context_tokens} tokens", param="max_tokens")
+            raise InvalidRequest(
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({params.max_tokens}) exceeds this "
+                f"model's context of {self.context_tokens} tokens",
+                param="max_tokens",
+            )
         return params.max_tokens

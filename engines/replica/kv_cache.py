@@ -16,6 +16,7 @@ Invariants
 - A layer whose keys were replaced from outside (crop, reset) is re-homed in a fresh buffer on
   its next update, never written through a stale one.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -49,8 +50,9 @@ class GrowingLayer(DynamicLayer):
             at += t
         self.keys, self.values = self._kbuf[:, :, :n], self._vbuf[:, :, :n]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n, add = self.get_seq_length(), int(key_states.shape[-2])
@@ -64,9 +66,13 @@ class GrowingLayer(DynamicLayer):
 
     def _owns_keys(self, n: int) -> bool:
         """True when keys/values are still the first n tokens of this layer's buffers."""
-        return (self._kbuf is not None and self._vbuf is not None and n > 0
-                and self.keys.data_ptr() == self._kbuf.data_ptr()
-                and self.values.data_ptr() == self._vbuf.data_ptr())
+        return (
+            self._kbuf is not None
+            and self._vbuf is not None
+            and n > 0
+            and self.keys.data_ptr() == self._kbuf.data_ptr()
+            and self.values.data_ptr() == self._vbuf.data_ptr()
+        )
 
     def _rehome(self, key_like: torch.Tensor, value_like: torch.Tensor, n: int, capacity: int) -> None:
         kbuf, vbuf = self._new_buffer(key_like, capacity), self._new_buffer(value_like, capacity)
@@ -81,8 +87,9 @@ class GrowingLayer(DynamicLayer):
         return torch.empty((batch, heads, tokens, dim), dtype=like.dtype, device=like.device)
 
 
-def growing_cache(config: Any, reserve: int,
-                  parts: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]] = ()) -> DynamicCache:
+def growing_cache(
+    config: Any, reserve: int, parts: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]] = ()
+) -> DynamicCache:
     """A DynamicCache of GrowingLayers for a model with `config`, each holding `parts` (per part,
     per layer (keys, values)) one after another, with room for `reserve` more tokens.
 
@@ -91,8 +98,10 @@ def growing_cache(config: Any, reserve: int,
     cache = DynamicCache(config=config)
     if not all(type(layer) is DynamicLayer for layer in cache.layers):
         if parts:
-            layers = [(torch.cat([p[i][0] for p in parts], dim=2), torch.cat([p[i][1] for p in parts], dim=2))
-                      for i in range(len(parts[0]))]
+            layers = [
+                (torch.cat([p[i][0] for p in parts], dim=2), torch.cat([p[i][1] for p in parts], dim=2))
+                for i in range(len(parts[0]))
+            ]
             return DynamicCache(layers, config=config)
         return cache
     cache.layers = [GrowingLayer(reserve) for _ in cache.layers]

@@ -15,6 +15,7 @@ Invariants
 - A chunk of the wrong shape or dtype for this model (another geometry under the same
   namespace) is never loaded: loading stops before it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,11 +24,11 @@ from typing import Any
 
 import torch
 
-from kvgate.index.kv.chunks import ChunkStore, KVChunk, chunk_hashes
-from kvgate.index.kv.hashing import BlockHash
 from kvgate.engines.replica.kv_cache import growing_cache
 from kvgate.engines.replica.model import kv_geometry
 from kvgate.engines.replica.tails import Tail, TailCache
+from kvgate.index.kv.chunks import ChunkStore, KVChunk, chunk_hashes
+from kvgate.index.kv.hashing import BlockHash
 
 log = logging.getLogger("kvgate.replica")
 
@@ -49,8 +50,10 @@ def slice_chunks(cache: Any, first: int, last: int, chunk_tokens: int) -> list[K
     (contiguous copies: the cache's buffers keep changing after this)."""
     ct = chunk_tokens
     return [
-        [(layer.keys[0, :, a : a + ct].contiguous(), layer.values[0, :, a : a + ct].contiguous())
-         for layer in cache.layers]
+        [
+            (layer.keys[0, :, a : a + ct].contiguous(), layer.values[0, :, a : a + ct].contiguous())
+            for layer in cache.layers
+        ]
         for a in range(first * ct, last * ct, ct)
     ]
 
@@ -148,11 +151,14 @@ class KVIO:
         if length == full * ct:
             return
         parent = chunk_hashes(tokens[: full * ct], ct)[-1] if full else None
-        layers = tuple((layer.keys[:, :, full * ct : length].clone(), layer.values[:, :, full * ct : length].clone())
-                       for layer in cache.layers)
+        layers = tuple(
+            (layer.keys[:, :, full * ct : length].clone(), layer.values[:, :, full * ct : length].clone())
+            for layer in cache.layers
+        )
         self.tails.put(parent, Tail(tuple(tokens[full * ct : length]), layers))
 
     def _fits(self, chunk: KVChunk) -> bool:
         return len(chunk) == self.n_layers and all(
             tuple(k.shape) == self.kv_shape and tuple(v.shape) == self.kv_shape and k.dtype == self.dtype
-            for k, v in chunk)
+            for k, v in chunk
+        )

@@ -30,6 +30,7 @@ are histograms. KV metrics carry `tier` = the chunk store tier's name ("memory",
 For the remote tier (a Redis shared by replicas) bytes, budget_bytes, objects and evictions are
 the Redis instance's own (used_memory, maxmemory, DBSIZE, evicted_keys).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
@@ -66,8 +67,9 @@ def kv_families(stats: dict[str, Any]) -> list[Metric]:
     def gauge(name: str, doc: str, labels: Iterable[str] = ("tier",)) -> GaugeMetricFamily:
         return GaugeMetricFamily(prefix + name, doc, labels=list(labels))
 
-    failures = counter("storage_failures", "KV storage operations that failed softly (the request went on)",
-                       ("tier", "kind"))
+    failures = counter(
+        "storage_failures", "KV storage operations that failed softly (the request went on)", ("tier", "kind")
+    )
     for tier, t in tiers.items():
         for key, kind in FAILURE_KINDS.items():
             if key in t:
@@ -86,20 +88,35 @@ def kv_families(stats: dict[str, Any]) -> list[Metric]:
         "written_bytes": ("Bytes of KV chunks written to the store's tiers", store.get("bytes_written")),
     }
     out: list[Metric] = [
-        _per_tier(counter("chunk_queries", "KV chunk reads asked of the tier (after every faster tier missed)"),
-                  store.get("queries", {})),
+        _per_tier(
+            counter("chunk_queries", "KV chunk reads asked of the tier (after every faster tier missed)"),
+            store.get("queries", {}),
+        ),
         _per_tier(counter("chunk_hits", "KV chunk reads the tier served, verified"), store.get("hits", {})),
-        _per_tier(counter("chunk_writes", "KV chunks written to the tier (promotions included)"), store.get("writes", {})),
-        _per_tier(counter("chunks_damaged", "KV chunks that failed verification (dropped, recomputed)"),
-                  store.get("corrupt_by_tier", {})),
-        _per_tier(counter("evictions", "Objects the tier evicted to stay within its budget"),
-                  {tier: t.get("evictions", 0) for tier, t in tiers.items()}),
+        _per_tier(
+            counter("chunk_writes", "KV chunks written to the tier (promotions included)"), store.get("writes", {})
+        ),
+        _per_tier(
+            counter("chunks_damaged", "KV chunks that failed verification (dropped, recomputed)"),
+            store.get("corrupt_by_tier", {}),
+        ),
+        _per_tier(
+            counter("evictions", "Objects the tier evicted to stay within its budget"),
+            {tier: t.get("evictions", 0) for tier, t in tiers.items()},
+        ),
         _per_tier(gauge("bytes", "Bytes the tier holds"), {tier: t.get("bytes", 0) for tier, t in tiers.items()}),
-        _per_tier(gauge("budget_bytes", "The tier's byte budget"),
-                  {tier: t.get("budget_bytes", 0) for tier, t in tiers.items()}),
-        _per_tier(gauge("objects", "Objects the tier holds (KV chunks; on the spill tier also tails)"),
-                  {tier: t.get("items", 0) for tier, t in tiers.items()}),
-        failures, tail_hits, tails_damaged, *remote_families(tiers),
+        _per_tier(
+            gauge("budget_bytes", "The tier's byte budget"),
+            {tier: t.get("budget_bytes", 0) for tier, t in tiers.items()},
+        ),
+        _per_tier(
+            gauge("objects", "Objects the tier holds (KV chunks; on the spill tier also tails)"),
+            {tier: t.get("items", 0) for tier, t in tiers.items()},
+        ),
+        failures,
+        tail_hits,
+        tails_damaged,
+        *remote_families(tiers),
     ]
     for name, (doc, value) in single.items():
         family = counter(name, doc, ())
@@ -116,10 +133,12 @@ def remote_families(tiers: dict[str, dict[str, Any]]) -> list[Metric]:
     """Health of the tiers that report it (those with "up" in their stats: the remote tier)."""
     prefix = "kvgate_replica_kv_remote_"
     up = GaugeMetricFamily(prefix + "up", "1 while the remote KV tier answers, 0 while it is down", labels=["tier"])
-    errors = CounterMetricFamily(prefix + "errors", "Remote KV tier round trips that failed, by operation",
-                                 labels=["tier", "op"])
-    skipped = CounterMetricFamily(prefix + "skipped", "Remote KV tier operations not tried (down, in backoff)",
-                                  labels=["tier", "op"])
+    errors = CounterMetricFamily(
+        prefix + "errors", "Remote KV tier round trips that failed, by operation", labels=["tier", "op"]
+    )
+    skipped = CounterMetricFamily(
+        prefix + "skipped", "Remote KV tier operations not tried (down, in backoff)", labels=["tier", "op"]
+    )
     for tier, t in tiers.items():
         if "up" not in t:
             continue
@@ -148,12 +167,26 @@ class ReplicaMetrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("kvgate_replica_requests", "Chat requests by outcome", ["outcome"], registry=r)
         self.prompt_tokens = Counter("kvgate_replica_prompt_tokens", "Prompt tokens received", registry=r)
-        self.cached_tokens = Counter("kvgate_replica_cached_tokens", "Prompt tokens whose KV was loaded from the chunk store", registry=r)
+        self.cached_tokens = Counter(
+            "kvgate_replica_cached_tokens", "Prompt tokens whose KV was loaded from the chunk store", registry=r
+        )
         self.completion_tokens = Counter("kvgate_replica_completion_tokens", "Tokens generated", registry=r)
         self.stored_chunks = Counter("kvgate_replica_stored_chunks", "KV chunks newly written to the store", registry=r)
-        self.prefill = Histogram("kvgate_replica_prefill_seconds", "Prefill time (uncached prompt tokens)", buckets=SECONDS_BUCKETS, registry=r)
-        self.load = Histogram("kvgate_replica_kv_load_seconds", "Time to load KV chunks from the store", buckets=SECONDS_BUCKETS, registry=r)
-        self.ttft = Histogram("kvgate_replica_ttft_seconds", "Time to first token, queue included", buckets=SECONDS_BUCKETS, registry=r)
+        self.prefill = Histogram(
+            "kvgate_replica_prefill_seconds",
+            "Prefill time (uncached prompt tokens)",
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.load = Histogram(
+            "kvgate_replica_kv_load_seconds",
+            "Time to load KV chunks from the store",
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvgate_replica_ttft_seconds", "Time to first token, queue included", buckets=SECONDS_BUCKETS, registry=r
+        )
         queue_len = Gauge("kvgate_replica_queue_length", "Requests waiting for the model", registry=r)
         queue_len.set_function(lambda: engine.stats(store=False)["queue_len"])
         r.register(KVStoreCollector(engine.stats))

@@ -16,6 +16,7 @@ Invariants
 - Weights are the GGUF's de-quantized values: generation matches what transformers computes
   from the GGUF directly, not the original unquantized checkpoint.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,9 @@ def convert_smollm2(target_dir: Path | str | None = None) -> Path:
 
     gguf = smollm2_gguf_path()
     log.warning("converting %s to safetensors in %s (once, ~30 s)", gguf.name, target)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                 local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+    )
     # The GGUF loader marks the model "quantized" though its tensors are de-quantized floats;
     # drop that marking so save_pretrained writes plain safetensors.
     model.hf_quantizer = None

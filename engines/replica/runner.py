@@ -14,6 +14,7 @@ Invariants
   computes chunk i's KV, and every later slice, with the same forward shapes over the same inputs
   as a run that loads chunks 0..i-1.
 """
+
 from __future__ import annotations
 
 import time
@@ -68,8 +69,16 @@ class ModelRunner:
     Prefill slices are `preempt_slice` tokens while anything else is started or waiting, else
     `prefill_slice`."""
 
-    def __init__(self, model: Any, tokenizer: Any, kv: KVIO, announcer: Announcer, counters: Counters,
-                 prefill_slice: int, preempt_slice: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        kv: KVIO,
+        announcer: Announcer,
+        counters: Counters,
+        prefill_slice: int,
+        preempt_slice: int,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.kv = kv
@@ -83,9 +92,18 @@ class ModelRunner:
         """Load the job's longest stored prefix (never the whole prompt: one token must be fed)."""
         started = time.perf_counter()
         loaded = self.kv.load(job.tokens, reserve=job.max_tokens)
-        return Run(job=job, started=started, cache=loaded.cache, loaded=loaded.chunks, cached=loaded.cached,
-                   pos=loaded.cached, load_s=time.perf_counter() - started, gen=generator(job.params),
-                   detok=Detokenizer(self.tokenizer), stops=StopMatcher(job.params.stop))
+        return Run(
+            job=job,
+            started=started,
+            cache=loaded.cache,
+            loaded=loaded.chunks,
+            cached=loaded.cached,
+            pos=loaded.cached,
+            load_s=time.perf_counter() - started,
+            gen=generator(job.params),
+            detok=Detokenizer(self.tokenizer),
+            stops=StopMatcher(job.params.stop),
+        )
 
     def prefill_step(self, run: Run, contended: bool) -> bool:
         """Feed the next slice of the prompt; after the last one, pick the first token.
@@ -137,11 +155,21 @@ class ModelRunner:
             c.cancelled += 1
         else:
             c.completed += 1
-        return Completion(text=run.stops.text if run.decoding else "", finish_reason=run.finish,
-                          prompt_tokens=len(tokens), cached_tokens=run.cached, completion_tokens=len(answer),
-                          stored_chunks=stored, queue_s=run.started - job.arrived, load_s=run.load_s,
-                          prefill_s=run.prefill_s, ttft_s=run.ttft_s, decode_s=decode_s, store_s=store_s,
-                          token_ids=tuple(answer))
+        return Completion(
+            text=run.stops.text if run.decoding else "",
+            finish_reason=run.finish,
+            prompt_tokens=len(tokens),
+            cached_tokens=run.cached,
+            completion_tokens=len(answer),
+            stored_chunks=stored,
+            queue_s=run.started - job.arrived,
+            load_s=run.load_s,
+            prefill_s=run.prefill_s,
+            ttft_s=run.ttft_s,
+            decode_s=decode_s,
+            store_s=store_s,
+            token_ids=tuple(answer),
+        )
 
     def hold_background(self, held: bool) -> None:
         """Hold the store's background copies while a prompt is prefilled (kvgate.index.kv.chunks.promoter)."""
@@ -174,6 +202,7 @@ class ModelRunner:
     def _forward(self, ids: list[int], cache: Any) -> torch.Tensor:
         """Feed `ids` after what `cache` holds (extending it in place); logits of the last one."""
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([ids], dtype=torch.long), past_key_values=cache,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=torch.tensor([ids], dtype=torch.long), past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
         return out.logits[0, -1]

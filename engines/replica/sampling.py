@@ -1,4 +1,5 @@
 """Choosing the next token from the last position's logits: greedy, or temperature / top-p."""
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ so the time a cache saves is lost in the queue. Ordering by the work a request n
 first token, minus credit for the time it has waited, lets short prefills through while bounding
 how long a long one can be passed over.
 """
+
 from __future__ import annotations
 
 import threading
@@ -68,9 +69,12 @@ class JobQueue(Generic[T]):
 
     def _pop(self) -> T | None:
         now = time.monotonic()
-        best = min(range(len(self._items)), key=lambda i: (
-            self._items[i][3] is not None,  # the stop sentinel first
-            priority(self._items[i][0], now - self._items[i][1], self.aging),
-            self._items[i][2],  # ties: arrival order
-        ))
+        best = min(
+            range(len(self._items)),
+            key=lambda i: (
+                self._items[i][3] is not None,  # the stop sentinel first
+                priority(self._items[i][0], now - self._items[i][1], self.aging),
+                self._items[i][2],  # ties: arrival order
+            ),
+        )
         return self._items.pop(best)[3]

@@ -10,8 +10,8 @@ Endpoints
         from the chunk store. Streaming: the first chunk (role + first text) is sent at TTFT;
         with include_usage the usage follows in OpenAI's usage-only chunk (choices: []), without
         it the usage rides on the finish chunk (as the sim replica does). A client that goes away
-        cancels its generation within one decode step (streaming) or within DISCONNECT_POLL_S
-        (non-streaming).
+        cancels its generation within one decode step (streaming) or within
+        kvgate.engines.replica.chat.DISCONNECT_POLL_S (non-streaming).
         Non-stream responses carry x-kvgate-cached-tokens, x-kvgate-ttft-ms, x-kvgate-prefill-ms.
     GET /v1/models, GET /health (cheap: never waits for the model), GET /stats (engine + store
     counters), GET /metrics (Prometheus text, one registry per app: per-request counters and
@@ -28,6 +28,7 @@ chunks only its --kv-remote Redis still holds) through
 kvgate.index.kv.kv_events.ZmqEventPublisher; see kvgate.engines.replica.announce for what is announced, and why a
 chunk is removed only when no tier holds it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,68 +39,19 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from kvgate.engines.api import ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json
+from kvgate.engines.replica.chat import finish_unless_gone, parse_sampling, stream_chunks, submit
 from kvgate.engines.replica.metrics import ReplicaMetrics
 from kvgate.engines.replica.scheduling import MAX_RUNNING
-from kvgate.engines.replica.types import Completion, Event, SamplingParams, Submission
-from kvgate.engines.api import ChatCall, InvalidRequest, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
 
 if TYPE_CHECKING:  # the engine pulls in torch: imported where used, so `kvgate --help` stays quick
     from kvgate.engines.replica.engine import ReplicaEngine
-
-DISCONNECT_POLL_S = 0.25
-
-
-# -- request parsing ------------------------------------------------------------------------------
-
-def _number(body: dict[str, Any], name: str) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise InvalidRequest(f"{name} must be a number", param=name)
-    return float(v)
-
-
-def parse_sampling(body: dict[str, Any], call: ChatCall) -> SamplingParams:
-    """SamplingParams from a chat body already checked by kvgate.engines.api.parse_chat; raises InvalidRequest."""
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
-        raise InvalidRequest("stop must be a string or a list of strings", param="stop")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidRequest("seed must be an integer", param="seed")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise InvalidRequest("only n=1 is supported", param="n")
-    top_p = _number(body, "top_p")
-    params = SamplingParams(max_tokens=call.max_tokens, temperature=_number(body, "temperature"),
-                            top_p=1.0 if top_p is None else top_p, stop=tuple(stop or ()), seed=seed)
-    params.validate()
-    return params
-
-
-# -- engine ↔ event loop ---------------------------------------------------------------------------
-
-def _submit(engine: ReplicaEngine, tokens: list[int], params: SamplingParams) -> tuple[Submission, asyncio.Queue[Event]]:
-    """Queue a request; its events arrive on an asyncio queue of the running loop."""
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event] = asyncio.Queue()
-
-    def sink(ev: Event) -> None:
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, ev)
-        except RuntimeError:  # the loop is gone (server shutting down): nobody is listening
-            pass
-
-    return engine.submit(tokens, params, sink), events
 
 
 def _ms(seconds: float) -> str:
@@ -125,26 +77,48 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
         params = parse_sampling(body, call)
         tokens = await asyncio.to_thread(engine.prepare, call.messages, params)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
-        submission, events = _submit(engine, tokens, params)
+        submission, events = submit(engine, tokens, params)
         if call.stream:
-            return StreamingResponse(_stream(submission, events, metrics, call, rid, created), media_type="text/event-stream")
+            return StreamingResponse(
+                stream_chunks(submission, events, metrics, call, rid, created), media_type="text/event-stream"
+            )
         try:
-            result = await _finish_unless_gone(request, submission, events)
+            result = await finish_unless_gone(request, submission, events)
         except Exception as exc:
             metrics.requests.labels(outcome="failed").inc()
-            return JSONResponse({"error": {"message": f"generation failed: {exc}", "type": "internal_error",
-                                           "param": None, "code": None}}, status_code=500)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"generation failed: {exc}",
+                        "type": "internal_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status_code=500,
+            )
         finally:
             submission.cancel()  # no-op when done; stops the model if this handler is cancelled
         metrics.observe(result)
         payload = {
-            "id": rid, "object": "chat.completion", "created": created, "model": call.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "finish_reason": result.finish_reason}],
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": call.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": result.text},
+                    "finish_reason": result.finish_reason,
+                }
+            ],
             "usage": result.usage(),
         }
-        headers = {"x-kvgate-cached-tokens": str(result.cached_tokens), "x-kvgate-ttft-ms": _ms(result.ttft_s),
-                   "x-kvgate-prefill-ms": _ms(result.prefill_s)}
+        headers = {
+            "x-kvgate-cached-tokens": str(result.cached_tokens),
+            "x-kvgate-ttft-ms": _ms(result.ttft_s),
+            "x-kvgate-prefill-ms": _ms(result.prefill_s),
+        }
         return JSONResponse(payload, headers=headers)
 
     @app.get("/v1/models")
@@ -154,8 +128,13 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         s = engine.stats(store=False)
-        return {"status": "ok", "name": name, "queue_len": s["queue_len"], "running": s["running"],
-                "requests": s["requests"]}
+        return {
+            "status": "ok",
+            "name": name,
+            "queue_len": s["queue_len"],
+            "running": s["running"],
+            "requests": s["requests"],
+        }
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
@@ -168,95 +147,79 @@ def create_replica_app(engine: ReplicaEngine, name: str = "replica", model: str 
     return app
 
 
-async def _finish_unless_gone(request: Request, submission: Submission, events: asyncio.Queue[Event]) -> Completion:
-    """_finish, cancelling the generation if the client disconnects meanwhile (checked every
-    DISCONNECT_POLL_S); a cancelled request still ends with its Completion."""
-    done = asyncio.ensure_future(_finish(events))
-    try:
-        while not done.done():
-            await asyncio.wait({done}, timeout=DISCONNECT_POLL_S)
-            if not done.done() and await request.is_disconnected():
-                submission.cancel()
-        return done.result()
-    finally:
-        done.cancel()
-
-
-async def _finish(events: asyncio.Queue[Event]) -> Completion:
-    """Drain a request's events to its Completion (re-raising an engine error)."""
-    while True:
-        ev = await events.get()
-        if isinstance(ev, BaseException):
-            raise ev
-        if not isinstance(ev, str):  # the Completion
-            return ev
-
-
-async def _stream(submission: Submission, events: asyncio.Queue[Event], metrics: ReplicaMetrics, call: ChatCall,
-                  rid: str, created: int) -> AsyncIterator[bytes]:
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": call.model}
-    first = True
-    try:
-        while True:
-            ev = await events.get()
-            if isinstance(ev, BaseException):
-                metrics.requests.labels(outcome="failed").inc()
-                yield sse({"error": {"message": f"generation failed: {ev}", "type": "internal_error",
-                                      "param": None, "code": None}})
-                yield b"data: [DONE]\n\n"
-                return
-            if not isinstance(ev, str):  # the Completion
-                break
-            delta = {"role": "assistant", "content": ev} if first else {"content": ev}
-            first = False
-            yield sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-    finally:
-        submission.cancel()  # no-op when finished; a client that left stops the model here
-    metrics.observe(ev)
-    if first:  # nothing was generated (immediate EOS): still announce the role
-        yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-    final: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": ev.finish_reason}]}
-    if not call.include_usage:
-        final["usage"] = ev.usage()
-    yield sse(final)
-    if call.include_usage:
-        yield sse({**base, "choices": [], "usage": ev.usage()})
-    yield b"data: [DONE]\n\n"
-
-
 # -- command line ---------------------------------------------------------------------------------
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `kvgate replica`."""
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--name", default=None, help="replica name in x-kvgate-replica and /health (default replica-PORT)")
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the packaged SmolLM2-135M-Instruct) | a local HF model dir")
+    parser.add_argument(
+        "--name", default=None, help="replica name in x-kvgate-replica and /health (default replica-PORT)"
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="smollm2 (the packaged SmolLM2-135M-Instruct) | a local HF model dir"
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and KV dtype")
-    parser.add_argument("--kv-dir", type=Path, default=None,
-                        help="KV chunk store directory (may be shared by replicas of the same model); none = no store")
+    parser.add_argument(
+        "--kv-dir",
+        type=Path,
+        default=None,
+        help="KV chunk store directory (may be shared by replicas of the same model); none = no store",
+    )
     parser.add_argument("--kv-ram-mb", type=int, default=1024, help="RAM tier budget, MiB (0 = no RAM tier)")
-    parser.add_argument("--kv-tail-mb", type=int, default=256,
-                        help="RAM for each conversation's partial last chunk (not in the store), MiB (0 = off)")
+    parser.add_argument(
+        "--kv-tail-mb",
+        type=int,
+        default=256,
+        help="RAM for each conversation's partial last chunk (not in the store), MiB (0 = off)",
+    )
     parser.add_argument("--kv-disk-mb", type=int, default=8192, help="disk tier budget, MiB (0 = no disk tier)")
-    parser.add_argument("--kv-remote", default=None, metavar="URL",
-                        help="remote KV tier after RAM and disk: a Redis that replicas on other machines share "
-                             "(redis://HOST:PORT/DB, rediss://..., unix:///PATH); none = no remote tier")
-    parser.add_argument("--kv-remote-password-env", default=None, metavar="NAME",
-                        help="environment variable holding the remote tier's Redis password (never a flag value)")
+    parser.add_argument(
+        "--kv-remote",
+        default=None,
+        metavar="URL",
+        help="remote KV tier after RAM and disk: a Redis that replicas on other machines share "
+        "(redis://HOST:PORT/DB, rediss://..., unix:///PATH); none = no remote tier",
+    )
+    parser.add_argument(
+        "--kv-remote-password-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable holding the remote tier's Redis password (never a flag value)",
+    )
     parser.add_argument("--kv-remote-prefix", default="kvgate", help="key prefix in the remote tier's Redis")
-    parser.add_argument("--kv-remote-timeout", type=float, default=2.0,
-                        help="seconds one remote round trip may take before Redis counts as down (misses, backoff)")
-    parser.add_argument("--kv-remote-ttl", type=int, default=0,
-                        help="expiry of remote chunks in seconds, refreshed on every hit (0 = none: maxmemory's LRU)")
+    parser.add_argument(
+        "--kv-remote-timeout",
+        type=float,
+        default=2.0,
+        help="seconds one remote round trip may take before Redis counts as down (misses, backoff)",
+    )
+    parser.add_argument(
+        "--kv-remote-ttl",
+        type=int,
+        default=0,
+        help="expiry of remote chunks in seconds, refreshed on every hit (0 = none: maxmemory's LRU)",
+    )
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per stored KV chunk (= event block_size)")
-    parser.add_argument("--events-endpoint", default=None, metavar="tcp://127.0.0.1:PORT",
-                        help="publish KV events (vLLM format, ZMQ PUB bound here)")
-    parser.add_argument("--exact-prefill", action="store_true",
-                        help="prefill in chunk-sized slices: KV loaded from the store then gives bit-identical logits "
-                             "to a cold run (cold prefill ~25%% slower)")
-    parser.add_argument("--max-running", type=int, default=MAX_RUNNING,
-                        help="requests started at once, interleaved step by step (each holds its KV in RAM)")
+    parser.add_argument(
+        "--events-endpoint",
+        default=None,
+        metavar="tcp://127.0.0.1:PORT",
+        help="publish KV events (vLLM format, ZMQ PUB bound here)",
+    )
+    parser.add_argument(
+        "--exact-prefill",
+        action="store_true",
+        help="prefill in chunk-sized slices: KV loaded from the store then gives bit-identical logits "
+        "to a cold run (cold prefill ~25%% slower)",
+    )
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        default=MAX_RUNNING,
+        help="requests started at once, interleaved step by step (each holds its KV in RAM)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
@@ -293,8 +256,13 @@ def remote_tier(args: argparse.Namespace) -> Any:
     if args.kv_remote_ttl < 0:
         raise ValueError("--kv-remote-ttl must be >= 0")
     try:
-        return RedisTier(args.kv_remote, prefix=args.kv_remote_prefix, password=password,
-                         timeout_s=args.kv_remote_timeout, ttl_s=args.kv_remote_ttl or None)
+        return RedisTier(
+            args.kv_remote,
+            prefix=args.kv_remote_prefix,
+            password=password,
+            timeout_s=args.kv_remote_timeout,
+            ttl_s=args.kv_remote_ttl or None,
+        )
     except ValueError as exc:
         raise ValueError(f"--kv-remote {args.kv_remote!r} (or its options): {exc}") from None
 
@@ -304,9 +272,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from kvgate.index.kv.chunks.allocator import keep_freed_memory
     from kvgate.engines.replica.engine import ReplicaEngine
     from kvgate.engines.replica.model import load_model, model_namespace
+    from kvgate.index.kv.chunks.allocator import keep_freed_memory
 
     if args.chunk_tokens <= 0:
         print("kvgate replica: error: --chunk-tokens must be positive", file=sys.stderr)
@@ -334,8 +302,16 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--events-endpoint {args.events_endpoint}: {exc}") from None
             cb = publisher_callbacks(publisher, args.chunk_tokens, medium=MEDIUM_CPU)
             callbacks = {"on_stored": cb["on_stored"], "on_removed": cb["on_removed"]}
-        engine = ReplicaEngine(model, tokenizer, store, chunk_tokens=args.chunk_tokens, tail_bytes=args.kv_tail_mb << 20,
-                               exact_prefill=args.exact_prefill, max_running=args.max_running, **callbacks)
+        engine = ReplicaEngine(
+            model,
+            tokenizer,
+            store,
+            chunk_tokens=args.chunk_tokens,
+            tail_bytes=args.kv_tail_mb << 20,
+            exact_prefill=args.exact_prefill,
+            max_running=args.max_running,
+            **callbacks,
+        )
         engine.generate([{"role": "user", "content": "hi"}], max_tokens=1)  # warm-up: first forward is slow
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvgate replica: error: {exc}", file=sys.stderr)
@@ -344,14 +320,22 @@ def run(args: argparse.Namespace) -> int:
                 closable.close()
         return 2
     name = args.name or f"replica-{args.port}"
-    kv = (f"KV store {args.kv_dir} (RAM {args.kv_ram_mb} MiB, disk {args.kv_disk_mb} MiB"
-          + (f", remote Redis prefix {args.kv_remote_prefix!r}" if args.kv_remote else "")
-          + f", chunks of {args.chunk_tokens} tokens)" if store is not None else "no KV store")
+    kv = (
+        f"KV store {args.kv_dir} (RAM {args.kv_ram_mb} MiB, disk {args.kv_disk_mb} MiB"
+        + (f", remote Redis prefix {args.kv_remote_prefix!r}" if args.kv_remote else "")
+        + f", chunks of {args.chunk_tokens} tokens)"
+        if store is not None
+        else "no KV store"
+    )
     events = f", KV events on {publisher.endpoint}" if publisher is not None else ""
     print(f"kvgate replica {name} on http://{args.host}:{args.port}/v1: {engine.namespace}, {kv}{events}", flush=True)
     try:
-        uvicorn.run(create_replica_app(engine, name, args.model if args.model == "smollm2" else Path(args.model).name),
-                    host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(
+            create_replica_app(engine, name, args.model if args.model == "smollm2" else Path(args.model).name),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+        )
     finally:
         engine.close()
         if store is not None:

@@ -19,6 +19,7 @@ checksummed header. A lookup reads the one key the prompt's next KEY_TOKENS toke
 the common prefix of the stored token ids and the prompt, so a stale or colliding tail can only
 give fewer reused tokens, never KV for other tokens.
 """
+
 from __future__ import annotations
 
 import logging
@@ -168,6 +169,12 @@ class TailCache:
         spill tier (named "spill_tier", None without one), "spill_corrupt" spilled tails that
         failed verification (dropped)."""
         with self._lock:
-            return {"tails": len(self._tails), "bytes": self._bytes, "budget_bytes": self.budget_bytes, "hits": self.hits,
-                    "spill_hits": self.spill_hits, "spill_corrupt": self.spill_corrupt,
-                    "spill_tier": None if self.spill is None else self.spill.name}
+            return {
+                "tails": len(self._tails),
+                "bytes": self._bytes,
+                "budget_bytes": self.budget_bytes,
+                "hits": self.hits,
+                "spill_hits": self.spill_hits,
+                "spill_corrupt": self.spill_corrupt,
+                "spill_tier": None if self.spill is None else self.spill.name,
+            }

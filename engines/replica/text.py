@@ -1,5 +1,6 @@
 """Answer text as it is decoded: token ids → text pieces (Detokenizer), and what of that text
 may be released before a stop string could still match (StopMatcher)."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence

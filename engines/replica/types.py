@@ -3,6 +3,7 @@
 
 No torch and no model here: the HTTP face imports these names cheaply.
 """
+
 from __future__ import annotations
 
 import queue
@@ -69,7 +70,9 @@ class Completion:
         }
 
     def timings(self) -> dict[str, float]:
-        return {k: round(getattr(self, k), 6) for k in ("queue_s", "load_s", "prefill_s", "ttft_s", "decode_s", "store_s")}
+        return {
+            k: round(getattr(self, k), 6) for k in ("queue_s", "load_s", "prefill_s", "ttft_s", "decode_s", "store_s")
+        }
 
     @staticmethod
     def cancelled_before_start(prompt_tokens: int, queue_s: float) -> Completion:

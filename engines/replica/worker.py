@@ -20,6 +20,7 @@ Invariants
   or step raised gets the exception while the others keep being served; at close(), started
   runs end as cancelled (their computed chunks stored) and queued ones get an error.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,9 @@ class Runner(Protocol):
 class Worker:
     """Owns the queue of submitted jobs and the thread that runs them through `runner`."""
 
-    def __init__(self, runner: Runner, counters: Counters, max_running: int,
-                 name: str = "kvgate-replica-engine") -> None:
+    def __init__(
+        self, runner: Runner, counters: Counters, max_running: int, name: str = "kvgate-replica-engine"
+    ) -> None:
         self.runner = runner
         self.counters = counters
         self.max_running = max_running
@@ -159,9 +161,14 @@ class Worker:
         than max_running have started."""
         now = time.perf_counter()
         options: list[tuple[float, float, Run | Job]] = [
-            (priority(len(r.job.tokens) - r.pos, now - r.job.arrived - r.load_s - r.prefill_s, self._jobs.aging),
-             r.job.arrived, r)
-            for r in runs if not r.decoding]
+            (
+                priority(len(r.job.tokens) - r.pos, now - r.job.arrived - r.load_s - r.prefill_s, self._jobs.aging),
+                r.job.arrived,
+                r,
+            )
+            for r in runs
+            if not r.decoding
+        ]
         if len(runs) < self.max_running:
             options += [(priority(est, now - job.arrived, self._jobs.aging), job.arrived, job) for job, est in waiting]
         if not options:

@@ -26,15 +26,16 @@ and its end. A step with no prefill may be planned as `steps` > 1 identical deco
 the next mark of any running request (nothing else can change before then; the engine commits
 fewer if a new request arrives in between).
 """
+
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque
 
-from kvgate.index.kv.hashing import BlockHash
+from kvgate.engines.sim.base import SimRequest, matchable
 from kvgate.engines.sim.block_cache import BlockCache
-from kvgate.engines.sim.engine import SimRequest, matchable
+from kvgate.index.kv.hashing import BlockHash
 
 
 @dataclass(eq=False)
@@ -86,8 +87,16 @@ class StepPlan:
 class BatchScheduler:
     """Waiting FIFO + running set + BlockCache; `plan` then `commit`, one step at a time."""
 
-    def __init__(self, cache: BlockCache, block_size: int, *, step_tokens: int, overhead_s: float, token_s: float,
-                 max_running: int = 256) -> None:
+    def __init__(
+        self,
+        cache: BlockCache,
+        block_size: int,
+        *,
+        step_tokens: int,
+        overhead_s: float,
+        token_s: float,
+        max_running: int = 256,
+    ) -> None:
         if step_tokens < 1 or max_running < 1 or overhead_s < 0 or token_s < 0:
             raise ValueError("step_tokens and max_running must be >= 1, overhead_s and token_s >= 0")
         self.cache = cache
@@ -237,6 +246,8 @@ class BatchScheduler:
         """Uncached prompt tokens not yet computed: waiting requests (minus what the cache would
         give them now) and the rest of running prefills."""
         bs = self.block_size
-        waiting = sum(s.req.prompt_tokens - bs * self.cache.match(matchable(s.req.hashes, s.req.prompt_tokens, bs))
-                      for s in self.waiting)
+        waiting = sum(
+            s.req.prompt_tokens - bs * self.cache.match(matchable(s.req.hashes, s.req.prompt_tokens, bs))
+            for s in self.waiting
+        )
         return waiting + sum(s.req.prompt_tokens - s.computed for s in self.running if s.prefilling)

@@ -21,6 +21,7 @@ step that schedules them; on_removed(hashes) for evictions, reported before the 
 stores; reset() reports on_cleared() (else on_removed(every held block)). Every block announced
 stored is held until announced removed or cleared. A callback that raises is logged only.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,12 +31,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from kvgate.index.kv.tokenizer import ChatTokenizer
+from kvgate.engines.sim.base import (
+    DEFAULT_MAX_TOKENS,
+    ClearedCallback,
+    Clock,
+    EngineBase,
+    PrefillInfo,
+    RemovedCallback,
+    SimRequest,
+    Sleep,
+    Step,
+    StoredCallback,
+    matchable,
+)
 from kvgate.engines.sim.batch_scheduler import BatchScheduler, Seq, StepPlan
 from kvgate.engines.sim.block_cache import BlockCache
-from kvgate.engines.sim.engine import (DEFAULT_MAX_TOKENS, matchable, EngineBase, ClearedCallback, Clock, PrefillInfo, RemovedCallback, SimRequest, Sleep,
-                                Step, StoredCallback)
 from kvgate.engines.sim.prefix_cache import consecutive_runs
+from kvgate.index.kv.tokenizer import ChatTokenizer
 
 __all__ = ["DEFAULT_STEP_TOKENS", "BatchedEngine"]
 
@@ -80,13 +92,30 @@ class BatchedEngine(EngineBase):
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self._setup(capacity_tokens, block_size, prefill_tps, decode_tps, tokenizer, default_max_tokens,
-                    on_stored, on_removed, on_cleared, clock, sleep)
+        self._setup(
+            capacity_tokens,
+            block_size,
+            prefill_tps,
+            decode_tps,
+            tokenizer,
+            default_max_tokens,
+            on_stored,
+            on_removed,
+            on_cleared,
+            clock,
+            sleep,
+        )
         token_s = 1.0 / self.prefill_tps
         self.overhead_s = max(0.0, 1.0 / self.decode_tps - token_s) if overhead_s is None else float(overhead_s)
         self._cache = BlockCache(capacity_tokens // block_size)
-        self._sched = BatchScheduler(self._cache, block_size, step_tokens=step_tokens, overhead_s=self.overhead_s,
-                                     token_s=token_s, max_running=max_running)
+        self._sched = BatchScheduler(
+            self._cache,
+            block_size,
+            step_tokens=step_tokens,
+            overhead_s=self.overhead_s,
+            token_s=token_s,
+            max_running=max_running,
+        )
         self._counters = _Counters()
         self._events: dict[int, asyncio.Event] = {}
         self._wake: asyncio.Event | None = None
@@ -138,17 +167,28 @@ class BatchedEngine(EngineBase):
         c, s = self._counters, self._sched
         prefilling = sum(1 for r in s.running if r.prefilling)
         return {
-            "requests": c.requests, "completed": c.completed,
-            "prompt_tokens": c.prompt_tokens, "cached_tokens": c.cached_tokens,
+            "requests": c.requests,
+            "completed": c.completed,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
             "hit_rate": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
-            "stored_blocks": c.stored_blocks, "evicted_blocks": c.evicted_blocks,
-            "blocks_held": len(self._cache), "capacity_blocks": self._cache.capacity_blocks,
-            "pinned_blocks": self._cache.pinned_blocks, "block_size": self.block_size,
-            "queue_len": len(s.waiting), "prefilling": prefilling, "running": len(s.running),
+            "stored_blocks": c.stored_blocks,
+            "evicted_blocks": c.evicted_blocks,
+            "blocks_held": len(self._cache),
+            "capacity_blocks": self._cache.capacity_blocks,
+            "pinned_blocks": self._cache.pinned_blocks,
+            "block_size": self.block_size,
+            "queue_len": len(s.waiting),
+            "prefilling": prefilling,
+            "running": len(s.running),
             "in_flight": len(s.waiting) + len(s.running),
             "queued_prefill_tokens": s.queued_prefill_tokens(),
-            "prefill_busy_s": round(c.prefill_busy_s, 6), "busy_s": round(c.busy_s, 6), "steps": c.steps,
-            "step_tokens": s.step_tokens, "overcommits": s.overcommits, "sim_model": "batched",
+            "prefill_busy_s": round(c.prefill_busy_s, 6),
+            "busy_s": round(c.busy_s, 6),
+            "steps": c.steps,
+            "step_tokens": s.step_tokens,
+            "overcommits": s.overcommits,
+            "sim_model": "batched",
         }
 
     def reset(self) -> None:
@@ -170,8 +210,13 @@ class BatchedEngine(EngineBase):
     def _info(self, seq: Seq) -> PrefillInfo:
         admitted = seq.admitted_at if seq.admitted_at is not None else seq.arrived
         first = seq.first_at if seq.first_at is not None else self._clock()
-        return PrefillInfo(prompt_tokens=seq.req.prompt_tokens, cached_tokens=seq.cached, queue_s=admitted - seq.arrived,
-                           prefill_s=first - admitted, ttft_s=first - seq.arrived)
+        return PrefillInfo(
+            prompt_tokens=seq.req.prompt_tokens,
+            cached_tokens=seq.cached,
+            queue_s=admitted - seq.arrived,
+            prefill_s=first - admitted,
+            ttft_s=first - seq.arrived,
+        )
 
     def _ensure_loop(self) -> asyncio.Event:
         loop = asyncio.get_running_loop()
@@ -229,8 +274,9 @@ class BatchedEngine(EngineBase):
                 continue
             for first, last in consecutive_runs(new):
                 parent = req.hashes[first - 1] if first > 0 else None
-                self._emit(self.on_stored, req.hashes[first : last + 1], req.tokens[first * bs : (last + 1) * bs], parent)
-
+                self._emit(
+                    self.on_stored, req.hashes[first : last + 1], req.tokens[first * bs : (last + 1) * bs], parent
+                )
 
 
 def _log_crash(task: "asyncio.Task[None]") -> None:

@@ -20,6 +20,7 @@ Invariants: every held block's parent is held or is None; a block's `children` c
 children; `pinned_blocks` counts blocks with refs > 0; len(self) <= capacity_blocks except
 while pinned blocks alone exceed it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -101,7 +102,9 @@ class BlockCache:
                 if b.children == 0:
                     heapq.heappush(self._leaves, (b.stamp, h))
 
-    def store(self, hashes: Sequence[BlockHash], start: int, end: int, *, force: bool = False) -> tuple[list[int], list[BlockHash]]:
+    def store(
+        self, hashes: Sequence[BlockHash], start: int, end: int, *, force: bool = False
+    ) -> tuple[list[int], list[BlockHash]]:
         """Blocks hashes[start:end] were computed by one request, which pins them (blocks
         hashes[:start] must be pinned by it already). Already-held blocks are pinned and touched.
 

@@ -8,6 +8,7 @@
   capacity are evicted. Blocks in use by running requests may be evicted (a real engine pins
   them; the difference only matters when a single batch nearly fills the cache).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -30,6 +30,7 @@ and publishes BlockStored / BlockRemoved / AllBlocksCleared in vLLM's format
 (kvgate.index.kv.kv_events.ZmqEventPublisher), one batch per engine callback, so a router can run its
 prefix index in precise mode against sim replicas exactly as against vLLM.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,19 +44,44 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kvgate.engines.api import ChatCall, ReplicaHeader, install_error_handler, parse_chat, publisher_callbacks, read_json, sse
+from kvgate.engines.api import (
+    ChatCall,
+    ReplicaHeader,
+    install_error_handler,
+    parse_chat,
+    publisher_callbacks,
+    read_json,
+    sse,
+)
+from kvgate.engines.sim.base import PrefillInfo, SimRequest
 from kvgate.engines.sim.batched import DEFAULT_STEP_TOKENS, BatchedEngine
-from kvgate.engines.sim.engine import DEFAULT_OVERHEAD_S, PrefillInfo, SimEngine, SimRequest
+from kvgate.engines.sim.engine import DEFAULT_OVERHEAD_S, SimEngine
 
 MAX_MODEL_LEN = 1 << 20  # reported by /tokenize; the simulation has no context limit
 STREAM_PIECES = 16  # decode is streamed in at most this many chunks after the first token
-FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
-          "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et")
+FILLER = (
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+)
 
 
 def answer_words(name: str, n: int) -> list[str]:
     """The deterministic answer of replica `name`: n words, "[name]" then filler."""
-    return ([f"[{name}]"] + [FILLER[i % len(FILLER)] for i in range(max(0, n - 1))])[:max(1, n)]
+    return ([f"[{name}]"] + [FILLER[i % len(FILLER)] for i in range(max(0, n - 1))])[: max(1, n)]
 
 
 def usage_json(info: PrefillInfo, completion_tokens: int) -> dict[str, Any]:
@@ -93,12 +119,21 @@ def create_sim_app(engine: Engine, name: str = "sim", model: str = "sim") -> Fas
             return StreamingResponse(_stream(engine, req, words, call, rid, created), media_type="text/event-stream")
         info = await engine.complete(req)
         payload = {
-            "id": rid, "object": "chat.completion", "created": created, "model": call.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words)}, "finish_reason": "stop"}],
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": call.model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": " ".join(words)}, "finish_reason": "stop"}
+            ],
             "usage": usage_json(info, req.completion_tokens),
         }
-        headers = {"x-sim-cached-tokens": str(info.cached_tokens), "x-sim-queue-ms": _ms(info.queue_s),
-                   "x-sim-prefill-ms": _ms(info.prefill_s), "x-sim-ttft-ms": _ms(info.ttft_s)}
+        headers = {
+            "x-sim-cached-tokens": str(info.cached_tokens),
+            "x-sim-queue-ms": _ms(info.queue_s),
+            "x-sim-prefill-ms": _ms(info.prefill_s),
+            "x-sim-ttft-ms": _ms(info.ttft_s),
+        }
         return JSONResponse(payload, headers=headers)
 
     @app.post("/v1/chat/completions/render")
@@ -139,7 +174,9 @@ def create_sim_app(engine: Engine, name: str = "sim", model: str = "sim") -> Fas
     return app
 
 
-async def _stream(engine: Engine, req: SimRequest, words: Sequence[str], call: ChatCall, rid: str, created: int) -> AsyncIterator[bytes]:
+async def _stream(
+    engine: Engine, req: SimRequest, words: Sequence[str], call: ChatCall, rid: str, created: int
+) -> AsyncIterator[bytes]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": call.model}
     info: PrefillInfo | None = None
     async with aclosing(engine.generate(req, pieces=STREAM_PIECES)) as steps:
@@ -161,6 +198,7 @@ async def _stream(engine: Engine, req: SimRequest, words: Sequence[str], call: C
 
 # -- command line ---------------------------------------------------------------------------------
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `kvgate sim-replica`. Token counts and rates are in the tokenizer's tokens
     (characters for the default "text" tokenizer)."""
@@ -169,19 +207,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="replica name in answers and x-sim-replica (default sim-PORT)")
     parser.add_argument("--model", default="sim", help="model id listed by /v1/models (any name is accepted)")
     parser.add_argument("--capacity-tokens", type=int, required=True, help="prefix cache size in tokens")
-    parser.add_argument("--prefill-tps", type=float, required=True, help="prefill rate, tokens/s (one queue per replica)")
+    parser.add_argument(
+        "--prefill-tps", type=float, required=True, help="prefill rate, tokens/s (one queue per replica)"
+    )
     parser.add_argument("--decode-tps", type=float, required=True, help="decode rate per request, tokens/s")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per cached block (default 16)")
-    parser.add_argument("--sim-model", choices=["fifo", "batched"], default="fifo",
-                        help="fifo: serial prefill queue + free decode; batched: continuous batching, chunked prefill")
-    parser.add_argument("--overhead-ms", type=float, default=None,
-                        help=f"fifo: fixed prefill cost per request (default {DEFAULT_OVERHEAD_S * 1000:g}); "
-                             "batched: fixed cost per step (default 1000/decode_tps - 1000/prefill_tps)")
-    parser.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS,
-                        help="batched: token budget per step (decodes first, then prefill chunks)")
-    parser.add_argument("--tokenizer", default="text", help="text (one token per character, default) | smollm2 | a local HF tokenizer dir")
-    parser.add_argument("--events-endpoint", default=None, metavar="tcp://127.0.0.1:PORT",
-                        help="publish KV cache events (vLLM format, ZMQ PUB bound here)")
+    parser.add_argument(
+        "--sim-model",
+        choices=["fifo", "batched"],
+        default="fifo",
+        help="fifo: serial prefill queue + free decode; batched: continuous batching, chunked prefill",
+    )
+    parser.add_argument(
+        "--overhead-ms",
+        type=float,
+        default=None,
+        help=f"fifo: fixed prefill cost per request (default {DEFAULT_OVERHEAD_S * 1000:g}); "
+        "batched: fixed cost per step (default 1000/decode_tps - 1000/prefill_tps)",
+    )
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=DEFAULT_STEP_TOKENS,
+        help="batched: token budget per step (decodes first, then prefill chunks)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="text",
+        help="text (one token per character, default) | smollm2 | a local HF tokenizer dir",
+    )
+    parser.add_argument(
+        "--events-endpoint",
+        default=None,
+        metavar="tcp://127.0.0.1:PORT",
+        help="publish KV cache events (vLLM format, ZMQ PUB bound here)",
+    )
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -191,10 +251,25 @@ def build_engine(args: argparse.Namespace, publisher: Any = None) -> Engine:
     callbacks = publisher_callbacks(publisher, args.block_size) if publisher is not None else {}
     overhead = None if args.overhead_ms is None else args.overhead_ms / 1000
     if getattr(args, "sim_model", "fifo") == "batched":
-        return BatchedEngine(args.capacity_tokens, args.block_size, prefill_tps=args.prefill_tps, decode_tps=args.decode_tps,
-                             tokenizer=args.tokenizer, overhead_s=overhead, step_tokens=args.step_tokens, **callbacks)
-    return SimEngine(args.capacity_tokens, args.block_size, prefill_tps=args.prefill_tps, decode_tps=args.decode_tps,
-                     tokenizer=args.tokenizer, overhead_s=DEFAULT_OVERHEAD_S if overhead is None else overhead, **callbacks)
+        return BatchedEngine(
+            args.capacity_tokens,
+            args.block_size,
+            prefill_tps=args.prefill_tps,
+            decode_tps=args.decode_tps,
+            tokenizer=args.tokenizer,
+            overhead_s=overhead,
+            step_tokens=args.step_tokens,
+            **callbacks,
+        )
+    return SimEngine(
+        args.capacity_tokens,
+        args.block_size,
+        prefill_tps=args.prefill_tps,
+        decode_tps=args.decode_tps,
+        tokenizer=args.tokenizer,
+        overhead_s=DEFAULT_OVERHEAD_S if overhead is None else overhead,
+        **callbacks,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,9 +295,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     name = args.name or f"sim-{args.port}"
     events = f", KV events on {publisher.endpoint}" if publisher is not None else ""
-    print(f"kvgate sim-replica {name} on http://{args.host}:{args.port}/v1: cache {engine.capacity_tokens} tokens "
-          f"({args.capacity_tokens // args.block_size} blocks of {args.block_size}), prefill {args.prefill_tps:g} tok/s, "
-          f"decode {args.decode_tps:g} tok/s, model {args.sim_model}, tokenizer {engine.tokenizer.name}{events}", flush=True)
+    print(
+        f"kvgate sim-replica {name} on http://{args.host}:{args.port}/v1: cache {engine.capacity_tokens} tokens "
+        f"({args.capacity_tokens // args.block_size} blocks of {args.block_size}), prefill {args.prefill_tps:g} tok/s, "
+        f"decode {args.decode_tps:g} tok/s, model {args.sim_model}, tokenizer {engine.tokenizer.name}{events}",
+        flush=True,
+    )
     try:
         uvicorn.run(create_sim_app(engine, name, args.model), host=args.host, port=args.port, log_level=args.log_level)
     finally:
@@ -232,7 +310,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvgate sim-replica", description="a simulated engine replica (prefix cache + timing model)")
+    parser = argparse.ArgumentParser(
+        prog="kvgate sim-replica", description="a simulated engine replica (prefix cache + timing model)"
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -6,6 +6,7 @@ subscriber catch up after a gap), `cached_tokens` in every response's usage. The
 127.0.0.1 only (HTTP and events). vLLM lives in `.venv-vllm` (`make install`), apart from kvgate's
 own environment, because its pins (transformers, openai, ...) differ from ours.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,12 +48,24 @@ def connector_config(extra: dict[str, object]) -> dict[str, object]:
     """vLLM's `--kv-transfer-config` for kvgate's KV connector with `extra` as its
     kv_connector_extra_config (engines/vllm/kv_connector/settings.py). A chunk that cannot be loaded
     is recomputed ("recompute"), never an error for the request."""
-    return {"kv_connector": "KvgateConnector", "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+    return {
+        "kv_connector": "KvgateConnector",
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
 
 
-def tier_settings(disk: str | None = None, remote: str | None = None, *, codec: str = "int8",
-                  memory_mb: int = 256, disk_mb: int = 4096, encryption_key_env: str | None = None) -> dict[str, object]:
+def tier_settings(
+    disk: str | None = None,
+    remote: str | None = None,
+    *,
+    codec: str = "int8",
+    memory_mb: int = 256,
+    disk_mb: int = 4096,
+    encryption_key_env: str | None = None,
+) -> dict[str, object]:
     """The connector's settings for a shared disk directory and/or a Redis URL; with
     `encryption_key_env` (the NAME of the engine's variable holding the master key) their chunks
     are encrypted (docs/encryption.md)."""
@@ -67,12 +80,17 @@ def tier_settings(disk: str | None = None, remote: str | None = None, *, codec: 
     return settings
 
 
-def events_config(port: int, replay_port: int | None = None, host: str = "127.0.0.1",
-                  endpoint: str | None = None) -> dict[str, object]:
+def events_config(
+    port: int, replay_port: int | None = None, host: str = "127.0.0.1", endpoint: str | None = None
+) -> dict[str, object]:
     """vLLM's `--kv-events-config`: ZMQ PUB on `port` (or on `endpoint`, e.g. an ipc:// path vLLM
     binds), optionally the replay ROUTER on `replay_port`."""
-    cfg: dict[str, object] = {"enable_kv_cache_events": True, "publisher": "zmq",
-                              "endpoint": endpoint or f"tcp://{host}:{port}", "topic": "kv"}
+    cfg: dict[str, object] = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint or f"tcp://{host}:{port}",
+        "topic": "kv",
+    }
     if replay_port is not None:
         cfg["replay_endpoint"] = f"tcp://{host}:{replay_port}"
     return cfg
@@ -128,12 +146,26 @@ class VllmServer:
         return None if self.replay_port is None else f"tcp://127.0.0.1:{self.replay_port}"
 
     def argv(self) -> list[str]:
-        args = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-                "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--max-model-len", str(self.max_model_len), "--disable-uvicorn-access-log",
-                "--kv-events-config",
-                json.dumps(events_config(self.events_port, self.replay_port, endpoint=self.events_endpoint))]
+        args = [
+            str(vllm_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--disable-uvicorn-access-log",
+            "--kv-events-config",
+            json.dumps(events_config(self.events_port, self.replay_port, endpoint=self.events_endpoint)),
+        ]
         if self.enforce_eager:
             args.append("--enforce-eager")
         if self.kv_connector is not None:
@@ -141,9 +173,15 @@ class VllmServer:
         return args + list(self.extra_args)
 
     def env(self) -> dict[str, str]:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1",
-               "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": env_level()}
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_LOGGING_LEVEL": env_level(),
+        }
         if self.core is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.core)
         env.pop("PYTHONHASHSEED", None)  # the engine's default: sha256 from its fixed seed
@@ -155,8 +193,9 @@ class VllmServer:
             raise RuntimeError(f"vLLM's environment is missing ({vllm_python()}); run `make install`")
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # its own process group, so stop() ends the engine core process it forks too
-        self.proc = subprocess.Popen(self.argv(), env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv(), env=self.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return self
 
     def ready(self) -> bool:
@@ -170,8 +209,10 @@ class VllmServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM on port {self.port} exited with {self.proc.returncode}"
-                                   + (f"; see {self.log_path}" if self.log_path else ""))
+                raise RuntimeError(
+                    f"vLLM on port {self.port} exited with {self.proc.returncode}"
+                    + (f"; see {self.log_path}" if self.log_path else "")
+                )
             if self.ready():
                 return self
             time.sleep(0.5)
@@ -204,15 +245,31 @@ def env_level() -> str:
     return os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def start_pair(model: str, *, served_name: str = "smollm2", ports: tuple[int, int] = (0, 0),
-               events_ports: tuple[int, int] = (0, 0), log_dir: Path | None = None,
-               timeout: float = 240.0, **options: object) -> list[VllmServer]:
+def start_pair(
+    model: str,
+    *,
+    served_name: str = "smollm2",
+    ports: tuple[int, int] = (0, 0),
+    events_ports: tuple[int, int] = (0, 0),
+    log_dir: Path | None = None,
+    timeout: float = 240.0,
+    **options: object,
+) -> list[VllmServer]:
     """Two servers, one per core, started together (start-up overlaps) and waited for."""
     servers = []
     for i in range(2):
         log = None if log_dir is None else Path(log_dir) / f"vllm-{i}.log"
-        servers.append(VllmServer(model, served_name, ports[i], events_ports[i], core=i % max(1, os.cpu_count() or 1),
-                                  log_path=log, **options).start())  # type: ignore[arg-type]
+        servers.append(
+            VllmServer(
+                model,
+                served_name,
+                ports[i],
+                events_ports[i],
+                core=i % max(1, os.cpu_count() or 1),
+                log_path=log,
+                **options,
+            ).start()
+        )  # type: ignore[arg-type]
     try:
         for s in servers:
             s.wait_ready(timeout)
@@ -236,23 +293,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay-port", type=int, default=None)
     parser.add_argument("--core", type=int, default=None)
     parser.add_argument("--kv-cache-gib", type=int, default=1)
-    parser.add_argument("--kv-tier-dir", default=None,
-                        help="load kvgate's KV connector with this disk tier (servers naming one directory share it)")
-    parser.add_argument("--kv-tier-redis", default=None, metavar="redis://HOST:PORT/DB",
-                        help="with the connector: a Redis tier as well (shared by every engine naming it)")
-    parser.add_argument("--kv-codec", default="int8", choices=["raw", "int8", "int4"],
-                        help="how the connector stores KV chunks (default int8)")
-    parser.add_argument("--kv-encryption-key-env", default=None, metavar="VARIABLE",
-                        help="with the connector: encrypt its chunks under the master key this environment "
-                             "variable holds (docs/encryption.md)")
+    parser.add_argument(
+        "--kv-tier-dir",
+        default=None,
+        help="load kvgate's KV connector with this disk tier (servers naming one directory share it)",
+    )
+    parser.add_argument(
+        "--kv-tier-redis",
+        default=None,
+        metavar="redis://HOST:PORT/DB",
+        help="with the connector: a Redis tier as well (shared by every engine naming it)",
+    )
+    parser.add_argument(
+        "--kv-codec",
+        default="int8",
+        choices=["raw", "int8", "int4"],
+        help="how the connector stores KV chunks (default int8)",
+    )
+    parser.add_argument(
+        "--kv-encryption-key-env",
+        default=None,
+        metavar="VARIABLE",
+        help="with the connector: encrypt its chunks under the master key this environment variable holds (docs/encryption.md)",
+    )
     args, extra = parser.parse_known_args(argv)
     model = args.model or str(default_model_dir())
     tiers = None
     if args.kv_tier_dir or args.kv_tier_redis:
-        tiers = tier_settings(args.kv_tier_dir, args.kv_tier_redis, codec=args.kv_codec,
-                              encryption_key_env=args.kv_encryption_key_env)
-    server = VllmServer(model, args.served_model_name, args.port, args.events_port, args.replay_port,
-                        core=args.core, kv_cache_gib=args.kv_cache_gib, extra_args=extra, kv_connector=tiers)
+        tiers = tier_settings(
+            args.kv_tier_dir, args.kv_tier_redis, codec=args.kv_codec, encryption_key_env=args.kv_encryption_key_env
+        )
+    server = VllmServer(
+        model,
+        args.served_model_name,
+        args.port,
+        args.events_port,
+        args.replay_port,
+        core=args.core,
+        kv_cache_gib=args.kv_cache_gib,
+        extra_args=extra,
+        kv_connector=tiers,
+    )
     print("kvgate: starting vLLM:", " ".join(server.argv()), flush=True)
     os.execve(str(vllm_python()), server.argv(), server.env())
 

@@ -1,8 +1,9 @@
-"""Chat templates found and rendered as transformers finds and renders them, on jinja2 alone.
+"""Chat rendering shared by the chat tokenizers: the messages a template sees and how a rendered
+prompt is cut into segments; and, for the tokenizer without transformers (tokenizer_light.py),
+chat templates found and rendered as transformers does, on jinja2 alone.
 
-Without transformers (not in the core install), precise routing must still render a prompt to the
-very text the engine renders: vLLM calls transformers' `apply_chat_template`. What that does on
-load and on render, repeated here:
+vLLM renders prompts with transformers' `apply_chat_template`, so a router without transformers
+(the core install) repeats what that does on load and on render:
 
 - The template: `chat_template.jinja` and `additional_chat_templates/*.jinja` (by name) beside the
   tokenizer take priority over the config's `chat_template` (a string, or a list of {name,
@@ -15,9 +16,9 @@ load and on render, repeated here:
 - The variables: the messages (a key whose value is None dropped), add_generation_prompt, tools
   and documents None, and the named special tokens (bos_token, eos_token, ...).
 """
+
 from __future__ import annotations
 
-import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,36 @@ from typing import Any, Sequence
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
 PROCESSOR_FILE = "chat_template.json"
+
+
+def content_text(content: Any) -> str:
+    """A message's content as the text the chat renderings use (text parts joined by newlines)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+def chat_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a model's chat template sees them: role and content text only."""
+    return [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in messages]
+
+
+def boundary_token(special_tokens: Sequence[str]) -> str | None:
+    """The special token segments start with: the longest one naming a start (`<|im_start|>`),
+    else the longest one; None without any."""
+    specials = sorted((t for t in special_tokens if t), key=len, reverse=True)
+    return next((t for t in specials if "start" in t), specials[0] if specials else None)
+
+
+def split_segments(text: str, boundary: str | None) -> list[str]:
+    """`text` cut before each `boundary`, which starts the next segment; no empty segment."""
+    if not boundary:
+        return [text]
+    # str.split, not a lookahead regex: the same segments, far faster on long prompts
+    head, *rest = text.split(boundary)
+    return ([head] if head else []) + [boundary + part for part in rest]
 
 
 def find_chat_template(directory: Path, config: dict[str, Any]) -> tuple[str | None, str]:
@@ -52,8 +83,8 @@ def find_chat_template(directory: Path, config: dict[str, Any]) -> tuple[str | N
     return None, f"{directory} has no chat template"
 
 
-@functools.lru_cache(maxsize=16)
 def compile_template(source: str) -> Any:
+    """The template, compiled in an environment like transformers' (render it with render_chat)."""
     import jinja2
     import jinja2.ext
     import jinja2.nodes
@@ -76,8 +107,9 @@ def compile_template(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(format: str) -> str:
@@ -107,16 +139,24 @@ def compile_template(source: str) -> Any:
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"a chat template cannot set {name!r} on a namespace")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(),
-                       namespace=TemplateNamespace)
+    env.globals.update(
+        raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(), namespace=TemplateNamespace
+    )
     return env.from_string(source)
 
 
-def render_chat(source: str, messages: Sequence[dict[str, Any]], special_tokens: dict[str, str],
-                add_generation_prompt: bool = True) -> str:
+def render_chat(
+    template: Any,
+    messages: Sequence[dict[str, Any]],
+    special_tokens: dict[str, str],
+    add_generation_prompt: bool = True,
+) -> str:
+    """A compiled template (compile_template) rendered with the variables transformers passes."""
     chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
-    return compile_template(source).render(**special_tokens, messages=chat, tools=None, documents=None,
-                                           add_generation_prompt=add_generation_prompt)
+    return template.render(
+        **special_tokens, messages=chat, tools=None, documents=None, add_generation_prompt=add_generation_prompt
+    )

@@ -12,6 +12,7 @@ neighbour's connector) only share when they hash alike. vLLM hashes block i as
 a first block can be checked from one event (the others need the parent's full 32 bytes, and
 events carry 64 bits), which is enough: a different seed or algorithm changes every first block.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -12,6 +12,7 @@ leading hashes a replica holds" is "the longest cached token prefix", and matchi
 the front that stops at the first miss. Same input gives the same hashes in every process and on
 every machine (no Python `hash()`, no pickling).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -42,6 +42,7 @@ a single shard (capacities below 2 × LRU_SHARD_BLOCKS, e.g. every test of the e
 shard may then evict a chain's block while another keeps a later one: `match` stops at the first
 miss, so such an orphan costs space, never a wrong match.
 """
+
 from __future__ import annotations
 
 import threading

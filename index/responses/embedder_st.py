@@ -1,4 +1,5 @@
 """Embedder on sentence-transformers (torch): the reference implementation."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,10 +24,6 @@ class SentenceTransformerEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = self._model.encode(
-            list(texts),
-            batch_size=64,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
+            list(texts), batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
         return np.ascontiguousarray(out, dtype=np.float32)

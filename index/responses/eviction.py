@@ -15,6 +15,7 @@ Invariants:
 A store that evicts on its own (Redis `maxmemory`) can run with both budgets None: entries it drops
 read as misses and leave the local view when met.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -80,4 +81,5 @@ class LruEviction:
 
     def _over(self) -> bool:
         return (self.max_entries is not None and len(self._order) > self.max_entries) or (
-            self.max_bytes is not None and self.bytes > self.max_bytes)
+            self.max_bytes is not None and self.bytes > self.max_bytes
+        )

@@ -10,6 +10,7 @@ store's. When `read_log` raises LogGap (trimmed past the cursor, store restarted
 follower takes a fresh position *before* the caller rescans the store, so nothing written during
 the rescan is missed, and answers `Changes(rebuild=True)`.
 """
+
 from __future__ import annotations
 
 import threading

@@ -14,6 +14,7 @@ Each id is read before it counts, so a listed id that vanished meanwhile is not 
 tenant-restricted call never deletes another tenant's entry. Storage failures raise the store's
 `failures` (the caller answers with an error: an operator must know an erasure did not finish).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

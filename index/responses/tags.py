@@ -13,6 +13,7 @@ tenant names out of key names.
 
 Pure functions; the alphabet keeps a tag usable inside a store's key (no separator, no space).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@ The ONNX embedder and the verifier tokenize with their model dir's tokenizer: wi
 where it is installed (what the models were exported and tuned with), else the same files on
 `tokenizers` (text_inputs_light.py, in the core install), which gives the same ids and masks.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

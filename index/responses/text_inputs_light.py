@@ -1,6 +1,7 @@
 """TextInputs on `tokenizers` alone (no transformers): what transformers' tokenizer call with
 `padding=True, truncation=True, max_length=N` does, set once on the Rust tokenizer: truncation
 longest-first at N (its truncation side), padding to the longest row (its pad token, pad side)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,10 +22,15 @@ class LightTextInputs:
         pad_id = tok.token_to_id(pad) if pad is not None else None
         if pad_id is None:
             raise ValueError(f"{directory}: its tokenizer has no pad token, and batches are padded")
-        tok.enable_truncation(max_length=max_length, stride=0, strategy="longest_first",
-                              direction=files.config.get("truncation_side", "right"))
-        tok.enable_padding(direction=files.config.get("padding_side", "right"), pad_id=pad_id,
-                           pad_type_id=0, pad_token=pad)
+        tok.enable_truncation(
+            max_length=max_length,
+            stride=0,
+            strategy="longest_first",
+            direction=files.config.get("truncation_side", "right"),
+        )
+        tok.enable_padding(
+            direction=files.config.get("padding_side", "right"), pad_id=pad_id, pad_type_id=0, pad_token=pad
+        )
         self._tok = tok
         self.max_length = max_length
 

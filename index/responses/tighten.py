@@ -14,6 +14,7 @@ Invariants:
 - a floor never exceeds 1.0 (a floored entry can still be served by the exact tier);
 - an entry farther from every mark's centre than that mark's similarity gets no floor from it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -67,8 +68,12 @@ def threshold_for(route_threshold: float, entry_floor: float | None) -> float:
 def encode_marks(marks: list[Mark]) -> bytes:
     """JSON (no pickle): vectors as base64 float32."""
     rows = [
-        {"c": base64.b64encode(np.ascontiguousarray(m.center, dtype=np.float32).tobytes()).decode(),
-         "s": m.similarity, "t": m.created, **({"n": m.tenant} if m.tenant is not None else {})}
+        {
+            "c": base64.b64encode(np.ascontiguousarray(m.center, dtype=np.float32).tobytes()).decode(),
+            "s": m.similarity,
+            "t": m.created,
+            **({"n": m.tenant} if m.tenant is not None else {}),
+        }
         for m in marks
     ]
     return json.dumps(rows, separators=(",", ":")).encode()

@@ -21,6 +21,7 @@ fits on its calibration pairs (P(duplicate | s)). `prior_rule` turns it into a R
 information is capped at PRIOR_WEIGHT observations, and `fit_rule` shrinks towards it instead of
 towards a flat curve.
 """
+
 from __future__ import annotations
 
 import math
@@ -197,8 +198,9 @@ def charges(rule: Rule, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p, (p * (1 - p))[:, None] * rows if len(rows) else np.zeros((0, DIM))
 
 
-def budget_cutoff(estimates: np.ndarray, gradients: np.ndarray, cov: np.ndarray, budget: float,
-                  z: float = Z_95) -> float:
+def budget_cutoff(
+    estimates: np.ndarray, gradients: np.ndarray, cov: np.ndarray, budget: float, z: float = Z_95
+) -> float:
     """The largest π such that the candidates with estimate ≤ π, served together, keep the bound
     of `aggregate_upper` on their wrong answers within `budget`; 0 when not even the safest fits.
 

@@ -6,6 +6,7 @@ above it, an HNSW graph keeps search well under a millisecond at 1M vectors, whe
 whose cost grows with every vector, would dwarf the rest of a lookup. HNSW cannot remove, so removals there are tombstones, filtered out of
 results and compacted away once they pass a quarter of the graph.
 """
+
 from __future__ import annotations
 
 import faiss

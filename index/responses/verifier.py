@@ -5,6 +5,7 @@ The vector search finds the cached question nearest to the new one; nearness is 
 it is that the cached answer answers the new question. The pipeline serves a semantic hit only
 when this score reaches the route's verifier threshold.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

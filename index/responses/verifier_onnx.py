@@ -4,6 +4,7 @@ Why a cross-encoder: both questions go through the transformer together, so atte
 "week" with "month" or "2016" with "2017", which two independent embeddings average away. One
 forward pass over ≤ 5 short pairs costs a few ms on 2 cores, inside the lookup budget.
 """
+
 from __future__ import annotations
 
 import json

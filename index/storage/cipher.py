@@ -28,6 +28,7 @@ must open entries of scopes it has never searched; a chunk carries nothing of it
 Random 96-bit nonces stay within NIST SP 800-38D's bound (2^32 values per key) far past any cache
 this holds: every salt and every scope has a key of its own.
 """
+
 from __future__ import annotations
 
 import base64
@@ -57,16 +58,20 @@ def parse_master_key(text: str) -> bytes:
     """The master key from its environment variable's text: hex or base64 of at least 32 random
     bytes (`openssl rand -hex 32`). Raises ValueError, naming neither the text nor any of it."""
     text = text.strip()
-    for decode in (bytes.fromhex, lambda t: base64.b64decode(t, validate=True),
-                   lambda t: base64.b64decode(t, altchars=b"-_", validate=True)):
+    for decode in (
+        bytes.fromhex,
+        lambda t: base64.b64decode(t, validate=True),
+        lambda t: base64.b64decode(t, altchars=b"-_", validate=True),
+    ):
         try:
             key = decode(text)
         except (ValueError, binascii.Error):
             continue
         if len(key) >= MASTER_MIN_BYTES:
             return key
-    raise ValueError(f"must hold at least {MASTER_MIN_BYTES} random bytes as hex or base64 "
-                     "(e.g. the output of `openssl rand -hex 32`)")
+    raise ValueError(
+        f"must hold at least {MASTER_MIN_BYTES} random bytes as hex or base64 (e.g. the output of `openssl rand -hex 32`)"
+    )
 
 
 def derive_key(master: bytes, info: bytes, salt: bytes | None = None) -> bytes:
@@ -159,15 +164,15 @@ class EntryCipher(_Counted):
         second look at a value already counted)."""
         view = memoryview(sealed)
         head = len(ENTRY_MAGIC) + _SCOPE_LEN.size
-        if len(view) < head or view[:len(ENTRY_MAGIC)] != ENTRY_MAGIC:
+        if len(view) < head or view[: len(ENTRY_MAGIC)] != ENTRY_MAGIC:
             raise self._failed(layer, f"{where}: not a sealed entry value")
         (n,) = _SCOPE_LEN.unpack_from(view, len(ENTRY_MAGIC))
         if len(view) < head + n + NONCE + TAG:
             raise self._failed(layer, f"{where}: sealed value too short")
         try:
-            scope = bytes(view[head:head + n]).decode()
-            nonce = view[head + n:head + n + NONCE]
-            return self._keys.get(scope).decrypt(nonce, view[head + n + NONCE:], where.encode())
+            scope = bytes(view[head : head + n]).decode()
+            nonce = view[head + n : head + n + NONCE]
+            return self._keys.get(scope).decrypt(nonce, view[head + n + NONCE :], where.encode())
         except (self._keys.invalid_tag, UnicodeDecodeError):
             raise self._failed(layer, f"{where}: authentication failed") from None
 
@@ -198,8 +203,8 @@ class ChunkCipher(_Counted):
         n = len(plain)
         out = bytearray(n + self.TRAILER)
         nonce = os.urandom(NONCE)
-        self._keys.get(salt).encrypt_into(nonce, plain, key.encode(), memoryview(out)[:n + TAG])
-        out[n + TAG:] = nonce + CHUNK_MAGIC
+        self._keys.get(salt).encrypt_into(nonce, plain, key.encode(), memoryview(out)[: n + TAG])
+        out[n + TAG :] = nonce + CHUNK_MAGIC
         return out
 
     def open(self, sealed: bytes | bytearray, key: str, salt: str | None) -> bytes | bytearray:
@@ -207,18 +212,19 @@ class ChunkCipher(_Counted):
         bytearray is decrypted in place and returned shortened (the caller hands over a fresh
         buffer and keeps no other use of it); bytes are decrypted into a new bytearray."""
         n = len(sealed) - self.TRAILER
-        if n < 0 or sealed[-len(CHUNK_MAGIC):] != CHUNK_MAGIC:
+        if n < 0 or sealed[-len(CHUNK_MAGIC) :] != CHUNK_MAGIC:
             raise self._failed(self.layer, f"chunk {key!r}: not a sealed chunk")
-        nonce = bytes(sealed[n + TAG:n + TAG + NONCE])
+        nonce = bytes(sealed[n + TAG : n + TAG + NONCE])
         in_place = isinstance(sealed, bytearray)
         out = sealed if in_place else bytearray(n)
         view, target = memoryview(sealed), memoryview(out)
         try:
             # in place: the output starts exactly where the input does, which AES-GCM allows
-            self._keys.get(salt).decrypt_into(nonce, view[:n + TAG], key.encode(), target[:n])
+            self._keys.get(salt).decrypt_into(nonce, view[: n + TAG], key.encode(), target[:n])
         except self._keys.invalid_tag:
-            raise self._failed(self.layer, f"chunk {key!r}: authentication failed (tampered, another key or "
-                                           "another salt)") from None
+            raise self._failed(
+                self.layer, f"chunk {key!r}: authentication failed (tampered, another key or another salt)"
+            ) from None
         finally:
             view.release()
             target.release()

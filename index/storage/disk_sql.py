@@ -13,6 +13,7 @@ the write-ahead log still holds pages as they were before: `scrub` truncates it 
 checkpoint, which copies the log into the database first), so a raw read of the directory then
 finds only live rows. Large values are files of their own, which diskcache removes with the row.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -28,8 +29,9 @@ SECURE_DELETE = {"sqlite_secure_delete": 1}  # open_cache(..., **SECURE_DELETE):
 def keys_between(cache: diskcache.Cache, low: str, high: str) -> list[str]:
     """The live string keys k with low <= k < high, in order."""
     rows = cache._sql(  # noqa: SLF001  (the indexed query diskcache has no public call for)
-        "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? AND (expire_time IS NULL OR expire_time > ?)"
-        " ORDER BY key", (low, high, time.time())).fetchall()
+        "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? AND (expire_time IS NULL OR expire_time > ?) ORDER BY key",
+        (low, high, time.time()),
+    ).fetchall()
     return [key for (key,) in rows if isinstance(key, str)]
 
 

@@ -6,6 +6,7 @@ Nothing here sets a variable: the environment belongs to the process's owner, so
 point (middleware/cli.py, an engine's `python -m` block) applies `offline_defaults`, before it
 imports a library that reads them.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ A database that fails SQLite's quick_check is moved aside (`<dir>.damaged-<time>
 inspection) and an empty store takes its place: a damaged file costs the cache, never the
 service. Locked or full databases (OperationalError) are not damage and are raised as they are.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,7 +37,9 @@ def open_cache(directory: Path, log: logging.Logger, **kwargs: Any) -> diskcache
     except sqlite3.DatabaseError as exc:
         if isinstance(exc, sqlite3.OperationalError):  # locked, disk full…: not damage, not ours to fix
             raise
-        aside = directory.with_name(f"{directory.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}")
+        aside = directory.with_name(
+            f"{directory.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}"
+        )
         directory.rename(aside)
         directory.mkdir(parents=True)
         log.error("cache database %s is damaged (%s): moved to %s, starting empty", db, exc, aside)

@@ -8,6 +8,7 @@ is let through to try again, and the backoff doubles (up to `backoff_max_s`) whi
 failing. The first success closes the link and resets the backoff. Failures are counted per
 operation (`errors`, exported as kvgate_store_errors_total{op}); `up` is kvgate_store_up.
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,7 +29,7 @@ class StoreDown(redis.exceptions.ConnectionError):
 
 @dataclass(frozen=True)
 class LinkSettings:
-    """How to reach Redis (kvgate.middleware.config.StoreConfig holds the user's values)."""
+    """How to reach Redis (kvgate.middleware.store_config.StoreConfig holds the user's values)."""
 
     url: str
     password: str | None = None
@@ -57,9 +58,13 @@ class RedisLink:
         self._clock = clock
         self.where = redacted(settings.url)
         pool = redis.BlockingConnectionPool.from_url(
-            settings.url, password=settings.password, max_connections=settings.pool_size,
-            timeout=settings.op_timeout_s, socket_connect_timeout=settings.connect_timeout_s,
-            socket_timeout=settings.op_timeout_s)
+            settings.url,
+            password=settings.password,
+            max_connections=settings.pool_size,
+            timeout=settings.op_timeout_s,
+            socket_connect_timeout=settings.connect_timeout_s,
+            socket_timeout=settings.op_timeout_s,
+        )
         self.client = redis.Redis(connection_pool=pool)
         self._lock = threading.Lock()
         self._retry_at = 0.0  # clock time before which calls are refused (0: closed)

@@ -9,6 +9,7 @@ was sealed (wrong magic, short, extended, any changed byte).
     offset 4   digest  SHA-256 of the payload   32 bytes
     offset 36  payload
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -5,6 +5,7 @@ A full disk or a damaged database makes every write fail the same way; one warni
 (and a note when it ends) tells the operator without flooding the log at request rate. The
 counts are the figure to alert on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,13 @@ class SoftFailures:
             first = op not in self._streaks
             self._streaks[op] = self._streaks.get(op, 0) + 1
         if first:
-            self._log.warning("%s: %s failed (%s: %s); the request goes on without it, further failures "
-                              "are counted, not logged, until one succeeds", self._what, op, type(exc).__name__, exc)
+            self._log.warning(
+                "%s: %s failed (%s: %s); the request goes on without it, further failures are counted, not logged, until one succeeds",
+                self._what,
+                op,
+                type(exc).__name__,
+                exc,
+            )
 
     def succeeded(self, op: str) -> None:
         if op not in self._streaks:  # the common case: no lock
@@ -72,8 +78,12 @@ class Batch:
 
 
 @contextlib.contextmanager
-def soft_transaction(begin: Callable[[], AbstractContextManager[Any]], soft: SoftFailures, op: str,
-                     failures: tuple[type[BaseException], ...]) -> Iterator[Batch]:
+def soft_transaction(
+    begin: Callable[[], AbstractContextManager[Any]],
+    soft: SoftFailures,
+    op: str,
+    failures: tuple[type[BaseException], ...],
+) -> Iterator[Batch]:
     """The body inside one transaction of a store (`begin()`), where a failure to begin or to
     commit is counted as `op` and never raised: without a transaction each write commits on its
     own; a failed commit loses the body's writes (`Batch.lost`), as a failed write would have

@@ -17,9 +17,9 @@ engines tokenize with it); where it is not, this loads the same files and repeat
 - The truncation and padding stored in the file are cleared: transformers resets both on every
   call that does not ask for them, and a caller that does sets its own.
 """
+
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +31,9 @@ CONFIG_FILE = "tokenizer_config.json"
 LEGACY_SPECIAL_FILE = "special_tokens_map.json"
 
 
-@functools.cache
 def have_transformers() -> bool:
-    """Whether transformers imports. Imported here, once, on the first caller's thread: its lazy
-    imports are not safe when two threads reach them first at once."""
+    """Whether transformers imports (imported here, on the caller's thread: its lazy imports are
+    not safe when two threads reach them first at once; a later call finds it in sys.modules)."""
     try:
         from transformers import AutoTokenizer  # noqa: F401
     except ImportError:
@@ -80,7 +79,9 @@ def load_tokenizer_files(directory: str | Path) -> TokenizerFiles:
 
     directory = Path(directory)
     if not (directory / TOKENIZER_FILE).is_file():
-        raise FileNotFoundError(f"{directory} has no {TOKENIZER_FILE} (without transformers, a tokenizer dir needs one)")
+        raise FileNotFoundError(
+            f"{directory} has no {TOKENIZER_FILE} (without transformers, a tokenizer dir needs one)"
+        )
     tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
     tokenizer.no_truncation()
     tokenizer.no_padding()
@@ -89,8 +90,9 @@ def load_tokenizer_files(directory: str | Path) -> TokenizerFiles:
     if "added_tokens_decoder" not in config:
         raw.update(_read_json(directory / LEGACY_SPECIAL_FILE))
     named: dict[str, Any] = {k: raw[k] for k in NAMED_SPECIAL if _content(raw.get(k)) is not None}
-    named.update((k, v) for k, v in raw.items()
-                 if k.endswith("_token") and k not in NAMED_SPECIAL and _content(v) is not None)
+    named.update(
+        (k, v) for k, v in raw.items() if k.endswith("_token") and k not in NAMED_SPECIAL and _content(v) is not None
+    )
     extras = raw.get("extra_special_tokens") or raw.get("additional_special_tokens") or []
     if isinstance(extras, dict):  # named model-specific tokens (e.g. an image token)
         named.update((k, v) for k, v in extras.items() if _content(v) is not None)
@@ -104,5 +106,6 @@ def load_tokenizer_files(directory: str | Path) -> TokenizerFiles:
             missing.append(_added(token))
     if missing:
         tokenizer.add_tokens(missing)
-    return TokenizerFiles(tokenizer, config, {k: str(_content(v)) for k, v in named.items()},
-                          tuple(str(_content(t)) for t in extras))
+    return TokenizerFiles(
+        tokenizer, config, {k: str(_content(v)) for k, v in named.items()}, tuple(str(_content(t)) for t in extras)
+    )

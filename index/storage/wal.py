@@ -10,6 +10,7 @@ PASSIVE never waits for readers or writers; frames a reader still needs are left
 round. Processes without one (or after it stops) keep SQLite's own checkpoints, so the log stays
 bounded either way.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,9 @@ class WalCheckpointer:
                     failing = False
                 except sqlite3.Error as exc:  # the directory went away, a full disk…: SQLite's own checkpoints remain
                     if not failing:  # the store's own writes report the fault (a full disk) as a warning
-                        self._log.info("WAL checkpoint of %s failed (%s); SQLite's own checkpoints go on, will retry",
-                                       self.db, exc)
+                        self._log.info(
+                            "WAL checkpoint of %s failed (%s); SQLite's own checkpoints go on, will retry", self.db, exc
+                        )
                     failing = True
                     if conn is not None:
                         conn.close()

@@ -9,6 +9,7 @@ new `store.key_prefix`), or deletes the old one. A cache made before marks exist
 whichever embedder opens it first. Redis out of reach skips the check (the store serves misses
 until it answers; the next start checks).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,7 +31,8 @@ def refusal(where: str, stored: str, configured: str) -> ConfigError:
     return ConfigError(
         f"embedder.model_path: the cache at {where} holds vectors of embedder {stored!r}, but the configured "
         f"embedder is {configured!r}; vectors of two embedders do not mix. Use a fresh cache_dir "
-        f"(or store.key_prefix with store: redis), or delete the old cache, to start with this embedder")
+        f"(or store.key_prefix with store: redis), or delete the old cache, to start with this embedder"
+    )
 
 
 def claim(config: Config, link: RedisLink | None, identity: str) -> None:

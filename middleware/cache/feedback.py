@@ -9,14 +9,15 @@
 
 Only the tenant that made the request can judge it; to anyone else the id does not exist.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.middleware.cache.request_log import RequestLog
 from kvgate.middleware.errors import RequestNotFound
 from kvgate.middleware.telemetry.metrics import Metrics
-from kvgate.middleware.cache.request_log import RequestLog
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,9 @@ def give_feedback(
     Idempotent: a second `false` on the same id finds the entry gone and changes nothing more."""
     record = log.get(request_id)
     if record is None or record.tenant != tenant:
-        raise RequestNotFound(f"no request {request_id!r} to give feedback on (unknown, expired, or not yours)",
-                              param="request_id")
+        raise RequestNotFound(
+            f"no request {request_id!r} to give feedback on (unknown, expired, or not yours)", param="request_id"
+        )
     metrics.feedback.labels(record.route, record.tier, "correct" if correct else "wrong").inc()
     outcome = FeedbackOutcome(request_id, correct, record.tier, record.route)
     if correct or record.entry_id is None:

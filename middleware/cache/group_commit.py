@@ -9,6 +9,7 @@ answer is still stored before the client is told the response is complete.
 A step returns a `Settle`: what to count once the batch's fate is known (`lost`: its commit
 failed, so the writes the step made are gone).
 """
+
 from __future__ import annotations
 
 import asyncio

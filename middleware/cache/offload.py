@@ -11,9 +11,10 @@ router's records) within the same bound. Everything else hops, as before.
 
 Pure functions; each limit says what it bounds where it is defined.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 # The cold cost of hashing a prompt (kvgate.index.kv.prompt.PromptHasher, nothing cached) grows with its
 # characters, and an HF tokenizer + chat template (smollm2) costs an order of magnitude more per

@@ -3,6 +3,7 @@
 File: `<cache_dir>/tuned/<route>.json`. Written atomically (temp file + rename), so a reader sees
 the old point or the new one, never half of one.
 """
+
 from __future__ import annotations
 
 import json

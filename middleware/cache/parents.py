@@ -9,6 +9,7 @@ choice. Assistant turns are not compared: in a replayed conversation they are wh
 the backend said, and the user turns carry the conversation's topic. Cost: the query's and the
 candidates' parent turns are embedded in one batch per lookup.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
@@ -32,8 +33,12 @@ def parents_match(query: np.ndarray, entry: np.ndarray, threshold: float) -> boo
     return bool(query.shape[0] == 0 or (np.einsum("ij,ij->i", query, entry) >= threshold - 1e-6).all())
 
 
-def same_parents(embed: Callable[[list[str]], np.ndarray], parents: Sequence[str],
-                 found: list[tuple[CacheEntry, T]], threshold: float) -> list[tuple[CacheEntry, T]]:
+def same_parents(
+    embed: Callable[[list[str]], np.ndarray],
+    parents: Sequence[str],
+    found: list[tuple[CacheEntry, T]],
+    threshold: float,
+) -> list[tuple[CacheEntry, T]]:
     """The candidates of `found` (order kept) whose recorded parents match `parents`."""
     same_length = [(e, s) for e, s in found if e.parents is not None and len(e.parents) == len(parents)]
     if not parents or not same_length:
@@ -41,5 +46,8 @@ def same_parents(embed: Callable[[list[str]], np.ndarray], parents: Sequence[str
     texts = sorted({*parents, *(p for e, _ in same_length for p in e.parents or [])})
     vectors = dict(zip(texts, embed(texts)))
     mine = np.stack([vectors[p] for p in parents])
-    return [(e, s) for e, s in same_length
-            if parents_match(mine, np.stack([vectors[p] for p in e.parents or []]), threshold)]
+    return [
+        (e, s)
+        for e, s in same_length
+        if parents_match(mine, np.stack([vectors[p] for p in e.parents or []]), threshold)
+    ]

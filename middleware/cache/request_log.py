@@ -10,6 +10,7 @@ bounded twice: each record expires after `ttl` seconds, and the whole log is cul
 (least recently stored first) past `max_bytes`. Values are JSON; no prompts or keys are kept,
 only ids, the tenant hash, the scope hash and the similarity.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,9 +19,9 @@ import logging
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,15 +29,13 @@ import diskcache
 
 from kvgate.index.storage.disk_sql import SECURE_DELETE, scrub
 from kvgate.index.storage.recover import open_cache
-from kvgate.index.storage.wal import WalCheckpointer
 from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
-
+from kvgate.index.storage.wal import WalCheckpointer
 from kvgate.middleware.outcome import REQUEST_ID_PREFIX, new_request_id  # noqa: F401  (re-exported)
 
 log = logging.getLogger("kvgate.request_log")
 
 STORAGE_FAILURES = (sqlite3.Error, OSError, diskcache.Timeout)
-
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,7 @@ class RequestLog(Protocol):
     raises: a record that cannot be written is skipped, a lookup that fails is None (counted in
     `stats()["storage_errors"]`)."""
 
-    def record(self, request_id: str, record: RequestRecord) -> None:
-        ...
+    def record(self, request_id: str, record: RequestRecord) -> None: ...
 
     def get(self, request_id: str) -> RequestRecord | None:
         """The record of a request id, or None when unknown, expired, evicted or unreadable."""
@@ -76,8 +74,7 @@ class RequestLog(Protocol):
         (one commit costs more than the writes in it); a failed commit is counted, never raised."""
         ...
 
-    def stats(self) -> dict[str, int]:
-        ...
+    def stats(self) -> dict[str, int]: ...
 
     def erase_tenant(self, tenant: str) -> int:
         """Delete every record of `tenant` (one pass over the log, which is bounded) and leave
@@ -85,8 +82,7 @@ class RequestLog(Protocol):
         failures: an erasure that did not finish must say so."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class DiskRequestLog:
@@ -97,8 +93,9 @@ class DiskRequestLog:
         self._directory = Path(directory)
         Path(directory).mkdir(parents=True, exist_ok=True)
         # a damaged database is moved aside; a full disk makes records no-ops (logged once), never errors
-        self._disk = open_cache(Path(directory), log, size_limit=int(max_bytes), eviction_policy="least-recently-stored",
-                                **SECURE_DELETE)
+        self._disk = open_cache(
+            Path(directory), log, size_limit=int(max_bytes), eviction_policy="least-recently-stored", **SECURE_DELETE
+        )
         self._wal = WalCheckpointer(Path(directory) / diskcache.core.DBNAME, log)  # checkpoints off the request path
         self._soft = SoftFailures(log, f"request log {directory}")
         # Writers of this process take turns here: threads that met in SQLite's write lock would

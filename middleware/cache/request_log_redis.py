@@ -5,6 +5,7 @@ One key per request id, `<prefix>r:<request id>`, expiring after `ttl` (Redis's 
 size bound is Redis's `maxmemory`). Values are the record's JSON, sealed (kvgate.index.storage.sealed): a damaged
 record reads as unknown. Storage trouble is counted and never raised (kvgate.index.storage.softfail).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ log = logging.getLogger("kvgate.request_log")
 
 
 def _batches(keys: list[Any], size: int = 1000) -> list[list[Any]]:
-    return [keys[i:i + size] for i in range(0, len(keys), size)]
+    return [keys[i : i + size] for i in range(0, len(keys), size)]
 
 
 def _tenant_of(raw: bytes) -> str | None:

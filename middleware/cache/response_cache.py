@@ -11,6 +11,7 @@ Invariant: an answer is written only when the request allows it (no no-store) an
 (`cacheable`); a hit never leaves its scope (route, model, output-affecting parameters, history,
 tenant: kvgate.middleware.request).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,8 @@ from kvgate.middleware.config import Config, RouteConfig
 from kvgate.middleware.outcome import CacheInfo, Hit, Lookup, Result
 from kvgate.middleware.request import CacheControl, RequestView, build_text_view, build_view
 from kvgate.middleware.tags import entry_tags
-from kvgate.middleware.text_answers import json_body, replay_events, served_text, stream_objects
 from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.text_answers import json_body, replay_events, served_text, stream_objects
 
 UNPRICED_MODELS = 1024  # bound on the models remembered as unpriced (request models can be anything)
 
@@ -52,8 +53,15 @@ class Looked:
 class ResponseCache:
     """Owns the response index, the request log and the semantic tier; shared across requests."""
 
-    def __init__(self, config: Config, index: SemanticIndex, requests: RequestLog, semantic: SemanticLookup,
-                 metrics: Metrics, inline_chars: dict[str, int | None]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        index: SemanticIndex,
+        requests: RequestLog,
+        semantic: SemanticLookup,
+        metrics: Metrics,
+        inline_chars: dict[str, int | None],
+    ) -> None:
         self.config = config
         self.index = index
         self.requests = requests
@@ -68,8 +76,14 @@ class ResponseCache:
         self.requests.close()
 
     # ------------------------------------------------------------------ lookup
-    def view(self, route: RouteConfig, kwargs: dict[str, Any], tenant: str = "anonymous",
-             control: CacheControl | None = None, endpoint: str = "chat") -> RequestView:
+    def view(
+        self,
+        route: RouteConfig,
+        kwargs: dict[str, Any],
+        tenant: str = "anonymous",
+        control: CacheControl | None = None,
+        endpoint: str = "chat",
+    ) -> RequestView:
         """The request view of a chat request, or of one completions prompt (`endpoint`
         completions), on the route the pipeline matched for it."""
         build = build_text_view if endpoint == "completions" else build_view
@@ -94,8 +108,13 @@ class ResponseCache:
         return Hit(entry, "exact") if entry else None
 
     def served(self, view: RequestView, hit: Hit, started: float) -> Result:
-        info = CacheInfo(hit.tier, view.route.name, hit.similarity, hit.entry.id,
-                         entry_age_s=max(0.0, time.time() - hit.entry.created))
+        info = CacheInfo(
+            hit.tier,
+            view.route.name,
+            hit.similarity,
+            hit.entry.id,
+            entry_age_s=max(0.0, time.time() - hit.entry.created),
+        )
         self.remember(view, info)
         stored = hit.entry.response
         route = view.route.name
@@ -124,16 +143,22 @@ class ResponseCache:
             return Result(info, response=response, raw=json_body(stored))
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
         self.metrics.ttft.labels(view.route.name, info.cache).observe(time.perf_counter() - started)
-        return Result(info, stream=Replay(_tagged(stream_objects(stored, include_usage), info)),
-                      raw=_events(replay_events(stored, include_usage)))
+        return Result(
+            info,
+            stream=Replay(_tagged(stream_objects(stored, include_usage), info)),
+            raw=_events(replay_events(stored, include_usage)),
+        )
 
     # ------------------------------------------------------------------ record
     def stores(self, view: RequestView) -> bool:
         """Whether this request's answer will be written anywhere."""
-        return not view.control.no_store and (view.route.exact or (view.route.semantic.enabled and view.query_text is not None))
+        return not view.control.no_store and (
+            view.route.exact or (view.route.semantic.enabled and view.query_text is not None)
+        )
 
-    def store(self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None,
-              model: str) -> tuple[bool, CacheEntry | None]:
+    def store(
+        self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None, model: str
+    ) -> tuple[bool, CacheEntry | None]:
         """Write an answer (exact + semantic); skipped on no-store or an unfinished answer.
         (written?, the entry or None when the write failed); `record`'s settle counts the
         outcome once the write has committed. `model`: what the miss was sent as (its price)."""
@@ -152,10 +177,17 @@ class ResponseCache:
         if semantic and vector is None:
             vector = self.semantic.embed(view.query_text)  # type: ignore[arg-type]
         entry = self.index.add(
-            view.scope, response, exact_key=view.exact_key if view.route.exact else None,
-            text=view.query_text or "", vector=vector if semantic else None, ttl=view.control.ttl or view.route.ttl,
-            route=route, model=view.model, parents=list(view.parents) if view.parents is not None else None,
-            tenant=view.tenant, tags=entry_tags(view),
+            view.scope,
+            response,
+            exact_key=view.exact_key if view.route.exact else None,
+            text=view.query_text or "",
+            vector=vector if semantic else None,
+            ttl=view.control.ttl or view.route.ttl,
+            route=route,
+            model=view.model,
+            parents=list(view.parents) if view.parents is not None else None,
+            tenant=view.tenant,
+            tags=entry_tags(view),
         )
         # None: the cache could not write (disk full, damaged store); the answer is served anyway
         return True, entry
@@ -163,8 +195,14 @@ class ResponseCache:
     # ------------------------------------------------------------------ a miss
     def miss(self, looked: Looked, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
         """The miss's CacheInfo, once a replica answers."""
-        return CacheInfo("miss", looked.view.route.name, replica=replica, exploration=looked.lookup.explore,
-                         expected_cached_tokens=expected_cached_tokens, skipped=looked.view.skip)
+        return CacheInfo(
+            "miss",
+            looked.view.route.name,
+            replica=replica,
+            exploration=looked.lookup.explore,
+            expected_cached_tokens=expected_cached_tokens,
+            skipped=looked.view.skip,
+        )
 
     def first_token(self, looked: Looked) -> None:
         """The miss's first bytes go to the client now."""
@@ -176,8 +214,14 @@ class ResponseCache:
         new-characters bound."""
         return looked.inline and len(answer or "") <= (self.inline_chars[looked.view.route.name] or 0)
 
-    def record(self, looked: Looked, info: CacheInfo, answer: str | None, payload: Callable[[], dict[str, Any] | None],
-               model: str) -> Settle:
+    def record(
+        self,
+        looked: Looked,
+        info: CacheInfo,
+        answer: str | None,
+        payload: Callable[[], dict[str, Any] | None],
+        model: str,
+    ) -> Settle:
         """After a complete answer, in a worker thread or a group commit: the cache write (of
         `payload()`, asked only when the request stores; `model`: what the miss was sent as, its
         price), the request-log record, the metrics; what it returns counts the write once its
@@ -197,6 +241,7 @@ class ResponseCache:
         def settle(lost: bool) -> None:  # `lost`: the write's transaction failed to commit
             if written:
                 self.metrics.stores.labels(route, "stored" if entry is not None and not lost else "failed").inc()
+
         return settle
 
     async def step(self, inline: bool, fn: Callable[..., Settle], *args: Any) -> None:
@@ -226,9 +271,16 @@ class ResponseCache:
         mark_ttl = route.ttl if route is not None else None
         outcome = give_feedback(self.index, self.requests, self.metrics, request_id, correct, tenant, mark_ttl)
         trust = self.semantic.trust
-        verified = route is not None and trust is not None and self.semantic.settings[route.name].max_error_rate is not None
-        if verified and record is not None and record.tier == "semantic" and record.entry_id is not None \
-                and record.similarity is not None:  # a verdict on a served hit: an observation like an exploration's
+        verified = (
+            route is not None and trust is not None and self.semantic.settings[route.name].max_error_rate is not None
+        )
+        if (
+            verified
+            and record is not None
+            and record.tier == "semantic"
+            and record.entry_id is not None
+            and record.similarity is not None
+        ):  # a verdict on a served hit: an observation like an exploration's
             trust.observe(route.name, record.entry_id, record.similarity, correct, mark_ttl)  # type: ignore[union-attr]
         return outcome
 

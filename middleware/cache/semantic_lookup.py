@@ -4,9 +4,11 @@ candidate or not (cosine floors and the verifier, or the trust gate on max_error
 Invariant: a candidate is served only from the request's own scope (the index searches one scope)
 and, on max_error_rate routes, only when the trust gate says its wrong-hit bound holds.
 """
+
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from kvgate.index.responses.embedder import Embedder
@@ -32,8 +34,15 @@ def count_lookup(metrics: Metrics, view: RequestView, tier: str, started: float,
 class SemanticLookup:
     """The semantic tier's read side; one per pipeline, shared across requests."""
 
-    def __init__(self, index: SemanticIndex, embedder: Embedder | None, settings: dict[str, SemanticSettings],
-                 verifier: Verifier | None, trust: TrustGate | None, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        index: SemanticIndex,
+        embedder: Embedder | None,
+        settings: dict[str, SemanticSettings],
+        verifier: Verifier | None,
+        trust: TrustGate | None,
+        metrics: Metrics,
+    ) -> None:
         self.index = index
         self.embedder = embedder
         self.settings = settings
@@ -58,8 +67,12 @@ class SemanticLookup:
         if view.parents is None:
             found = self.index.search(view.scope, vector, k=settings.candidates)
         else:  # context: semantic: the same follow-up text may close many conversations; keep those whose history matches
-            found = same_parents(self.embed_many, view.parents, self.index.search(view.scope, vector, k=PARENT_SEARCH_K),
-                                 settings.threshold or PARENT_THRESHOLD)[:settings.candidates]
+            found = same_parents(
+                self.embed_many,
+                view.parents,
+                self.index.search(view.scope, vector, k=PARENT_SEARCH_K),
+                settings.threshold or PARENT_THRESHOLD,
+            )[: settings.candidates]
         if settings.max_error_rate is not None:
             return self._judged(view, settings.max_error_rate, found, vector, started)
         sims = [similarity for _, similarity in found]
@@ -69,8 +82,9 @@ class SemanticLookup:
         count_lookup(self.metrics, view, "semantic", started, hit is not None)
         return Lookup(hit, vector)
 
-    def _judged(self, view: RequestView, delta: float, found: list[tuple[CacheEntry, float]],
-                vector: np.ndarray, started: float) -> Lookup:
+    def _judged(
+        self, view: RequestView, delta: float, found: list[tuple[CacheEntry, float]], vector: np.ndarray, started: float
+    ) -> Lookup:
         """A max_error_rate route: the trust gate serves the nearest candidate or explores it."""
         assert self.trust is not None
         entry, similarity = found[0] if found else (None, 0.0)
@@ -84,8 +98,14 @@ class SemanticLookup:
         count_lookup(self.metrics, view, "semantic", started, hit is not None)
         return Lookup(hit, vector, judged.explore)
 
-    def _verify(self, view: RequestView, found: list[tuple[CacheEntry, float]], sims: list[float],
-                floors: list[float], settings: SemanticSettings) -> dict[int, float]:
+    def _verify(
+        self,
+        view: RequestView,
+        found: list[tuple[CacheEntry, float]],
+        sims: list[float],
+        floors: list[float],
+        settings: SemanticSettings,
+    ) -> dict[int, float]:
         """Verifier scores of the candidates that passed their cosine floor; counts a rejection
         when there were some and none reaches the verifier threshold."""
         positions = to_verify(sims, floors, settings)
@@ -104,4 +124,3 @@ class SemanticLookup:
         forwarded = {**view.params, **view.forwarded}
         deterministic = forwarded.get("temperature") == 0 or forwarded.get("seed") is not None
         self.trust.compare_later(exploration, answer, deterministic)  # type: ignore[arg-type]
-

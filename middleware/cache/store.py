@@ -7,6 +7,7 @@ start-up stops it with one line naming `store.url` (no credentials), unless `on_
 then the proxy starts and serves misses until Redis answers. With `encryption.key_env` the entry
 store encrypts what it keeps (kvgate.index.storage.cipher; docs/encryption.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,10 +24,10 @@ from kvgate.index.responses.observations.redis import RedisObservationStore
 from kvgate.index.storage.cipher import EntryCipher, parse_master_key
 from kvgate.index.storage.env import MissingSecret, secret_from_env
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
-from kvgate.middleware.config import Config
-from kvgate.middleware.errors import ConfigError
 from kvgate.middleware.cache.request_log import DiskRequestLog, RequestLog
 from kvgate.middleware.cache.request_log_redis import RedisRequestLog
+from kvgate.middleware.config import Config
+from kvgate.middleware.errors import ConfigError
 
 log = logging.getLogger("kvgate.store")
 LOCAL_FOLLOW_INTERVAL_S = 1.0  # processes on one cache dir look at each other's writes this often
@@ -57,11 +58,13 @@ def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
     cipher = entry_cipher(config)
     if st.backend == "local":
         entries = DiskEntryStore(config.cache_dir / "responses", dim, cipher) if with_entries else None
-        requests = DiskRequestLog(config.cache_dir / "requests", config.feedback.record_ttl,
-                                  int(config.feedback.record_max_mb * 2**20))
+        requests = DiskRequestLog(
+            config.cache_dir / "requests", config.feedback.record_ttl, int(config.feedback.record_max_mb * 2**20)
+        )
         return Stores(entries, requests, LOCAL_FOLLOW_INTERVAL_S)
-    link = RedisLink(LinkSettings(st.url or "", _password(st.password_env), st.connect_timeout_s, st.timeout_s,
-                                  st.pool_size))
+    link = RedisLink(
+        LinkSettings(st.url or "", _password(st.password_env), st.connect_timeout_s, st.timeout_s, st.pool_size)
+    )
     try:
         _reach(link, st.on_error)
     except ConfigError:
@@ -123,6 +126,7 @@ def _reach(link: RedisLink, on_error: str) -> None:
     except redis.exceptions.RedisError as exc:
         reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")
         if on_error == "fail":
-            raise ConfigError(f"store.url: Redis at {link.where} is out of reach ({reason}); "
-                              "set store.on_error: degrade to start anyway and serve misses") from None
+            raise ConfigError(
+                f"store.url: Redis at {link.where} is out of reach ({reason}); set store.on_error: degrade to start anyway and serve misses"
+            ) from None
         log.warning("store.url: Redis at %s is out of reach (%s); serving misses until it answers", link.where, reason)

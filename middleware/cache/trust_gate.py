@@ -15,6 +15,7 @@ compares it with the entry's cached answer, off the response path, and records t
 Verdict rule: deterministic requests (temperature 0, or a seed) agree when the normalised texts
 are equal; others when the texts are equal or the cosine of their embeddings is ≥ ANSWER_AGREE.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,19 @@ import numpy as np
 from kvgate.index.responses.entries.base import CacheEntry
 from kvgate.index.responses.observations.base import ObservationStore
 from kvgate.index.responses.trust import (
-    DIM, Observation, Rule, aggregate_upper, allowance, budget_cutoff, charges, error_upper, features, fit_rule,
-    normalise_answer, vetoed, wrong_probabilities,
+    DIM,
+    Observation,
+    Rule,
+    aggregate_upper,
+    allowance,
+    budget_cutoff,
+    charges,
+    error_upper,
+    features,
+    fit_rule,
+    normalise_answer,
+    vetoed,
+    wrong_probabilities,
 )
 from kvgate.middleware.answers import answer_text
 
@@ -114,9 +126,13 @@ class _RouteState:
 class TrustGate:
     """Judges candidates of `max_error_rate` routes and records verdicts; thread-safe."""
 
-    def __init__(self, store: ObservationStore, embed: Callable[[list[str]], np.ndarray],
-                 on_verdict: Callable[[str, bool], None] = lambda _route, _ok: None,
-                 prior: Rule | None = None) -> None:
+    def __init__(
+        self,
+        store: ObservationStore,
+        embed: Callable[[list[str]], np.ndarray],
+        on_verdict: Callable[[str, bool], None] = lambda _route, _ok: None,
+        prior: Rule | None = None,
+    ) -> None:
         self.store = store
         self.prior = prior
         self._embed = embed
@@ -133,8 +149,9 @@ class TrustGate:
                 state = self._routes[route] = _RouteState(self.prior)
             return state
 
-    def judge(self, route: str, delta: float, entry: CacheEntry | None, similarity: float,
-              ttl: float | None) -> Judgement:
+    def judge(
+        self, route: str, delta: float, entry: CacheEntry | None, similarity: float, ttl: float | None
+    ) -> Judgement:
         """Serve or explore the nearest candidate (None: no candidate; counts as a lookup)."""
         state = self._state(route)
         if entry is None or similarity < EXPLORE_FLOOR:
@@ -163,8 +180,9 @@ class TrustGate:
         with self._lock:
             self._remember_locked(state, row, p_wrong, delta)
 
-    def _remember_locked(self, state: _RouteState, row: np.ndarray | None, p_wrong: float,
-                         delta: float) -> tuple[_Candidate, float]:
+    def _remember_locked(
+        self, state: _RouteState, row: np.ndarray | None, p_wrong: float, delta: float
+    ) -> tuple[_Candidate, float]:
         state.lookups += 1
         state.forget_old()
         candidate = _Candidate(state.lookups, row, p_wrong if row is None else 0.0)
@@ -172,7 +190,9 @@ class TrustGate:
         if state.cutoff is None or state.lookups % RECUT_EVERY == 0:
             p, grads = state.charges(list(state.candidates))
             keep = p < 1.0
-            state.cutoff = budget_cutoff(p[keep], grads[keep], np.array(state.rule.cov), allowance(state.window(), delta))
+            state.cutoff = budget_cutoff(
+                p[keep], grads[keep], np.array(state.rule.cov), allowance(state.window(), delta)
+            )
         return candidate, state.cutoff
 
     def _pooled(self, route: str, state: _RouteState) -> Rule:

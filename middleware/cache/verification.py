@@ -4,15 +4,16 @@
 `kvgate tune` wrote) into `SemanticSettings` at start-up; `choose` applies them to the search
 results of one lookup. kvgate.tools.tuning.calibrate scores operating points with the same rule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kvgate.middleware.cache.operating_point import OperatingPoint, operating_point_path, read_operating_point
 from kvgate.middleware.config import RouteConfig
 from kvgate.middleware.errors import ConfigError
-from kvgate.middleware.cache.operating_point import OperatingPoint, operating_point_path, read_operating_point
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ def to_verify(sims: Sequence[float], floors: Sequence[float], settings: Semantic
     return [i for i in range(min(len(sims), settings.candidates)) if sims[i] >= floors[i]]
 
 
-def choose(sims: Sequence[float], floors: Sequence[float], scores: dict[int, float], settings: SemanticSettings) -> int | None:
+def choose(
+    sims: Sequence[float], floors: Sequence[float], scores: dict[int, float], settings: SemanticSettings
+) -> int | None:
     """Position of the candidate to serve, or None for a miss.
 
     Invariant: the served candidate's similarity reaches its floor; without a verifier it is the
@@ -71,8 +74,9 @@ def resolve(route: RouteConfig, cache_dir: str | Path, position: int) -> Semanti
         return SemanticSettings(0.0, None, 1, "config", sem.max_error_rate)
     if sem.target_precision is None:
         verify = bool(sem.verifier)
-        return SemanticSettings(sem.threshold, sem.verifier_threshold if verify else None,
-                                sem.candidates if verify else 1, "config")
+        return SemanticSettings(
+            sem.threshold, sem.verifier_threshold if verify else None, sem.candidates if verify else 1, "config"
+        )
     path = operating_point_path(cache_dir, route.name)
     how = f"run `kvgate tune --pairs FILE.csv --route {route.name} --config CONFIG` (make install does it for the examples)"
     try:
@@ -80,17 +84,21 @@ def resolve(route: RouteConfig, cache_dir: str | Path, position: int) -> Semanti
     except ValueError as exc:
         raise ConfigError(f"{field}.target_precision: {exc}") from None
     if point is None:
-        raise ConfigError(f"{field}.target_precision: {sem.target_precision} needs a tuned operating point, "
-                          f"and {path} does not exist; {how}")
+        raise ConfigError(
+            f"{field}.target_precision: {sem.target_precision} needs a tuned operating point, and {path} does not exist; {how}"
+        )
     _check_point(point, route, field, how)
-    return SemanticSettings(point.cosine_threshold, point.verifier_threshold if point.verifier else None,
-                            point.candidates, str(path))
+    return SemanticSettings(
+        point.cosine_threshold, point.verifier_threshold if point.verifier else None, point.candidates, str(path)
+    )
 
 
 def _check_point(point: OperatingPoint, route: RouteConfig, field: str, how: str) -> None:
     sem = route.semantic
     if point.target_precision + 1e-9 < (sem.target_precision or 0.0):
-        raise ConfigError(f"{field}.target_precision: {sem.target_precision}, but the tuned point was made for "
-                          f"{point.target_precision}; {how} with --target-precision {sem.target_precision}")
+        raise ConfigError(
+            f"{field}.target_precision: {sem.target_precision}, but the tuned point was made for "
+            f"{point.target_precision}; {how} with --target-precision {sem.target_precision}"
+        )
     if sem.verifier is not None and sem.verifier != point.verifier:
         raise ConfigError(f"{field}.verifier: {sem.verifier}, but the tuned point has verifier {point.verifier}; {how}")

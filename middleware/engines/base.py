@@ -1,4 +1,5 @@
 """What an engine adapter finds out about one replica, and the Protocol every adapter follows."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """Which adapter speaks for a replica: the route's `routing.engine`, or (auto) the first that
 recognises it, vLLM before the generic OpenAI server."""
+
 from __future__ import annotations
 
 import httpx

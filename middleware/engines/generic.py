@@ -1,5 +1,6 @@
 """Any OpenAI-compatible server that is not a known engine (our reference replica included):
 nothing to learn, nothing to send beyond the OpenAI request."""
+
 from __future__ import annotations
 
 import httpx

@@ -11,6 +11,7 @@ The KV event format, the block hash (sha256 of the pickled parent, tokens and ex
 the cache_salt placement were checked against the versions in SUPPORTED; outside it the adapter
 says so in `EngineInfo.error` (logged by the router) rather than trusting them.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,7 +26,7 @@ SUPPORTED_TEXT = "vLLM >= 0.32.0, < 0.33"
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
-    """"0.32.0", "0.32.1rc1+cpu" → (0, 32, 0), (0, 32, 1); None if it is not a version."""
+    """ "0.32.0", "0.32.1rc1+cpu" → (0, 32, 0), (0, 32, 1); None if it is not a version."""
     m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text)
     return None if m is None else (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
 
@@ -35,8 +36,10 @@ def version_error(version: str) -> str | None:
     if parsed is None:
         return f"vLLM reports version {version!r}, which kvgate cannot read; supported: {SUPPORTED_TEXT}"
     if not SUPPORTED[0] <= parsed < SUPPORTED[1]:
-        return (f"vLLM {version} is outside the versions kvgate supports ({SUPPORTED_TEXT}): its KV events and "
-                "block hashes were not checked against kvgate's; precise routing may not match")
+        return (
+            f"vLLM {version} is outside the versions kvgate supports ({SUPPORTED_TEXT}): its KV events and "
+            "block hashes were not checked against kvgate's; precise routing may not match"
+        )
     return None
 
 
@@ -96,7 +99,16 @@ class VllmAdapter:
             if isinstance(first, dict) and first.get("enable_kv_cache_events"):
                 endpoint, replay = first.get("endpoint"), first.get("replay_endpoint")
         return EngineInfo(
-            "vllm", version=version, block_size=_int(labels.get("block_size")), model_root=model_root,
-            kv_cache_tokens=_int(labels.get("kv_cache_size_tokens")), events_endpoint=endpoint,
-            events_bind=endpoint is not None and not binds(endpoint), replay=replay, accepts_cache_salt=True,
-            error=version_error(version), max_model_len=max_model_len, model_revision=revision)
+            "vllm",
+            version=version,
+            block_size=_int(labels.get("block_size")),
+            model_root=model_root,
+            kv_cache_tokens=_int(labels.get("kv_cache_size_tokens")),
+            events_endpoint=endpoint,
+            events_bind=endpoint is not None and not binds(endpoint),
+            replay=replay,
+            accepts_cache_salt=True,
+            error=version_error(version),
+            max_model_len=max_model_len,
+            model_revision=revision,
+        )

@@ -13,6 +13,7 @@ arguments) and `answer` / `resume` choose the replicas, book each failure and tr
 Invariant: every ticket the router hands out (`Router.started`) is closed exactly once
 (`Router.finished`), by a failure booked here or by `done`; `Attempts.ticket` is the open one, or None.
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,7 +85,9 @@ class Failover:
         if self.router is None:
             return Attempts(None, base)
         user = view.forwarded.get("user")
-        plan = self.router.plan(view.routing_prompt, session=user if isinstance(user, str) else None, salt=self.salt(view))
+        plan = self.router.plan(
+            view.routing_prompt, session=user if isinstance(user, str) else None, salt=self.salt(view)
+        )
         self._check_context(view, plan)
         return Attempts(plan, base)
 
@@ -99,14 +102,18 @@ class Failover:
         vocab = router.hasher.tokenizer.vocab_size if router.hasher is not None else None
         if ids and vocab is not None and max(ids) >= vocab:
             bad = next(i for i, t in enumerate(ids) if t >= vocab)
-            raise BadRequest(f"token id {ids[bad]} is out of vocabulary (the model's vocabulary has {vocab} tokens)",
-                             param=f"prompt[{bad}]")
+            raise BadRequest(
+                f"token id {ids[bad]} is out of vocabulary (the model's vocabulary has {vocab} tokens)",
+                param=f"prompt[{bad}]",
+            )
         limit = router.context_limit
         if limit is None or plan.prompt_tokens <= limit or "truncate_prompt_tokens" in view.params:
             return
-        raise BadRequest(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                         f"{plan.prompt_tokens} input tokens. Please reduce the length of the input prompt.",
-                         param="prompt" if view.completions else "messages")
+        raise BadRequest(
+            f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+            f"{plan.prompt_tokens} input tokens. Please reduce the length of the input prompt.",
+            param="prompt" if view.completions else "messages",
+        )
 
     async def answer(self, attempts: Attempts, send: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`send(*args, call)` with the arguments (`call`) of the best replica not tried, then the
@@ -119,8 +126,15 @@ class Failover:
                 if not self._failed(attempts, exc):
                     raise self.error(exc) from exc
 
-    async def resume(self, view: RequestView, attempts: Attempts, resume: StreamResume, exc: Exception,
-                     send: Callable[..., Awaitable[T]], *args: Any) -> T:
+    async def resume(
+        self,
+        view: RequestView,
+        attempts: Attempts,
+        resume: StreamResume,
+        exc: Exception,
+        send: Callable[..., Awaitable[T]],
+        *args: Any,
+    ) -> T:
         """A stream broke mid-way (`exc`): book it and `send(*args, call)` on the next replica,
         whose stream the caller resumes after what the client has; a re-issue that fails at once is
         booked as the next break. Re-raises when the stream cannot go on."""
@@ -164,8 +178,9 @@ class Failover:
                 self.metrics.failovers.labels(self.route.name, when).inc()
         return more
 
-    def _resume_or_raise(self, view: RequestView, attempts: Attempts, resume: StreamResume,
-                         exc: Exception) -> dict[str, Any]:
+    def _resume_or_raise(
+        self, view: RequestView, attempts: Attempts, resume: StreamResume, exc: Exception
+    ) -> dict[str, Any]:
         """A stream broke mid-way: book it and return the arguments for the next replica (whose
         stream the caller resumes after what the client has), or re-raise when it cannot go on."""
         if attempts.ticket is None or not resume.spliceable or not resumable(view.params):
@@ -173,8 +188,11 @@ class Failover:
         if not self._failed(attempts, exc, "mid_stream"):
             raise exc
         resume.restart()
-        log.info("route %s: stream broke after %d characters; resuming on another replica", self.route.name,
-                 len(resume.sent_text))
+        log.info(
+            "route %s: stream broke after %d characters; resuming on another replica",
+            self.route.name,
+            len(resume.sent_text),
+        )
         call = self._next(attempts)
         self.first_token(attempts)  # its prefill is no longer queued work we wait on
         return call

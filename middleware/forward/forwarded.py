@@ -6,6 +6,7 @@ chunks, the replica's SSE bytes). Once the reply is complete (a stream: read to 
 worked out for the router (prompt + answer, `Forwarder.hash_answer`). Each transport fills in its
 own subclass (relay.py: `Relayed`; litellm_call.py: `Call`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

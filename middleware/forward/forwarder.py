@@ -10,6 +10,7 @@ on the record step (prompt + answer hashed for the router's record), then `done`
 Invariant: the router's ticket for a request is closed exactly once (`done`, or a failure the
 failover booked), also when the client goes away mid-stream (the replica's books balance).
 """
+
 from __future__ import annotations
 
 import asyncio

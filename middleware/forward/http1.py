@@ -15,6 +15,7 @@ no byte of a response came back. A response read to its end goes back to the poo
 on one that was not drops its connection. A reader slower than the replica pauses the socket
 (at most `HIGH_WATER` bytes buffered).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -262,8 +263,7 @@ class Pool:
                 conn.close()
         self._idle.clear()
 
-    async def _exchange(self, conn: Connection, key: tuple[str, str, int], message: bytes,
-                        timeout: float) -> Response:
+    async def _exchange(self, conn: Connection, key: tuple[str, str, int], message: bytes, timeout: float) -> Response:
         try:
             conn.begin(message)
             while not conn.headers_done:
@@ -292,7 +292,9 @@ class Pool:
             tls = self._tls = self._tls or ssl.create_default_context()
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: Connection(self._keep), host, port, ssl=tls), timeout)
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: Connection(self._keep), host, port, ssl=tls), timeout
+            )
         except OSError as exc:
             raise ConnectionError(f"cannot connect to {host}:{port}: {exc}") from exc
         return conn

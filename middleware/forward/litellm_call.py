@@ -6,6 +6,7 @@ between two stream chunks); a replica that exceeds it counts as failed like a de
 `backend.num_retries` retries the same server inside LiteLLM (0 by default: on routes with
 replicas, another replica is the better retry).
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,8 +45,11 @@ class Call(Forwarded):
     def payload(self) -> dict[str, Any] | None:
         """A stream's is assembled here (LiteLLM may count prompt tokens while it does)."""
         if self.view.stream:
-            return streamed_text_answer(self.chunks) if self.view.completions else assemble(self.chunks,
-                                                                                            self.view.messages)
+            return (
+                streamed_text_answer(self.chunks)
+                if self.view.completions
+                else assemble(self.chunks, self.view.messages)
+            )
         if self.parsed is None and self.reply is not None:
             self.parsed = self.reply.model_dump()
         return self.parsed

@@ -18,6 +18,7 @@ usage-only chunk is dropped on its way to a client that did not ask for it.
 Only the proxy uses the relay; the SDK face and routes whose provider needs translation stay on
 LiteLLM (`routing.forward: litellm` turns it off for a route).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,16 +33,17 @@ from kvgate.middleware.forward.failover import Attempts, Failover
 from kvgate.middleware.forward.forwarded import Forwarded
 from kvgate.middleware.forward.http1 import Pool, Response
 from kvgate.middleware.forward.relay_events import ReplicaError, SseParser
-from kvgate.middleware.request import RequestView
 from kvgate.middleware.forward.resume import Diverged
+from kvgate.middleware.request import RequestView
 
 # LiteLLM providers whose wire format is OpenAI's own: `openai/<served name>` sends `<served name>`.
 OPENAI_COMPATIBLE = frozenset({"openai", "hosted_vllm", "custom_openai", "openai_like"})
 # Idle pooled connections are dropped before uvicorn-based replicas (vLLM, ours) drop them (5 s).
 KEEPALIVE_S = 3.0
 # headers the relay writes itself (the body's framing, the replica's key): a caller's are dropped
-OWN_HEADERS = frozenset({"content-type", "content-length", "transfer-encoding", "host", "connection",
-                         "accept-encoding", "authorization"})
+OWN_HEADERS = frozenset(
+    {"content-type", "content-length", "transfer-encoding", "host", "connection", "accept-encoding", "authorization"}
+)
 
 
 def wire_model(model: str) -> str | None:
@@ -196,8 +198,7 @@ class Relay:
         relayed.parser.restart()
         await self._start(relayed, attempt, first=False)
 
-    async def _post(self, request: Request,
-                    attempt: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    async def _post(self, request: Request, attempt: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         response = await self._send(request, attempt)
         try:
             content = await response.read()
@@ -234,8 +235,12 @@ class Relay:
 
     async def _send(self, request: Request, attempt: dict[str, Any]) -> Response:
         body, headers, timeout, path = request
-        return await self.client().post(f"{attempt['api_base'].rstrip('/')}{path}", body,
-                                        {**headers, "authorization": f"Bearer {attempt['api_key']}"}, timeout)
+        return await self.client().post(
+            f"{attempt['api_base'].rstrip('/')}{path}",
+            body,
+            {**headers, "authorization": f"Bearer {attempt['api_key']}"},
+            timeout,
+        )
 
 
 def _options(view: RequestView) -> dict[str, Any]:

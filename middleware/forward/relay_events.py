@@ -7,6 +7,7 @@ routing records), the first content token (`Router.first_token`), the usage, and
 answer is stored), a usage chunk the client did not ask for is dropped, and after a mid-stream
 resume each chunk is trimmed to what the client has not seen (kvgate.middleware.forward.resume) and re-encoded.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import orjson
 
 from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+
+# isort: split
 from litellm.types.utils import ModelResponseStream
 
 from kvgate.middleware.answers import assemble
@@ -62,10 +65,10 @@ class SseParser:
             if newline < 0:
                 self._buffer = buffer
                 return b""
-            self._sep = b"\r\n\r\n" if newline and buffer[newline - 1:newline] == b"\r" else b"\n\n"
+            self._sep = b"\r\n\r\n" if newline and buffer[newline - 1 : newline] == b"\r" else b"\n\n"
         sep, out, start = self._sep, [], 0
         while (end := buffer.find(sep, start)) >= 0:
-            kept = self._event(buffer[start:end + len(sep)])
+            kept = self._event(buffer[start : end + len(sep)])
             start = end + len(sep)
             if kept:
                 out.append(kept)
@@ -87,7 +90,9 @@ class SseParser:
         if "error" in chunk:  # vLLM / SGLang report a failure inside the stream
             error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             code = error.get("code")
-            raise ReplicaError(f"replica failed mid-stream: {error.get('message')}", code if isinstance(code, int) else None)
+            raise ReplicaError(
+                f"replica failed mid-stream: {error.get('message')}", code if isinstance(code, int) else None
+            )
         self.events += 1
         resumed = self.resume.resumes > 0
         if self.events_raw is not None and not resumed:
@@ -140,17 +145,23 @@ class SseParser:
             return None
         head = self.chunks[0]
         answer: dict[str, Any] = {
-            "id": self.resume.stream_id or head.get("id"), "object": "chat.completion",
-            "created": head.get("created"), "model": head.get("model"),
-            "choices": [{"index": 0, "message": {"role": self.role or "assistant", "content": self.resume.sent_text},
-                         "finish_reason": self.finish}],
+            "id": self.resume.stream_id or head.get("id"),
+            "object": "chat.completion",
+            "created": head.get("created"),
+            "model": head.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": self.role or "assistant", "content": self.resume.sent_text},
+                    "finish_reason": self.finish,
+                }
+            ],
         }
         if head.get("system_fingerprint"):
             answer["system_fingerprint"] = head["system_fingerprint"]
         if self.usage:
             answer["usage"] = self.usage
         return answer
-
 
     def _completion(self) -> dict[str, Any] | None:
         """A completions stream as the `text_completion` answer it makes up, with the stream's
@@ -159,10 +170,19 @@ class SseParser:
         if self.finish is None or not self.plain or self.resume.resumes:
             return None
         head = self.chunks[0]
-        choice: dict[str, Any] = {"index": 0, "text": self.resume.sent_text, "logprobs": None,
-                                  "finish_reason": self.finish}
-        answer: dict[str, Any] = {"id": head.get("id"), "object": "text_completion", "created": head.get("created"),
-                                  "model": head.get("model"), "choices": [choice]}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": self.resume.sent_text,
+            "logprobs": None,
+            "finish_reason": self.finish,
+        }
+        answer: dict[str, Any] = {
+            "id": head.get("id"),
+            "object": "text_completion",
+            "created": head.get("created"),
+            "model": head.get("model"),
+            "choices": [choice],
+        }
         if self.usage:
             answer["usage"] = self.usage
         answer["_kvgate_sse"] = list(self.events_raw or [])

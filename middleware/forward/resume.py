@@ -11,6 +11,7 @@ and the client gets a clean in-band error instead of a spliced answer.
 Chunks are LiteLLM's objects (the LiteLLM path, kvgate.middleware.forward.litellm_call) or the replica's own JSON
 decoded to dicts (the relay, kvgate.middleware.forward.relay); both are read and edited through `_get`/`_set`.
 """
+
 from __future__ import annotations
 
 from typing import Any

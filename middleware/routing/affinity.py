@@ -5,6 +5,7 @@ the request goes to the first replica clockwise whose load stays within
 ceil(load_factor · (total_in_flight + 1) / replicas). Same session → same replica while that
 replica is not overloaded; adding or losing a replica moves only ~1/N of the sessions.
 """
+
 from __future__ import annotations
 
 import bisect

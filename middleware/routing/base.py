@@ -1,4 +1,5 @@
 """What every routing policy sees: replica states and the plan of one request."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,5 +81,4 @@ class RoutingPolicy(Protocol):
 
     name: str
 
-    def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
-        ...
+    def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState: ...

@@ -57,6 +57,7 @@ tuning slices only (requests 0–800 of the arena's traces, `kvgate bench routin
 `kvgate bench routing --tune-slice`), never on reported ones, so the reported figures are not
 fitted to the requests they are measured on.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -98,8 +99,11 @@ def duplicate_charge(matched: float, best_match: float, prompt_tokens: int) -> f
 
 
 def expected_cost(
-    replica: ReplicaState, plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT,
-    miss_weight: float = DEFAULT_MISS_WEIGHT, best_match: int | None = None,
+    replica: ReplicaState,
+    plan: RoutePlan,
+    decode_weight: float = DEFAULT_DECODE_WEIGHT,
+    miss_weight: float = DEFAULT_MISS_WEIGHT,
+    best_match: int | None = None,
 ) -> float:
     """ttft estimate + (miss_weight − 1) · duplicate charge (pure). best_match: the longest
     match among the candidates (default: among every replica in the plan)."""
@@ -109,8 +113,13 @@ def expected_cost(
     return ttft_estimate(replica, plan, decode_weight) + (miss_weight - 1) * dup
 
 
-def wait_bound(best: float, mean_queue: float, prompt_tokens: int, queue_slack: float = DEFAULT_QUEUE_SLACK,
-               prompt_slack: float = DEFAULT_PROMPT_SLACK) -> float:
+def wait_bound(
+    best: float,
+    mean_queue: float,
+    prompt_tokens: int,
+    queue_slack: float = DEFAULT_QUEUE_SLACK,
+    prompt_slack: float = DEFAULT_PROMPT_SLACK,
+) -> float:
     """The largest ttft estimate an admissible replica may have (pure; either slack infinite: no
     bound at all, even against an empty queue or prompt)."""
     if math.isinf(queue_slack) or math.isinf(prompt_slack):
@@ -118,8 +127,13 @@ def wait_bound(best: float, mean_queue: float, prompt_tokens: int, queue_slack: 
     return best + max(queue_slack * mean_queue, prompt_slack * prompt_tokens)
 
 
-def admissible(candidates: Sequence[ReplicaState], plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT,
-               queue_slack: float = DEFAULT_QUEUE_SLACK, prompt_slack: float = DEFAULT_PROMPT_SLACK) -> list[ReplicaState]:
+def admissible(
+    candidates: Sequence[ReplicaState],
+    plan: RoutePlan,
+    decode_weight: float = DEFAULT_DECODE_WEIGHT,
+    queue_slack: float = DEFAULT_QUEUE_SLACK,
+    prompt_slack: float = DEFAULT_PROMPT_SLACK,
+) -> list[ReplicaState]:
     """The candidates whose ttft estimate is within `wait_bound` of the fastest, in their order
     (pure). Never empty for a non-empty input: the fastest always qualifies."""
     if not candidates:
@@ -153,5 +167,7 @@ class CacheAware:
         best_match = max(plan.held_tokens(r.name) for r in rotated)
         queue_slack = self.queue_slack if plan.shared_prefix or best_match == 0 else self.session_slack
         allowed = admissible(rotated, plan, self.decode_weight, queue_slack, self.prompt_slack)
-        return min(allowed, key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match),
-                                           r.in_flight))
+        return min(
+            allowed,
+            key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match), r.in_flight),
+        )

@@ -20,6 +20,7 @@ which hands each reading to its route's router as an `EngineReport`; nothing her
 Invariants: `fit_rate` is pure, positive or None; `waiting_tokens` is pure, never negative and
 never grows with time; a report whose counters went back (a restarted engine) counts from zero.
 """
+
 from __future__ import annotations
 
 import threading
@@ -99,8 +100,13 @@ class EngineLoad:
             if last is not None and report.prefill_seconds is not None:
                 seconds = _gained(last.prefill_seconds, report.prefill_seconds)
                 if seconds > 0:
-                    state.intervals.append((_gained(last.prefill_tokens, report.prefill_tokens), seconds,
-                                            _gained(last.prefill_requests, report.prefill_requests)))
+                    state.intervals.append(
+                        (
+                            _gained(last.prefill_tokens, report.prefill_tokens),
+                            seconds,
+                            _gained(last.prefill_requests, report.prefill_requests),
+                        )
+                    )
                     state.rate = fit_rate((t, s) for t, s, _ in state.intervals)
                     requests = sum(n for _, _, n in state.intervals)
                     state.tokens_per_request = (sum(t for t, _, _ in state.intervals) / requests) if requests else None
@@ -127,7 +133,12 @@ class EngineLoad:
             state = self._replicas.get(replica)
             if state is None or state.last is None:
                 return None
-            return {"running": state.last.running, "waiting": state.last.waiting,
-                    "prefill_tokens_per_s": None if state.rate is None else round(state.rate, 1),
-                    "prefill_tokens_per_request": None if state.tokens_per_request is None
-                    else round(state.tokens_per_request, 1), "intervals": len(state.intervals)}
+            return {
+                "running": state.last.running,
+                "waiting": state.last.waiting,
+                "prefill_tokens_per_s": None if state.rate is None else round(state.rate, 1),
+                "prefill_tokens_per_request": None
+                if state.tokens_per_request is None
+                else round(state.tokens_per_request, 1),
+                "intervals": len(state.intervals),
+            }

@@ -1,5 +1,6 @@
 """What a route knows of its replicas' engines: who runs what (kvgate.middleware.engines), and the
 cache salt its requests carry where the engines take one (kvgate.middleware.routing.salt)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,14 @@ class EngineBook:
     `on_found(name, info)` runs in a worker thread for each replica newly described (precise
     mode loads a tokenizer from what the engine said)."""
 
-    def __init__(self, route: str, engine: str, cache_salt: bool, salter: Salter | None,
-                 on_found: Callable[[str, EngineInfo], None]) -> None:
+    def __init__(
+        self,
+        route: str,
+        engine: str,
+        cache_salt: bool,
+        salter: Salter | None,
+        on_found: Callable[[str, EngineInfo], None],
+    ) -> None:
         self.route = route
         self.engine = engine
         self.cache_salt = cache_salt
@@ -67,8 +74,13 @@ class EngineBook:
         self.engines[name] = info
         if info.model_revision is not None:
             if self.revisions.get(name) not in (None, info.model_revision):
-                log.warning("route %s: replica %s now serves model revision %s (was %s)", self.route, name,
-                            info.model_revision, self.revisions[name])
+                log.warning(
+                    "route %s: replica %s now serves model revision %s (was %s)",
+                    self.route,
+                    name,
+                    info.model_revision,
+                    self.revisions[name],
+                )
             self.revisions[name] = info.model_revision
         self._on_found(name, info)
 

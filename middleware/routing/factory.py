@@ -1,6 +1,7 @@
 """Policy settings → implementations: routing.policy (one member of the config's union) names its
 class by `name` and is handed to it. Adding a policy: one file, its settings model in
 middleware/routing_config.py, one line here."""
+
 from __future__ import annotations
 
 from typing import Any, Callable

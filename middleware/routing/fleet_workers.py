@@ -20,6 +20,7 @@ Invariants: the file is only ever replaced whole (os.replace), so a reader sees 
 next; `replicas` is pure over the file and the configured list; a route never loses its last
 replica through it; a spare column is given to one name only.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -100,12 +101,17 @@ class SharedFleet:
                 raise FleetConflict(f"replica {cfg.name!r} is on route {route!r} already")
             if f"{route}\x00{cfg.name}" not in self.slots and cfg.name not in entry["slots"]:
                 used = set(entry["slots"].values())
-                free = [self.slots[k] for i in range(SPARE_SLOTS) if (k := spare_key(route, i)) in self.slots
-                        and self.slots[k] not in used]
+                free = [
+                    self.slots[k]
+                    for i in range(SPARE_SLOTS)
+                    if (k := spare_key(route, i)) in self.slots and self.slots[k] not in used
+                ]
                 if not free:
-                    raise FleetConflict(f"route {route!r} has no room left for replicas added at run time under "
-                                        f"--workers ({SPARE_SLOTS} per route): add it to routes[].replicas in the "
-                                        "YAML and restart")
+                    raise FleetConflict(
+                        f"route {route!r} has no room left for replicas added at run time under "
+                        f"--workers ({SPARE_SLOTS} per route): add it to routes[].replicas in the "
+                        "YAML and restart"
+                    )
                 entry["slots"][cfg.name] = free[0]
             entry["changes"].pop(cfg.name, None)
             entry["changes"][cfg.name] = {"config": cfg.model_dump(mode="json")}

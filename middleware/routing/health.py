@@ -5,6 +5,7 @@ Rule: a failed replica gets no traffic for `routing.down_for_s` (its circuit is 
 request may try it (half-open); a 200 from its `/models` closes the circuit. When every untried
 replica is down, all of them are candidates: trying a maybe-dead replica beats failing for certain.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,9 @@ class ReplicaHealth:
         if was_down:
             log.info("replica %s is back", replica.name)
 
-    async def probe(self, client: httpx.AsyncClient, replicas: Sequence[ReplicaState],
-                    gone: Callable[[str], None]) -> None:
+    async def probe(
+        self, client: httpx.AsyncClient, replicas: Sequence[ReplicaState], gone: Callable[[str], None]
+    ) -> None:
         """One round: GET {api_base}/models on every down replica; 200 re-admits it; a replica
         refusing connections has no engine behind it (`gone(name)`)."""
         for replica in [r for r in replicas if not r.healthy]:

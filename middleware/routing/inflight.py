@@ -11,6 +11,7 @@ Invariants: a block stays under `routed@R` while at least one request routed to 
 flight or in its grace period (counted per block); `fold` gives each replica the longer of its
 engine-reported and its routed match, and leaves no `routed@` entry in the result.
 """
+
 from __future__ import annotations
 
 import threading
@@ -58,7 +59,7 @@ class InFlightPrefixes:
         out = {k: v for k, v in matched.items() if not k.startswith(ROUTED)}
         for key, blocks in matched.items():
             if key.startswith(ROUTED) and blocks:
-                replica = key[len(ROUTED):]
+                replica = key[len(ROUTED) :]
                 if replica in out:
                     out[replica] = max(out[replica], blocks)
         return out

@@ -1,4 +1,5 @@
 """least_loaded: the replica with the fewest requests in flight (ties: fewest served so far)."""
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -14,6 +14,7 @@ vLLM would compute the rest anyway). Until MIN_SAMPLES samples with loads and as
 have arrived, λ is 1: a tier counts as no better than prefilling, so routing behaves as it did
 without tiers until the measurements say otherwise.
 """
+
 from __future__ import annotations
 
 import threading
@@ -68,5 +69,8 @@ class LoadCost:
 
     def stats(self) -> dict[str, float]:
         with self._lock:
-            return {"load_cost": self.value, "samples": len(self._samples),
-                    "samples_with_loads": sum(1 for s in self._samples if s[1] > 0)}
+            return {
+                "load_cost": self.value,
+                "samples": len(self._samples),
+                "samples_with_loads": sum(1 for s in self._samples if s[1] > 0),
+            }

@@ -12,6 +12,7 @@ unbounded wait queues every request behind the recorder.
 
 Invariant: a plan's match is the full one: hashing stops early only past a block no replica holds.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,8 +31,9 @@ SETTLE_WAIT_S = 0.005  # how long `prepare` waits for the records before it (see
 
 
 class Planner:
-    def __init__(self, hasher: PromptHasher | None, index: PrefixIndex, records: Records, block_size: int,
-                 records_answers: bool) -> None:
+    def __init__(
+        self, hasher: PromptHasher | None, index: PrefixIndex, records: Records, block_size: int, records_answers: bool
+    ) -> None:
         self.hasher = hasher  # None in precise mode until the engines said how to hash
         self.index = index
         self.records = records
@@ -97,9 +99,17 @@ class Planner:
             matched = self.inflight.fold(matched)
         if self.tiers is not None:
             matched, tier_blocks = self.tiers.split(matched)
-        return RoutePlan(prompt.hashes, prompt.tokens, hasher.block_size, matched, session,
-                         shared_prefix=self.index.shared_match(prompt.hashes, matched), prompt=prompt, salt=salt,
-                         tier_blocks=tier_blocks)
+        return RoutePlan(
+            prompt.hashes,
+            prompt.tokens,
+            hasher.block_size,
+            matched,
+            session,
+            shared_prefix=self.index.shared_match(prompt.hashes, matched),
+            prompt=prompt,
+            salt=salt,
+            tier_blocks=tier_blocks,
+        )
 
     def answer_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int] | None:
         """The hashes of `conversation` (the plan's prompt + its answer), resuming from the

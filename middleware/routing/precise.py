@@ -15,6 +15,7 @@ say when the router and an engine disagree:
   logged. When the engine stored nothing for STALE_REQUESTS routed requests in a row, its events
   have stopped: its view is dropped (`stale_drops`) until events resume.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,15 @@ class _Watch:
 
 
 class PreciseRouting:
-    def __init__(self, route: str, cfg: PrefixConfig, index: PrefixIndex, replicas: list[ReplicaConfig],
-                 on_hasher: Callable[[PromptHasher], None], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        route: str,
+        cfg: PrefixConfig,
+        index: PrefixIndex,
+        replicas: list[ReplicaConfig],
+        on_hasher: Callable[[PromptHasher], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.route = route
         self.cfg = cfg
         self.index = index
@@ -96,8 +104,14 @@ class PreciseRouting:
         old = self.subscribers.pop(replica.name, None)
         if old is not None:
             old.stop()
-        applier = EventApplier(self.index, replica.name, self.block_size, seed=self.cfg.seed,
-                               on_block_size=self._block_size_seen, tiers=self.tiers)
+        applier = EventApplier(
+            self.index,
+            replica.name,
+            self.block_size,
+            seed=self.cfg.seed,
+            on_block_size=self._block_size_seen,
+            tiers=self.tiers,
+        )
         self._configs[replica.name] = replica
         self.counts.setdefault(replica.name, {"matched": 0, "unmatched": 0, "stale_drops": 0})
         self.subscribers[replica.name] = ZmqEventSubscriber(replica.events, applier, bind=bind, replay=replay).start()
@@ -117,13 +131,20 @@ class PreciseRouting:
         """A replica's engine described itself (in a worker thread: loading a tokenizer is slow)."""
         if info.kind != "vllm":
             if self.cfg.tokenizer == "auto" and self.tokenizer is None:
-                self._tokenizer_error(f"replica {name} is not a vLLM server, so it reports no model dir; set "
-                                      "routing.prefix.tokenizer to the replicas' tokenizer dir")
+                self._tokenizer_error(
+                    f"replica {name} is not a vLLM server, so it reports no model dir; set "
+                    "routing.prefix.tokenizer to the replicas' tokenizer dir"
+                )
             return
         cfg = self._configs.get(name)
         if cfg is not None and info.events_bind and (info.events_endpoint or "") != cfg.events:
-            log.warning("route %s: replica %s publishes its KV events to %s, not %s (replicas[].events); kvgate "
-                        "listens where the engine publishes", self.route, name, info.events_endpoint, cfg.events)
+            log.warning(
+                "route %s: replica %s publishes its KV events to %s, not %s (replicas[].events); kvgate listens where the engine publishes",
+                self.route,
+                name,
+                info.events_endpoint,
+                cfg.events,
+            )
             cfg = cfg.model_copy(update={"events": info.events_endpoint})
         if cfg is not None and (info.events_bind or info.replay):
             self.subscribe(cfg, info)
@@ -133,8 +154,12 @@ class PreciseRouting:
             # loading takes seconds: on a thread of its own, so requests (routed by load until
             # then) never wait for it
             self._loading = True
-            threading.Thread(target=self._load_tokenizer, args=(name, info.model_root), daemon=True,
-                             name=f"kvgate-tokenizer-{self.route}").start()
+            threading.Thread(
+                target=self._load_tokenizer,
+                args=(name, info.model_root),
+                daemon=True,
+                name=f"kvgate-tokenizer-{self.route}",
+            ).start()
         self._maybe_ready()
 
     def _load_tokenizer(self, name: str, root: str | None) -> None:
@@ -146,24 +171,33 @@ class PreciseRouting:
 
     def _tokenizer_from(self, name: str, root: str | None) -> None:
         path = Path(root) if root else None
-        if path is None or not path.is_dir() or not any((path / f).exists() for f in ("tokenizer.json",
-                                                                                       "tokenizer_config.json")):
-            self._tokenizer_error(f"replica {name} serves {root!r}, which is not a model dir on this machine; "
-                                  "set routing.prefix.tokenizer to a local copy of its tokenizer (a dir with "
-                                  "tokenizer.json and the chat template)")
+        if (
+            path is None
+            or not path.is_dir()
+            or not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
+        ):
+            self._tokenizer_error(
+                f"replica {name} serves {root!r}, which is not a model dir on this machine; "
+                "set routing.prefix.tokenizer to a local copy of its tokenizer (a dir with "
+                "tokenizer.json and the chat template)"
+            )
             return
         try:
             self.tokenizer = load_tokenizer(str(path))
             self.tokenizer_error = None
-            log.info("route %s: precise routing tokenizes with %s (the model dir replica %s serves)", self.route,
-                     path, name)
+            log.info(
+                "route %s: precise routing tokenizes with %s (the model dir replica %s serves)", self.route, path, name
+            )
         except Exception as exc:  # a broken dir: say it, keep routing by load
             self._tokenizer_error(f"the tokenizer in {path} (served by replica {name}) failed to load: {exc}")
 
     def _tokenizer_error(self, message: str) -> None:
         if self.tokenizer_error != message:
-            log.error("route %s: precise routing cannot match prefixes: %s; until then requests are routed by "
-                      "load alone", self.route, message)
+            log.error(
+                "route %s: precise routing cannot match prefixes: %s; until then requests are routed by load alone",
+                self.route,
+                message,
+            )
         self.tokenizer_error = message
 
     def _block_size_seen(self, name: str, size: int) -> None:
@@ -171,9 +205,15 @@ class PreciseRouting:
             if size == self.block_size:
                 return
             if self.block_size is not None:
-                log.warning("route %s: replica %s cuts KV blocks of %d tokens, routing.prefix.block_size says "
-                            "%d; using the engine's %d (leave routing.prefix.block_size out in precise mode)",
-                            self.route, name, size, self.block_size, size)
+                log.warning(
+                    "route %s: replica %s cuts KV blocks of %d tokens, routing.prefix.block_size says "
+                    "%d; using the engine's %d (leave routing.prefix.block_size out in precise mode)",
+                    self.route,
+                    name,
+                    size,
+                    self.block_size,
+                    size,
+                )
             self.block_size = size
         for sub in self.subscribers.values():
             sub.applier.set_block_size(size)
@@ -194,8 +234,9 @@ class PreciseRouting:
         if not hashes or sub is None:
             return
         with self._lock:
-            self._watch.append(_Watch(replica, hashes[0], sub.applier.stored, sub.feed.batches,
-                                      self._clock() + CHECK_AFTER_S))
+            self._watch.append(
+                _Watch(replica, hashes[0], sub.applier.stored, sub.feed.batches, self._clock() + CHECK_AFTER_S)
+            )
 
     def check(self) -> None:
         """Judge the requests whose time has come (cheap; called as requests finish)."""
@@ -229,9 +270,13 @@ class PreciseRouting:
         if self._silent[w.replica] >= STALE_REQUESTS:
             self._silent[w.replica] = 0
             counts["stale_drops"] += 1
-            log.warning("route %s: replica %s sent no KV events for %d routed requests in a row; its view is "
-                        "dropped until its events resume (check the engine's --kv-events-config and replicas[].events)",
-                        self.route, w.replica, STALE_REQUESTS)
+            log.warning(
+                "route %s: replica %s sent no KV events for %d routed requests in a row; its view is "
+                "dropped until its events resume (check the engine's --kv-events-config and replicas[].events)",
+                self.route,
+                w.replica,
+                STALE_REQUESTS,
+            )
             self.drop(w.replica)
 
     def drop(self, name: str) -> None:
@@ -247,10 +292,16 @@ class PreciseRouting:
             return
         self._warned_at = now
         bad = sum(1 for v in self._verdicts if not v)
-        log.error("route %s: replica %s stored KV blocks for a routed request, but none matches the hashes kvgate "
-                  "computed for it (%d of the last %d requests): the router's tokenizer or chat template differs "
-                  "from the engine's (routing.prefix.tokenizer: %s); prefix matches will be missed",
-                  self.route, replica, bad, len(self._verdicts), self.cfg.tokenizer)
+        log.error(
+            "route %s: replica %s stored KV blocks for a routed request, but none matches the hashes kvgate "
+            "computed for it (%d of the last %d requests): the router's tokenizer or chat template differs "
+            "from the engine's (routing.prefix.tokenizer: %s); prefix matches will be missed",
+            self.route,
+            replica,
+            bad,
+            len(self._verdicts),
+            self.cfg.tokenizer,
+        )
 
     def stats(self) -> dict[str, dict[str, object]]:
         """Per replica: verdict counts, replayed batches and the engine-hash check (`engine_hash`:
@@ -259,12 +310,19 @@ class PreciseRouting:
         for name, sub in self.subscribers.items():
             applied = sub.applier.stats()
             checked, differs = applied["engine_hash_checked"], applied["engine_hash_differs"]
-            out[name] = {**self.counts.get(name, {}), "replayed_batches": sub.replayed,
-                         "engine_hash": "unknown" if not checked else "differs" if differs else "sha256"}
+            out[name] = {
+                **self.counts.get(name, {}),
+                "replayed_batches": sub.replayed,
+                "engine_hash": "unknown" if not checked else "differs" if differs else "sha256",
+            }
         kinds = {str(v["engine_hash"]) for v in out.values()} - {"unknown"}
         if len(kinds) > 1 and not self._hash_warned:
             self._hash_warned = True
-            log.warning("route %s: the replicas hash KV blocks differently (%s): one runs with PYTHONHASHSEED set "
-                        "or another --prefix-caching-hash-algo, so they cannot share KV by hash (routing is "
-                        "unaffected)", self.route, {k: v["engine_hash"] for k, v in out.items()})
+            log.warning(
+                "route %s: the replicas hash KV blocks differently (%s): one runs with PYTHONHASHSEED set "
+                "or another --prefix-caching-hash-algo, so they cannot share KV by hash (routing is "
+                "unaffected)",
+                self.route,
+                {k: v["engine_hash"] for k, v in out.items()},
+            )
         return out

@@ -31,6 +31,7 @@ Invariants (`choose`; tests/test_routing_prefill_time.py checks them on random s
 - with equal rates, a replica holding H more tokens than another (no tiers) is left for it only
   when its queued work exceeds the other's by at least H.
 """
+
 from __future__ import annotations
 
 import itertools

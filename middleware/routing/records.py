@@ -9,6 +9,7 @@ more than the record. A partial prompt's chain is hashed to its end by whoever a
 Invariant: records of one router are applied in the order they were submitted, whichever thread
 applies them (a chain is applied inline only when nothing is queued before it).
 """
+
 from __future__ import annotations
 
 import logging

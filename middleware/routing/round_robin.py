@@ -1,4 +1,5 @@
 """round_robin: each request to the next replica in turn, ignoring caches and load."""
+
 from __future__ import annotations
 
 import itertools

@@ -7,6 +7,7 @@ KV-event feed (precise.py), replica health (health.py), each replica's engine (e
 load shared with other proxy processes (a RoutingState: state.py; alone, a LocalState). The
 router itself keeps the replica list and the load bookkeeping of each attempt (a Ticket).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,15 +25,15 @@ from kvgate.index.kv.tokenizer import load_tokenizer
 from kvgate.middleware.config import ReplicaConfig, RoutingConfig
 from kvgate.middleware.engines.base import EngineInfo
 from kvgate.middleware.routing.base import ReplicaState, RoutePlan, RoutingPolicy
-from kvgate.middleware.routing.factory import make_policy
-from kvgate.middleware.routing.engines import EngineBook
 from kvgate.middleware.routing.engine_load import EngineLoad, EngineReport
+from kvgate.middleware.routing.engines import EngineBook
+from kvgate.middleware.routing.factory import make_policy
 from kvgate.middleware.routing.health import ReplicaHealth
 from kvgate.middleware.routing.inflight import InFlightPrefixes
 from kvgate.middleware.routing.load_cost import LoadCost
 from kvgate.middleware.routing.planner import Planner
-from kvgate.middleware.routing.records import Records
 from kvgate.middleware.routing.precise import PreciseRouting
+from kvgate.middleware.routing.records import Records
 from kvgate.middleware.routing.salt import Salter
 from kvgate.middleware.routing.state import RoutingState
 from kvgate.middleware.routing.state_local import LocalState
@@ -51,8 +52,6 @@ class Ticket:
     sent_at: float = 0.0  # the router's clock when it was sent
     queued: int = 0  # prefill tokens queued ahead of it on the replica then
     loaded: int = 0  # tokens the plan expected the replica to load from a KV tier
-
-
 
 
 class Router:
@@ -92,8 +91,13 @@ class Router:
         self.health = ReplicaHealth(cfg.down_for_s, clock)
         # approximate mode's records, off the caller's thread (records.py)
         self.records = Records(self.index, self.state, deferred=defer_records and prefix.mode == "approximate")
-        self.planner = Planner(hasher, self.index, self.records, prefix.block_size or 1,
-                               records_answers=prefix.mode == "approximate" and prefix.record_answers)
+        self.planner = Planner(
+            hasher,
+            self.index,
+            self.records,
+            prefix.block_size or 1,
+            records_answers=prefix.mode == "approximate" and prefix.record_answers,
+        )
         if prefix.mode == "approximate":
             self.state.follow(self._apply_peer)
         # what each replica's engine said of itself (kvgate.middleware.engines), once it answered
@@ -227,7 +231,9 @@ class Router:
             replica.requests += 1
             replica.pending_prefill_tokens += pending
         if self.cfg.prefix.mode == "approximate":
-            self.records.record(replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes)
+            self.records.record(
+                replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes
+            )
         elif self.precise is not None:
             self.precise.sent(replica.name, plan.hashes)
         if self.inflight is not None:
@@ -279,8 +285,12 @@ class Router:
         if self.inflight is not None:
             self.inflight.forget(name)
         if self.precise is not None and self.index.blocks(name):
-            log.warning("route %s: replica %s refuses connections; its %d blocks leave the prefix index",
-                        self.name, name, self.index.blocks(name))
+            log.warning(
+                "route %s: replica %s refuses connections; its %d blocks leave the prefix index",
+                self.name,
+                name,
+                self.index.blocks(name),
+            )
             self.precise.drop(name)
 
     def event_stats(self) -> dict[str, FeedStats]:
@@ -295,8 +305,13 @@ class Router:
         precise = self.precise.stats() if self.precise is not None else {}
         out: dict[str, Any] = {}
         for r in self.replicas:
-            out[r.name] = {"healthy": r.healthy, "in_flight": r.in_flight, "requests": r.requests,
-                           "pending_prefill_tokens": r.pending_prefill_tokens, "blocks": self.index.blocks(r.name)}
+            out[r.name] = {
+                "healthy": r.healthy,
+                "in_flight": r.in_flight,
+                "requests": r.requests,
+                "pending_prefill_tokens": r.pending_prefill_tokens,
+                "blocks": self.index.blocks(r.name),
+            }
             engine = self.book.describe(r.name)
             if engine is not None:
                 out[r.name]["engine"] = engine

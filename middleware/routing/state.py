@@ -20,6 +20,7 @@ The contract, for every implementation:
   `apply` callback given to `follow`. Delivery may be lossy: a lost record costs a prefill, never
   a wrong answer.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
@@ -47,8 +48,7 @@ class RoutingState(Protocol):
         """From now on, apply the other processes' records to this process's index."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 # builds one route's state from (route name, its replica names)

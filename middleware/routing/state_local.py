@@ -1,4 +1,5 @@
 """LocalState: one proxy process routes alone; nothing is shared (the default)."""
+
 from __future__ import annotations
 
 from typing import Sequence

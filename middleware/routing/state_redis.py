@@ -32,6 +32,7 @@ when full: a lost record costs a prefill, never a wrong answer), and sharing res
 sync that gets through. Stream ids are Redis server times, so after a restart of an empty Redis
 new entries still sort after the last id a follower saw.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,8 +47,9 @@ import msgspec
 import redis
 
 from kvgate.index.storage.redis_link import RedisLink
-from kvgate.middleware.config import Config, SharedRoutingConfig
+from kvgate.middleware.config import Config
 from kvgate.middleware.routing.state import ApplyRecord
+from kvgate.middleware.store_config import SharedRoutingConfig
 
 log = logging.getLogger("kvgate.routing.redis")
 
@@ -81,8 +83,15 @@ def sum_loads(hashes: Sequence[dict[bytes, bytes]]) -> dict[str, tuple[int, int]
 class RedisRoutingHub:
     """One proxy's end of the shared routing view (see the module docstring); thread-safe."""
 
-    def __init__(self, link: RedisLink, key_prefix: str, cfg: SharedRoutingConfig, *,
-                 proxy_id: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        key_prefix: str,
+        cfg: SharedRoutingConfig,
+        *,
+        proxy_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._link, self._cfg, self._clock = link, cfg, clock
         self.proxy_id = proxy_id or uuid.uuid4().hex[:16]
         self._load_key = f"{key_prefix}route:load:{self.proxy_id}"
@@ -167,8 +176,9 @@ class RedisRoutingHub:
                 pipe.srem(self._proxies_key, *gone)
             pipe.pexpire(self._proxies_key, log_ttl_ms)
             for payload in batch:
-                pipe.xadd(self._log_key, {b"p": self.proxy_id, b"r": payload}, maxlen=self._cfg.log_max,
-                          approximate=True)
+                pipe.xadd(
+                    self._log_key, {b"p": self.proxy_id, b"r": payload}, maxlen=self._cfg.log_max, approximate=True
+                )
             if batch:
                 pipe.pexpire(self._log_key, log_ttl_ms)
             pipe.smembers(self._proxies_key)
@@ -219,8 +229,15 @@ class RedisRoutingHub:
         self._stop.set()
         self._thread.join(2.0)
         try:
-            self._link.run("routing_push", lambda r: r.pipeline(transaction=False).delete(self._load_key)
-                           .srem(self._proxies_key, self.proxy_id).execute())
+            self._link.run(
+                "routing_push",
+                lambda r: (
+                    r.pipeline(transaction=False)
+                    .delete(self._load_key)
+                    .srem(self._proxies_key, self.proxy_id)
+                    .execute()
+                ),
+            )
         except redis.exceptions.RedisError:
             pass  # Redis down: the hash expires by itself
 

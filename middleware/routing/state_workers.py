@@ -23,6 +23,7 @@ Not shared: replica health (each worker marks a replica down on its own failures
 on its own), the precise mode's event feeds (each worker subscribes to the replicas itself) and
 the engines' /metrics (each worker reads them itself: the same numbers).
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,8 +83,9 @@ class WorkersLayout:
         without slots (no route has replicas)."""
         if not self.slots:
             return None
-        return np.memmap(os.path.join(self.directory, LOAD_FILE), dtype=np.int64, mode="r+",
-                         shape=(self.workers, len(self.slots), 2))
+        return np.memmap(
+            os.path.join(self.directory, LOAD_FILE), dtype=np.int64, mode="r+", shape=(self.workers, len(self.slots), 2)
+        )
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -14,6 +14,7 @@ replica's engine holds, and the leading blocks each replica could load from the 
 reads. Invariant: tier names never appear among the engine matches, and a replica's tier match
 counts only tiers it has reported.
 """
+
 from __future__ import annotations
 
 import threading

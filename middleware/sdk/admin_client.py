@@ -3,6 +3,7 @@ erase a tenant, invalidate tagged answers, print a key's tenant id. The contract
 middleware/server/governance.py's; a refusal comes back as AdminError with the proxy's OpenAI
 error message. Keys are read from environment variables the command names, never from its
 arguments (which other users of the machine can read)."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,15 +37,17 @@ class AdminClient:
     """`key`: an admin key (auth.admin_keys), or for `invalidate(own=True)` a tenant's own key."""
 
     def __init__(self, base_url: str, key: str, timeout_s: float = TIMEOUT_S) -> None:
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
-                                  headers={"authorization": f"Bearer {key}"})
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout_s, headers={"authorization": f"Bearer {key}"}
+        )
 
     def erase_tenant(self, tenant: str) -> dict[str, Any]:
         """DELETE /v1/admin/tenants/{tenant}: counts per layer and the tenant's new salt epoch."""
         return self._call("DELETE", f"/v1/admin/tenants/{quote(tenant, safe='')}")
 
-    def invalidate(self, tags: list[str], tenant: str | None = None, sweep: bool = False,
-                   own: bool = False) -> dict[str, Any]:
+    def invalidate(
+        self, tags: list[str], tenant: str | None = None, sweep: bool = False, own: bool = False
+    ) -> dict[str, Any]:
         """How many answers tagged with any of `tags` were removed: every tenant's or `tenant`'s
         (POST /v1/admin/invalidate, an admin key), or with `own` the key's tenant's own
         (POST /v1/cache/invalidate, a tenant's key)."""
@@ -80,16 +83,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="admin", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default="http://127.0.0.1:8080", help="the proxy (default http://127.0.0.1:8080)")
-    common.add_argument("--key-env", default="KVGATE_ADMIN_KEY",
-                        help="NAME of the environment variable holding the key to send (default KVGATE_ADMIN_KEY)")
-    erase = sub.add_parser("erase-tenant", parents=[common], help="remove a tenant's answers, vectors, feedback "
-                           "marks and request ids; give it a new salt epoch (its KV no longer matches)")
+    common.add_argument(
+        "--key-env",
+        default="KVGATE_ADMIN_KEY",
+        help="NAME of the environment variable holding the key to send (default KVGATE_ADMIN_KEY)",
+    )
+    erase = sub.add_parser(
+        "erase-tenant",
+        parents=[common],
+        help="remove a tenant's answers, vectors, feedback marks and request ids; give it a new salt epoch (its KV no longer matches)",
+    )
     erase.add_argument("tenant", nargs="?", help="the tenant id (see tenant-id)")
     erase.add_argument("--tenant-key-env", help="NAME of a variable holding the tenant's API key, instead of its id")
     inv = sub.add_parser("invalidate", parents=[common], help="remove every answer with any of the given tags")
     inv.add_argument("--tag", action="append", default=[], help="a tag, e.g. doc:123@v4 (repeatable)")
-    inv.add_argument("--system-prompt-file", type=argparse.FileType("r"),
-                     help="answers made under the system prompt that is this file's exact text")
+    inv.add_argument(
+        "--system-prompt-file",
+        type=argparse.FileType("r"),
+        help="answers made under the system prompt that is this file's exact text",
+    )
     inv.add_argument("--model-revision", help="answers made with this model revision")
     inv.add_argument("--tenant", help="only this tenant's answers (with an admin key)")
     inv.add_argument("--own", action="store_true", help="--key-env holds a tenant's key: its own answers only")
@@ -125,7 +137,9 @@ def main(args: argparse.Namespace) -> int:
                 if args.model_revision:
                     tags.append(model_tag(args.model_revision))
                 if not tags:
-                    print("kvgate admin invalidate: give --tag, --system-prompt-file or --model-revision", file=sys.stderr)
+                    print(
+                        "kvgate admin invalidate: give --tag, --system-prompt-file or --model-revision", file=sys.stderr
+                    )
                     return 2
                 out = client.invalidate(tags, args.tenant, args.sweep, own=args.own)
     except AdminError as exc:

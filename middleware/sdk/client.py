@@ -11,6 +11,7 @@ removes every answer tagged so, `gateway.erase_tenant(tenant)` everything of one
 `completion` is the async flow run on the pipeline's own loop thread (kvgate.middleware.sync_adapter),
 so sync and async calls take the same path, and sync calls from many threads run concurrently.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,11 +20,11 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 from kvgate.index.responses.tags import system_tag  # noqa: F401  (public here: the tag a system prompt gets)
-from kvgate.middleware.config import Config, load_config, parse_config
+from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.cache.feedback import FeedbackOutcome
 from kvgate.middleware.cache.governance import Governance, Invalidated, TenantErased
+from kvgate.middleware.config import Config, load_config, parse_config
 from kvgate.middleware.pipeline import CacheInfo, Pipeline, Result
-from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.request import CacheControl
 from kvgate.middleware.tags import parse_tags
 
@@ -77,7 +78,9 @@ class AsyncStream(_Served):
 class Gateway:
     """kvgate in-process. One Gateway per cache dir and process; thread-safe."""
 
-    def __init__(self, config: str | Path | Config | dict[str, Any], *, tenant: str = "default", pipeline: Pipeline | None = None) -> None:
+    def __init__(
+        self, config: str | Path | Config | dict[str, Any], *, tenant: str = "default", pipeline: Pipeline | None = None
+    ) -> None:
         if isinstance(config, (str, Path)):
             config = load_config(config)
         elif isinstance(config, dict):

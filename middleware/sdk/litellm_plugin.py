@@ -10,12 +10,16 @@ we return a one-element list, so the Router's own strategy has nothing left to c
 failure events close the in-flight accounting and, in approximate mode, record prompt + answer
 blocks on the deployment that served them. Deployments are identified by `model_info.id`.
 """
+
 from __future__ import annotations
 
 import threading
 from typing import Any
 
 from kvgate.middleware.litellm_env import litellm  # noqa: F401  (before any import from litellm)
+
+# isort: split
+
 from litellm.integrations.custom_logger import CustomLogger
 
 from kvgate.middleware.config import ReplicaConfig, RoutingConfig
@@ -50,9 +54,18 @@ class PrefixRoutingPlugin(CustomLogger):
             known = {r.name for r in router.replicas} if router else set()
             new = [d for d in deployments if deployment_id(d) not in known]
             if router is None or new:
-                replicas = [ReplicaConfig(name=r.name, api_base=r.api_base) for r in (router.replicas if router else [])]
-                replicas += [ReplicaConfig(name=deployment_id(d), api_base=str((d.get("litellm_params") or {}).get("api_base") or "-")) for d in new]
-                fresh = Router(replicas, self.cfg, hasher=router.hasher if router else None, index=router.index if router else None)
+                replicas = [
+                    ReplicaConfig(name=r.name, api_base=r.api_base) for r in (router.replicas if router else [])
+                ]
+                replicas += [
+                    ReplicaConfig(
+                        name=deployment_id(d), api_base=str((d.get("litellm_params") or {}).get("api_base") or "-")
+                    )
+                    for d in new
+                ]
+                fresh = Router(
+                    replicas, self.cfg, hasher=router.hasher if router else None, index=router.index if router else None
+                )
                 if router is not None:  # keep live counters of known replicas
                     for old, kept in zip(router.replicas, fresh.replicas):
                         fresh.replicas[fresh.replicas.index(kept)] = old
@@ -60,8 +73,12 @@ class PrefixRoutingPlugin(CustomLogger):
             return router
 
     async def async_filter_deployments(
-        self, model: str, healthy_deployments: list, messages: list | None,
-        request_kwargs: dict | None = None, parent_otel_span: Any = None,
+        self,
+        model: str,
+        healthy_deployments: list,
+        messages: list | None,
+        request_kwargs: dict | None = None,
+        parent_otel_span: Any = None,
     ) -> list[dict]:
         if not messages or len(healthy_deployments) < 2:
             return healthy_deployments
@@ -86,9 +103,13 @@ class PrefixRoutingPlugin(CustomLogger):
         LiteLLM reports success from a background task, often after the client's next turn has
         started, and a still-open ticket would count as load on the very replica we want."""
         with self._lock:
-            done = [key for key, (_, _, prior) in self._tickets.items()
-                    if len(messages) > len(prior) and messages[: len(prior)] == prior
-                    and messages[len(prior)].get("role") == "assistant"]
+            done = [
+                key
+                for key, (_, _, prior) in self._tickets.items()
+                if len(messages) > len(prior)
+                and messages[: len(prior)] == prior
+                and messages[len(prior)].get("role") == "assistant"
+            ]
             entries = [self._tickets.pop(key) for key in done]
         for router, ticket, prior in entries:
             router.finished(ticket, True, router.answer_hashes(ticket.plan, messages[: len(prior) + 1]))

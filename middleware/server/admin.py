@@ -30,6 +30,7 @@ every worker makes it (the one called before it answers, the others within about
 app that says it is a worker but has no shared lists refuses changes (409). Proxies sharing a
 Redis store each need the call themselves.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,21 +40,22 @@ from typing import Any, Callable
 from fastapi import Depends, FastAPI, Request
 from pydantic import Field, field_validator
 
-from kvgate.middleware.server.auth import ADMIN_PREFIX, bearer_token, key_allowed
-from kvgate.middleware.server.body import parse_json, read_body
 from kvgate.middleware.config import Config, ReplicaConfig
 from kvgate.middleware.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from kvgate.middleware.routing.base import ReplicaState
 from kvgate.middleware.routing.router import Router
+from kvgate.middleware.server.auth import ADMIN_PREFIX, bearer_token, key_allowed
+from kvgate.middleware.server.body import parse_json, read_body
 from kvgate.middleware.server.fleet_sync import FleetSync
 
 log = logging.getLogger("kvgate.admin")
 
-NOTE = ("in memory only: a restart reads the YAML config again, so make the same change to "
-        "routes[].replicas there")
-WORKERS = ("this proxy is one of several workers with no shared replica lists, so a change here would reach "
-           "this worker only; `kvgate serve --workers N` shares them (make the change there), or change "
-           "routes[].replicas in the YAML and restart")
+NOTE = "in memory only: a restart reads the YAML config again, so make the same change to routes[].replicas there"
+WORKERS = (
+    "this proxy is one of several workers with no shared replica lists, so a change here would reach "
+    "this worker only; `kvgate serve --workers N` shares them (make the change there), or change "
+    "routes[].replicas in the YAML and restart"
+)
 
 
 class AddReplica(ReplicaConfig):
@@ -83,6 +85,7 @@ def admin_check(config: Config) -> Callable[[Request], None]:
             raise Unauthorized("missing admin key: send Authorization: Bearer <one of auth.admin_keys>")
         if not key_allowed(token, admin_keys):
             raise Forbidden("not an admin key (auth.admin_keys)")
+
     return require_admin
 
 
@@ -100,15 +103,21 @@ def add_admin(app: FastAPI, config: Config, worker: int | None = None) -> None:
             raise NotFound(f"no route named {route!r}", param="route")
         router = request.app.state.pipeline.routers.get(route)
         if router is None:
-            raise BadRequest(f"route {route!r} has no replicas (it calls its backend directly); replicas can "
-                             "be added only to a route configured with replicas and routing", param="route")
+            raise BadRequest(
+                f"route {route!r} has no replicas (it calls its backend directly); replicas can "
+                "be added only to a route configured with replicas and routing",
+                param="route",
+            )
         return router
 
     def view(route: str, replica: ReplicaState, sync: FleetSync | None = None) -> dict[str, Any]:
         key = (route, replica.name)  # a replica another worker added: its endpoint is the shared lists'
-        return {"name": replica.name, "api_base": replica.api_base,
-                "events": events[key] if key in events or sync is None else sync.events.get(key),
-                "healthy": replica.healthy}
+        return {
+            "name": replica.name,
+            "api_base": replica.api_base,
+            "events": events[key] if key in events or sync is None else sync.events.get(key),
+            "healthy": replica.healthy,
+        }
 
     def shared(request: Request) -> FleetSync | None:
         """The workers' shared replica lists (None: one process); a worker without them refuses."""
@@ -139,8 +148,10 @@ def add_admin(app: FastAPI, config: Config, worker: int | None = None) -> None:
         if any(r.name == cfg.name for r in router.replicas):
             raise Conflict(f"route {body.route!r} has a replica named {cfg.name!r} already", param="name")
         if router.cfg.prefix.mode == "precise" and not cfg.events:
-            raise BadRequest("invalid request: events: routing.prefix.mode precise needs the replica's KV-event "
-                             "endpoint (a ZMQ address)", param="events")
+            raise BadRequest(
+                "invalid request: events: routing.prefix.mode precise needs the replica's KV-event endpoint (a ZMQ address)",
+                param="events",
+            )
         try:  # in a thread: precise mode waits for the new KV-event subscriber's socket
             if sync is not None:  # every worker's routers, this one's first (it counts the replica too)
                 replica = await sync.add(body.route, cfg)

@@ -9,6 +9,7 @@ One ASGI middleware; a request counts from the moment it is admitted until its r
 been sent in full (for a stream: its last chunk) or the client went away. The counter lives on the
 event loop, so it needs no lock.
 """
+
 from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
@@ -26,8 +27,9 @@ ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 class AdmissionGate:
     """Refuses (429, OpenAI error JSON, `Retry-After`) chat completions beyond `limit` in flight."""
 
-    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[], None] | None = None,
-                 paths: frozenset[str] = GATED_PATHS) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, on_reject: Callable[[], None] | None = None, paths: frozenset[str] = GATED_PATHS
+    ) -> None:
         self.app = app
         self.limit = limit
         self.in_flight = 0  # read by the in-flight gauge when scraped: nothing to do per request
@@ -40,8 +42,9 @@ class AdmissionGate:
             return
         if self.in_flight >= self.limit:
             self._on_reject()
-            err = Overloaded(f"kvgate is at its limit of {self.limit} requests in flight (server.max_in_flight); "
-                             f"retry after {RETRY_AFTER_S} s")
+            err = Overloaded(
+                f"kvgate is at its limit of {self.limit} requests in flight (server.max_in_flight); retry after {RETRY_AFTER_S} s"
+            )
             await error_response(err, {"retry-after": str(RETRY_AFTER_S)})(scope, receive, send)
             return
         self.in_flight += 1

@@ -14,6 +14,7 @@ on a Basic challenge and then sends the credentials with the page's requests. On
 of the dashboard accept them, so a browser that remembers them cannot be used for cross-site
 requests that change anything.
 """
+
 from __future__ import annotations
 
 import base64
@@ -31,9 +32,11 @@ OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
 ADMIN_PREFIX = "/v1/admin/"  # the admin API (middleware/server/admin.py): auth.admin_keys pass the gate here
 BASIC_PATHS = ("/ui", "/v1/stats")  # these and what lies under them: the dashboard (see above)
 BASIC_CHALLENGE = 'Basic realm="kvgate", charset="UTF-8"'
-LOGIN_PAGE = (b"<!doctype html><title>kvgate: sign in</title><h1 id=login>kvgate dashboard: sign in</h1>"
-              b"<p>This page needs an API key. Your browser asks for a user name (any) and a password: "
-              b"one of the proxy's <code>auth.keys</code>. Reload to try again.</p>")
+LOGIN_PAGE = (
+    b"<!doctype html><title>kvgate: sign in</title><h1 id=login>kvgate dashboard: sign in</h1>"
+    b"<p>This page needs an API key. Your browser asks for a user name (any) and a password: "
+    b"one of the proxy's <code>auth.keys</code>. Reload to try again.</p>"
+)
 LOOPBACK_NAMES = frozenset({"localhost"})
 
 Scope = dict[str, Any]
@@ -86,8 +89,13 @@ def key_allowed(token: bytes | None, keys: frozenset[bytes]) -> bool:
 class KeyGate:
     """Refuses (401, OpenAI error JSON) every HTTP request without a configured key."""
 
-    def __init__(self, app: ASGIApp, keys: frozenset[str], open_paths: frozenset[str] = OPEN_PATHS,
-                 admin_keys: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: frozenset[str],
+        open_paths: frozenset[str] = OPEN_PATHS,
+        admin_keys: frozenset[str] = frozenset(),
+    ) -> None:
         self.app = app
         self.keys = frozenset(k.encode() for k in keys)
         self.open_paths = open_paths
@@ -137,6 +145,8 @@ def bind_warning(host: str, keys: list[str]) -> str | None:
     if is_loopback(host):
         return None
     if not keys:
-        return (f"binding to {host} with no auth.keys: anyone who can reach this address can use "
-                "the backends and read cached answers; set auth.keys or bind 127.0.0.1")
+        return (
+            f"binding to {host} with no auth.keys: anyone who can reach this address can use "
+            "the backends and read cached answers; set auth.keys or bind 127.0.0.1"
+        )
     return f"binding to {host}: the proxy is reachable beyond this machine (auth.keys is set)"

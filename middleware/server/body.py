@@ -6,6 +6,7 @@ and refuses with 413 as soon as the body, or its declared length, passes the lim
 (`server.max_body_bytes`). `parse_json` parses and validates it against a pydantic schema:
 400 with a message naming the problem (and the field) otherwise.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,9 @@ async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
             return bytes(raw)
 
 
-async def parse_json(raw: bytes, schema: type[BaseModel] = ChatCompletionRequest, *,
-                     limit: int = OFF_LOOP_BODY_BYTES) -> dict[str, Any]:
+async def parse_json(
+    raw: bytes, schema: type[BaseModel] = ChatCompletionRequest, *, limit: int = OFF_LOOP_BODY_BYTES
+) -> dict[str, Any]:
     """`raw` parsed and validated against `schema`; in a worker thread from `limit` bytes up."""
     if len(raw) < limit:
         return _parse_body(raw, schema)

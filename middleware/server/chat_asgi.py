@@ -12,6 +12,7 @@ the one every request takes.
 `ChatHandler` is the one implementation: the lean path calls it, and so does the FastAPI route
 (reached only when the app is mounted inside another one), through `Delegate`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,16 +24,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from kvgate.middleware.server.auth import bearer_text
-from kvgate.middleware.server.body import ClientGone, header, read_body
 from kvgate.middleware.config import Config
 from kvgate.middleware.errors import KvgateError
-from kvgate.middleware.server.input_checks import check_token_caps
 from kvgate.middleware.outcome import CacheInfo
 from kvgate.middleware.pipeline import Pipeline, Result
 from kvgate.middleware.request import CacheControl
-from kvgate.middleware.tags import TAGS_HEADER, parse_tags
+from kvgate.middleware.server.auth import bearer_text
+from kvgate.middleware.server.body import ClientGone, header, read_body
+from kvgate.middleware.server.input_checks import check_token_caps
 from kvgate.middleware.server.responses import error_response
+from kvgate.middleware.tags import TAGS_HEADER, parse_tags
 
 CONTROL_HEADER = b"x-kvgate-cache-control"
 CHAT_PATH = "/v1/chat/completions"
@@ -83,8 +84,14 @@ async def _sse(result: Result) -> AsyncIterator[bytes]:
 class ChatHandler:
     """POST /v1/chat/completions as an ASGI app (behind the gates: the caller has a key)."""
 
-    def __init__(self, app: FastAPI, config: Config, worker: int | None,
-                 tenant: Callable[[str | None], str], parse: Callable[[bytes], Awaitable[dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        config: Config,
+        worker: int | None,
+        tenant: Callable[[str | None], str],
+        parse: Callable[[bytes], Awaitable[dict[str, Any]]],
+    ) -> None:
         self.app = app
         self.config = config
         self.extra = [(b"x-kvgate-worker", str(worker).encode())] if worker is not None else []
@@ -205,8 +212,12 @@ class LeanApp(FastAPI):
     lean: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if self.lean is not None and scope["type"] == "http" and scope["path"] in LEAN_PATHS \
-                and scope["method"] == "POST":
+        if (
+            self.lean is not None
+            and scope["type"] == "http"
+            and scope["path"] in LEAN_PATHS
+            and scope["method"] == "POST"
+        ):
             scope["app"] = self
             await self.lean(scope, receive, send)
             return

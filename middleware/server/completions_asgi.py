@@ -7,6 +7,7 @@ parallel, and the answers are joined in prompt order as vLLM joins them (choice 
 prompt position x n + choice; usage summed). The kvgate headers of a batch list each prompt's
 value, comma separated, in prompt order.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,12 @@ class CompletionsHandler(ChatHandler):
         # every prompt is checked before any is sent: a bad one refuses the whole batch
         for i, prompt in enumerate(batch):
             _check(pipeline, {**body, "prompt": prompt}, tenant, control, i)
-        results = await asyncio.gather(*(pipeline.acomplete({**body, "prompt": p}, tenant, control, raw=True,
-                                                            endpoint="completions") for p in batch))
+        results = await asyncio.gather(
+            *(
+                pipeline.acomplete({**body, "prompt": p}, tenant, control, raw=True, endpoint="completions")
+                for p in batch
+            )
+        )
         headers = _joined([cache_headers(r.info) for r in results])
         n = body.get("n") or 1
         if body.get("stream"):
@@ -63,7 +68,7 @@ def _check(pipeline: Pipeline, kwargs: dict[str, Any], tenant: str, control: Any
         pipeline.view(kwargs, tenant, control, endpoint="completions")
     except KvgateError as exc:
         if exc.param == "prompt" or (exc.param or "").startswith("prompt["):
-            exc.param = f"prompt[{i}]" + (exc.param or "")[len("prompt"):]
+            exc.param = f"prompt[{i}]" + (exc.param or "")[len("prompt") :]
         raise
 
 
@@ -84,8 +89,9 @@ def _payload(result: Result) -> dict[str, Any]:
 def _merged_json(results: list[Result], n: int) -> dict[str, Any]:
     payloads = [_payload(r) for r in results]
     merged = {k: v for k, v in payloads[0].items() if k not in ("choices", "usage")}
-    merged["choices"] = [{**c, "index": i * n + int(c.get("index") or 0)}
-                         for i, p in enumerate(payloads) for c in p.get("choices") or []]
+    merged["choices"] = [
+        {**c, "index": i * n + int(c.get("index") or 0)} for i, p in enumerate(payloads) for c in p.get("choices") or []
+    ]
     usages = [p.get("usage") for p in payloads if isinstance(p.get("usage"), dict)]
     if usages:
         merged["usage"] = {f: sum(int(u.get(f) or 0) for u in usages) for f in USAGE_FIELDS}

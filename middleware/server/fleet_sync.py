@@ -9,6 +9,7 @@ once at start-up, so a worker started again routes to what the others do. Applyi
 and one at a time: it compares each router's replicas with the lists and adds or removes the
 difference (Router.add_replica / remove_replica, and the Pipeline's replica gauges).
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -22,6 +22,7 @@ Every proxy process on the same store sees the result: the entries and records a
 the shared store, other processes' vectors follow its change log, and the salt epoch is read
 from it (within store.follow_interval_s).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,9 @@ class InvalidateBody(BaseModel):
     sweep: bool = False
 
 
-def add_governance(app: FastAPI, config: Config, require_admin: Callable[[Request], None],
-                   tenant_of: Callable[[str | None], str]) -> None:
+def add_governance(
+    app: FastAPI, config: Config, require_admin: Callable[[Request], None], tenant_of: Callable[[str | None], str]
+) -> None:
     """Register the three routes on `app` (the proxy's create_app calls this once)."""
 
     def governance(request: Request) -> Governance:
@@ -74,19 +76,31 @@ def add_governance(app: FastAPI, config: Config, require_admin: Callable[[Reques
         body = InvalidateBody.model_validate(await parse_json(raw, InvalidateBody))
         tags = parse_tags(body.tags, param="tags", client=False)
         if own and body.tenant not in (None, tenant):
-            raise Forbidden("a tenant key invalidates its own entries only; another tenant's need an admin key "
-                            "(POST /v1/admin/invalidate)", param="tenant")
+            raise Forbidden(
+                "a tenant key invalidates its own entries only; another tenant's need an admin key "
+                "(POST /v1/admin/invalidate)",
+                param="tenant",
+            )
         tenant = tenant if own else body.tenant
         outcome = await asyncio.to_thread(governance(request).invalidate, tags, tenant, body.sweep)
-        log.info("invalidated %d entries tagged %s (%s)", outcome.removed, list(tags),
-                 "every tenant" if tenant is None else f"tenant {tenant}")
+        log.info(
+            "invalidated %d entries tagged %s (%s)",
+            outcome.removed,
+            list(tags),
+            "every tenant" if tenant is None else f"tenant {tenant}",
+        )
         return outcome.to_json()
 
-    body_schema = {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": InvalidateBody.model_json_schema()}}}}
+    body_schema = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": InvalidateBody.model_json_schema()}},
+        }
+    }
 
-    @app.post(f"{ADMIN_PREFIX}invalidate", tags=["admin"], dependencies=[Depends(require_admin)],
-              openapi_extra=body_schema)
+    @app.post(
+        f"{ADMIN_PREFIX}invalidate", tags=["admin"], dependencies=[Depends(require_admin)], openapi_extra=body_schema
+    )
     async def admin_invalidate(request: Request) -> dict[str, Any]:
         return await invalidate(request, None, own=False)
 

@@ -12,6 +12,7 @@ still finds, a little later.
 
 Only the server's own process calls it: the SDK never changes how its host collects garbage.
 """
+
 from __future__ import annotations
 
 import gc

@@ -3,6 +3,7 @@
 Each failure is a BadRequest naming the field, so a client sees what to fix instead of a 5xx
 from deep inside the pipeline or LiteLLM.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,9 @@ def _check_unicode(value: Any, where: str) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise BadRequest(f"{where} holds a lone UTF-16 surrogate (\\ud800-\\udfff): not valid Unicode",
-                             param=where) from None
+            raise BadRequest(
+                f"{where} holds a lone UTF-16 surrogate (\\ud800-\\udfff): not valid Unicode", param=where
+            ) from None
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_unicode(key, where)

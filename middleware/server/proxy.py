@@ -3,6 +3,7 @@
 Errors of every kind leave as OpenAI error JSON (`{"error": {...}}`): the exception handlers here
 hand each one to the one mapper, middleware/server/responses.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,26 +22,26 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import Config
+from kvgate.middleware.errors import KvgateError, Unauthorized
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.routing.router import Router
 from kvgate.middleware.server.admin import add_admin, admin_check
-from kvgate.middleware.server.fleet_sync import FleetSync
-from kvgate.middleware.server.governance import add_governance
 from kvgate.middleware.server.admission import AdmissionGate
-from kvgate.middleware.server.heap import settle_heap
 from kvgate.middleware.server.auth import KeyGate, bearer_text, key_allowed
 from kvgate.middleware.server.body import ClientGone, parse_json, read_body
 from kvgate.middleware.server.chat_asgi import CHAT_PATH, COMPLETIONS_PATH, ByPath, ChatHandler, Delegate, LeanApp
 from kvgate.middleware.server.completions_asgi import CompletionsHandler
-from kvgate.middleware.config import Config
-from kvgate.middleware.errors import KvgateError, Unauthorized
+from kvgate.middleware.server.fleet_sync import FleetSync
+from kvgate.middleware.server.governance import add_governance
+from kvgate.middleware.server.heap import settle_heap
 from kvgate.middleware.server.responses import error_response
-from kvgate.middleware.telemetry.loop_lag import watch_loop_lag
-from kvgate.middleware.telemetry.replica_poll import ReplicaPoller, polled_routes
-from kvgate.middleware.telemetry.metrics import Metrics
-from kvgate.middleware.pipeline import Pipeline
-from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.routing.router import Router
 from kvgate.middleware.server.schema import CompletionRequest, FeedbackRequest, chat_openapi_extra
 from kvgate.middleware.server.ui import add_dashboard, make_recorder, record_stats
+from kvgate.middleware.telemetry.loop_lag import watch_loop_lag
+from kvgate.middleware.telemetry.metrics import Metrics
+from kvgate.middleware.telemetry.replica_poll import ReplicaPoller, polled_routes
 
 if TYPE_CHECKING:
     from kvgate.middleware.routing.state import StateFactory
@@ -55,9 +56,15 @@ def tenant_of(token: str | None) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:24] if token else "anonymous"
 
 
-def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_state: StateFactory | None = None,
-               worker: int | None = None, server_process: bool = False, workers_hub: WorkerHub | None = None
-               ) -> FastAPI:
+def create_app(
+    config: Config,
+    pipeline: Pipeline | None = None,
+    *,
+    routing_state: StateFactory | None = None,
+    worker: int | None = None,
+    server_process: bool = False,
+    workers_hub: WorkerHub | None = None,
+) -> FastAPI:
     """Build the app; the pipeline (embedder + index) is created at start-up unless given.
     `routing_state` and `worker`: this process is worker `worker` of `kvgate serve --workers N`
     (its responses say so in `x-kvgate-worker`, its /health in `worker`); `workers_hub`: that
@@ -80,12 +87,22 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
         # thread of their own, so a probe never queues behind request work in the default pool
         app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")
         # one reader of the replicas' /metrics for routing (prefill_time) and the dashboard alike
-        app.state.replica_poller = poller = ReplicaPoller(pipe.routers, polled_routes(pipe.routers,
-                                                                                      config.stats.scrape_replicas))
+        app.state.replica_poller = poller = ReplicaPoller(
+            pipe.routers, polled_routes(pipe.routers, config.stats.scrape_replicas)
+        )
         tasks.append(asyncio.create_task(poller.run(app.state.probes)))
         app.state.stats = make_recorder(pipe, config.stats)  # the dashboard's history (middleware/server/ui.py)
-        tasks.append(asyncio.create_task(record_stats(app.state.stats, pipe.metrics.registry, lambda: poller.latest,
-                                                      app.state.probes, config.stats.interval_s)))
+        tasks.append(
+            asyncio.create_task(
+                record_stats(
+                    app.state.stats,
+                    pipe.metrics.registry,
+                    lambda: poller.latest,
+                    app.state.probes,
+                    config.stats.interval_s,
+                )
+            )
+        )
         if app.state.fleet_sync is not None:  # the replicas the other workers added or removed meanwhile
             await app.state.fleet_sync.start(pipe)
         yield
@@ -104,13 +121,13 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
     # every route but /health, present and future; admin keys pass it on the admin paths only
     app.add_middleware(KeyGate, keys=keys, admin_keys=frozenset(config.auth.admin_keys))
     chat = ChatHandler(app, config, worker, tenant_of, parse_json)
-    completions = CompletionsHandler(app, config, worker, tenant_of,
-                                     lambda raw: parse_json(raw, CompletionRequest))
+    completions = CompletionsHandler(app, config, worker, tenant_of, lambda raw: parse_json(raw, CompletionRequest))
     lean = ByPath({CHAT_PATH: chat, COMPLETIONS_PATH: completions})
     # chat and text completions take the lean path (middleware/server/chat_asgi.py) through the same key
     # gate, and the admission gate inside it: a caller without a key is refused before it is counted
-    admission = AdmissionGate(lean, limit=config.server.max_in_flight,
-                              on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc())
+    admission = AdmissionGate(
+        lean, limit=config.server.max_in_flight, on_reject=lambda: _metrics(app).rejected.labels("overloaded").inc()
+    )
     app.lean = KeyGate(admission, keys=keys)
 
     key_bytes = frozenset(k.encode() for k in keys)
@@ -137,8 +154,15 @@ def create_app(config: Config, pipeline: Pipeline | None = None, *, routing_stat
     async def text_completions() -> Response:  # documents the route; the lean path serves it
         return Delegate(app.lean or completions)
 
-    @app.post("/v1/cache/feedback", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": FeedbackRequest.model_json_schema()}}}})
+    @app.post(
+        "/v1/cache/feedback",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": FeedbackRequest.model_json_schema()}},
+            }
+        },
+    )
     async def cache_feedback(request: Request) -> dict[str, Any]:
         tenant = authorise(request)  # before reading the body: no key, no parsing
         raw = await read_body(request.scope, request.receive, config.server.max_body_bytes)
@@ -196,4 +220,3 @@ async def _probe_loop(router: Router, interval: float) -> None:
                 await router.probe(client)
             except Exception:  # a probe must never take the proxy down
                 log.exception("health probe failed")
-

@@ -4,6 +4,7 @@ Every refusal and failure of the proxy leaves through `error_response`: the key 
 admission gate's 429, the lean chat path, and FastAPI's exception handlers (middleware/server/proxy.py).
 A stream that already answered 200 reports its error in-band instead (KvgateError.sse).
 """
+
 from __future__ import annotations
 
 import logging

@@ -3,6 +3,7 @@
 Only the fields whose type we can check are declared; other OpenAI fields pass through untouched.
 Strict: JSON types must match (`"stream": "false"` is refused, not read as true).
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -101,10 +102,16 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     model: str = Field(min_length=1)
     # checked by the pipeline (kvgate.middleware.request.text_prompt), whose errors name the prompt's place
-    prompt: Any = Field(json_schema_extra={"anyOf": [
-        {"type": "string"}, {"type": "array", "items": {"type": "integer"}},
-        {"type": "array", "items": {"type": "string"}},
-        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]})
+    prompt: Any = Field(
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            ]
+        }
+    )
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)

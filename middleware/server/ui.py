@@ -5,6 +5,7 @@ numbers from the proxy's one reader of their /metrics, middleware/telemetry/repl
 Auth is the KeyGate's (middleware/server/auth.py): with `auth.keys` set, both need a key (Bearer, or
 Basic from the browser's login prompt).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,15 +48,18 @@ def add_dashboard(app: FastAPI) -> None:
 
     @router.get("/ui/dashboard.js")
     async def script() -> FileResponse:
-        return FileResponse(STATIC / "dashboard.js", media_type="text/javascript", headers={"cache-control": "no-cache"})
+        return FileResponse(
+            STATIC / "dashboard.js", media_type="text/javascript", headers={"cache-control": "no-cache"}
+        )
 
     @router.get("/ui/plotly.min.js")
     async def plotly() -> FileResponse:
         return FileResponse(plotly_bundle(), media_type="text/javascript", headers=ASSET_CACHE)
 
     @router.get("/v1/stats")
-    async def stats(request: Request, since: float | None = Query(None, description="only points after this time (unix s)")
-                    ) -> dict[str, Any]:
+    async def stats(
+        request: Request, since: float | None = Query(None, description="only points after this time (unix s)")
+    ) -> dict[str, Any]:
         return request.app.state.stats.view(since)
 
 
@@ -74,9 +78,13 @@ def read_scrape(registry: CollectorRegistry, pages: Mapping[ReplicaId, Samples |
     return Scrape(at, flatten(registry.collect()), dict(pages))
 
 
-async def record_stats(recorder: StatsRecorder, registry: CollectorRegistry,
-                       pages: Callable[[], Mapping[ReplicaId, Samples | None]], pool: Executor,
-                       interval_s: float) -> None:
+async def record_stats(
+    recorder: StatsRecorder,
+    registry: CollectorRegistry,
+    pages: Callable[[], Mapping[ReplicaId, Samples | None]],
+    pool: Executor,
+    interval_s: float,
+) -> None:
     """One point per interval until cancelled, with the replicas' last pages read (`pages()`: the
     poller's, ReplicaPoller.latest); a failed tick is logged and skipped."""
     loop = asyncio.get_running_loop()

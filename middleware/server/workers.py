@@ -12,6 +12,7 @@ response cache is shared as for any processes on one host: one cache_dir on disk
 A worker that dies is started again (its row of the load table zeroed first: its requests died
 with it). SIGTERM / SIGINT stop every worker and remove the shared files.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,13 +48,14 @@ def layout_for(config: Config, workers: int) -> WorkersLayout:
     return WorkersLayout.create([(r.name, [x.name for x in r.replicas]) for r in config.routes], workers)
 
 
-def run_worker(config_path: Path, worker: int, layout: WorkersLayout, sock: socket.socket, uvicorn_options: dict[str, Any]) -> None:
+def run_worker(
+    config_path: Path, worker: int, layout: WorkersLayout, sock: socket.socket, uvicorn_options: dict[str, Any]
+) -> None:
     """One worker process: a proxy on the shared socket, its routers on the shared state."""
     import uvicorn
 
-    from kvgate.middleware.litellm_env import litellm
-
     from kvgate.middleware.config import load_config
+    from kvgate.middleware.litellm_env import litellm
     from kvgate.middleware.server.proxy import create_app
 
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(name)s [worker {worker}]: %(message)s")
@@ -71,8 +73,9 @@ def run_worker(config_path: Path, worker: int, layout: WorkersLayout, sock: sock
 class Supervisor:
     """Starts the workers, restarts one that dies, stops them all on SIGTERM / SIGINT."""
 
-    def __init__(self, config_path: Path, config: Config, host: str, port: int, workers: int,
-                 uvicorn_options: dict[str, Any]) -> None:
+    def __init__(
+        self, config_path: Path, config: Config, host: str, port: int, workers: int, uvicorn_options: dict[str, Any]
+    ) -> None:
         if workers < 1:
             raise ValueError("--workers must be at least 1")
         self.config_path, self.host, self.port = config_path, host, port
@@ -89,8 +92,11 @@ class Supervisor:
 
     def _start(self, worker: int) -> None:
         sock = listen(self.host, self.port)
-        proc = self._ctx.Process(target=run_worker, name=f"kvgate-worker-{worker}",
-                                 args=(self.config_path, worker, self.layout, sock, self.uvicorn_options))
+        proc = self._ctx.Process(
+            target=run_worker,
+            name=f"kvgate-worker-{worker}",
+            args=(self.config_path, worker, self.layout, sock, self.uvicorn_options),
+        )
         proc.start()
         sock.close()  # the worker holds its own copy
         self._procs[worker] = proc
@@ -98,8 +104,10 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
-        print(f"kvgate: {len(self._procs)} workers on port {self.port}, routing state shared in {self.layout.directory}",
-              flush=True)
+        print(
+            f"kvgate: {len(self._procs)} workers on port {self.port}, routing state shared in {self.layout.directory}",
+            flush=True,
+        )
         try:
             for worker in range(len(self._procs)):
                 self._start(worker)

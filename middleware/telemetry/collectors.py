@@ -6,6 +6,7 @@ drifts. Names follow the Prometheus / vLLM conventions: counters (``_total`` is 
 exposition) for things that happened, gauges for current state, ``_seconds`` for durations.
 Labels are route and replica names and fixed words only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,9 +20,9 @@ from kvgate.index.kv.kv_events import FeedStats
 
 if TYPE_CHECKING:
     from kvgate.index.storage.redis_link import RedisLink
-    from kvgate.middleware.telemetry.engine_metrics import ReplicaReading
     from kvgate.middleware.routing.base import ReplicaState
     from kvgate.middleware.routing.router import Router
+    from kvgate.middleware.telemetry.engine_metrics import ReplicaReading
 
 log = logging.getLogger("kvgate.metrics")
 ROUTE_REPLICA = ("route", "replica")
@@ -33,9 +34,11 @@ _REPLICA_COUNTERS: tuple[tuple[str, str, Callable[["ReplicaState"], float]], ...
 )
 _REPLICA_GAUGES: tuple[tuple[str, str, Callable[["ReplicaState"], float]], ...] = (
     ("kvgate_replica_requests_in_flight", "Requests sent to a replica and not finished", lambda r: r.in_flight),
-    ("kvgate_replica_pending_prefill_tokens",
-     "Uncached prompt tokens of requests not yet past their first token: the queue the policy sees",
-     lambda r: r.pending_prefill_tokens),
+    (
+        "kvgate_replica_pending_prefill_tokens",
+        "Uncached prompt tokens of requests not yet past their first token: the queue the policy sees",
+        lambda r: r.pending_prefill_tokens,
+    ),
     ("kvgate_replica_consecutive_failures", "Failures in a row (0 after a success)", lambda r: r.failures),
 )
 _FEED_COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -46,28 +49,45 @@ _FEED_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("kvgate_kv_events_sequence_gaps", "Times KV event sequence numbers jumped ahead (batches lost)", "gaps"),
     ("kvgate_kv_events_missed_batches", "KV event batches lost in sequence gaps", "missed_batches"),
     ("kvgate_kv_events_duplicate_batches", "KV event batches skipped as resends", "duplicates"),
-    ("kvgate_kv_events_publisher_restarts", "KV event publishers seen restarting (replica blocks cleared)",
-     "restarts"),
+    ("kvgate_kv_events_publisher_restarts", "KV event publishers seen restarting (replica blocks cleared)", "restarts"),
     ("kvgate_kv_events_blocks_stored", "Blocks added to the prefix index by BlockStored events", "blocks_stored"),
-    ("kvgate_kv_events_blocks_removed", "Blocks dropped from the prefix index by BlockRemoved events",
-     "blocks_removed"),
-    ("kvgate_kv_events_clears", "Times a replica's blocks were all dropped (AllBlocksCleared, restart, resync)",
-     "clears"),
-    ("kvgate_kv_events_resyncs",
-     "Times a replica's view was dropped because KV event batches were lost (sequence gap, undecodable message)",
-     "resyncs"),
-    ("kvgate_kv_events_forgotten_mappings",
-     "Engine block hashes forgotten at the event applier's bound (many engine hashes for one block)", "forgotten"),
+    (
+        "kvgate_kv_events_blocks_removed",
+        "Blocks dropped from the prefix index by BlockRemoved events",
+        "blocks_removed",
+    ),
+    (
+        "kvgate_kv_events_clears",
+        "Times a replica's blocks were all dropped (AllBlocksCleared, restart, resync)",
+        "clears",
+    ),
+    (
+        "kvgate_kv_events_resyncs",
+        "Times a replica's view was dropped because KV event batches were lost (sequence gap, undecodable message)",
+        "resyncs",
+    ),
+    (
+        "kvgate_kv_events_forgotten_mappings",
+        "Engine block hashes forgotten at the event applier's bound (many engine hashes for one block)",
+        "forgotten",
+    ),
 )
 _FEED_IGNORED = ("wrong_block_size", "unknown_parent")  # FeedStats fields, as `reason` labels
 # (family, help, PreciseRouting.stats() key): precise mode's own checks of router against engine
 _PRECISE_COUNTERS = (
     ("kvgate_precise_matched_requests", "Routed requests whose first block the engine's events confirmed", "matched"),
-    ("kvgate_precise_unmatched_requests", "Routed requests for which the engine stored blocks, none of them the "
-     "request's: the router's tokenizer or chat template differs from the engine's", "unmatched"),
+    (
+        "kvgate_precise_unmatched_requests",
+        "Routed requests for which the engine stored blocks, none of them the "
+        "request's: the router's tokenizer or chat template differs from the engine's",
+        "unmatched",
+    ),
     ("kvgate_precise_stale_drops", "Replica views dropped because its KV events stopped", "stale_drops"),
-    ("kvgate_kv_events_replayed_batches", "KV event batches recovered from the engine's replay socket after a gap",
-     "replayed_batches"),
+    (
+        "kvgate_kv_events_replayed_batches",
+        "KV event batches recovered from the engine's replay socket after a gap",
+        "replayed_batches",
+    ),
 )
 
 
@@ -103,8 +123,9 @@ class RoutingCollector(Collector):
             if router.precise is not None:
                 for replica in router.replicas:
                     for tier in sorted(router.precise.tiers.readable(replica.name)):
-                        fam["kvgate_replica_kv_tier_blocks"].add_metric([route, replica.name, tier],
-                                                                        router.index.blocks(tier))
+                        fam["kvgate_replica_kv_tier_blocks"].add_metric(
+                            [route, replica.name, tier], router.index.blocks(tier)
+                        )
             fam["kvgate_route_load_cost"].add_metric([route], router.load_cost.value)
         return fam.values()
 
@@ -129,32 +150,49 @@ def _routing_families() -> dict[str, Metric]:
     for name, doc, _ in _REPLICA_GAUGES:
         fam[name] = GaugeMetricFamily(name, doc, labels=ROUTE_REPLICA)
     fam["kvgate_replica_prefix_blocks"] = GaugeMetricFamily(
-        "kvgate_replica_prefix_blocks", "Blocks the router's prefix index believes a replica holds", labels=ROUTE_REPLICA)
+        "kvgate_replica_prefix_blocks",
+        "Blocks the router's prefix index believes a replica holds",
+        labels=ROUTE_REPLICA,
+    )
     fam["kvgate_replica_prefix_evictions"] = CounterMetricFamily(
         "kvgate_replica_prefix_evictions",
         "Blocks the prefix index evicted at a replica's capacity (approximate: its modelled cache; precise: the "
-        "memory bound, least recently stored or matched first)", labels=ROUTE_REPLICA)
+        "memory bound, least recently stored or matched first)",
+        labels=ROUTE_REPLICA,
+    )
     fam["kvgate_replica_prefix_capacity_blocks"] = GaugeMetricFamily(
-        "kvgate_replica_prefix_capacity_blocks", "A replica's bound in the prefix index, in blocks (absent: unbounded)",
-        labels=ROUTE_REPLICA)
+        "kvgate_replica_prefix_capacity_blocks",
+        "A replica's bound in the prefix index, in blocks (absent: unbounded)",
+        labels=ROUTE_REPLICA,
+    )
     for name, doc, _ in (*_FEED_COUNTERS, *_PRECISE_COUNTERS):
         fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
     fam["kvgate_replica_kv_tier_blocks"] = GaugeMetricFamily(
-        "kvgate_replica_kv_tier_blocks", "Blocks a KV tier the replica's engine reads holds (from the engines' KV events)",
-        labels=[*ROUTE_REPLICA, "tier"])
+        "kvgate_replica_kv_tier_blocks",
+        "Blocks a KV tier the replica's engine reads holds (from the engines' KV events)",
+        labels=[*ROUTE_REPLICA, "tier"],
+    )
     fam["kvgate_route_load_cost"] = GaugeMetricFamily(
-        "kvgate_route_load_cost", "What a token loaded from a KV tier costs in prefill tokens, as measured (1 until then)",
-        labels=["route"])
+        "kvgate_route_load_cost",
+        "What a token loaded from a KV tier costs in prefill tokens, as measured (1 until then)",
+        labels=["route"],
+    )
     fam["kvgate_kv_events_ignored"] = CounterMetricFamily(
-        "kvgate_kv_events_ignored", "KV cache events not applied, by reason", labels=[*ROUTE_REPLICA, "reason"])
+        "kvgate_kv_events_ignored", "KV cache events not applied, by reason", labels=[*ROUTE_REPLICA, "reason"]
+    )
     fam["kvgate_kv_events_mapped_blocks"] = GaugeMetricFamily(
-        "kvgate_kv_events_mapped_blocks", "Engine block hashes currently mapped to the router's", labels=ROUTE_REPLICA)
+        "kvgate_kv_events_mapped_blocks", "Engine block hashes currently mapped to the router's", labels=ROUTE_REPLICA
+    )
     fam["kvgate_kv_events_last_lag_seconds"] = GaugeMetricFamily(
-        "kvgate_kv_events_last_lag_seconds", "Latest KV event batch: applied-at minus its publish time",
-        labels=ROUTE_REPLICA)
+        "kvgate_kv_events_last_lag_seconds",
+        "Latest KV event batch: applied-at minus its publish time",
+        labels=ROUTE_REPLICA,
+    )
     fam["kvgate_kv_events_lag_seconds"] = HistogramMetricFamily(
-        "kvgate_kv_events_lag_seconds", "KV event batches: applied-at minus publish time (publisher's clock)",
-        labels=ROUTE_REPLICA)
+        "kvgate_kv_events_lag_seconds",
+        "KV event batches: applied-at minus publish time (publisher's clock)",
+        labels=ROUTE_REPLICA,
+    )
     return fam
 
 
@@ -164,14 +202,21 @@ def _le(bound: float) -> str:
 
 # (family, help, ReplicaReading field): what each replica's engine reports on its own /metrics
 _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("kvgate_replica_engine_prompt_tokens", "Prompt tokens the replica's engine reports receiving (its own counter)",
-     "prompt_tokens"),
-    ("kvgate_replica_engine_cached_tokens",
-     "Prompt tokens whose KV the replica's engine reports reusing, local and external (its own counter)",
-     "cached_tokens"),
-    ("kvgate_replica_engine_external_cached_tokens",
-     "Cached prompt tokens the engine reports loading from outside itself (engines that count them)",
-     "external_cached_tokens"),
+    (
+        "kvgate_replica_engine_prompt_tokens",
+        "Prompt tokens the replica's engine reports receiving (its own counter)",
+        "prompt_tokens",
+    ),
+    (
+        "kvgate_replica_engine_cached_tokens",
+        "Prompt tokens whose KV the replica's engine reports reusing, local and external (its own counter)",
+        "cached_tokens",
+    ),
+    (
+        "kvgate_replica_engine_external_cached_tokens",
+        "Cached prompt tokens the engine reports loading from outside itself (engines that count them)",
+        "external_cached_tokens",
+    ),
 )
 _ENGINE_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("kvgate_replica_engine_running", "Requests the replica's engine reports computing", "running"),
@@ -210,8 +255,10 @@ class EngineCollector(Collector):
 def _engine_families() -> dict[str, Metric]:
     fam: dict[str, Metric] = {
         "kvgate_replica_engine_info": GaugeMetricFamily(
-            "kvgate_replica_engine_info", "1 per replica read at the last tick; `engine` names its kind (vllm, kvgate)",
-            labels=[*ROUTE_REPLICA, "engine"]),
+            "kvgate_replica_engine_info",
+            "1 per replica read at the last tick; `engine` names its kind (vllm, kvgate)",
+            labels=[*ROUTE_REPLICA, "engine"],
+        )
     }
     for name, doc, _ in _ENGINE_COUNTERS:
         fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
@@ -223,8 +270,7 @@ def _engine_families() -> dict[str, Metric]:
 class SoftFailing(Protocol):
     """A store whose `stats()` counts `storage_errors` (kvgate.index.storage.softfail) and maybe `damaged` items."""
 
-    def stats(self) -> Mapping[str, Any]:
-        ...
+    def stats(self) -> Mapping[str, Any]: ...
 
 
 class StorageCollector(Collector):
@@ -254,10 +300,13 @@ class StorageCollector(Collector):
 def _storage_families() -> dict[str, Metric]:
     return {
         "kvgate_cache_storage_errors": CounterMetricFamily(
-            "kvgate_cache_storage_errors", "Storage operations that failed softly (served without the store)",
-            labels=["store"]),
+            "kvgate_cache_storage_errors",
+            "Storage operations that failed softly (served without the store)",
+            labels=["store"],
+        ),
         "kvgate_cache_damaged_items": CounterMetricFamily(
-            "kvgate_cache_damaged_items", "Stored items found damaged (checksum) and read as absent", labels=["store"]),
+            "kvgate_cache_damaged_items", "Stored items found damaged (checksum) and read as absent", labels=["store"]
+        ),
     }
 
 
@@ -287,13 +336,17 @@ class StoreLinkCollector(Collector):
 def _store_link_families() -> dict[str, Metric]:
     return {
         "kvgate_store_up": GaugeMetricFamily(
-            "kvgate_store_up", "1 while the shared store answers, 0 while its link backs off after a failure"),
+            "kvgate_store_up", "1 while the shared store answers, 0 while its link backs off after a failure"
+        ),
         "kvgate_store_errors": CounterMetricFamily(
-            "kvgate_store_errors", "Shared-store operations that failed or were skipped while it was down",
-            labels=["op"]),
+            "kvgate_store_errors",
+            "Shared-store operations that failed or were skipped while it was down",
+            labels=["op"],
+        ),
         "kvgate_store_follow_lag_seconds": GaugeMetricFamily(
             "kvgate_store_follow_lag_seconds",
-            "Seconds since this process last read the store's change log through (catch-up lag)"),
+            "Seconds since this process last read the store's change log through (catch-up lag)",
+        ),
     }
 
 
@@ -319,5 +372,8 @@ class DecryptCollector(Collector):
 
 
 def _decrypt_family() -> CounterMetricFamily:
-    return CounterMetricFamily("kvgate_decrypt_failures", "Encrypted values that failed authentication (tampered, "
-                               "another key, or unencrypted): read as misses", labels=["layer"])
+    return CounterMetricFamily(
+        "kvgate_decrypt_failures",
+        "Encrypted values that failed authentication (tampered, another key, or unencrypted): read as misses",
+        labels=["layer"],
+    )

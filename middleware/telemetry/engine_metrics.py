@@ -11,6 +11,7 @@ exactly where the engine kind exports no such metric or the scrape lacked it, ne
 samples of one name are summed over their label sets (vLLM labels every sample with `engine` and
 `model_name`, one set per engine core and served model).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -19,8 +20,14 @@ from typing import Mapping
 from kvgate.middleware.telemetry.stats_samples import Key, gained
 
 # only grow (reset on restart)
-COUNTERS = ("prompt_tokens", "cached_tokens", "external_cached_tokens", "prefill_tokens", "prefill_seconds",
-            "prefill_requests")
+COUNTERS = (
+    "prompt_tokens",
+    "cached_tokens",
+    "external_cached_tokens",
+    "prefill_tokens",
+    "prefill_seconds",
+    "prefill_requests",
+)
 GAUGES = ("running", "waiting")  # current state
 
 

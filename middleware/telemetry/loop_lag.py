@@ -5,6 +5,7 @@ Everything the proxy does for its requests shares one asyncio loop; a callback t
 seconds and wakes `interval + lag` seconds later measures exactly that delay, whatever caused it
 (CPU-bound work on the loop, a blocking call, or a CPU starved by other processes).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,11 @@ from typing import Callable
 DEFAULT_INTERVAL_S = 0.05
 
 
-async def watch_loop_lag(observe: Callable[[float], None], interval: float = DEFAULT_INTERVAL_S,
-                         clock: Callable[[], float] = time.perf_counter) -> None:
+async def watch_loop_lag(
+    observe: Callable[[float], None],
+    interval: float = DEFAULT_INTERVAL_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
     """Forever: sleep `interval`, report the oversleep (s, ≥ 0) to `observe`. Cancel to stop."""
     while True:
         asked = clock()

@@ -1,17 +1,24 @@
 """Prometheus collectors, one registry per Metrics object (no module-level state)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvgate.middleware.telemetry.collectors import (DecryptCollector, EngineCollector, RoutingCollector, SoftFailing,
-                                                   StorageCollector, StoreLinkCollector)
+from kvgate.middleware.telemetry.collectors import (
+    DecryptCollector,
+    EngineCollector,
+    RoutingCollector,
+    SoftFailing,
+    StorageCollector,
+    StoreLinkCollector,
+)
 
 if TYPE_CHECKING:
     from kvgate.index.storage.redis_link import RedisLink
-    from kvgate.middleware.telemetry.engine_metrics import ReplicaReading
     from kvgate.middleware.routing.router import Router
+    from kvgate.middleware.telemetry.engine_metrics import ReplicaReading
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -29,61 +36,116 @@ class Metrics:
         self.backend_calls = Counter("kvgate_backend_calls", "Backend calls", ["route", "outcome"], registry=r)
         self.stores = Counter("kvgate_cache_stores", "Answers written / skipped", ["route", "result"], registry=r)
         self.latency = Histogram(
-            "kvgate_request_seconds", "Request latency in the pipeline", ["route", "cache"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "kvgate_request_seconds",
+            "Request latency in the pipeline",
+            ["route", "cache"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         # vLLM's convention: TTFT as a histogram; here from the request's arrival to the first chunk
         # a streamed answer sends (a replayed hit's first chunk, or the backend's)
         self.ttft = Histogram(
-            "kvgate_time_to_first_token_seconds", "Streamed requests: arrival to first chunk", ["route", "cache"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "kvgate_time_to_first_token_seconds",
+            "Streamed requests: arrival to first chunk",
+            ["route", "cache"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.lookup_latency = Histogram(
             "kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.tokens_saved = Counter("kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r)
-        self.cost_saved = Counter("kvgate_cost_saved_usd", "Estimated USD saved by hits (where LiteLLM knows the price)", ["route"], registry=r)
-        self.feedback = Counter("kvgate_cache_feedback", "Feedback on served answers", ["route", "tier", "verdict"], registry=r)
-        self.feedback_removed = Counter("kvgate_feedback_entries_removed", "Entries deleted by wrong-answer feedback", ["route"], registry=r)
+        self.tokens_saved = Counter(
+            "kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r
+        )
+        self.cost_saved = Counter(
+            "kvgate_cost_saved_usd",
+            "Estimated USD saved by hits (where LiteLLM knows the price)",
+            ["route"],
+            registry=r,
+        )
+        self.feedback = Counter(
+            "kvgate_cache_feedback", "Feedback on served answers", ["route", "tier", "verdict"], registry=r
+        )
+        self.feedback_removed = Counter(
+            "kvgate_feedback_entries_removed", "Entries deleted by wrong-answer feedback", ["route"], registry=r
+        )
         self.feedback_tightened = Counter(
             "kvgate_feedback_entries_tightened", "Entries whose similarity floor feedback raised", ["route"], registry=r
         )
         self.entries = Gauge("kvgate_cache_entries", "Entries in the response cache", registry=r)
-        self.cache_bytes = Gauge("kvgate_cache_bytes", "Bytes of stored answers + vectors (budget: max_bytes)", registry=r)
+        self.cache_bytes = Gauge(
+            "kvgate_cache_bytes", "Bytes of stored answers + vectors (budget: max_bytes)", registry=r
+        )
         self.verifier_rejections = Counter(
-            "kvgate_verifier_rejections", "Semantic lookups whose cosine candidates the verifier all rejected", ["route"],
-            registry=r)
+            "kvgate_verifier_rejections",
+            "Semantic lookups whose cosine candidates the verifier all rejected",
+            ["route"],
+            registry=r,
+        )
         # semantic.max_error_rate routes (kvgate.middleware.cache.trust_gate)
-        self.explorations = Counter("kvgate_semantic_explorations", "Candidates explored (sent to the backend "
-                                    "and compared) instead of served", ["route"], registry=r)
-        self.exploration_verdicts = Counter("kvgate_semantic_exploration_verdicts", "Explorations' comparisons: the "
-                                            "cached answer agreed with the fresh one or not", ["route", "verdict"], registry=r)
-        self.served_wrong_estimate = Counter("kvgate_semantic_served_wrong_estimate", "Sum over served semantic hits "
-                                             "of their estimated P(wrong): the expected wrong hits served", ["route"],
-                                             registry=r)
+        self.explorations = Counter(
+            "kvgate_semantic_explorations",
+            "Candidates explored (sent to the backend and compared) instead of served",
+            ["route"],
+            registry=r,
+        )
+        self.exploration_verdicts = Counter(
+            "kvgate_semantic_exploration_verdicts",
+            "Explorations' comparisons: the cached answer agreed with the fresh one or not",
+            ["route", "verdict"],
+            registry=r,
+        )
+        self.served_wrong_estimate = Counter(
+            "kvgate_semantic_served_wrong_estimate",
+            "Sum over served semantic hits of their estimated P(wrong): the expected wrong hits served",
+            ["route"],
+            registry=r,
+        )
         # when: before_first_byte (nothing sent yet) | mid_stream (resumed after what was sent)
         self.expected_cached = Counter(
-            "kvgate_replica_expected_cached_tokens", "Prompt tokens of misses the router expected the chosen replica "
-            "to find cached (its prefix-index match)", ["route", "replica"], registry=r)
+            "kvgate_replica_expected_cached_tokens",
+            "Prompt tokens of misses the router expected the chosen replica to find cached (its prefix-index match)",
+            ["route", "replica"],
+            registry=r,
+        )
         self.reported_cached = Counter(
-            "kvgate_replica_reported_cached_tokens", "Prompt tokens the replica reported cached on the same misses "
-            "(usage.prompt_tokens_details.cached_tokens)", ["route", "replica"], registry=r)
+            "kvgate_replica_reported_cached_tokens",
+            "Prompt tokens the replica reported cached on the same misses (usage.prompt_tokens_details.cached_tokens)",
+            ["route", "replica"],
+            registry=r,
+        )
         self.cache_surprises = Counter(
-            "kvgate_replica_cache_surprises", "Misses whose reported cached tokens differ from the expected by a "
+            "kvgate_replica_cache_surprises",
+            "Misses whose reported cached tokens differ from the expected by a "
             "block or more (direction more|less): a view of the replica's cache that is wrong",
-            ["route", "replica", "direction"], registry=r)
-        self.failovers = Counter("kvgate_backend_failovers", "Requests moved to another replica after a failure",
-                                 ["route", "when"], registry=r)
+            ["route", "replica", "direction"],
+            registry=r,
+        )
+        self.failovers = Counter(
+            "kvgate_backend_failovers",
+            "Requests moved to another replica after a failure",
+            ["route", "when"],
+            registry=r,
+        )
         # the proxy's asyncio loop (kvgate.middleware.telemetry.loop_lag): how late a task sleeping 50 ms wakes up
-        self.loop_lag = Histogram("kvgate_event_loop_lag_seconds", "Event-loop lag: oversleep of a 50 ms timer",
-                                  buckets=LAG_BUCKETS, registry=r)
+        self.loop_lag = Histogram(
+            "kvgate_event_loop_lag_seconds",
+            "Event-loop lag: oversleep of a 50 ms timer",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
         # admission control (kvgate.middleware.server.admission): chat completions being served, and refused
         self.in_flight = Gauge("kvgate_requests_in_flight", "Chat completions admitted and not finished", registry=r)
-        self.rejected = Counter("kvgate_requests_rejected", "Chat completions refused before any work",
-                                ["reason"], registry=r)
+        self.rejected = Counter(
+            "kvgate_requests_rejected", "Chat completions refused before any work", ["reason"], registry=r
+        )
         self.rejected.labels("overloaded")  # exported as 0 from the start: something to alert on
-        self.replica_up = Gauge("kvgate_replica_up", "1 while a replica takes traffic, 0 while its circuit is open",
-                                ["route", "replica"], registry=r)
+        self.replica_up = Gauge(
+            "kvgate_replica_up",
+            "1 while a replica takes traffic, 0 while its circuit is open",
+            ["route", "replica"],
+            registry=r,
+        )
         self._engines: EngineCollector | None = None  # registered by the first watch_engines
 
     def watch_replica(self, route: str, replica: Any) -> None:

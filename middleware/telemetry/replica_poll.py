@@ -13,6 +13,7 @@ A route is read when its policy times requests from the engines' reports (prefil
 the dashboard shows engine numbers (`stats.scrape_replicas`); with neither, nothing is fetched.
 Replicas are taken from the router at each read, so one added at run time is read from then on.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,21 +38,26 @@ log = logging.getLogger("kvgate.stats")
 
 def engine_report(reading: ReplicaReading) -> EngineReport:
     """What the router needs of a replica's reading (pure)."""
-    return EngineReport(running=reading.running, waiting=reading.waiting, prefill_tokens=reading.prefill_tokens,
-                        prefill_seconds=reading.prefill_seconds, prefill_requests=reading.prefill_requests)
+    return EngineReport(
+        running=reading.running,
+        waiting=reading.waiting,
+        prefill_tokens=reading.prefill_tokens,
+        prefill_seconds=reading.prefill_seconds,
+        prefill_requests=reading.prefill_requests,
+    )
 
 
 def polled_routes(routers: Mapping[str, "Router"], dashboard: bool) -> dict[str, float]:
     """Route → seconds between reads, for the routes that need their replicas read (pure)."""
-    return {name: router.cfg.engine_poll_s for name, router in routers.items()
-            if dashboard or router.reads_engine_load}
+    return {name: router.cfg.engine_poll_s for name, router in routers.items() if dashboard or router.reads_engine_load}
 
 
 class ReplicaPoller:
     """Reads the replicas of `routes` (route → interval) and keeps the last page of each."""
 
-    def __init__(self, routers: Mapping[str, "Router"], routes: Mapping[str, float],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, routers: Mapping[str, "Router"], routes: Mapping[str, float], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.routers = routers
         self.routes = dict(routes)
         self._clock = clock
@@ -83,8 +89,9 @@ class ReplicaPoller:
 
     async def read(self, client: httpx.AsyncClient, routes: list[str], pool: Executor) -> None:
         """One read of every replica of `routes`."""
-        urls = {(route, r.name): metrics_url(r.api_base) for route in routes
-                for r in list(self.routers[route].replicas)}
+        urls = {
+            (route, r.name): metrics_url(r.api_base) for route in routes for r in list(self.routers[route].replicas)
+        }
         texts = await fetch_texts(client, urls)
         pages = await asyncio.get_running_loop().run_in_executor(pool, self._digest, texts)
         self.latest = {**self.latest, **pages}

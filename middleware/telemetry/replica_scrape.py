@@ -10,6 +10,7 @@ dozen of its samples, so `parse_metrics(text, names)` looks only at the lines of
 (a prefix test per line) and parses those; prometheus_client's parser, which builds every family,
 cost several ms per page here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,7 +73,7 @@ def _sample(line: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], float] 
         block = _LABELS.match(line, brace)
         if block is None:
             return None
-        name, rest = line[:brace], line[block.end():]
+        name, rest = line[:brace], line[block.end() :]
         inner, pos = block.group(1), 0
         while pos < len(inner):
             label = _LABEL.match(inner, pos)
@@ -97,6 +98,7 @@ def _sample(line: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], float] 
 
 async def fetch_texts(client: httpx.AsyncClient, urls: Mapping[K, str]) -> dict[K, str | None]:
     """Every URL's body, fetched at once; None where it failed or was not a 200."""
+
     async def one(url: str) -> str | None:
         try:
             response = await client.get(url)

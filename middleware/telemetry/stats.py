@@ -6,6 +6,7 @@ counted twice: the numbers are the ones /metrics exports. Route and replica name
 durations only; never prompts, answers, keys or tenants. A replica's prompt / cached tokens and
 running / waiting requests are read through middleware/telemetry/engine_metrics.py, whatever its engine.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -83,9 +84,13 @@ class StatsRecorder:
         """The JSON of /v1/stats: settings, totals since start, and the points after `since`."""
         points = [p for p in self.points if since is None or p["t"] > since]
         return {
-            "object": "kvgate.stats", "interval_s": self.interval_s, "keep": self.points.maxlen,
-            "routes": self.routes, "replicas": ["/".join(r) for r in self.replicas],
-            "totals": self._totals, "points": points,
+            "object": "kvgate.stats",
+            "interval_s": self.interval_s,
+            "keep": self.points.maxlen,
+            "routes": self.routes,
+            "replicas": ["/".join(r) for r in self.replicas],
+            "totals": self._totals,
+            "points": points,
         }
 
 
@@ -112,14 +117,23 @@ def _route_point(gained: Samples, route: str) -> dict[str, Any]:
     return {
         **_route_counts(gained, route),
         "failovers": total(gained, "kvgate_backend_failovers_total", route=route),
-        "hit_p50": _r(quantile(hits, 0.5)), "hit_p99": _r(quantile(hits, 0.99)),
-        "miss_p50": _r(quantile(misses, 0.5)), "miss_p99": _r(quantile(misses, 0.99)),
-        "ttft_p50": _r(quantile(ttft, 0.5)), "ttft_p99": _r(quantile(ttft, 0.99)),
+        "hit_p50": _r(quantile(hits, 0.5)),
+        "hit_p99": _r(quantile(hits, 0.99)),
+        "miss_p50": _r(quantile(misses, 0.5)),
+        "miss_p99": _r(quantile(misses, 0.99)),
+        "ttft_p50": _r(quantile(ttft, 0.5)),
+        "ttft_p99": _r(quantile(ttft, 0.99)),
     }
 
 
-def _replica_point(gained: Samples, own: Samples, rid: ReplicaId, remote_gained: Samples | None,
-                   remote: Samples | None, interval: ReplicaReading | None) -> dict[str, Any]:
+def _replica_point(
+    gained: Samples,
+    own: Samples,
+    rid: ReplicaId,
+    remote_gained: Samples | None,
+    remote: Samples | None,
+    interval: ReplicaReading | None,
+) -> dict[str, Any]:
     """The router's view of a replica, plus what the replica itself reports when it was scraped:
     tokens (this interval's growth) and running / waiting (at the tick) from `interval`, its
     engine's reading; `engine` is null where no known engine's names were found."""
@@ -132,8 +146,13 @@ def _replica_point(gained: Samples, own: Samples, rid: ReplicaId, remote_gained:
         "scraped": remote is not None,
     }
     if remote is not None and remote_gained is not None:
-        tiers = sorted({dict(labels)["tier"] for name, labels in remote
-                        if name == "kvgate_replica_kv_bytes" and "tier" in dict(labels)})
+        tiers = sorted(
+            {
+                dict(labels)["tier"]
+                for name, labels in remote
+                if name == "kvgate_replica_kv_bytes" and "tier" in dict(labels)
+            }
+        )
         point.update(_engine_fields(interval))
         point["kv_bytes"] = {t: total(remote, "kvgate_replica_kv_bytes", tier=t) for t in tiers}
         point["kv_hits"] = {t: total(remote_gained, "kvgate_replica_kv_chunk_hits_total", tier=t) for t in tiers}
@@ -144,11 +163,22 @@ def _engine_fields(interval: ReplicaReading | None) -> dict[str, Any]:
     """prompt_tokens and cached_tokens stay numbers (0 when unknown) as they always were; the
     newer fields are null where the engine has no such number."""
     if interval is None:
-        return {"prompt_tokens": 0.0, "cached_tokens": 0.0, "engine": None, "external_cached_tokens": None,
-                "running": None, "waiting": None}
-    return {"prompt_tokens": interval.prompt_tokens or 0.0, "cached_tokens": interval.cached_tokens or 0.0,
-            "engine": interval.engine, "external_cached_tokens": interval.external_cached_tokens,
-            "running": interval.running, "waiting": interval.waiting}
+        return {
+            "prompt_tokens": 0.0,
+            "cached_tokens": 0.0,
+            "engine": None,
+            "external_cached_tokens": None,
+            "running": None,
+            "waiting": None,
+        }
+    return {
+        "prompt_tokens": interval.prompt_tokens or 0.0,
+        "cached_tokens": interval.cached_tokens or 0.0,
+        "engine": interval.engine,
+        "external_cached_tokens": interval.external_cached_tokens,
+        "running": interval.running,
+        "waiting": interval.waiting,
+    }
 
 
 def _r(value: float | None) -> float | None:

@@ -2,6 +2,7 @@
 quantile from histogram buckets. The dashboard's history (middleware/telemetry/stats.py) is built from the
 same counters /metrics exports, so the two can never disagree.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,7 @@ def flatten(families: Iterable[Metric]) -> Samples:
 def growth(previous: Mapping[Key, float], current: Mapping[Key, float]) -> Samples:
     """What each growing sample gained since `previous` (never negative: a counter that went back,
     e.g. a restarted replica, counts from zero again)."""
-    return {key: gained(previous.get(key, 0.0), value)
-            for key, value in current.items() if key[0].endswith(_GROWING)}
+    return {key: gained(previous.get(key, 0.0), value) for key, value in current.items() if key[0].endswith(_GROWING)}
 
 
 def gained(before: float, after: float) -> float:
@@ -42,8 +42,7 @@ def gained(before: float, after: float) -> float:
 
 def total(samples: Mapping[Key, float], name: str, **match: str | tuple[str, ...]) -> float:
     """Sum of the samples called `name` whose labels match (a tuple matches any of its values)."""
-    return sum(value for (sample, labels), value in samples.items()
-               if sample == name and _matches(dict(labels), match))
+    return sum(value for (sample, labels), value in samples.items() if sample == name and _matches(dict(labels), match))
 
 
 def buckets(samples: Mapping[Key, float], name: str, **match: str | tuple[str, ...]) -> list[tuple[float, float]]:

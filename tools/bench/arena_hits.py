@@ -13,6 +13,7 @@ its requests in arrival order). From the rebuild, per router:
   but no replica held (the split of the cache between replicas cost them);
 - and, against cache_aware, the requests on which each anchor got more or fewer cached tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvgate.engines.sim.engine import PrefixCache, matchable
+from kvgate.engines.sim.base import matchable
+from kvgate.engines.sim.engine import PrefixCache
 from kvgate.tools.bench.arena_model import BLOCK, prepare
 from kvgate.tools.bench.arena_replay import pooled_hits
 from kvgate.tools.bench.arena_table import load_result
@@ -56,9 +58,15 @@ def split(requests: Sequence[Any], rows: Sequence[Row], capacity_blocks: int, po
         if pooled[row.index] > best:
             nowhere, nowhere_n = nowhere + pooled[row.index] - best, nowhere_n + 1
     total = sum(requests[row.index].prompt_tokens for row in rows) or 1
-    return {"requests": len(rows), "hit_rate": reported / total, "reconstructed_hit_rate": rebuilt / total,
-            "routed_away": away / total, "routed_away_requests": away_n,
-            "held_nowhere": nowhere / total, "held_nowhere_requests": nowhere_n}
+    return {
+        "requests": len(rows),
+        "hit_rate": reported / total,
+        "reconstructed_hit_rate": rebuilt / total,
+        "routed_away": away / total,
+        "routed_away_requests": away_n,
+        "held_nowhere": nowhere / total,
+        "held_nowhere_requests": nowhere_n,
+    }
 
 
 def flips(ours: Sequence[Row], theirs: Sequence[Row], total_tokens: int) -> dict[str, Any]:
@@ -68,8 +76,13 @@ def flips(ours: Sequence[Row], theirs: Sequence[Row], total_tokens: int) -> dict
     more = [(r.cached - mine[r.index]) for r in theirs if r.index in mine and r.cached > mine[r.index]]
     fewer = [(mine[r.index] - r.cached) for r in theirs if r.index in mine and r.cached < mine[r.index]]
     t = total_tokens or 1
-    return {"theirs_more_requests": len(more), "theirs_more": sum(more) / t, "theirs_largest": max(more, default=0),
-            "theirs_fewer_requests": len(fewer), "theirs_fewer": sum(fewer) / t}
+    return {
+        "theirs_more_requests": len(more),
+        "theirs_more": sum(more) / t,
+        "theirs_largest": max(more, default=0),
+        "theirs_fewer_requests": len(fewer),
+        "theirs_fewer": sum(fewer) / t,
+    }
 
 
 def analyse(result: dict[str, Any], trace: Path | None = None) -> dict[str, Any]:
@@ -78,29 +91,42 @@ def analyse(result: dict[str, Any], trace: Path | None = None) -> dict[str, Any]
     requests = prepare(trace or Path(result["trace"]), lo, hi, result.get("block_tokens", 512))
     capacity_blocks = result["capacity_tokens"] // BLOCK
     pooled = pooled_hits(requests, capacity_blocks * result["replicas"])
-    rows = {name: [Row(i, rep, int(c)) for i, rep, c, _ in p["per_request"] if rep is not None and c is not None]
-            for name, p in result["policies"].items() if p.get("per_request")}
+    rows = {
+        name: [Row(i, rep, int(c)) for i, rep, c, _ in p["per_request"] if rep is not None and c is not None]
+        for name, p in result["policies"].items()
+        if p.get("per_request")
+    }
     if not rows:
         raise SystemExit("kvgate bench routing-hits: no per-request rows (run `kvgate bench routing --per-request`)")
     total = sum(r.prompt_tokens for r in requests)
-    out: dict[str, Any] = {"scenario": result.get("scenario"), "report_slice": result["report_slice"],
-                           "ceiling_lru": sum(pooled) / total, "routers": {n: split(requests, r, capacity_blocks, pooled)
-                                                                       for n, r in rows.items()}}
+    out: dict[str, Any] = {
+        "scenario": result.get("scenario"),
+        "report_slice": result["report_slice"],
+        "ceiling_lru": sum(pooled) / total,
+        "routers": {n: split(requests, r, capacity_blocks, pooled) for n, r in rows.items()},
+    }
     if "cache_aware" in rows:
         out["vs_cache_aware"] = {n: flips(rows["cache_aware"], r, total) for n, r in rows.items() if n != "cache_aware"}
     return out
 
 
 def table(a: dict[str, Any]) -> str:
-    lines = [f"{a['scenario']} (slice {a['report_slice']}, ceiling_lru {a['ceiling_lru']:.4f})",
-             "| router | hit rate (reported / rebuilt) | routed away (requests) | held nowhere (requests) | vs cache_aware: more on / fewer on |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"{a['scenario']} (slice {a['report_slice']}, ceiling_lru {a['ceiling_lru']:.4f})",
+        "| router | hit rate (reported / rebuilt) | routed away (requests) | held nowhere (requests) | vs cache_aware: more on / fewer on |",
+        "|---|---|---|---|---|",
+    ]
     for name, s in a["routers"].items():
         f = a.get("vs_cache_aware", {}).get(name)
-        vs = (f"{f['theirs_more_requests']} (+{f['theirs_more']:.4f}) / {f['theirs_fewer_requests']} (−{f['theirs_fewer']:.4f})"
-              if f else "–")
-        lines.append(f"| {name} | {s['hit_rate']:.4f} / {s['reconstructed_hit_rate']:.4f} | {s['routed_away']:.4f} "
-                     f"({s['routed_away_requests']}) | {s['held_nowhere']:.4f} ({s['held_nowhere_requests']}) | {vs} |")
+        vs = (
+            f"{f['theirs_more_requests']} (+{f['theirs_more']:.4f}) / {f['theirs_fewer_requests']} (−{f['theirs_fewer']:.4f})"
+            if f
+            else "–"
+        )
+        lines.append(
+            f"| {name} | {s['hit_rate']:.4f} / {s['reconstructed_hit_rate']:.4f} | {s['routed_away']:.4f} "
+            f"({s['routed_away_requests']}) | {s['held_nowhere']:.4f} ({s['held_nowhere_requests']}) | {vs} |"
+        )
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ cache_aware decisions over the same block hashes (no tree eviction).
 kvgate's cache_aware defaults (middleware/routing/cache_aware.py) were chosen with this model on
 requests 0–800 of the conversation trace and of `kvgate bench gen-trace`'s long-prompt trace.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from kvgate.engines.sim.engine import DEFAULT_OVERHEAD_S, PrefixCache, SimEngine, matchable
+from kvgate.engines.sim.base import matchable
+from kvgate.engines.sim.engine import DEFAULT_OVERHEAD_S, PrefixCache, SimEngine
 from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.middleware.routing import RoutingPolicy, make_policy
 from kvgate.middleware.routing.base import ReplicaState, RoutePlan
@@ -55,8 +57,14 @@ def prepare(path: Path, lo: int, hi: int, block_tokens: int = 512, max_out: int 
     out = []
     for r in trace:
         req = engine.request([{"role": "user", "content": prompt_text(r, block_tokens)}])
-        out.append(ModelRequest((r.timestamp_ms - trace[0].timestamp_ms) / 1000, req.prompt_tokens, tuple(req.hashes),
-                                max(1, min(r.output_length, max_out))))
+        out.append(
+            ModelRequest(
+                (r.timestamp_ms - trace[0].timestamp_ms) / 1000,
+                req.prompt_tokens,
+                tuple(req.hashes),
+                max(1, min(r.output_length, max_out)),
+            )
+        )
     return out
 
 
@@ -69,7 +77,9 @@ class SglangRule:
     name = "sglang"
     low_match = "smallest_tree"
 
-    def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5):
+    def __init__(
+        self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64, balance_rel_threshold: float = 1.5
+    ):
         self.ct, self.abs, self.rel = cache_threshold, balance_abs_threshold, balance_rel_threshold
         self._tree: dict[str, int] = {}
 
@@ -95,9 +105,16 @@ class VllmRule(SglangRule):
     low_match = "least_loaded"
 
 
-def simulate(requests: Sequence[ModelRequest], policy: RoutingPolicy | SglangRule, *, replicas: int = 4,
-             capacity_tokens: int = 1_500_000, prefill_tps: float = 48_000, decode_tps: float = 240,
-             speed: float = 4.0) -> dict[str, float]:
+def simulate(
+    requests: Sequence[ModelRequest],
+    policy: RoutingPolicy | SglangRule,
+    *,
+    replicas: int = 4,
+    capacity_tokens: int = 1_500_000,
+    prefill_tps: float = 48_000,
+    decode_tps: float = 240,
+    speed: float = 4.0,
+) -> dict[str, float]:
     """Route and serve every request; hit rate (cached / prompt tokens), TTFT p50/p99/mean (s,
     trace time ÷ speed), imbalance (max/mean requests). Deterministic."""
     caches = [PrefixCache(capacity_tokens // BLOCK) for _ in range(replicas)]
@@ -120,8 +137,9 @@ def simulate(requests: Sequence[ModelRequest], policy: RoutingPolicy | SglangRul
             else:
                 states[i].in_flight -= 1
         matched = index.match(req.hashes)
-        plan = RoutePlan(list(req.hashes), req.prompt_tokens, BLOCK, matched,
-                         shared_prefix=index.shared_match(req.hashes, matched))  # as Router.plan
+        plan = RoutePlan(
+            list(req.hashes), req.prompt_tokens, BLOCK, matched, shared_prefix=index.shared_match(req.hashes, matched)
+        )  # as Router.plan
         i = int(policy.choose(states, plan).name[1:])
         pending = max(0, req.prompt_tokens - plan.matched_tokens(f"r{i}"))
         states[i].pending_prefill_tokens += pending
@@ -137,22 +155,34 @@ def simulate(requests: Sequence[ModelRequest], policy: RoutingPolicy | SglangRul
         cached, prompt = cached + hit, prompt + req.prompt_tokens
         heapq.heappush(events, (first, next(seq), 0, i, pending))
         heapq.heappush(events, (first + req.completion_tokens / decode_tps, next(seq), 1, i, 0))
-    return {"hit_rate": cached / prompt if prompt else 0.0, "ttft_p50_s": pct(ttfts, 0.5), "ttft_p99_s": pct(ttfts, 0.99),
-            "ttft_mean_s": statistics.fmean(ttfts), "imbalance": max(counts) / statistics.fmean(counts)}
+    return {
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "ttft_p50_s": pct(ttfts, 0.5),
+        "ttft_p99_s": pct(ttfts, 0.99),
+        "ttft_mean_s": statistics.fmean(ttfts),
+        "imbalance": max(counts) / statistics.fmean(counts),
+    }
 
 
 def parse_candidates(text: str) -> list[dict[str, Any]]:
     """'k=v,k=v;k=v' → [{k: v, k: v}, {k: v}] (values as YAML: .inf, 2.5, ...); '' → [{}]."""
-    out = [{k.strip(): yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in c.split(",") if kv.strip())}
-           for c in text.split(";") if c.strip()]
+    out = [
+        {k.strip(): yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in c.split(",") if kv.strip())}
+        for c in text.split(";")
+        if c.strip()
+    ]
     return out or [{}]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, action="append", required=True, help="Mooncake trace (repeatable)")
     p.add_argument("--slices", default="0:400,400:800", help="comma list of A:B request slices, each run separately")
-    p.add_argument("--candidates", default="", metavar="K=V,...;...",
-                   help="cache_aware option sets to compare (default: its defaults only), e.g. 'miss_weight=8;queue_slack=.inf'")
+    p.add_argument(
+        "--candidates",
+        default="",
+        metavar="K=V,...;...",
+        help="cache_aware option sets to compare (default: its defaults only), e.g. 'miss_weight=8;queue_slack=.inf'",
+    )
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--capacity-tokens", type=int, default=1_500_000)
     p.add_argument("--json", type=Path, default=None)
@@ -164,10 +194,13 @@ def main(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"sets": list(data), "rows": []}
     rules: list[tuple[str, Any]] = [("sglang", SglangRule), ("vllm_router", VllmRule)] + [
         (f"cache_aware {c}" if c else "cache_aware (defaults)", lambda c=c: make_policy("cache_aware", **c))
-        for c in parse_candidates(args.candidates)]
+        for c in parse_candidates(args.candidates)
+    ]
     for label, factory in rules:
-        figures = {name: simulate(reqs, factory(), replicas=args.replicas, capacity_tokens=args.capacity_tokens)
-                   for name, reqs in data.items()}
+        figures = {
+            name: simulate(reqs, factory(), replicas=args.replicas, capacity_tokens=args.capacity_tokens)
+            for name, reqs in data.items()
+        }
         result["rows"].append({"rule": label, "figures": figures})
         print(f"{label:48s} " + "  ".join(f"{f['hit_rate']:.3f}/{f['ttft_p99_s']:.2f}s" for f in figures.values()))
     print("(hit rate / TTFT p99 per set: " + ", ".join(data) + ")", file=sys.stderr)

@@ -17,6 +17,7 @@ is told, and the parameters tuned for it.
   it vllm-router falls back to least-loaded routing). The three thresholds are what the arena
   tunes for them (ANCHOR_GRID), on the tuning slice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Launch:
 
 
 def parse_grid(text: str) -> list[dict[str, float]]:
-    """"ct/abs/rel,..." → threshold dicts (ValueError on a malformed entry)."""
+    """ "ct/abs/rel,..." → threshold dicts (ValueError on a malformed entry)."""
     out = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         parts = item.split("/")
@@ -54,19 +55,40 @@ def parse_grid(text: str) -> list[dict[str, float]]:
     return out
 
 
-def anchor_launch(name: str, port: int, urls: list[str], params: dict[str, float], tree_chars: int | None) -> Launch | None:
+def anchor_launch(
+    name: str, port: int, urls: list[str], params: dict[str, float], tree_chars: int | None
+) -> Launch | None:
     """argv of an anchor router (None when it is not installed). tree_chars: the capacity hint
     per worker (characters = tokens with the text tokenizer), or None for the router's default."""
     binary = sglang_router_bin() if name == "sglang" else vllm_router_bin()
     if binary is None:
         return None
     head = [binary, "launch"] if name == "sglang" else [binary]
-    argv = [*head, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
-            "--cache-threshold", str(params["cache_threshold"]),
-            "--balance-abs-threshold", str(int(params["balance_abs_threshold"])),
-            "--balance-rel-threshold", str(params["balance_rel_threshold"]),
-            "--request-timeout-secs", "600", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--log-level", "warn" if name == "sglang" else "warning"]
+    argv = [
+        *head,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        "cache_aware",
+        "--cache-threshold",
+        str(params["cache_threshold"]),
+        "--balance-abs-threshold",
+        str(int(params["balance_abs_threshold"])),
+        "--balance-rel-threshold",
+        str(params["balance_rel_threshold"]),
+        "--request-timeout-secs",
+        "600",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+        "--log-level",
+        "warn" if name == "sglang" else "warning",
+    ]
     if tree_chars is not None:
         argv += ["--max-tree-size", str(tree_chars), "--eviction-interval-secs", str(HINT_EVICTION_S)]
     thresholds = "/".join(str(params[k]) for k in ANCHOR_DEFAULTS)
@@ -74,8 +96,14 @@ def anchor_launch(name: str, port: int, urls: list[str], params: dict[str, float
     return Launch(argv=argv, label=label)
 
 
-def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list[str] | None = None,
-                  capacity_blocks: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def kvgate_config(
+    policy: str,
+    replicas: list[str],
+    cache_dir: str,
+    events: list[str] | None = None,
+    capacity_blocks: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """`kvgate serve` config for one policy: both cache tiers off; approximate mode told only the
     capacity hint (None: capacity_blocks unset); `cache_aware_precise` follows KV events. `extra`:
     flat routing options (`--routing`, `--kvgate-grid`), each put in its block: a policy knob into
@@ -87,8 +115,10 @@ def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list
     precise = policy == "cache_aware_precise"
     name = "cache_aware" if precise else policy
     knobs: dict[str, Any] = {"name": name}
-    prefix: dict[str, Any] = {"tokenizer": "codepoints" if precise else "text",
-                              "mode": "precise" if precise else "approximate"}
+    prefix: dict[str, Any] = {
+        "tokenizer": "codepoints" if precise else "text",
+        "mode": "precise" if precise else "approximate",
+    }
     routing: dict[str, Any] = {"policy": knobs, "prefix": prefix, "max_attempts": 2}
     if precise:  # the replicas' blocks; approximate mode keeps its own default (64 characters with text)
         prefix["block_size"] = BLOCK_SIZE
@@ -106,12 +136,16 @@ def kvgate_config(policy: str, replicas: list[str], cache_dir: str, events: list
             r["events"] = e
     return {
         "cache_dir": cache_dir,
-        "routes": [{
-            "name": "arena", "model": "*",
-            "backend": {"model": "openai/sim", "api_key": "none", "timeout": 600},
-            "exact": False, "semantic": {"enabled": False},  # every request must be routed
-            "replicas": replica_cfg,
-            "routing": routing,
-        }],
+        "routes": [
+            {
+                "name": "arena",
+                "model": "*",
+                "backend": {"model": "openai/sim", "api_key": "none", "timeout": 600},
+                "exact": False,
+                "semantic": {"enabled": False},  # every request must be routed
+                "replicas": replica_cfg,
+                "routing": routing,
+            }
+        ],
         "server": {"max_body_bytes": 64 * 1024 * 1024},
     }

@@ -10,6 +10,7 @@ reader would get a miss), "wrong" are chunks that decoded but hold other data (m
 writes new deterministic chunks in a loop (eviction running under the budget), printing
 "writing" once, until it is killed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,7 @@ def verify(store: ChunkStore, tier: DiskTier) -> dict[str, int]:
     for key in tier.keys():
         if not key.startswith(prefix):
             continue
-        h = int(key[len(prefix):], 16)
+        h = int(key[len(prefix) :], 16)
         try:
             data = tier.get(key)
             if data is None:  # evicted by another process meanwhile

@@ -27,6 +27,7 @@ Here: the options, the run over the policies and the summary; the conversations 
 kvgate.tools.bench.e2e_turns, one policy's processes and summary kvgate.tools.bench.e2e_policy, the KV sizes
 kvgate.tools.bench.e2e_capacity.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,14 +40,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from kvgate.middleware.progress import say
 from kvgate.tools.bench.e2e_capacity import kv_bytes_per_token, kv_working_set, store_capacity_mb
 from kvgate.tools.bench.e2e_policy import run_policy
 from kvgate.tools.bench.e2e_turns import arrivals, openings
 from kvgate.tools.bench.machine import hardware_info
-from kvgate.middleware.progress import say
 
-__all__ = ["POLICIES", "add_arguments", "arrivals", "kv_bytes_per_token", "kv_working_set", "main", "run",
-           "store_capacity_mb", "validate"]
+__all__ = [
+    "POLICIES",
+    "add_arguments",
+    "arrivals",
+    "kv_bytes_per_token",
+    "kv_working_set",
+    "main",
+    "run",
+    "store_capacity_mb",
+    "validate",
+]
 
 POLICIES = ("cache_aware", "round_robin", "least_loaded", "affinity", "cache_aware_approximate")
 
@@ -63,14 +73,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-tokens", type=int, default=256, help="replicas' --chunk-tokens = the router's block_size")
     p.add_argument("--kv-ram-mb", type=int, default=256, help="each replica's RAM tier")
     p.add_argument("--kv-disk-mb", type=int, default=1024, help="each replica's disk tier")
-    p.add_argument("--kv-tail-mb", type=int, default=256,
-                   help="each replica's RAM for the partial chunk after the last full one (spilled to disk)")
-    p.add_argument("--replica-threads", type=int, default=None, help="torch threads per replica (default: CPUs / replicas)")
+    p.add_argument(
+        "--kv-tail-mb",
+        type=int,
+        default=256,
+        help="each replica's RAM for the partial chunk after the last full one (spilled to disk)",
+    )
+    p.add_argument(
+        "--replica-threads", type=int, default=None, help="torch threads per replica (default: CPUs / replicas)"
+    )
     p.add_argument("--exact-prefill", action="store_true", help="pass --exact-prefill to the replicas")
-    p.add_argument("--think-s", type=float, default=0.5,
-                   help="mean pause before a follow-up (seeded uniform in [0, 2x]; 0 = lock step, see above)")
-    p.add_argument("--arrival-s", type=float, default=0.0,
-                   help="mean gap between conversation starts (seeded exponential; 0 = all start together)")
+    p.add_argument(
+        "--think-s",
+        type=float,
+        default=0.5,
+        help="mean pause before a follow-up (seeded uniform in [0, 2x]; 0 = lock step, see above)",
+    )
+    p.add_argument(
+        "--arrival-s",
+        type=float,
+        default=0.0,
+        help="mean gap between conversation starts (seeded exponential; 0 = all start together)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the think times and arrivals")
     p.add_argument("--dir", type=Path, default=None, help="where the work directory (logs, KV stores) goes")
     p.add_argument("--json", type=Path, default=None)
@@ -115,12 +139,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"openings: {[n for _, n in first]} prompt tokens")
     work = Path(tempfile.mkdtemp(prefix="kvgate-e2e-", dir=args.dir))
     result: dict[str, Any] = {
-        "replicas": args.replicas, "conversations": args.conversations, "turns": args.turns,
-        "max_tokens": args.max_tokens, "opening_tokens": [n for _, n in first], "chunk_tokens": args.chunk_tokens,
-        "kv_ram_mb": args.kv_ram_mb, "kv_disk_mb": args.kv_disk_mb, "kv_tail_mb": args.kv_tail_mb,
+        "replicas": args.replicas,
+        "conversations": args.conversations,
+        "turns": args.turns,
+        "max_tokens": args.max_tokens,
+        "opening_tokens": [n for _, n in first],
+        "chunk_tokens": args.chunk_tokens,
+        "kv_ram_mb": args.kv_ram_mb,
+        "kv_disk_mb": args.kv_disk_mb,
+        "kv_tail_mb": args.kv_tail_mb,
         "replica_threads": threads,
-        "exact_prefill": args.exact_prefill, "think_s": args.think_s, "arrival_s": args.arrival_s, "seed": args.seed,
-        "machine": hardware_info(work), "policies": {}, "requests_detail": {},
+        "exact_prefill": args.exact_prefill,
+        "think_s": args.think_s,
+        "arrival_s": args.arrival_s,
+        "seed": args.seed,
+        "machine": hardware_info(work),
+        "policies": {},
+        "requests_detail": {},
     }
     answers: dict[str, dict[tuple[int, int], str]] = {}
     for policy in policies:
@@ -128,17 +163,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["policies"][policy] = summary
         result["requests_detail"][policy] = [{k: v for k, v in asdict(r).items() if k != "answer"} for r in records]
         answers[policy] = {(r.conversation, r.turn): r.answer for r in records if r.error is None}
-        log(f"{policy}: ttft mean {summary['ttft_mean_s'] * 1000:.0f} ms p50 {summary['ttft_p50_s'] * 1000:.0f} ms "
+        log(
+            f"{policy}: ttft mean {summary['ttft_mean_s'] * 1000:.0f} ms p50 {summary['ttft_p50_s'] * 1000:.0f} ms "
             f"p99 {summary['ttft_p99_s'] * 1000:.0f} ms, prefilled {summary['prefill_tokens_computed']} of "
-            f"{summary['prompt_tokens']} prompt tokens, errors {summary['errors']}")
+            f"{summary['prompt_tokens']} prompt tokens, errors {summary['errors']}"
+        )
     ca, rr = result["policies"].get("cache_aware"), result["policies"].get("round_robin")
     if ca and rr and rr["ttft_mean_s"] > 0:
         result["ttft_mean_ratio_cache_aware_over_round_robin"] = ca["ttft_mean_s"] / rr["ttft_mean_s"]
         if ca["ttft_mean_follow_ups_s"] is not None and rr["ttft_mean_follow_ups_s"]:
             result["ttft_mean_follow_ups_ratio_cache_aware_over_round_robin"] = (
-                ca["ttft_mean_follow_ups_s"] / rr["ttft_mean_follow_ups_s"])
+                ca["ttft_mean_follow_ups_s"] / rr["ttft_mean_follow_ups_s"]
+            )
         result["prefill_tokens_ratio_cache_aware_over_round_robin"] = (
-            ca["prefill_tokens_computed"] / rr["prefill_tokens_computed"] if rr["prefill_tokens_computed"] else None)
+            ca["prefill_tokens_computed"] / rr["prefill_tokens_computed"] if rr["prefill_tokens_computed"] else None
+        )
     detail = next(iter(result["requests_detail"].values()), [])
     if detail:  # which regime this run was in: can each replica hold every conversation?
         from kvgate.engines.replica.model import resolve_model_dir
@@ -162,20 +201,30 @@ def main(args: argparse.Namespace) -> int:
             print(f"kvgate bench e2e: error: {msg}", file=sys.stderr)
         return 2
     result = run(args)
-    print(f"{args.conversations} conversations × {args.turns} turns over {args.replicas} replicas "
-          f"(openings {min(result['opening_tokens'])}-{max(result['opening_tokens'])} tokens, {args.max_tokens} tokens per answer)")
-    print(f"{'policy':24s} {'ttft mean':>10s} {'p50':>8s} {'p99':>8s} {'prefilled':>10s} {'cached':>8s} {'prompt':>8s} {'errors':>6s}")
+    print(
+        f"{args.conversations} conversations × {args.turns} turns over {args.replicas} replicas "
+        f"(openings {min(result['opening_tokens'])}-{max(result['opening_tokens'])} tokens, {args.max_tokens} tokens per answer)"
+    )
+    print(
+        f"{'policy':24s} {'ttft mean':>10s} {'p50':>8s} {'p99':>8s} {'prefilled':>10s} {'cached':>8s} {'prompt':>8s} {'errors':>6s}"
+    )
     for name, s in result["policies"].items():
-        print(f"{name:24s} {s['ttft_mean_s'] * 1000:8.0f}ms {s['ttft_p50_s'] * 1000:6.0f}ms {s['ttft_p99_s'] * 1000:6.0f}ms "
-              f"{s['prefill_tokens_computed']:10d} {s['cached_tokens']:8d} {s['prompt_tokens']:8d} {s['errors']:6d}")
+        print(
+            f"{name:24s} {s['ttft_mean_s'] * 1000:8.0f}ms {s['ttft_p50_s'] * 1000:6.0f}ms {s['ttft_p99_s'] * 1000:6.0f}ms "
+            f"{s['prefill_tokens_computed']:10d} {s['cached_tokens']:8d} {s['prompt_tokens']:8d} {s['errors']:6d}"
+        )
     if "kv_working_set_mb" in result:
-        print(f"KV of all conversations at their end: {result['kv_working_set_mb']:.0f} MB; each replica's store "
-              f"holds {result['kv_store_mb_per_replica']} MB (tiers are write-through: the largest tier bounds it)")
+        print(
+            f"KV of all conversations at their end: {result['kv_working_set_mb']:.0f} MB; each replica's store "
+            f"holds {result['kv_store_mb_per_replica']} MB (tiers are write-through: the largest tier bounds it)"
+        )
     if "ttft_mean_ratio_cache_aware_over_round_robin" in result:
         print(f"ttft mean cache_aware / round_robin: {result['ttft_mean_ratio_cache_aware_over_round_robin']:.2f}")
     if "ttft_mean_follow_ups_ratio_cache_aware_over_round_robin" in result:
-        print(f"ttft mean of follow-up turns (2..T) cache_aware / round_robin: "
-              f"{result['ttft_mean_follow_ups_ratio_cache_aware_over_round_robin']:.2f}")
+        print(
+            f"ttft mean of follow-up turns (2..T) cache_aware / round_robin: "
+            f"{result['ttft_mean_follow_ups_ratio_cache_aware_over_round_robin']:.2f}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -1,5 +1,6 @@
 """KV sizes in `kvgate bench e2e`: bytes per token of the model, the conversations' working set, and
 what one replica's store holds, so a run says whether it was under KV-capacity pressure (pure)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """The client side of `kvgate bench e2e`: each conversation's opening, its streamed turns with TTFT
 as the client sees it, and the seeded schedule of arrivals and thinking pauses."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,16 @@ import httpx
 from kvgate.tools.bench.records import fit, sentences
 
 SYSTEM = "You are a careful clerk. Answer briefly from the records."
-FOLLOW_UPS = ("Which place is mentioned most often?", "Summarise the records in one sentence.",
-              "What was weighed?", "Which record mentions a lighthouse?", "What happened on the latest day?",
-              "List two places.", "Was anything lost?", "Give the records a title.")
+FOLLOW_UPS = (
+    "Which place is mentioned most often?",
+    "Summarise the records in one sentence.",
+    "What was weighed?",
+    "Which record mentions a lighthouse?",
+    "What happened on the latest day?",
+    "List two places.",
+    "Was anything lost?",
+    "Give the records a title.",
+)
 
 
 def openings(k: int, lo: int, hi: int) -> list[tuple[list[dict[str, str]], int]]:
@@ -30,8 +38,13 @@ def openings(k: int, lo: int, hi: int) -> list[tuple[list[dict[str, str]], int]]
 
         def build(n: int, seed: int = seed) -> list[dict[str, str]]:
             facts = "\n".join(sentences(seed, n))
-            return [{"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"Here are the records of ledger {seed}:\n{facts}\nWhat does record {seed}.0 say?"}]
+            return [
+                {"role": "system", "content": SYSTEM},
+                {
+                    "role": "user",
+                    "content": f"Here are the records of ledger {seed}:\n{facts}\nWhat does record {seed}.0 say?",
+                },
+            ]
 
         out.append(fit(build, lambda m: len(tok.encode_messages(m)), target, hi=max(4, target // 4)))
     return out
@@ -54,8 +67,14 @@ class Turn:
 
 def stream_turn(client: httpx.Client, url: str, messages: list[dict[str, str]], max_tokens: int, rec: Turn) -> None:
     """One streamed request; fills `rec` (errors recorded, never raised)."""
-    body = {"model": "smollm2", "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "smollm2",
+        "messages": messages,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     parts: list[str] = []
     sent = time.perf_counter()
     try:
@@ -96,14 +115,24 @@ def arrivals(k: int, mean_gap_s: float, seed: int) -> list[float]:
     if mean_gap_s <= 0:
         return [0.0] * k
     rng, at, out = random.Random(f"{seed}:arrivals"), 0.0, []
-    for i in range(k):
+    for _ in range(k):
         out.append(at)
         at += rng.expovariate(1 / mean_gap_s)
     return out
 
 
-def converse(url: str, i: int, first: list[dict[str, str]], turns: int, max_tokens: int, think_s: float,
-             seed: int, start: threading.Barrier, out: list[Turn], delay_s: float = 0.0) -> None:
+def converse(
+    url: str,
+    i: int,
+    first: list[dict[str, str]],
+    turns: int,
+    max_tokens: int,
+    think_s: float,
+    seed: int,
+    start: threading.Barrier,
+    out: list[Turn],
+    delay_s: float = 0.0,
+) -> None:
     """Conversation `i`: wait for `start`, then `delay_s`, then `turns` streamed turns (a seeded pause
     before each follow-up), appending each Turn to `out`; stops at the first error."""
     messages = list(first)
@@ -121,5 +150,7 @@ def converse(url: str, i: int, first: list[dict[str, str]], turns: int, max_toke
             out.append(rec)
             if rec.error is not None:
                 return  # the conversation cannot go on without its answer
-            messages += [{"role": "assistant", "content": rec.answer},
-                         {"role": "user", "content": FOLLOW_UPS[(i + t) % len(FOLLOW_UPS)]}]
+            messages += [
+                {"role": "assistant", "content": rec.answer},
+                {"role": "user", "content": FOLLOW_UPS[(i + t) % len(FOLLOW_UPS)]},
+            ]

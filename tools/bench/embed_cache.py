@@ -10,6 +10,7 @@ embedder (e.g. the input files' hash), so a new model or new inputs never read s
 Location: $KVGATE_BENCH_CACHE, else $XDG_CACHE_HOME/kvgate/bench, else ~/.cache/kvgate/bench.
 Files are written to a temporary name and renamed, so a killed run leaves no half part.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,7 @@ class _Embedder(Protocol):
     name: str
     dim: int
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        ...
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,7 @@ def cache_key(source_digest: str, embedder_name: str) -> str:
 
 
 def cached_embeddings(
-    texts: Sequence[str],
-    embedder: _Embedder,
-    key: str,
-    progress: Callable[[str], None] = lambda _m: None,
+    texts: Sequence[str], embedder: _Embedder, key: str, progress: Callable[[str], None] = lambda _m: None
 ) -> tuple[np.ndarray, CacheReport]:
     """Unit vectors (float32, len(texts) x dim) of `texts`, from the cache where possible.
 
@@ -98,8 +95,9 @@ def cached_embeddings(
         if embedded:
             rate = embedded_texts / max(embed_s, 1e-9)
             left = (len(texts) - hi) / rate if rate else 0.0
-            progress(f"filler embeddings: {hi}/{len(texts)} ({rate:.0f} texts/s embedding, ~{left:.0f}s left; "
-                     f"{loaded} part(s) from {directory})")
+            progress(
+                f"filler embeddings: {hi}/{len(texts)} ({rate:.0f} texts/s embedding, ~{left:.0f}s left; {loaded} part(s) from {directory})"
+            )
     if not embedded and texts:
         progress(f"filler embeddings: {len(texts)} loaded from {directory} in {time.perf_counter() - started:.1f}s")
     norms = np.linalg.norm(out, axis=1, keepdims=True)

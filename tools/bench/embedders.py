@@ -8,6 +8,7 @@ the proxy's case; the two embedders interleaved question by question, so both se
 Pair embeddings go through the benchmark embedding cache (tools/bench/embed_cache.py); latency is
 always measured afresh.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ def recall_at_precision(scores: np.ndarray, labels: np.ndarray, target: float) -
     return float(tp[best] / y.sum()), float(s[best])
 
 
-def run(path: Path, which: str, limit: int | None, latency_queries: int,
-        progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run(
+    path: Path, which: str, limit: int | None, latency_queries: int, progress: Callable[[str], None] = lambda _m: None
+) -> dict[str, Any]:
     from kvgate.index.responses.embedder import make_embedder
     from kvgate.tools.bench.embed_cache import cache_key, cached_embeddings
 
@@ -70,13 +72,18 @@ def run(path: Path, which: str, limit: int | None, latency_queries: int,
     out: dict[str, Any] = {}
     for model, embedder in embedders.items():
         vecs, cache = cached_embeddings(texts, embedder, cache_key(digest, embedder.name), progress)
-        scores = np.einsum("ij,ij->i", vecs[: len(pairs)], vecs[len(pairs):])
+        scores = np.einsum("ij,ij->i", vecs[: len(pairs)], vecs[len(pairs) :])
         r90, t90 = recall_at_precision(scores, labels, 0.9)
         r95, t95 = recall_at_precision(scores, labels, 0.95)
-        out[model] = {"dim": embedder.dim, "pair_auc": round(pair_auc(scores, labels), 4),
-                      "recall_at_precision_0.9": round(r90, 4), "threshold_0.9": t90,
-                      "recall_at_precision_0.95": round(r95, 4), "threshold_0.95": t95,
-                      "embedding_cache": cache.state}
+        out[model] = {
+            "dim": embedder.dim,
+            "pair_auc": round(pair_auc(scores, labels), 4),
+            "recall_at_precision_0.9": round(r90, 4),
+            "threshold_0.9": t90,
+            "recall_at_precision_0.95": round(r95, 4),
+            "threshold_0.95": t95,
+            "embedding_cache": cache.state,
+        }
         progress(f"{model}: AUC {out[model]['pair_auc']}, recall@P0.9 {r90:.3f}, recall@P0.95 {r95:.3f}")
     samples: dict[str, list[float]] = {m: [] for m in MODELS}
     for question in [p.question2 for p in pairs[:latency_queries]]:
@@ -86,14 +93,23 @@ def run(path: Path, which: str, limit: int | None, latency_queries: int,
             samples[model].append(time.perf_counter() - started)
     for model in MODELS:
         out[model]["query_ms_p50"], out[model]["query_ms_p99"] = percentiles_ms(samples[model])
-    return {"mode": "embedders", "pairs_file": str(path), "slice": which, "pairs": len(pairs),
-            "duplicates": int(labels.sum()), "latency_queries": min(latency_queries, len(pairs)), "models": out}
+    return {
+        "mode": "embedders",
+        "pairs_file": str(path),
+        "slice": which,
+        "pairs": len(pairs),
+        "duplicates": int(labels.sum()),
+        "latency_queries": min(latency_queries, len(pairs)),
+        "models": out,
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", type=Path, required=True, metavar="FILE.csv")
     parser.add_argument("--slice", choices=SLICES, default="reported", help="as in `kvgate bench trust`")
-    parser.add_argument("--limit", type=int, default=1000, metavar="N", help="first N pairs of the slice (default 1000)")
+    parser.add_argument(
+        "--limit", type=int, default=1000, metavar="N", help="first N pairs of the slice (default 1000)"
+    )
     parser.add_argument("--latency-queries", type=int, default=200, metavar="N")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT")
 
@@ -105,16 +121,17 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.limit < 1 or args.latency_queries < 1:
             raise BenchInputError("--limit and --latency-queries must be at least 1")
-        result = run(args.pairs, args.slice, args.limit, args.latency_queries,
-                     lambda m: print(m, file=sys.stderr, flush=True))
+        result = run(
+            args.pairs, args.slice, args.limit, args.latency_queries, lambda m: print(m, file=sys.stderr, flush=True)
+        )
     except (BenchInputError, MpnetMissing) as exc:
         print(f"kvgate bench embedders: error: {exc}", file=sys.stderr)
         return 2
     result["machine"] = machine_info()
     write_json(args.json, result)
     for model, row in result["models"].items():
-        print(f"{model}: AUC {row['pair_auc']} recall@P0.9 {row['recall_at_precision_0.9']} "
-              f"recall@P0.95 {row['recall_at_precision_0.95']} query p50 {row['query_ms_p50']} ms")
+        print(
+            f"{model}: AUC {row['pair_auc']} recall@P0.9 {row['recall_at_precision_0.9']} "
+            f"recall@P0.95 {row['recall_at_precision_0.95']} query p50 {row['query_ms_p50']} ms"
+        )
     return 0
-
-

@@ -7,6 +7,7 @@ Each measurement runs in a fresh interpreter. `--tree DIR` measures another chec
 commit in a git worktree) with the same interpreter, so two layouts compare in one run.
 `--sim-replica` starts `kvgate sim-replica`, times it to its first 200 on /health and reads its RSS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ def _env(tree: Path) -> dict[str, str]:
 
 
 def import_footprint(module: str, tree: Path) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", PROBE, module], cwd=tree, env=_env(tree), capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, module], cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=300
+    )
     if done.returncode != 0:
         raise SystemExit(f"importing {module} in {tree} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -48,16 +50,32 @@ def import_footprint(module: str, tree: Path) -> dict[str, object]:
 
 def sim_replica_footprint(tree: Path, timeout_s: float = 60.0) -> dict[str, float]:
     port = free_port()
-    argv = [sys.executable, "-m", "kvgate.middleware.cli", "sim-replica", "--port", str(port), "--name", "s",
-            "--capacity-tokens", "100000", "--prefill-tps", "10000", "--decode-tps", "100"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvgate.middleware.cli",
+        "sim-replica",
+        "--port",
+        str(port),
+        "--name",
+        "s",
+        "--capacity-tokens",
+        "100000",
+        "--prefill-tps",
+        "10000",
+        "--decode-tps",
+        "100",
+    ]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=tree, env=_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while time.perf_counter() - started < timeout_s:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    return {"ready_s": time.perf_counter() - started,
-                            "rss_mb": psutil.Process(proc.pid).memory_info().rss / 2**20}
+                    return {
+                        "ready_s": time.perf_counter() - started,
+                        "rss_mb": psutil.Process(proc.pid).memory_info().rss / 2**20,
+                    }
             except httpx.HTTPError:
                 time.sleep(0.05)
         raise SystemExit(f"sim-replica from {tree} did not answer within {timeout_s:.0f}s")
@@ -76,13 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     tree = args.tree.resolve()
     for module in args.modules:
         runs = [import_footprint(module, tree) for _ in range(args.repeat)]
-        print(f"{tree.name}\t{module}\timport {statistics.median(r['import_s'] for r in runs):.3f} s\t"
-              f"{runs[0]['modules']} modules\tpeak RSS {statistics.median(r['max_rss_mb'] for r in runs):.0f} MB\t"
-              f"loads: {', '.join(runs[0]['heavy']) or '-'}")
+        print(
+            f"{tree.name}\t{module}\timport {statistics.median(r['import_s'] for r in runs):.3f} s\t"
+            f"{runs[0]['modules']} modules\tpeak RSS {statistics.median(r['max_rss_mb'] for r in runs):.0f} MB\t"
+            f"loads: {', '.join(runs[0]['heavy']) or '-'}"
+        )
     if args.sim_replica:
         runs = [sim_replica_footprint(tree) for _ in range(args.repeat)]
-        print(f"{tree.name}\tkvgate sim-replica\tready {statistics.median(r['ready_s'] for r in runs):.2f} s\t"
-              f"RSS {statistics.median(r['rss_mb'] for r in runs):.0f} MB")
+        print(
+            f"{tree.name}\tkvgate sim-replica\tready {statistics.median(r['ready_s'] for r in runs):.2f} s\t"
+            f"RSS {statistics.median(r['rss_mb'] for r in runs):.0f} MB"
+        )
     return 0
 
 

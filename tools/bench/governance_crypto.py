@@ -15,6 +15,7 @@ both, alternating which goes first: exact repeats of seeded questions, then para
 `x-kvgate-cache-control: no-store`. Client wall time of hits only. The entry store's own read
 (`get_exact`) is timed apart too, to show the decryption without HTTP around it.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,9 +45,18 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return round(num / den, 3) if num is not None and den else None
 
 
-def disk_load(work: Path, *, chunks: int = 24, layers: int = 32, tokens: int = 64, width: int = 1024,
-              codec: str = "int8", repeats: int = 5, page_cache: str = "fadvise",
-              progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def disk_load(
+    work: Path,
+    *,
+    chunks: int = 24,
+    layers: int = 32,
+    tokens: int = 64,
+    width: int = 1024,
+    codec: str = "int8",
+    repeats: int = 5,
+    page_cache: str = "fadvise",
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """Disk-tier loads plain vs encrypted (module docstring). A chunk is `layers` tensors of
     [2, tokens, width] float16 (K and V of `tokens` tokens), as the connector stores a block run."""
     import torch
@@ -58,9 +68,12 @@ def disk_load(work: Path, *, chunks: int = 24, layers: int = 32, tokens: int = 6
     cache = PageCache(page_cache)
     budget = 64 << 30
     dirs = {arm: work / f"kv-{arm}" for arm in ARMS}
-    stores = {"plain": ChunkStore([DiskTier(dirs["plain"], budget)], NAMESPACE, LayerCodec(codec)),
-              "encrypted": ChunkStore([DiskTier(dirs["encrypted"], budget)], NAMESPACE, LayerCodec(codec),
-                                      ChunkCipher(os.urandom(32)))}
+    stores = {
+        "plain": ChunkStore([DiskTier(dirs["plain"], budget)], NAMESPACE, LayerCodec(codec)),
+        "encrypted": ChunkStore(
+            [DiskTier(dirs["encrypted"], budget)], NAMESPACE, LayerCodec(codec), ChunkCipher(os.urandom(32))
+        ),
+    }
     hashes = list(range(1, chunks + 1))
     gen = torch.Generator().manual_seed(0)
     progress(f"governance: writing {chunks} chunks to each disk tier")
@@ -75,7 +88,7 @@ def disk_load(work: Path, *, chunks: int = 24, layers: int = 32, tokens: int = 6
     cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
     try:
         for r in range(repeats):
-            for arm in (ARMS if r % 2 == 0 else ARMS[::-1]):
+            for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
                 store = stores[arm]
                 cache.drop(files_under(dirs[arm]))
                 t0, c0 = time.perf_counter(), time.thread_time()
@@ -101,19 +114,27 @@ def disk_load(work: Path, *, chunks: int = 24, layers: int = 32, tokens: int = 6
     cached = {arm: round(delivered / _median(warm[arm]) / GB, 3) for arm in ARMS}
     token_count = chunks * tokens
     return {
-        "disk_load_gbps_plain": gbps["plain"], "disk_load_gbps_encrypted": gbps["encrypted"],
-        "disk_load_ratio": _ratio(gbps["encrypted"], gbps["plain"]), "disk_load_ratio_paired": round(paired, 3),
-        "disk_load_gbps_best_plain": round(best["plain"], 3), "disk_load_gbps_best_encrypted": round(best["encrypted"], 3),
+        "disk_load_gbps_plain": gbps["plain"],
+        "disk_load_gbps_encrypted": gbps["encrypted"],
+        "disk_load_ratio": _ratio(gbps["encrypted"], gbps["plain"]),
+        "disk_load_ratio_paired": round(paired, 3),
+        "disk_load_gbps_best_plain": round(best["plain"], 3),
+        "disk_load_gbps_best_encrypted": round(best["encrypted"], 3),
         "disk_load_ratio_best": _ratio(best["encrypted"], best["plain"]),
         "load_cpu_ms_plain": round(_median(cpu["plain"]) * 1e3, 1),
         "load_cpu_ms_encrypted": round(_median(cpu["encrypted"]) * 1e3, 1),
-        "page_cache_load_gbps_plain": cached["plain"], "page_cache_load_gbps_encrypted": cached["encrypted"],
+        "page_cache_load_gbps_plain": cached["plain"],
+        "page_cache_load_gbps_encrypted": cached["encrypted"],
         "page_cache_load_ratio": _ratio(cached["encrypted"], cached["plain"]),
         "bytes_per_token_plain": round(stored["plain"] / token_count, 2),
         "bytes_per_token_encrypted": round(stored["encrypted"] / token_count, 2),
-        "chunk_bytes": round(delivered / chunks), "chunks": chunks, "tokens_per_chunk": tokens, "codec": codec,
+        "chunk_bytes": round(delivered / chunks),
+        "chunks": chunks,
+        "tokens_per_chunk": tokens,
+        "codec": codec,
         "load_seconds": {arm: [round(x, 4) for x in cold[arm]] for arm in ARMS},
-        "decrypt_failures": failures, "page_cache": cache.report(),
+        "decrypt_failures": failures,
+        "page_cache": cache.report(),
     }
 
 
@@ -129,8 +150,14 @@ def _proxy(stack: ExitStack, work: Path, backend_url: str, embedder: Any, cipher
 
     config = parse_config(bench_config(work, backend_url, 0.8, 0), "bench config")
     entries = DiskEntryStore(work / "responses", embedder.dim, cipher)
-    index = SemanticIndex(None, embedder.dim, max_entries=config.max_entries, entries=entries,
-                          tighten_margin=config.feedback.margin, max_bytes=config.max_bytes)
+    index = SemanticIndex(
+        None,
+        embedder.dim,
+        max_entries=config.max_entries,
+        entries=entries,
+        tighten_margin=config.feedback.margin,
+        max_bytes=config.max_bytes,
+    )
     pipeline = build_pipeline(config, embedder=embedder, index=index)
     stack.callback(pipeline.close)
     server = ServerThread(create_app(config, pipeline)).start()
@@ -138,8 +165,14 @@ def _proxy(stack: ExitStack, work: Path, backend_url: str, embedder: Any, cipher
     return server.url
 
 
-def hit_latency(work: Path, *, rounds: int = 10, semantic_rounds: int = 2, semantic_queries: int | None = None,
-                progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def hit_latency(
+    work: Path,
+    *,
+    rounds: int = 10,
+    semantic_rounds: int = 2,
+    semantic_queries: int | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """Exact and semantic hit latency through two proxies, plain and encrypted (module docstring);
     `semantic_queries` caps the paraphrases sent per round (None: all)."""
     from kvgate.engines.demo import create_fake_app
@@ -161,9 +194,12 @@ def hit_latency(work: Path, *, rounds: int = 10, semantic_rounds: int = 2, seman
         embedder = make_embedder("onnx")
         ciphers = {"plain": None, "encrypted": EntryCipher(os.urandom(32))}
         urls = {arm: _proxy(stack, work / f"proxy-{arm}", fake.url, embedder, ciphers[arm]) for arm in ARMS}
-        clients = {arm: stack.enter_context(httpx.Client(base_url=urls[arm], timeout=60.0,
-                                                         headers={"authorization": f"Bearer {BENCH_TOKEN}"}))
-                   for arm in ARMS}
+        clients = {
+            arm: stack.enter_context(
+                httpx.Client(base_url=urls[arm], timeout=60.0, headers={"authorization": f"Bearer {BENCH_TOKEN}"})
+            )
+            for arm in ARMS
+        }
 
         def send(arm: str, text: str, headers: dict[str, str] | None = None) -> tuple[str | None, float]:
             t0 = time.perf_counter()
@@ -179,14 +215,14 @@ def hit_latency(work: Path, *, rounds: int = 10, semantic_rounds: int = 2, seman
         progress(f"governance: {rounds} rounds of {len(seeds)} exact hits per arm")
         for r in range(rounds):
             for i, text in enumerate(seeds):
-                for arm in (ARMS if (r + i) % 2 == 0 else ARMS[::-1]):
+                for arm in ARMS if (r + i) % 2 == 0 else ARMS[::-1]:
                     tier, elapsed = send(arm, text)
                     if tier == "exact":
                         exact[arm].append(elapsed)
         progress(f"governance: {semantic_rounds} rounds of {len(texts)} semantic lookups per arm")
         for r in range(semantic_rounds):
             for i, text in enumerate(texts):
-                for arm in (ARMS if (r + i) % 2 == 0 else ARMS[::-1]):
+                for arm in ARMS if (r + i) % 2 == 0 else ARMS[::-1]:
                     tier, elapsed = send(arm, text, {"x-kvgate-cache-control": "no-store"})
                     if tier == "semantic":
                         semantic[arm].append(elapsed)
@@ -209,21 +245,25 @@ def entry_reads(work: Path, *, entries: int = 200, reads: int = 5000) -> dict[st
     from kvgate.index.responses.entries import CacheEntry, DiskEntryStore
     from kvgate.index.storage.cipher import EntryCipher
 
-    stores = {"plain": DiskEntryStore(work / "entries-plain", 8),
-              "encrypted": DiskEntryStore(work / "entries-encrypted", 8, EntryCipher(os.urandom(32)))}
+    stores = {
+        "plain": DiskEntryStore(work / "entries-plain", 8),
+        "encrypted": DiskEntryStore(work / "entries-encrypted", 8, EntryCipher(os.urandom(32))),
+    }
     answer = {"choices": [{"message": {"role": "assistant", "content": "An answer of a typical length. " * 20}}]}
     per: dict[str, list[float]] = {arm: [] for arm in ARMS}
     scope = "0" * 64  # a scope digest's length
     sample = CacheEntry(1, scope, answer, "exact-0", "a question", "r", "m").to_bytes()
     overhead = len(EntryCipher(os.urandom(32)).seal(sample, scope, "e:1")) - len(sample)
     try:
-        for arm, store in stores.items():
+        for store in stores.values():
             for i, entry_id in enumerate(store.allocate(entries)):
-                store.put(CacheEntry(entry_id, scope, answer, f"exact-{i}", "a question", "r", "m"),
-                          np.ones(8, dtype=np.float32) / np.sqrt(8))
+                store.put(
+                    CacheEntry(entry_id, scope, answer, f"exact-{i}", "a question", "r", "m"),
+                    np.ones(8, dtype=np.float32) / np.sqrt(8),
+                )
         block = max(1, reads // 10)
         for b in range(10):
-            for arm in (ARMS if b % 2 == 0 else ARMS[::-1]):
+            for arm in ARMS if b % 2 == 0 else ARMS[::-1]:
                 t0 = time.perf_counter()
                 for i in range(block):
                     if stores[arm].get_exact(f"exact-{i % entries}") is None:
@@ -234,12 +274,22 @@ def entry_reads(work: Path, *, entries: int = 200, reads: int = 5000) -> dict[st
             store.close()
     return {f"entry_read_us_{arm}": round(_median(per[arm]), 2) for arm in ARMS} | {
         "entry_read_ratio": _ratio(_median(per["encrypted"]), _median(per["plain"])),
-        "entry_overhead_bytes": overhead, "entry_bytes_plain": len(sample)}
+        "entry_overhead_bytes": overhead,
+        "entry_bytes_plain": len(sample),
+    }
 
 
-def run_encryption(work: Path | None = None, *, chunks: int = 24, repeats: int = 5, rounds: int = 10,
-                   semantic_rounds: int = 2, semantic_queries: int | None = None, page_cache: str = "fadvise",
-                   progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_encryption(
+    work: Path | None = None,
+    *,
+    chunks: int = 24,
+    repeats: int = 5,
+    rounds: int = 10,
+    semantic_rounds: int = 2,
+    semantic_queries: int | None = None,
+    page_cache: str = "fadvise",
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """The `encryption` object of `kvgate bench governance --json`: the issue's six figures
     (disk_load_gbps_*, hit_p50_ms_* and hit_p99_ms_* of exact hits), the goals' verdicts, and the
     rest (semantic hits, page-cache loads, bytes per token, the entry store's own reads)."""
@@ -247,12 +297,21 @@ def run_encryption(work: Path | None = None, *, chunks: int = 24, repeats: int =
         root = Path(tmp)
         disk = disk_load(root, chunks=chunks, repeats=repeats, page_cache=page_cache, progress=progress)
         reads = entry_reads(root)
-        hits = hit_latency(root, rounds=rounds, semantic_rounds=semantic_rounds, semantic_queries=semantic_queries,
-                           progress=progress)
-    goals = {"disk_load_at_least_0.8x": (disk["disk_load_ratio"] or 0) >= 0.8,
-             "hit_p50_at_most_1.1x": (hits["hit_p50_ratio"] or 99) <= 1.1,
-             "semantic_hit_p50_at_most_1.1x": (hits["semantic_hit_p50_ratio"] or 99) <= 1.1}
-    keys = ("disk_load_gbps_plain", "disk_load_gbps_encrypted", "hit_p50_ms_plain", "hit_p50_ms_encrypted",
-            "hit_p99_ms_plain", "hit_p99_ms_encrypted")
+        hits = hit_latency(
+            root, rounds=rounds, semantic_rounds=semantic_rounds, semantic_queries=semantic_queries, progress=progress
+        )
+    goals = {
+        "disk_load_at_least_0.8x": (disk["disk_load_ratio"] or 0) >= 0.8,
+        "hit_p50_at_most_1.1x": (hits["hit_p50_ratio"] or 99) <= 1.1,
+        "semantic_hit_p50_at_most_1.1x": (hits["semantic_hit_p50_ratio"] or 99) <= 1.1,
+    }
+    keys = (
+        "disk_load_gbps_plain",
+        "disk_load_gbps_encrypted",
+        "hit_p50_ms_plain",
+        "hit_p50_ms_encrypted",
+        "hit_p99_ms_plain",
+        "hit_p99_ms_encrypted",
+    )
     both = {**disk, **hits}
     return {**{k: both[k] for k in keys}, **{k: v for k, v in both.items() if k not in keys}, **reads, "goals": goals}

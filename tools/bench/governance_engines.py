@@ -13,6 +13,7 @@
   message, so `usage.prompt_tokens_details.cached_tokens` tells a reused prefix from a new one as
   vLLM's does. They have no KV tiers: the figures that need one are reported as null.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,12 @@ from fastapi import FastAPI, Request
 
 KV_PREFIX = "kvgate-kv"  # the connector's Redis key prefix, apart from the response store's
 KV_DISK_MB = 2048  # the disk tier's budget: a reader opening it must pass the same (diskcache keeps the last)
-LOADED = ("vllm:kvgate_loaded_chunks_total", "vllm:kvgate_loads_total", "vllm:kvgate_load_errors_total",
-          "vllm:kvgate_decrypt_failures_total")
+LOADED = (
+    "vllm:kvgate_loaded_chunks_total",
+    "vllm:kvgate_loads_total",
+    "vllm:kvgate_load_errors_total",
+    "vllm:kvgate_decrypt_failures_total",
+)
 
 
 def revision_dir(model: Path, work: Path, label: str) -> Path:
@@ -45,8 +50,15 @@ def revision_dir(model: Path, work: Path, label: str) -> Path:
 class VllmEngines:
     kind = "vllm"
 
-    def __init__(self, work: Path, redis_url: str, master_env: str, master_hex: str,
-                 progress: Callable[[str], None], kv_cache_gib: int = 1) -> None:
+    def __init__(
+        self,
+        work: Path,
+        redis_url: str,
+        master_env: str,
+        master_hex: str,
+        progress: Callable[[str], None],
+        kv_cache_gib: int = 1,
+    ) -> None:
         from kvgate.engines.vllm.launch import VllmServer, default_model_dir, tier_settings, vllm_available, vllm_python
 
         if not vllm_available():
@@ -56,18 +68,27 @@ class VllmEngines:
             raise RuntimeError(f"no SmolLM2 model dir at {self.model}: run `kvgate prepare`")
         self.kv_disk = work / "kv-disk"
         self.kv_redis = redis_url
-        settings = tier_settings(str(self.kv_disk), redis_url, memory_mb=64, disk_mb=KV_DISK_MB,
-                                 encryption_key_env=master_env)
+        settings = tier_settings(
+            str(self.kv_disk), redis_url, memory_mb=64, disk_mb=KV_DISK_MB, encryption_key_env=master_env
+        )
         settings["tiers"]["remote"]["key_prefix"] = KV_PREFIX  # type: ignore[index]
         # unix socket paths are short (about 100 bytes): their own directory under /tmp
         self._ipc = Path(tempfile.mkdtemp(prefix="kvg-ev-"))
         logs = work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         cores = max(1, os.cpu_count() or 1)
-        self.servers = [VllmServer(str(self.model), core=i % cores, kv_cache_gib=kv_cache_gib,
-                                   log_path=logs / f"vllm-{i}.log", kv_connector=settings,
-                                   extra_env={master_env: master_hex}, events_endpoint=f"ipc://{self._ipc}/e{i}")
-                        for i in range(2)]
+        self.servers = [
+            VllmServer(
+                str(self.model),
+                core=i % cores,
+                kv_cache_gib=kv_cache_gib,
+                log_path=logs / f"vllm-{i}.log",
+                kv_connector=settings,
+                extra_env={master_env: master_hex},
+                events_endpoint=f"ipc://{self._ipc}/e{i}",
+            )
+            for i in range(2)
+        ]
         self.work = work
         progress("governance: starting two vLLM servers (KV connector: disk + Redis tiers, encrypted)")
         t0 = time.perf_counter()
@@ -145,12 +166,19 @@ def fake_vllm_app(state: "FakeEngine") -> Any:
         cached = len(first.split()) if key in state.seen else 0
         state.seen.add(key)
         answer = f"Answer: {question}"
-        return {"id": f"chatcmpl-{len(state.seen)}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model", "smollm2"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer.split()),
-                          "total_tokens": prompt_tokens + len(answer.split()),
-                          "prompt_tokens_details": {"cached_tokens": cached}}}
+        return {
+            "id": f"chatcmpl-{len(state.seen)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "smollm2"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(answer.split()),
+                "total_tokens": prompt_tokens + len(answer.split()),
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
 
     return app
 

@@ -18,6 +18,7 @@ engine again: reported, no goal), and once each proxy logged the new revision, t
 keep sets (all answers made under the old revision). Each set is asked once more after: hits
 again, from the fresh entries (the cache still works).
 """
+
 from __future__ import annotations
 
 import threading
@@ -31,8 +32,14 @@ SETS = ("tag", "keep", "system", "revision", "window")
 NOTICED = "now serves model revision"  # the proxies' log line when a replica's revision changed
 
 
-def run_invalidate(stack: Stack, *, docs: int = 2, doc_tokens: int = 256, restart: int = 1,
-                   progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_invalidate(
+    stack: Stack,
+    *,
+    docs: int = 2,
+    doc_tokens: int = 256,
+    restart: int = 1,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     tag, keep = f"doc:{stack.token}@v1", f"doc:{stack.token}-keep@v1"
     system = f"You are the archive assistant of run {stack.token}. Answer in one sentence."
@@ -62,10 +69,14 @@ def run_invalidate(stack: Stack, *, docs: int = 2, doc_tokens: int = 256, restar
     def outcome(name: str, stale_ids: set[int], removed: int | None) -> dict[str, Any]:
         first = replay(name)
         fresh = replay(name)
-        return {"stale_served": sum(r.hit and r.entry_id in stale_ids for r in first),
-                "hits_after": sum(r.hit for r in first), "replayed": len(first),
-                "hits_before": planted_hits[name], "removed": removed,
-                "fresh_hits_again": sum(r.hit for r in fresh)}
+        return {
+            "stale_served": sum(r.hit and r.entry_id in stale_ids for r in first),
+            "hits_after": sum(r.hit for r in first),
+            "replayed": len(first),
+            "hits_before": planted_hits[name],
+            "removed": removed,
+            "fresh_hits_again": sum(r.hit for r in fresh),
+        }
 
     progress("governance invalidate: by client tag")
     removed = sum(int(p.invalidate([tag])["removed"]) for p in stack.proxies.values())
@@ -100,16 +111,30 @@ def run_invalidate(stack: Stack, *, docs: int = 2, doc_tokens: int = 256, restar
     old = seen["revision"] | seen["keep"] | seen["window"]
     by_revision = outcome("revision", old, None)
     keep_after = outcome("keep", old, None)
-    by_revision.update({
-        "restart_s": round(restart_s, 1), "roots_before": roots_before, "roots_after": stack.engines.roots(),
-        "noticed_after_ready_s": waited, "other_set_stale_served": keep_after["stale_served"],
-        "other_set_replayed": keep_after["replayed"], "other_set_fresh_hits_again": keep_after["fresh_hits_again"],
-        "window": {"replayed_at_ready": len(window), "stale_served": sum(r.hit and r.entry_id in old for r in window)},
-    })
-    stale = {"by_tag": by_tag["stale_served"], "by_system_prompt": by_system["stale_served"],
-             "by_revision": by_revision["stale_served"] + by_revision["other_set_stale_served"]}
+    by_revision.update(
+        {
+            "restart_s": round(restart_s, 1),
+            "roots_before": roots_before,
+            "roots_after": stack.engines.roots(),
+            "noticed_after_ready_s": waited,
+            "other_set_stale_served": keep_after["stale_served"],
+            "other_set_replayed": keep_after["replayed"],
+            "other_set_fresh_hits_again": keep_after["fresh_hits_again"],
+            "window": {
+                "replayed_at_ready": len(window),
+                "stale_served": sum(r.hit and r.entry_id in old for r in window),
+            },
+        }
+    )
+    stale = {
+        "by_tag": by_tag["stale_served"],
+        "by_system_prompt": by_system["stale_served"],
+        "by_revision": by_revision["stale_served"] + by_revision["other_set_stale_served"],
+    }
     return {
-        "by_tag": by_tag, "by_system_prompt": by_system, "by_revision": by_revision,
+        "by_tag": by_tag,
+        "by_system_prompt": by_system,
+        "by_revision": by_revision,
         "stale_served": stale,
         "controls": {"planted_hits": planted_hits, "docs_per_set_and_store": docs},
         "goals": {f"{k}_stale_0": v == 0 for k, v in stale.items()}

@@ -6,16 +6,16 @@ disk or the Redis would, and the way the stores' own readers would.
   canary strings as they are (plaintext). Per layer: the disk response store, the Redis response
   store (its keys, and the Redis proxy's own cache_dir), the KV connector's disk tier and Redis
   tier, and the processes' logs.
-- KV chunks: the keys each tier holds, and how many of a given set of keys open under a given
-  cache_salt through the connector's own reader (a ChunkStore with the master key, one tier at a
-  time so nothing is promoted). A chunk that does not open is dropped from that tier by the
-  reader, as an engine would: try the salts that must fail last.
+- KV chunks: the keys each tier holds, and how many of a given set of keys open under any of a
+  given list of cache_salts: each chunk read as the tier stores it and opened by the connector's
+  cipher with the master key (ChunkCipher, what the connector's reader runs). Nothing is dropped
+  or promoted, so every salt can be tried on every chunk, in any order.
 - Response entries: the entries each response store holds per tenant, read through the store with
   the master key (what a proxy could still serve or a holder of the key could still read).
 """
+
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -78,11 +78,13 @@ def scan_layers(stack: Any, needles: list[bytes]) -> dict[str, int | None]:
             response_redis += hits
     redis_dir = count_in_files(stack.proxies["redis"].cache_dir, needles) or 0
     engines = stack.engines
-    return {"response_disk": count_in_files(stack.proxies["disk"].cache_dir, needles),
-            "response_redis": response_redis + redis_dir,
-            "kv_disk": count_in_files(engines.kv_disk, needles),
-            "kv_redis": kv_redis if engines.kv_redis else None,
-            "logs": count_in_files(stack.work / "logs", needles)}
+    return {
+        "response_disk": count_in_files(stack.proxies["disk"].cache_dir, needles),
+        "response_redis": response_redis + redis_dir,
+        "kv_disk": count_in_files(engines.kv_disk, needles),
+        "kv_redis": kv_redis if engines.kv_redis else None,
+        "logs": count_in_files(stack.work / "logs", needles),
+    }
 
 
 def _tiers(engines: Any) -> dict[str, Any]:
@@ -107,51 +109,35 @@ def chunk_keys(engines: Any) -> dict[str, set[str]]:
     return out
 
 
-def _split(key: str) -> tuple[str, int] | None:
-    """"kv:<namespace>:<hash as 16 hex digits>" → (namespace, hash)."""
-    head, _, tail = key.rpartition(":")
-    if not head.startswith("kv:"):
-        return None
-    try:
-        return head[3:], int(tail, 16)
-    except ValueError:
-        return None
-
-
-def readable_chunks(engines: Any, master_hex: str, keys: dict[str, set[str]], salt: str) -> dict[str, int]:
-    """Per tier, how many of `keys` load and verify under `salt`'s key (module docstring)."""
-    from kvgate.index.storage.cipher import ChunkCipher
+def openable_chunks(engines: Any, master_hex: str, keys: dict[str, set[str]], salts: list[str]) -> dict[str, int]:
+    """Per tier, how many of `keys` open under any of `salts` (module docstring)."""
+    from kvgate.index.kv.chunks.codec import CorruptChunk
+    from kvgate.index.storage.cipher import AuthFailed, ChunkCipher
 
     cipher = ChunkCipher(bytes.fromhex(master_hex))
+
+    def opens(data: bytes, key: str, salt: str) -> bool:
+        try:
+            cipher.open(data, key, salt)  # bytes: opened into a new buffer, `data` stays as stored
+        except AuthFailed:
+            return False
+        return True
+
     out: dict[str, int] = {}
-    chunk_log = logging.getLogger("kvgate.chunks")
-    level = chunk_log.level
-    chunk_log.setLevel(logging.ERROR)  # a chunk that does not open is what is measured here, not news
-    try:
-        for name, tier in _tiers(engines).items():
-            out[name] = _loaded(tier, cipher, keys.get(name, set()), salt)
-    finally:
-        chunk_log.setLevel(level)
+    for name, tier in _tiers(engines).items():
+        try:
+            found = 0
+            for key in sorted(keys.get(name, set())):
+                try:
+                    stored = tier.get(key)
+                except CorruptChunk:  # its file went with an eviction meanwhile
+                    stored = None
+                if stored is not None:
+                    found += any(opens(bytes(stored), key, salt) for salt in salts)
+            out[name] = found
+        finally:
+            tier.close()
     return out
-
-
-def _loaded(tier: Any, cipher: Any, keys: set[str], salt: str) -> int:
-    from kvgate.index.kv.chunks import ChunkStore
-    from kvgate.index.kv.chunks.layer_codec import LayerCodec
-
-    try:
-        by_namespace: dict[str, list[int]] = {}
-        for key in sorted(keys):
-            parts = _split(key)
-            if parts is not None:
-                by_namespace.setdefault(parts[0], []).append(parts[1])
-        loaded = 0
-        for namespace, hashes in by_namespace.items():
-            store = ChunkStore([tier], namespace, LayerCodec(), cipher)
-            loaded += sum(len(store.get_many([h], salt=salt)) for h in hashes)
-        return loaded
-    finally:
-        tier.close()
 
 
 def _entry_stores(stack: Any) -> Iterable[tuple[str, Any]]:
@@ -162,8 +148,10 @@ def _entry_stores(stack: Any) -> Iterable[tuple[str, Any]]:
 
     master = bytes.fromhex(stack.master_hex)
     yield "response_disk", DiskEntryStore(stack.proxies["disk"].cache_dir / "responses", EMBED_DIM, EntryCipher(master))
-    yield "response_redis", RedisEntryStore(RedisLink(LinkSettings(stack.redis.url)), EMBED_DIM,
-                                            cipher=EntryCipher(master))
+    yield (
+        "response_redis",
+        RedisEntryStore(RedisLink(LinkSettings(stack.redis.url)), EMBED_DIM, cipher=EntryCipher(master)),
+    )
 
 
 def entries_by_tenant(stack: Any) -> dict[str, dict[str, int]]:

@@ -7,12 +7,15 @@ local disk store and one whose response cache is on the Redis: so the response c
 tiers are each covered on disk and on Redis. Both proxies: `scope: tenant` (every tenant its own
 entries and its own engine `cache_salt`), precise routing on the engines' KV events (vLLM) or
 round robin (fake engines), encryption at rest (`encryption.key_env`), one salt secret given by
-`auth.salt_secret_env` (so both salt a tenant alike, and the bench can derive a tenant's salts to
-try reading its chunks), tenant keys and an admin key.
+`auth.salt_secret_env` (so the bench, holding it, can derive a tenant's salts from what the stores
+hold, to try reading its chunks), tenant keys and an admin key. Each proxy keeps the tenants' salt
+records in its own store (the disk one in its cache_dir, the Redis one on the Redis), so the two
+salt a tenant differently.
 
 The master key and the salt secret are made per run and handed to the child processes in their
 environment only.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,25 +65,40 @@ def conversation(doc: str, question: str, system: str | None = None) -> list[dic
     """doc as an earlier turn (so it is in the entry's scope: no two documents share semantic
     matches) and the question last."""
     head = [{"role": "system", "content": system}] if system else []
-    return head + [{"role": "user", "content": doc}, {"role": "assistant", "content": ACK},
-                   {"role": "user", "content": question}]
+    return head + [
+        {"role": "user", "content": doc},
+        {"role": "assistant", "content": ACK},
+        {"role": "user", "content": question},
+    ]
 
 
-def proxy_config(store: str, cache_dir: Path, engines: Any, redis_url: str, keys: list[str], admin: str,
-                 semantic: bool) -> dict[str, Any]:
+def proxy_config(
+    store: str, cache_dir: Path, engines: Any, redis_url: str, keys: list[str], admin: str, semantic: bool
+) -> dict[str, Any]:
     replicas: list[dict[str, Any]] = []
     for i, (base, events) in enumerate(zip(engines.api_bases, engines.events)):
         replicas.append({"name": f"v{i}", "api_base": base, **({"events": events} if events else {})})
     routing: dict[str, Any] = {"engine": "vllm", "probe_interval_s": PROBE_S}
-    routing.update({"policy": "cache_aware", "prefix": {"mode": "precise"}} if engines.kind == "vllm"
-                   else {"policy": "round_robin"})
+    routing.update(
+        {"policy": "cache_aware", "prefix": {"mode": "precise"}}
+        if engines.kind == "vllm"
+        else {"policy": "round_robin"}
+    )
     raw: dict[str, Any] = {
         "cache_dir": str(cache_dir),
         "auth": {"keys": keys, "admin_keys": [admin], "salt_secret_env": SALT_ENV},
         "encryption": {"key_env": MASTER_ENV},
-        "routes": [{"name": "chat", "model": "*", "scope": "tenant",
-                    "backend": {"model": f"openai/{MODEL}", "api_key": "none", "timeout": 600},
-                    "semantic": {"enabled": semantic}, "replicas": replicas, "routing": routing}],
+        "routes": [
+            {
+                "name": "chat",
+                "model": "*",
+                "scope": "tenant",
+                "backend": {"model": f"openai/{MODEL}", "api_key": "none", "timeout": 600},
+                "semantic": {"enabled": semantic},
+                "replicas": replicas,
+                "routing": routing,
+            }
+        ],
     }
     if store == "redis":
         raw["store"] = {"backend": "redis", "url": redis_url, "follow_interval_s": 0.1}
@@ -100,16 +118,27 @@ class Proxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         (work / "logs").mkdir(parents=True, exist_ok=True)
-        self.proc = Proc(f"proxy-{store}", kvgate_argv("serve", "--config", str(path), "--port", str(self.port),
-                                                        "--log-level", "warning"), work / "logs", env)
+        self.proc = Proc(
+            f"proxy-{store}",
+            kvgate_argv("serve", "--config", str(path), "--port", str(self.port), "--log-level", "warning"),
+            work / "logs",
+            env,
+        )
         self.http = httpx.Client(base_url=self.url, timeout=600)
         self._admin = {"authorization": f"Bearer {admin}"}
 
     def wait(self) -> None:
         self.proc.wait_http(f"{self.url}/health", timeout=180)
 
-    def chat(self, key: str, messages: list[dict[str, str]], *, tags: list[str] | None = None,
-             control: str | None = None, max_tokens: int = 32) -> Reply:
+    def chat(
+        self,
+        key: str,
+        messages: list[dict[str, str]],
+        *,
+        tags: list[str] | None = None,
+        control: str | None = None,
+        max_tokens: int = 32,
+    ) -> Reply:
         headers = {"authorization": f"Bearer {key}"}
         if tags:
             headers["x-kvgate-tags"] = ", ".join(tags)
@@ -122,10 +151,14 @@ class Proxy:
         data = r.json()
         usage = data.get("usage") or {}
         entry = r.headers.get("x-kvgate-entry-id")
-        return Reply(r.headers.get("x-kvgate-cache", ""), int(entry) if entry else None,
-                     r.headers.get("x-kvgate-replica"),
-                     int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-                     int(usage.get("prompt_tokens") or 0), data["choices"][0]["message"].get("content") or "")
+        return Reply(
+            r.headers.get("x-kvgate-cache", ""),
+            int(entry) if entry else None,
+            r.headers.get("x-kvgate-replica"),
+            int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+            int(usage.get("prompt_tokens") or 0),
+            data["choices"][0]["message"].get("content") or "",
+        )
 
     def erase(self, tenant: str) -> dict[str, Any]:
         return self._admin_call("DELETE", f"/v1/admin/tenants/{tenant}")
@@ -150,8 +183,9 @@ class Proxy:
 class Stack:
     """Redis, two engines and two proxies (module docstring); `close()` stops them all."""
 
-    def __init__(self, work: Path, engine: str, progress: Callable[[str], None], *, semantic: bool = True,
-                 max_tokens: int = 32) -> None:
+    def __init__(
+        self, work: Path, engine: str, progress: Callable[[str], None], *, semantic: bool = True, max_tokens: int = 32
+    ) -> None:
         from kvgate.tools.bench.governance_engines import FakeEngines, VllmEngines
         from kvgate.tools.redis_proc import RedisServer
 
@@ -170,12 +204,22 @@ class Stack:
         self.proxies: dict[str, Proxy] = {}
         try:
             self.redis = RedisServer(maxmemory="2gb").start()  # the policy the docs ask of a KV tier's Redis
-            self.engines = (VllmEngines(work, self.redis.url, MASTER_ENV, self.master_hex, progress)
-                            if engine == "vllm" else FakeEngines())
+            self.engines = (
+                VllmEngines(work, self.redis.url, MASTER_ENV, self.master_hex, progress)
+                if engine == "vllm"
+                else FakeEngines()
+            )
             progress(f"governance: starting two proxies (response cache on disk / on Redis), {engine} engines")
             for store in STORES:
-                config = proxy_config(store, work / f"cache-{store}", self.engines, self.redis.url,
-                                      list(self.keys.values()), admin, semantic)
+                config = proxy_config(
+                    store,
+                    work / f"cache-{store}",
+                    self.engines,
+                    self.redis.url,
+                    list(self.keys.values()),
+                    admin,
+                    semantic,
+                )
                 self.proxies[store] = Proxy(store, work, config, env, admin)
             for proxy in self.proxies.values():
                 proxy.wait()
@@ -194,19 +238,54 @@ class Stack:
                 raise RuntimeError(f"warm-up on {base}: HTTP {r.status_code}: {r.text[:300]}")
         for j, proxy in enumerate(self.proxies.values()):
             for i in range(2):
-                proxy.chat(self.keys["warm"], conversation(document(9100 + 10 * j + i, 200), "Say hi."),
-                           control="no-store", max_tokens=2)
+                proxy.chat(
+                    self.keys["warm"],
+                    conversation(document(9100 + 10 * j + i, 200), "Say hi."),
+                    control="no-store",
+                    max_tokens=2,
+                )
 
     def tenant(self, name: str) -> str:
         from kvgate.middleware.sdk.admin_client import tenant_id
 
         return tenant_id(self.keys[name])
 
-    def salt(self, name: str, epoch: int) -> str:
-        """The cache_salt the proxies give tenant `name` at salt epoch `epoch`."""
+    def records(self, name: str) -> dict[str, Any]:
+        """Tenant `name`'s salt record (kvgate.middleware.routing.epochs.TenantSalt) in each proxy's
+        store, None where there is none: read from the disk proxy's <cache_dir>/tenants and from
+        the Redis, as anyone holding them could."""
+        from kvgate.index.storage.redis_link import LinkSettings, RedisLink
+        from kvgate.middleware.routing.epochs import tenant_digest
+        from kvgate.middleware.routing.epochs_disk import DiskEpochStore
+        from kvgate.middleware.routing.epochs_redis import RedisEpochStore
+        from kvgate.middleware.store_config import StoreConfig
+
+        digest = tenant_digest(self.tenant(name))
+        link = RedisLink(LinkSettings(self.redis.url))
+        stores = {
+            "disk": DiskEpochStore(self.proxies["disk"].cache_dir / "tenants"),
+            "redis": RedisEpochStore(link, StoreConfig().key_prefix),
+        }
+        try:
+            return {store: epochs.records([digest]).get(digest) for store, epochs in stores.items()}
+        finally:
+            for epochs in stores.values():
+                epochs.close()
+            link.close()
+
+    def salt(self, name: str, record: Any) -> str:
+        """Tenant `name`'s cache_salt under salt record `record`, as a proxy makes it."""
         from kvgate.middleware.routing.salt import Salter
 
-        return Salter(self.salt_secret.encode(), lambda _tenant: epoch).salt(self.tenant(name)) or ""
+        return Salter(self.salt_secret.encode(), lambda _tenant: record).salt(self.tenant(name)) or ""
+
+    def salt_without_nonce(self, name: str, epoch: int) -> str:
+        """The cache_salt a salt scheme of the secret, the tenant and its epoch alone would give."""
+        import hashlib
+        import hmac
+
+        msg = b"tenant\0" + self.tenant(name).encode() + (b"\0epoch\0%d" % epoch if epoch else b"")
+        return hmac.new(self.salt_secret.encode(), msg, hashlib.sha256).hexdigest()[:32]
 
     def ask(self, store: str, tenant: str, messages: list[dict[str, str]], **kw: Any) -> Reply:
         return self.proxies[store].chat(self.keys[tenant], messages, max_tokens=self.max_tokens, **kw)

@@ -16,6 +16,7 @@ KV chunks: a ChunkStore over encrypted disk (and Redis) tiers; each chunk change
 swap, other_key, plaintext, or read with another tenant's salt) and loaded with `get_many`, which
 must return nothing and raise nothing.
 """
+
 from __future__ import annotations
 
 import os
@@ -108,14 +109,25 @@ def _tamper_entry(raw: Any, way: str, entry_id: int, other_id: int, scope: str, 
     elif way == "swap":
         raw.put_raw(key, raw.get(f"e:{other_id}"))
     else:
-        forged = CacheEntry(entry_id, scope, {"choices": [{"index": 0, "finish_reason": "stop",
-                                                            "message": {"role": "assistant", "content": FORGED}}]})
+        forged = CacheEntry(
+            entry_id,
+            scope,
+            {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": FORGED}}]},
+        )
         plain = forged.to_bytes()
         raw.put_raw(key, seal(plain if way == "plaintext" else other_key.seal(plain, scope, key)))
 
 
-def tamper_entries(work: Path, backend: str, embedder: Any, tally: Tally, *, per_way: int = 3,
-                   redis_url: str | None = None, encrypted: bool = True) -> dict[str, int]:
+def tamper_entries(
+    work: Path,
+    backend: str,
+    embedder: Any,
+    tally: Tally,
+    *,
+    per_way: int = 3,
+    redis_url: str | None = None,
+    encrypted: bool = True,
+) -> dict[str, int]:
     """Store answers through an encrypted proxy, change each one way, ask again (module docstring).
     Returns the cipher's failure counts. `encrypted=False`: the same against a store without
     encryption, the control that shows what the tries would do there."""
@@ -143,22 +155,31 @@ def tamper_entries(work: Path, backend: str, embedder: Any, tally: Tally, *, per
         raw_config = bench_config(work, fake.url, 0.95, 0)
         if backend == "redis":
             raw_config["store"] = {"backend": "redis", "url": redis_url, "key_prefix": "gov:"}
-            entries: Any = RedisEntryStore(RedisLink(LinkSettings(redis_url or "")), embedder.dim, "gov:", cipher=cipher)
+            entries: Any = RedisEntryStore(
+                RedisLink(LinkSettings(redis_url or "")), embedder.dim, "gov:", cipher=cipher
+            )
         else:
             entries = DiskEntryStore(work / "responses", embedder.dim, cipher)
         config = parse_config(raw_config, "bench config")
-        index = SemanticIndex(None, embedder.dim, max_entries=config.max_entries, entries=entries,
-                              tighten_margin=config.feedback.margin, max_bytes=config.max_bytes)
+        index = SemanticIndex(
+            None,
+            embedder.dim,
+            max_entries=config.max_entries,
+            entries=entries,
+            tighten_margin=config.feedback.margin,
+            max_bytes=config.max_bytes,
+        )
         pipeline = build_pipeline(config, embedder=embedder, index=index)
         stack.callback(pipeline.close)
         server = ServerThread(create_app(config, pipeline)).start()
         stack.callback(server.stop)
-        client = stack.enter_context(httpx.Client(base_url=server.url, timeout=60.0,
-                                                  headers={"authorization": f"Bearer {BENCH_TOKEN}"}))
+        client = stack.enter_context(
+            httpx.Client(base_url=server.url, timeout=60.0, headers={"authorization": f"Bearer {BENCH_TOKEN}"})
+        )
         raw = _RedisRaw(entries, "gov:") if backend == "redis" else _DiskRaw(entries)
         stack.callback(raw.close)
         # questions on topics far apart: asking one again finds no other's entry by similarity
-        questions = [row[0] for row in SEED_QUESTIONS[:per_way * len(ENTRY_WAYS) + 1]]
+        questions = [row[0] for row in SEED_QUESTIONS[: per_way * len(ENTRY_WAYS) + 1]]
         ids = []
         for q in questions:
             view = build_view(config, chat_body(q), tenant_of(BENCH_TOKEN), CacheControl())
@@ -256,8 +277,13 @@ def tamper_chunks(work: Path, tally: Tally, *, per_way: int = 3, redis_url: str 
     return {"kv": cipher.failures.get("kv", 0)}
 
 
-def run_tamper(work: Path | None = None, *, per_way: int = 3, embedder: Any = None,
-               progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_tamper(
+    work: Path | None = None,
+    *,
+    per_way: int = 3,
+    embedder: Any = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """The `tamper` object of `kvgate bench governance --json`: {tried, served, errors} over every
     way, store and tier, with the per-way rows and the ciphers' failure counts."""
     from kvgate.tools.redis_proc import RedisServer, redis_server_bin
@@ -277,8 +303,9 @@ def run_tamper(work: Path | None = None, *, per_way: int = 3, embedder: Any = No
             embedder = make_embedder("onnx")
         for backend in ("disk", *(("redis",) if redis_url else ())):
             progress(f"governance: tampering with encrypted entries ({backend})")
-            failures[f"entries-{backend}"] = tamper_entries(root / f"entries-{backend}", backend, embedder, tally,
-                                                            per_way=per_way, redis_url=redis_url)
+            failures[f"entries-{backend}"] = tamper_entries(
+                root / f"entries-{backend}", backend, embedder, tally, per_way=per_way, redis_url=redis_url
+            )
         progress("governance: tampering with encrypted KV chunks")
         failures["chunks"] = tamper_chunks(root / "chunks", tally, per_way=per_way, redis_url=redis_url)
     return {**tally.report(), "decrypt_failures": failures, "redis": redis_url is not None}

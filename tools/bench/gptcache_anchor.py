@@ -25,6 +25,7 @@ the data manager keeps every entry (`max_size` = number of entries; the default 
 evict most of the benchmark), and `Config(disable_report=True)` skips the report row GPTCache
 otherwise writes to sqlite on every hit (this makes GPTCache's latency smaller, not larger).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -51,7 +52,9 @@ def gptcache_threshold(cosine_threshold: float, max_distance: float = GPTCACHE_M
         raise ValueError(f"cosine threshold must be in [0, 1], got {cosine_threshold}")
     value = 1.0 - 2.0 * (1.0 - cosine_threshold) / max_distance
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"cosine threshold {cosine_threshold} has no GPTCache equivalent with max_distance {max_distance}")
+        raise ValueError(
+            f"cosine threshold {cosine_threshold} has no GPTCache equivalent with max_distance {max_distance}"
+        )
     return value
 
 
@@ -63,7 +66,7 @@ def answer_for(pair_index: int) -> str:
 def pair_of(answer: Any) -> int | None:
     """Pair index carried by an answer GPTCache returned, or None for a miss / foreign answer."""
     if isinstance(answer, str) and answer.startswith(ANSWER_PREFIX):
-        return int(answer[len(ANSWER_PREFIX):])
+        return int(answer[len(ANSWER_PREFIX) :])
     return None
 
 
@@ -137,8 +140,12 @@ def require_gptcache() -> str | None:
 
 
 @contextmanager
-def open_gptcache(embedding: GptcacheEmbedding, questions: Sequence[str], cosine_threshold: float,
-                  progress: Callable[[str], None] = lambda _msg: None) -> Iterator[tuple[Any, Path]]:
+def open_gptcache(
+    embedding: GptcacheEmbedding,
+    questions: Sequence[str],
+    cosine_threshold: float,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> Iterator[tuple[Any, Path]]:
     """(a `gptcache.Cache` set up as the module docstring says, the path of its sqlite scalar store),
     in a temporary directory, holding `questions` (answer i for question i: `answer_for`); closed
     and removed on exit."""

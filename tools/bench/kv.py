@@ -31,6 +31,7 @@ pass/fail.
 Here: the options, the four stored states and the summary. The deterministic prompt text is
 kvgate.tools.bench.records, the page-cache drop kvgate.tools.bench.pagecache, the load timings kvgate.tools.bench.kv_loads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,13 +43,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvgate.middleware.progress import progress, say
 from kvgate.tools.bench.kv_loads import READ_BLOCK, time_chunk_loads, time_raw_reads
 from kvgate.tools.bench.machine import hardware_info
 from kvgate.tools.bench.pagecache import PageCache, files_under
-from kvgate.tools.bench.stats import write_json
-from kvgate.tools.bench.records import fit, history, sentences
 from kvgate.tools.bench.plot import add_plot_option, write_plot
-from kvgate.middleware.progress import progress, say
+from kvgate.tools.bench.records import fit, history, sentences
+from kvgate.tools.bench.stats import write_json
 
 __all__ = ["MODES", "add_arguments", "fit", "history", "main", "mode_summary", "print_summary", "run", "sentences"]
 
@@ -65,11 +66,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-tokens", type=int, default=256)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--exact-prefill", action="store_true", help="the engine's exact_prefill (bit-identical warm logits)")
-    p.add_argument("--dir", type=Path, default=None, help="where the store's temporary directory goes (default: $TMPDIR)")
-    p.add_argument("--drop-page-cache", default="auto", choices=["auto", "fadvise", "global", "none"],
-                   help="auto: posix_fadvise, then /proc/sys/vm/drop_caches where writable (global: only the "
-                        "latter)")
+    p.add_argument(
+        "--exact-prefill", action="store_true", help="the engine's exact_prefill (bit-identical warm logits)"
+    )
+    p.add_argument(
+        "--dir", type=Path, default=None, help="where the store's temporary directory goes (default: $TMPDIR)"
+    )
+    p.add_argument(
+        "--drop-page-cache",
+        default="auto",
+        choices=["auto", "fadvise", "global", "none"],
+        help="auto: posix_fadvise, then /proc/sys/vm/drop_caches where writable (global: only the latter)",
+    )
     p.add_argument("--json", type=Path, default=None)
     add_plot_option(p)
 
@@ -85,11 +93,14 @@ def _gbps(nbytes: int, seconds: float) -> float:
 def mode_summary(cs: list[Any]) -> dict[str, Any]:
     """Medians and per-run figures of one stored state's runs (engine Completions)."""
     return {
-        "ttft_s": _median([c.ttft_s for c in cs]), "load_s": _median([c.load_s for c in cs]),
+        "ttft_s": _median([c.ttft_s for c in cs]),
+        "load_s": _median([c.load_s for c in cs]),
         "prefill_s": _median([c.prefill_s for c in cs]),
-        "ttft_runs_s": [c.ttft_s for c in cs], "load_runs_s": [c.load_s for c in cs],
+        "ttft_runs_s": [c.ttft_s for c in cs],
+        "load_runs_s": [c.load_s for c in cs],
         "prefill_runs_s": [c.prefill_s for c in cs],
-        "cached_tokens": cs[0].cached_tokens, "prefilled_tokens": cs[0].prompt_tokens - cs[0].cached_tokens,
+        "cached_tokens": cs[0].cached_tokens,
+        "prefilled_tokens": cs[0].prompt_tokens - cs[0].cached_tokens,
     }
 
 
@@ -101,9 +112,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--repeats and --io-repeats must be >= 1")
     import torch
 
-    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
     from kvgate.engines.replica.engine import ReplicaEngine
     from kvgate.engines.replica.model import load_model, model_namespace
+    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
 
     log = say("kv")
     if args.threads:
@@ -120,14 +131,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = None
     cache = PageCache(args.drop_page_cache)
     try:
-        engine = ReplicaEngine(model, tokenizer, store, chunk_tokens=args.chunk_tokens, exact_prefill=args.exact_prefill)
+        engine = ReplicaEngine(
+            model, tokenizer, store, chunk_tokens=args.chunk_tokens, exact_prefill=args.exact_prefill
+        )
         ct = args.chunk_tokens
-        messages, n_prompt = fit(history, lambda m: len(engine.tokens(m)), args.history_tokens,
-                                 hi=max(4, args.history_tokens // 4))
+        messages, n_prompt = fit(
+            history, lambda m: len(engine.tokens(m)), args.history_tokens, hi=max(4, args.history_tokens // 4)
+        )
         tokens = engine.tokens(messages)
         hashes = chunk_hashes(tokens, ct)[: (n_prompt - 1) // ct]  # what the engine can load
-        log(f"prompt: {n_prompt} tokens, {len(hashes)} loadable chunks of {ct}; model {engine.namespace}, "
-            f"{torch.get_num_threads()} torch threads, store in {work}")
+        log(
+            f"prompt: {n_prompt} tokens, {len(hashes)} loadable chunks of {ct}; model {engine.namespace}, "
+            f"{torch.get_num_threads()} torch threads, store in {work}"
+        )
 
         def generate() -> Any:
             return engine.generate(messages, max_tokens=args.max_tokens)
@@ -238,16 +254,24 @@ def main(args: argparse.Namespace) -> int:
 def print_summary(result: dict[str, Any]) -> None:
     """TTFT per stored state, load bandwidths, whether the page cache was dropped."""
     m = result["modes"]
-    print(f"prompt {result['history_tokens']} tokens, {result['loaded_chunks']} chunks of {result['chunk_tokens']} "
-          f"loadable ({result['stored_bytes'] / 1e6:.0f} MB), median of {result['repeats']}")
+    print(
+        f"prompt {result['history_tokens']} tokens, {result['loaded_chunks']} chunks of {result['chunk_tokens']} "
+        f"loadable ({result['stored_bytes'] / 1e6:.0f} MB), median of {result['repeats']}"
+    )
     print(f"{'state':22s} {'ttft':>9s} {'load':>9s} {'prefill':>9s} {'cached':>7s} {'speedup':>8s}")
     for name in MODES:
         s = m[name]
-        print(f"{name:22s} {s['ttft_s'] * 1000:7.0f}ms {s['load_s'] * 1000:7.0f}ms {s['prefill_s'] * 1000:7.0f}ms "
-              f"{s['cached_tokens']:7d} {result['ttft_cold_s'] / s['ttft_s']:7.2f}x")
+        print(
+            f"{name:22s} {s['ttft_s'] * 1000:7.0f}ms {s['load_s'] * 1000:7.0f}ms {s['prefill_s'] * 1000:7.0f}ms "
+            f"{s['cached_tokens']:7d} {result['ttft_cold_s'] / s['ttft_s']:7.2f}x"
+        )
     pc = result["page_cache"]
-    print(f"load GB/s: disk tier {result['disk_load_gbps']:.2f} (its reads {result['disk_read_gbps']:.2f}, decode "
-          f"{result['decode_gbps']:.2f})  raw file read {result['raw_disk_read_gbps']:.2f} (disk/raw "
-          f"{result['disk_vs_raw']:.2f})  memory tier {result['ram_load_gbps']:.2f}")
-    print(f"page cache dropped: {', '.join(pc['methods']) or 'no'} (resident after drop: {pc['max_resident_bytes_after_drop']} B)"
-          f"; identical output: {result['identical_output']}")
+    print(
+        f"load GB/s: disk tier {result['disk_load_gbps']:.2f} (its reads {result['disk_read_gbps']:.2f}, decode "
+        f"{result['decode_gbps']:.2f})  raw file read {result['raw_disk_read_gbps']:.2f} (disk/raw "
+        f"{result['disk_vs_raw']:.2f})  memory tier {result['ram_load_gbps']:.2f}"
+    )
+    print(
+        f"page cache dropped: {', '.join(pc['methods']) or 'no'} (resident after drop: {pc['max_resident_bytes_after_drop']} B)"
+        f"; identical output: {result['identical_output']}"
+    )

@@ -12,6 +12,7 @@ history + suffix, load + suffix prefill, what the gate chose from the estimates 
 and the better of the two. Also: raw sequential disk read GB/s, pinned staging allocations after
 warm-up (zero expected), and the share of an 8k prefill the save copy-out adds to the forward path.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the result here")
     p.add_argument("--quick", action="store_true", help="small shapes and histories (a CPU test)")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {list(SHAPES)}")
-    p.add_argument("--histories", default=None, help="comma-separated history lengths in tokens "
-                                                     f"(default {HISTORIES}, quick {QUICK_HISTORIES})")
+    p.add_argument(
+        "--histories",
+        default=None,
+        help=f"comma-separated history lengths in tokens (default {HISTORIES}, quick {QUICK_HISTORIES})",
+    )
     p.add_argument("--codecs", default="raw,int8,int4")
-    p.add_argument("--suffix", type=int, default=None, help="tokens prefilled after the history (default 128, quick 16)")
+    p.add_argument(
+        "--suffix", type=int, default=None, help="tokens prefilled after the history (default 128, quick 16)"
+    )
     p.add_argument("--reps", type=int, default=2, help="timed repeats per measurement, after one warm-up (median)")
-    p.add_argument("--chunk-blocks", type=int, default=None,
-                   help="engine blocks per chunk (default: the connector's auto rule, 1 MiB chunks; quick 2)")
+    p.add_argument(
+        "--chunk-blocks",
+        type=int,
+        default=None,
+        help="engine blocks per chunk (default: the connector's auto rule, 1 MiB chunks; quick 2)",
+    )
     p.add_argument("--budget-s", type=float, default=420.0, help="cells that would start later are skipped, and listed")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dir", type=Path, default=None, help="where the disk tier's temporary directory goes")
@@ -81,21 +91,34 @@ def chunk_blocks_for(shape: Any, asked: int | None, is_quick: bool) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    histories = [int(h) for h in (args.histories or ",".join(map(str, QUICK_HISTORIES if args.quick else HISTORIES))).split(",")]
+    histories = [
+        int(h) for h in (args.histories or ",".join(map(str, QUICK_HISTORIES if args.quick else HISTORIES))).split(",")
+    ]
     suffix = args.suffix or (16 if args.quick else 128)
     cache = PageCache(args.drop_page_cache)
     started = time.monotonic()
-    out: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                           "quick": args.quick, "cells": [], "skipped": []}
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "quick": args.quick,
+        "cells": [],
+        "skipped": [],
+    }
     with tempfile.TemporaryDirectory(prefix="kvgate-kv-gpu-", dir=args.dir) as tmp:
         work = Path(tmp)
         out["raw_disk_read_gbps"] = raw_disk_read_gbps(work, (16 << 20) if args.quick else (2 << 30), cache)
         allocs, fraction, fraction_at, exact = 0, None, None, True
         for name in args.shapes.split(","):
             shape = quick(SHAPES[name]) if args.quick else SHAPES[name]
-            plan = Plan(histories, args.codecs.split(","), suffix, args.reps,
-                        chunk_blocks_for(shape, args.chunk_blocks, args.quick), work, cache,
-                        started + args.budget_s)
+            plan = Plan(
+                histories,
+                args.codecs.split(","),
+                suffix,
+                args.reps,
+                chunk_blocks_for(shape, args.chunk_blocks, args.quick),
+                work,
+                cache,
+                started + args.budget_s,
+            )
             res = run_shape(shape, device, plan)
             out["cells"] += res.cells
             out["skipped"] += res.skipped
@@ -105,9 +128,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 fraction, fraction_at = res.save_path_fraction_8k, res.save_fraction_history
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    out.update(pinned_allocs_steady=allocs, save_path_fraction_8k=fraction, save_path_fraction_history=fraction_at,
-               raw_loads_exact=exact,
-               page_cache=cache.report(), seconds=round(time.monotonic() - started, 1))
+    out.update(
+        pinned_allocs_steady=allocs,
+        save_path_fraction_8k=fraction,
+        save_path_fraction_history=fraction_at,
+        raw_loads_exact=exact,
+        page_cache=cache.report(),
+        seconds=round(time.monotonic() - started, 1),
+    )
     return out
 
 
@@ -117,11 +145,16 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(text)
     for c in result["cells"]:
-        print(f"{c['shape']:16} {c['tier']:6} {c['codec']:4} {c['history_tokens']:6}  load {c['load_gbps_bf16_equiv']:7.2f} "
-              f"GB/s bf16-eq  prefill {c['prefill_s']:.4f}s  load+suffix {c['load_plus_suffix_s']:.4f}s  "
-              f"gate {c['gate_choice']}", file=sys.stderr)
-    print(f"raw disk {result['raw_disk_read_gbps']} GB/s; steady pinned allocations {result['pinned_allocs_steady']}; "
-          f"{result['seconds']} s", file=sys.stderr)
+        print(
+            f"{c['shape']:16} {c['tier']:6} {c['codec']:4} {c['history_tokens']:6}  load {c['load_gbps_bf16_equiv']:7.2f} "
+            f"GB/s bf16-eq  prefill {c['prefill_s']:.4f}s  load+suffix {c['load_plus_suffix_s']:.4f}s  "
+            f"gate {c['gate_choice']}",
+            file=sys.stderr,
+        )
+    print(
+        f"raw disk {result['raw_disk_read_gbps']} GB/s; steady pinned allocations {result['pinned_allocs_steady']}; {result['seconds']} s",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -3,6 +3,7 @@ save the history through the connector's Saver into kvgate's chunk store (memory
 each codec), then per tier, codec and history length load it back through the connector's Loader
 and time it against the prefill it replaces; the gate decides each cell from the estimates it
 would have had by then (cold defaults, then this run's own measurements, in order)."""
+
 from __future__ import annotations
 
 import math
@@ -84,13 +85,18 @@ def run_shape(shape: Shape, device: torch.device, plan: Plan) -> ShapeResult:
     # cold prefill of each history + suffix; the longest run's KV stays in the caches (blocks 0..)
     prefill: dict[int, float] = {}
     for h in plan.histories:
-        prefill[h], _ = timed(lambda: model.forward(tokens[:h + plan.suffix]), device, plan.reps)
+        prefill[h], _ = timed(lambda: model.forward(tokens[: h + plan.suffix]), device, plan.reps)
     past = model.forward(tokens, kv_out=kv.layers, slots=slots)
     sync(device)
-    suffix_s = {h: timed(lambda: model.forward(tokens[h:h + plan.suffix],
-                                               past=[(k[:, :h], v[:, :h]) for k, v in past]), device, plan.reps)[0]
-                for h in plan.histories}
-    del past
+    suffix_s = {
+        h: timed(
+            lambda: model.forward(tokens[h : h + plan.suffix], past=[(k[:, :h], v[:, :h]) for k, v in past]),
+            device,
+            plan.reps,
+        )[0]
+        for h in plan.histories
+    }
+    past = None  # freed before the loads
 
     pool = StagingPool(plan.staging_bytes, pinned=device.type == "cuda")
     save_stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
@@ -109,8 +115,10 @@ def run_shape(shape: Shape, device: torch.device, plan: Plan) -> ShapeResult:
         launch_s = save_chunks(kv, both, pool, save_stream, hashes, chunk_ids, at // (BLOCK * cb))
         if codec == plan.codecs[0]:
             res.save_path_fraction_8k, res.save_fraction_history = round(launch_s / prefill[at], 4), at
-        for tier, store in (("memory", ChunkStore([memory], f"{shape.name}:{codec}", LayerCodec(codec))),  # type: ignore
-                            ("disk", ChunkStore([disk], f"{shape.name}:{codec}", LayerCodec(codec)))):  # type: ignore
+        for tier, store in (
+            ("memory", ChunkStore([memory], f"{shape.name}:{codec}", LayerCodec(codec))),  # type: ignore
+            ("disk", ChunkStore([disk], f"{shape.name}:{codec}", LayerCodec(codec))),
+        ):  # type: ignore
             est = Estimates()
             for h in plan.histories:
                 if time.monotonic() > plan.deadline:
@@ -127,8 +135,15 @@ def run_shape(shape: Shape, device: torch.device, plan: Plan) -> ShapeResult:
     return res
 
 
-def save_chunks(kv: PagedKV, store: ChunkStore, pool: StagingPool, stream: Any, hashes: list[int],
-                chunk_ids: list[list[int]], timed_chunks: int) -> float:
+def save_chunks(
+    kv: PagedKV,
+    store: ChunkStore,
+    pool: StagingPool,
+    stream: Any,
+    hashes: list[int],
+    chunk_ids: list[list[int]],
+    timed_chunks: int,
+) -> float:
     """Save every chunk through the connector's Saver; returns the forward path's share (the
     gathers' host time) for the first `timed_chunks` chunks."""
     depth = 64
@@ -136,7 +151,7 @@ def save_chunks(kv: PagedKV, store: ChunkStore, pool: StagingPool, stream: Any, 
     launch = 0.0
     try:
         for i in range(0, len(hashes), depth):
-            for h, ids in zip(hashes[i:i + depth], chunk_ids[i:i + depth]):
+            for h, ids in zip(hashes[i : i + depth], chunk_ids[i : i + depth]):
                 t0 = time.perf_counter()
                 rows, done = kv.gather(ids, pool, stream)
                 if h <= timed_chunks:
@@ -148,12 +163,26 @@ def save_chunks(kv: PagedKV, store: ChunkStore, pool: StagingPool, stream: Any, 
     return launch
 
 
-def load_cell(shape: Shape, kv: PagedKV, store: ChunkStore, pool: StagingPool, plan: Plan, tier: str, codec: str,
-              h: int, prefill_s: float, suffix_s: float, est: Estimates, disk_dir: Path) -> dict[str, Any]:
+def load_cell(
+    shape: Shape,
+    kv: PagedKV,
+    store: ChunkStore,
+    pool: StagingPool,
+    plan: Plan,
+    tier: str,
+    codec: str,
+    h: int,
+    prefill_s: float,
+    suffix_s: float,
+    est: Estimates,
+    disk_dir: Path,
+) -> dict[str, Any]:
     cb = plan.chunk_blocks
     n = h // (BLOCK * cb)
     base = -(-(max(plan.histories) + plan.suffix) // BLOCK)  # the destination blocks follow the source's
-    spec = LoadSpec("bench", list(range(1, n + 1)), [list(range(base + c * cb, base + (c + 1) * cb)) for c in range(n)], 0)
+    spec = LoadSpec(
+        "bench", list(range(1, n + 1)), [list(range(base + c * cb, base + (c + 1) * cb)) for c in range(n)], 0
+    )
     counters = Counters()
     loader = Loader(store, kv, counters, pool, group_bytes=plan.staging_bytes // 4)
     chunk_bytes = 0.0
@@ -176,14 +205,23 @@ def load_cell(shape: Shape, kv: PagedKV, store: ChunkStore, pool: StagingPool, p
     est.observe_load(moved, n, load_s, tier)
     est.observe_prefill(h + plan.suffix, prefill_s)
     with_load = load_s + suffix_s
-    return {"shape": shape.name, "tier": tier, "codec": codec, "history_tokens": h,
-            "load_gbps_bf16_equiv": round(h * shape.kv_bytes_per_token / load_s / 1e9, 3),
-            "load_gbps_moved": round(moved / load_s / 1e9, 3), "load_s": round(load_s, 5),
-            "prefill_s": round(prefill_s, 5), "suffix_s": round(suffix_s, 5),
-            "load_plus_suffix_s": round(with_load, 5), "gate_choice": choice,
-            "gate_s": round(with_load if choice == "load" else prefill_s, 5),
-            "best_s": round(min(prefill_s, with_load), 5), "max_abs_err": err,
-            "exact": exact if codec == "raw" else True}
+    return {
+        "shape": shape.name,
+        "tier": tier,
+        "codec": codec,
+        "history_tokens": h,
+        "load_gbps_bf16_equiv": round(h * shape.kv_bytes_per_token / load_s / 1e9, 3),
+        "load_gbps_moved": round(moved / load_s / 1e9, 3),
+        "load_s": round(load_s, 5),
+        "prefill_s": round(prefill_s, 5),
+        "suffix_s": round(suffix_s, 5),
+        "load_plus_suffix_s": round(with_load, 5),
+        "gate_choice": choice,
+        "gate_s": round(with_load if choice == "load" else prefill_s, 5),
+        "best_s": round(min(prefill_s, with_load), 5),
+        "max_abs_err": err,
+        "exact": exact if codec == "raw" else True,
+    }
 
 
 def compare(kv: PagedKV, n_blocks: int, base: int) -> tuple[bool, float]:

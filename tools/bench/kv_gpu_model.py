@@ -7,6 +7,7 @@ One layer's weights serve every layer: compute per token is a real model's, memo
 layer's (both shapes then fit one GPU beside their KV). Positions are not rotated (RoPE costs
 little next to the matmuls and does not change the KV's size).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,9 +58,13 @@ class Model:
         self.down = w(s.mlp, s.hidden)
         self.embed = w(1024, s.hidden)
 
-    def forward(self, tokens: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                kv_out: list[torch.Tensor] | None = None, slots: torch.Tensor | None = None
-                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        kv_out: list[torch.Tensor] | None = None,
+        slots: torch.Tensor | None = None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Prefill `tokens` after `past` (per layer K, V of [heads, T0, head]); returns this call's K, V
         per layer, and writes them into `kv_out`'s [B, H, N, C] views at token `slots` when given."""
         s = self.shape
@@ -80,19 +85,22 @@ class Model:
                 k_all, v_all = torch.cat([past[layer][0], k], dim=1), torch.cat([past[layer][1], v], dim=1)
                 t0 = past[layer][0].shape[1]
                 mask = torch.ones(n, t0 + n, dtype=torch.bool, device=self.device).tril(diagonal=t0)
-                a = F.scaled_dot_product_attention(q, k_all.repeat_interleave(group, 0), v_all.repeat_interleave(group, 0),
-                                                   attn_mask=mask)
+                a = F.scaled_dot_product_attention(
+                    q, k_all.repeat_interleave(group, 0), v_all.repeat_interleave(group, 0), attn_mask=mask
+                )
             else:
-                a = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0),
-                                                   is_causal=True)
+                a = F.scaled_dot_product_attention(
+                    q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0), is_causal=True
+                )
             x = x + a.transpose(0, 1).reshape(n, -1) @ self.o
             gate, up = (F.rms_norm(x, (s.hidden,)) @ self.up).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ self.down
         return new
 
 
-def kv_caches(shape: Shape, num_blocks: int, block_size: int, device: torch.device,
-              dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def kv_caches(
+    shape: Shape, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """Per-layer views of one buffer as vLLM 0.32 allocates them: logical [B, H, N, C] (C = K then
     V), physical order LBNHC (layer, block, token, head, content)."""
     s = shape

@@ -4,6 +4,7 @@ and decode apart, and a raw sequential file read of the same bytes for compariso
 Every timed disk read follows a page-cache drop (kvgate.tools.bench.pagecache). Bytes per second are of
 decoded tensors for the tiers, of stored (encoded) bytes for the raw read and the tier read alone.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,16 @@ class LoadTimes:
     decoded: int = 0
 
 
-def time_chunk_loads(store: Any, memory: Any, disk: Any, hashes: Sequence[Any], snapshot: Sequence[tuple[Any, bytes]],
-                     disk_dir: Path, cache: PageCache, repeats: int) -> LoadTimes:
+def time_chunk_loads(
+    store: Any,
+    memory: Any,
+    disk: Any,
+    hashes: Sequence[Any],
+    snapshot: Sequence[tuple[Any, bytes]],
+    disk_dir: Path,
+    cache: PageCache,
+    repeats: int,
+) -> LoadTimes:
     """`repeats` times: the chunks of `hashes` from the disk tier (page cache dropped; they must be
     promoted into the memory tier), then from the memory tier, then the disk tier's reads and the
     decodes apart. `snapshot` is (key, encoded chunk) of the same chunks."""
@@ -67,7 +76,9 @@ def time_chunk_loads(store: Any, memory: Any, disk: Any, hashes: Sequence[Any], 
     return out
 
 
-def time_raw_reads(raw_path: Path, snapshot: Sequence[tuple[Any, bytes]], cache: PageCache, repeats: int) -> list[float]:
+def time_raw_reads(
+    raw_path: Path, snapshot: Sequence[tuple[Any, bytes]], cache: PageCache, repeats: int
+) -> list[float]:
     """Write the encoded chunks of `snapshot` into one file, then time `repeats` sequential reads of
     it in READ_BLOCK blocks, the page cache dropped before each."""
     stored_bytes = sum(len(d) for _, d in snapshot)

@@ -24,6 +24,7 @@ store with its RAM and disk emptied (the load plus the copy into RAM; the copy o
 the background, kvgate.index.kv.chunks.promoter, and is waited for before the next repeat). No figure is
 pass/fail.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,9 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / GB if seconds > 0 else float("nan")
 
 
-def time_loads(url: str, namespace: str, keys: list[str], hashes: list[int], b_store: Any, repeats: int,
-               ) -> dict[str, list[float]]:
+def time_loads(
+    url: str, namespace: str, keys: list[str], hashes: list[int], b_store: Any, repeats: int
+) -> dict[str, list[float]]:
     """Seconds per repeat of: the remote-tier load (ChunkStore over the RedisTier alone), the raw
     pipelined GET of the same keys (alternating with it), and B's whole store promoting."""
     import redis
@@ -122,12 +124,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import redis
     import torch
 
-    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
-    from kvgate.index.kv.chunks.allocator import keep_freed_memory
-    from kvgate.index.kv.chunks.redis import RedisTier
     from kvgate.engines.replica.engine import ReplicaEngine
     from kvgate.engines.replica.kv_io import loadable_chunks
     from kvgate.engines.replica.model import load_model, model_namespace
+    from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier, chunk_hashes
+    from kvgate.index.kv.chunks.allocator import keep_freed_memory
+    from kvgate.index.kv.chunks.redis import RedisTier
     from kvgate.tools.redis_proc import RedisServer
 
     log = lambda msg: print(f"[kv-remote] {msg}", file=sys.stderr, flush=True)  # noqa: E731
@@ -164,8 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         keys = [b.store.key(h) for h in hashes]
         snapshot = {k: raw.get(k) for k in raw.keys("*")}  # what turn 1 left in Redis
         in_redis = sum(1 for k in keys if f"kvgate:{k}".encode() in snapshot)
-        log(f"turn 2: {len(tokens)} tokens, {len(hashes)} loadable chunks, {in_redis} in Redis after turn 1; "
-            f"{torch.get_num_threads()} torch threads")
+        log(
+            f"turn 2: {len(tokens)} tokens, {len(hashes)} loadable chunks, {in_redis} in Redis after turn 1; "
+            f"{torch.get_num_threads()} torch threads"
+        )
 
         def restore_redis() -> None:
             raw.flushdb()
@@ -184,9 +188,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             b.tails.clear()
             runs["warm_remote"].append(b.generate(turn2, max_tokens=args.max_tokens))
             b.store.drain()  # B's background disk copies finish before the next timed run
-            log(f"repeat {r + 1}/{args.repeats}: cold {runs['cold'][-1].ttft_s * 1000:.0f} ms, "
+            log(
+                f"repeat {r + 1}/{args.repeats}: cold {runs['cold'][-1].ttft_s * 1000:.0f} ms, "
                 f"warm from Redis {runs['warm_remote'][-1].ttft_s * 1000:.0f} ms "
-                f"({runs['warm_remote'][-1].cached_tokens} cached tokens)")
+                f"({runs['warm_remote'][-1].cached_tokens} cached tokens)"
+            )
         restore_redis()
         stored_bytes = sum(len(snapshot[f"kvgate:{k}".encode()]) for k in keys)
         loads = time_loads(server.url, ns, keys, hashes, b.store, args.io_repeats)
@@ -203,8 +209,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ttft_warm = _median([c.ttft_s for c in runs["warm_remote"]])
     remote_gbps, raw_gbps = _gbps(stored_bytes, _median(loads["tier"])), _gbps(stored_bytes, _median(loads["raw"]))
     return {
-        "kv": {"remote_load_gbps": remote_gbps, "raw_get_gbps": raw_gbps, "ttft_cold_s": ttft_cold,
-               "ttft_warm_remote_s": ttft_warm, "identical_output": identical},
+        "kv": {
+            "remote_load_gbps": remote_gbps,
+            "raw_get_gbps": raw_gbps,
+            "ttft_cold_s": ttft_cold,
+            "ttft_warm_remote_s": ttft_warm,
+            "identical_output": identical,
+        },
         "remote_vs_raw": remote_gbps / raw_gbps,
         "warm_remote_speedup": ttft_cold / ttft_warm,
         "remote_load_promoting_gbps": _gbps(stored_bytes, _median(loads["promoting"])),
@@ -239,13 +250,19 @@ def main(args: argparse.Namespace) -> int:
         print(f"kvgate bench kv-remote: error: {exc}", file=sys.stderr)
         return 2
     kv = result["kv"]
-    print(f"turn 2: {result['prompt_tokens']} tokens, {result['loaded_chunks']} chunks of {result['chunk_tokens']} "
-          f"({result['value_bytes'] / 1e6:.1f} MB each), median of {result['repeats']}")
-    print(f"TTFT cold {kv['ttft_cold_s'] * 1000:.0f} ms, warm from Redis {kv['ttft_warm_remote_s'] * 1000:.0f} ms "
-          f"({result['warm_remote_speedup']:.1f}x, {result['cached_tokens_warm']} cached tokens); "
-          f"identical output: {kv['identical_output']}")
-    print(f"load GB/s: remote tier {kv['remote_load_gbps']:.2f}, raw pipelined GET {kv['raw_get_gbps']:.2f} "
-          f"(tier/raw {result['remote_vs_raw']:.2f}); with promotion into RAM+disk "
-          f"{result['remote_load_promoting_gbps']:.2f}")
+    print(
+        f"turn 2: {result['prompt_tokens']} tokens, {result['loaded_chunks']} chunks of {result['chunk_tokens']} "
+        f"({result['value_bytes'] / 1e6:.1f} MB each), median of {result['repeats']}"
+    )
+    print(
+        f"TTFT cold {kv['ttft_cold_s'] * 1000:.0f} ms, warm from Redis {kv['ttft_warm_remote_s'] * 1000:.0f} ms "
+        f"({result['warm_remote_speedup']:.1f}x, {result['cached_tokens_warm']} cached tokens); "
+        f"identical output: {kv['identical_output']}"
+    )
+    print(
+        f"load GB/s: remote tier {kv['remote_load_gbps']:.2f}, raw pipelined GET {kv['raw_get_gbps']:.2f} "
+        f"(tier/raw {result['remote_vs_raw']:.2f}); with promotion into RAM+disk "
+        f"{result['remote_load_promoting_gbps']:.2f}"
+    )
     write_json(args.json, result)
     return 0

@@ -21,6 +21,7 @@ case) the same requests sent to the backend directly and then through the proxy.
 proxy − direct, percentile by percentile (TTFT and total), with the proxy's loop lag over its phase
 and the time one fresh prompt takes to render + tokenise + hash in this process (`hash_ms`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,6 @@ import os
 import random
 import statistics
 import string
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +39,9 @@ from typing import Any
 import httpx
 import orjson
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.middleware.forward.http1 import Pool
+from kvgate.tools.bench.loop_load_proxy import config, cpu_s, lag_between, lag_histogram, start_spy, stop_spy
 from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
 from kvgate.tools.bench.stats import pct, write_json
 from kvgate.tools.bench.stream_client import timed_stream
@@ -55,34 +55,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default="smollm2", help="routing tokenizer: smollm2 | text")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--anchor-tree", type=Path, default=None, help="also run a proxy from this source tree, first")
-    p.add_argument("--py-spy", type=Path, default=None, metavar="PREFIX",
-                   help="record each proxy with py-spy (raw stacks to PREFIX-<label>.txt; --rate: PREFIX-<tokenizer>-<shape>.txt, proxy phase only)")
+    p.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="PREFIX",
+        help="record each proxy with py-spy (raw stacks to PREFIX-<label>.txt; --rate: PREFIX-<tokenizer>-<shape>.txt, proxy phase only)",
+    )
     p.add_argument("--rate", type=float, default=0.0, help="open-loop requests/s: the router-overhead figure (0: off)")
     p.add_argument("--duration-s", type=float, default=15.0, help="--rate: seconds per phase")
     p.add_argument("--tokenizers", default="smollm2,text", help="--rate: one proxy per routing tokenizer")
     p.add_argument("--shapes", default="fresh,continue", help="--rate: prompt shapes (fresh | continue)")
     p.add_argument("--conversations", type=int, default=20, help="--rate, continue: conversations taking turns")
-    p.add_argument("--block-size", type=int, default=None,
-                   help="--rate: routing.prefix.block_size of the proxies (default: the route's default for the tokenizer)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="--rate: routing.prefix.block_size of the proxies (default: the route's default for the tokenizer)",
+    )
     p.add_argument("--json", type=Path, default=None)
 
 
 def _words(rng: random.Random, n: int) -> str:
     return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(n))
-
-
-def config(replicas: list[str], tokenizer: str, cache_dir: str, block_size: int = 16) -> dict[str, Any]:
-    return {
-        "cache_dir": cache_dir,
-        "routes": [{
-            "name": "load", "model": "*", "backend": {"model": "openai/demo", "api_key": "none", "timeout": 120},
-            "exact": True, "semantic": {"enabled": False},
-            "replicas": [{"name": f"r{i}", "api_base": f"{u}/v1"} for i, u in enumerate(replicas)],
-            "routing": {"policy": "cache_aware",
-                        "prefix": {"tokenizer": tokenizer, "block_size": block_size, "record_answers": True}},
-        }],
-        "server": {"max_body_bytes": 64 * 1024 * 1024},
-    }
 
 
 async def drive(url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -127,78 +122,52 @@ async def drive(url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]
     return {"ttfts": ttfts, "errors": errors, "wall_s": wall}
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def _lag_histogram(metrics_text: str) -> dict[str, float]:
-    """The lag histogram's samples: `le` bounds → cumulative counts, plus `sum` and `count`."""
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(metrics_text):
-        if fam.name == "kvgate_event_loop_lag_seconds":
-            for s in fam.samples:
-                out[s.labels["le"] if s.name.endswith("_bucket") else s.name.rsplit("_", 1)[1]] = s.value
-    return out
-
-
-def _lag(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Lag figures of the samples taken between two scrapes (warm-up left out)."""
-    diff = {k: v - before.get(k, 0.0) for k, v in after.items()}
-    total, count = diff.pop("sum", 0.0), diff.pop("count", 0.0)
-    buckets = sorted((float(le), n) for le, n in diff.items())
-
-    def quantile(q: float) -> float:  # the bucket bound holding the q-th sample
-        return next((le for le, n in buckets if n >= q * count), float("inf"))
-
-    return {"samples": count, "mean_ms": 1000 * total / count if count else float("nan"),
-            "p50_le_ms": 1000 * quantile(0.5), "p99_le_ms": 1000 * quantile(0.99),
-            "share_over_10ms": 1 - next((n for le, n in buckets if le == 0.01), 0.0) / count if count else float("nan")}
-
-
-def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling `pid` at 200 Hz into `out` (raw collapsed stacks) until _stop_spy."""
-    return subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
-                             "--rate", "200", "--format", "raw", "--nonblocking", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _stop_spy(spy: subprocess.Popen[bytes] | None) -> None:
-    if spy is not None:
-        spy.send_signal(2)  # SIGINT: py-spy writes what it has
-        spy.wait(timeout=60)
-
-
 def run_one(label: str, tree: Path | None, replicas: list[str], args: argparse.Namespace, work: Path) -> dict[str, Any]:
     port = free_port()
     cfg_path = work / f"{label}.yaml"
     cfg_path.write_text(yaml.safe_dump(config(replicas, args.tokenizer, str(work / f"cache-{label}"))))
     # PYTHONSAFEPATH: `python -m` must not put the current directory (this tree) first on the path
     env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"} if tree is not None else None
-    proxy = Proc(f"proxy-{label}", kvgate_argv("serve", "--config", str(cfg_path), "--port", str(port),
-                                               "--log-level", "warning"), work, env=env)
+    proxy = Proc(
+        f"proxy-{label}",
+        kvgate_argv("serve", "--config", str(cfg_path), "--port", str(port), "--log-level", "warning"),
+        work,
+        env=env,
+    )
     spy = None
     try:
         base = f"http://127.0.0.1:{port}"
         proxy.wait_http(f"{base}/health")
         if args.py_spy is not None:
-            spy = _spy(proxy.proc.pid, Path(f"{args.py_spy}-{label}.txt"))
+            spy = start_spy(proxy.proc.pid, Path(f"{args.py_spy}-{label}.txt"))
         # warm-up: LiteLLM's lazy imports (its tokenizer for cost, loaded on first use) stay out of the figures
-        asyncio.run(drive(f"{base}/v1/chat/completions", argparse.Namespace(**{**vars(args), "requests": 4, "concurrency": 2}),
-                          seed=1))
-        lag0 = _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
-        cpu0 = _cpu_s(proxy.proc.pid)
+        asyncio.run(
+            drive(
+                f"{base}/v1/chat/completions",
+                argparse.Namespace(**{**vars(args), "requests": 4, "concurrency": 2}),
+                seed=1,
+            )
+        )
+        lag0 = lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
+        cpu0 = cpu_s(proxy.proc.pid)
         run = asyncio.run(drive(f"{base}/v1/chat/completions", args, seed=7))
-        cpu = _cpu_s(proxy.proc.pid) - cpu0
-        lag = _lag(lag0, _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text))
+        cpu = cpu_s(proxy.proc.pid) - cpu0
+        lag = lag_between(lag0, lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text))
     finally:
-        _stop_spy(spy)
+        stop_spy(spy)
         proxy.stop()
     t = run["ttfts"]
-    return {"tree": str(tree) if tree else "this", "completed": len(t), "errors": len(run["errors"]),
-            "req_per_s": len(t) / run["wall_s"], "ttft_p50_ms": 1000 * pct(t, 0.5), "ttft_p99_ms": 1000 * pct(t, 0.99),
-            "ttft_mean_ms": 1000 * statistics.fmean(t) if t else float("nan"),
-            "proxy_cpu_ms_per_req": 1000 * cpu / max(1, len(t)), "loop_lag": lag}
+    return {
+        "tree": str(tree) if tree else "this",
+        "completed": len(t),
+        "errors": len(run["errors"]),
+        "req_per_s": len(t) / run["wall_s"],
+        "ttft_p50_ms": 1000 * pct(t, 0.5),
+        "ttft_p99_ms": 1000 * pct(t, 0.99),
+        "ttft_mean_ms": 1000 * statistics.fmean(t) if t else float("nan"),
+        "proxy_cpu_ms_per_req": 1000 * cpu / max(1, len(t)),
+        "loop_lag": lag,
+    }
 
 
 def main(args: argparse.Namespace) -> int:
@@ -213,20 +182,27 @@ def main(args: argparse.Namespace) -> int:
             urls.append(f"http://127.0.0.1:{port}")
         for proc, url in zip(backends, urls):
             proc.wait_http(f"{url}/v1/models")
-        result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"},
-                                  "machine": {"cpus": os.cpu_count()}, "runs": {}}
+        result: dict[str, Any] = {
+            "args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+            "machine": {"cpus": os.cpu_count()},
+            "runs": {},
+        }
         if args.anchor_tree is not None:
             result["runs"]["anchor"] = run_one("anchor", args.anchor_tree.resolve(), urls, args, work)
         result["runs"]["this"] = run_one("this", None, urls, args, work)
     finally:
         for proc in backends:
             proc.stop()
-    print(f"{'proxy':8s} {'req/s':>7s} {'ttft p50':>9s} {'p99':>8s} {'cpu/req':>8s} {'lag mean':>9s} {'p99≤':>7s} {'>10ms':>6s} err")
+    print(
+        f"{'proxy':8s} {'req/s':>7s} {'ttft p50':>9s} {'p99':>8s} {'cpu/req':>8s} {'lag mean':>9s} {'p99≤':>7s} {'>10ms':>6s} err"
+    )
     for name, r in result["runs"].items():
         lag = r["loop_lag"]
-        print(f"{name:8s} {r['req_per_s']:7.1f} {r['ttft_p50_ms']:7.0f}ms {r['ttft_p99_ms']:6.0f}ms "
-              f"{r['proxy_cpu_ms_per_req']:6.1f}ms {lag['mean_ms']:7.1f}ms {lag['p99_le_ms']:5.0f}ms "
-              f"{lag['share_over_10ms']:6.1%} {r['errors']}")
+        print(
+            f"{name:8s} {r['req_per_s']:7.1f} {r['ttft_p50_ms']:7.0f}ms {r['ttft_p99_ms']:6.0f}ms "
+            f"{r['proxy_cpu_ms_per_req']:6.1f}ms {lag['mean_ms']:7.1f}ms {lag['p99_le_ms']:5.0f}ms "
+            f"{lag['share_over_10ms']:6.1%} {r['errors']}"
+        )
     write_json(args.json, result)
     return 0
 
@@ -244,12 +220,18 @@ class Prompts:
         self.bodies: list[list[dict[str, str]]] = []
         if shape == "fresh":
             for i in range(count):
-                self.bodies.append([{"role": "system", "content": " ".join(rng.choices(vocab, k=words))},
-                                    {"role": "user", "content": f"question {i}?"}])
+                self.bodies.append(
+                    [
+                        {"role": "system", "content": " ".join(rng.choices(vocab, k=words))},
+                        {"role": "user", "content": f"question {i}?"},
+                    ]
+                )
             self.warm: list[list[dict[str, str]]] = []
             return
         # continue: conversation c's turn t repeats turns 0..t-1 (question + the demo backend's echo)
-        talks = [[{"role": "system", "content": " ".join(rng.choices(vocab, k=words))}] for _ in range(args.conversations)]
+        talks = [
+            [{"role": "system", "content": " ".join(rng.choices(vocab, k=words))}] for _ in range(args.conversations)
+        ]
         self.warm = []
         for c, talk in enumerate(talks):  # turn 0 of each is sent before timing: its cold hash is `fresh`'s case
             talk.append({"role": "user", "content": f"conversation {c} turn 0?"})
@@ -290,8 +272,11 @@ async def open_loop(url: str, bodies: list[list[dict[str, str]]], rate: float) -
 
 
 def _summary(run: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"completed": len(run["total"]), "errors": len(run["errors"]),
-                           "req_per_s": len(run["total"]) / run["wall_s"]}
+    out: dict[str, Any] = {
+        "completed": len(run["total"]),
+        "errors": len(run["errors"]),
+        "req_per_s": len(run["total"]) / run["wall_s"],
+    }
     for key in ("ttft", "total"):
         for q in (0.5, 0.9, 0.99):
             out[f"{key}_p{round(q * 100)}_ms"] = 1000 * pct(run[key], q)
@@ -320,56 +305,83 @@ def run_overhead(args: argparse.Namespace) -> int:
     port = free_port()
     backend_url = f"http://127.0.0.1:{port}"
     backend = Proc("demo", kvgate_argv("demo-backend", "--port", str(port)), work)
-    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"},
-                              "machine": {"cpus": os.cpu_count()}, "runs": []}
+    result: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items() if k != "func"},
+        "machine": {"cpus": os.cpu_count()},
+        "runs": [],
+    }
     try:
         backend.wait_http(f"{backend_url}/v1/models")
         for tokenizer in [t.strip() for t in args.tokenizers.split(",") if t.strip()]:
             cfg_path = work / f"{tokenizer}.yaml"
             block_size = args.block_size or PrefixConfig(tokenizer=tokenizer).block_size  # the route's default
-            cfg_path.write_text(yaml.safe_dump(config([backend_url], tokenizer, str(work / f"cache-{tokenizer}"),
-                                                        block_size)))
+            cfg_path.write_text(
+                yaml.safe_dump(config([backend_url], tokenizer, str(work / f"cache-{tokenizer}"), block_size))
+            )
             proxy_port = free_port()
-            proxy = Proc(f"proxy-{tokenizer}", kvgate_argv("serve", "--config", str(cfg_path), "--port", str(proxy_port),
-                                                           "--log-level", "warning"), work)
+            proxy = Proc(
+                f"proxy-{tokenizer}",
+                kvgate_argv("serve", "--config", str(cfg_path), "--port", str(proxy_port), "--log-level", "warning"),
+                work,
+            )
             base = f"http://127.0.0.1:{proxy_port}"
             try:
                 proxy.wait_http(f"{base}/health")
                 for n, shape in enumerate(s.strip() for s in args.shapes.split(",") if s.strip()):
                     prompts = Prompts(shape, args, count, seed=100 + n)
-                    row: dict[str, Any] = {"tokenizer": tokenizer, "shape": shape, "rate": args.rate,
-                                           "block_size": block_size,
-                                           **hash_ms(tokenizer, Prompts("fresh", args, 10, seed=7), block_size)}
+                    row: dict[str, Any] = {
+                        "tokenizer": tokenizer,
+                        "shape": shape,
+                        "rate": args.rate,
+                        "block_size": block_size,
+                        **hash_ms(tokenizer, Prompts("fresh", args, 10, seed=7), block_size),
+                    }
                     for label, url in (("direct", backend_url), ("proxy", base)):
                         # warm-up: connections, lazy imports, and (continue) each conversation's first turn
                         warm = prompts.warm or Prompts("fresh", args, 8, seed=9).bodies
                         asyncio.run(open_loop(f"{url}/v1/chat/completions", warm, args.rate))
-                        lag0 = _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
-                        cpu0 = _cpu_s(proxy.proc.pid)
-                        spy = (_spy(proxy.proc.pid, Path(f"{args.py_spy}-{tokenizer}-{shape}.txt"))
-                               if args.py_spy is not None and label == "proxy" else None)
+                        lag0 = lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
+                        cpu0 = cpu_s(proxy.proc.pid)
+                        spy = (
+                            start_spy(proxy.proc.pid, Path(f"{args.py_spy}-{tokenizer}-{shape}.txt"))
+                            if args.py_spy is not None and label == "proxy"
+                            else None
+                        )
                         try:
                             run = asyncio.run(open_loop(f"{url}/v1/chat/completions", prompts.bodies, args.rate))
                         finally:
-                            _stop_spy(spy)
+                            stop_spy(spy)
                         row[label] = _summary(run)
                         if label == "proxy":
-                            row["proxy_cpu_ms_per_req"] = 1000 * (_cpu_s(proxy.proc.pid) - cpu0) / max(1, len(run["total"]))
-                            row["loop_lag"] = _lag(lag0, _lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text))
-                    row["added_ms"] = {k: row["proxy"][k] - row["direct"][k] for k in row["direct"] if k.endswith("_ms")}
+                            row["proxy_cpu_ms_per_req"] = (
+                                1000 * (cpu_s(proxy.proc.pid) - cpu0) / max(1, len(run["total"]))
+                            )
+                            row["loop_lag"] = lag_between(
+                                lag0, lag_histogram(httpx.get(f"{base}/metrics", timeout=30).text)
+                            )
+                    row["added_ms"] = {
+                        k: row["proxy"][k] - row["direct"][k] for k in row["direct"] if k.endswith("_ms")
+                    }
                     result["runs"].append(row)
-                    print(f"[overhead] {tokenizer} {shape}: added {row['added_ms']} lag {row['loop_lag']}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[overhead] {tokenizer} {shape}: added {row['added_ms']} lag {row['loop_lag']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             finally:
                 proxy.stop()
     finally:
         backend.stop()
-    print(f"{'tokenizer':9s} {'shape':9s} {'tokens':>6s} {'hash':>7s} {'+ttft p50':>9s} {'p99':>7s} {'+total p50':>10s} "
-          f"{'p99':>7s} {'lag p99≤':>8s} {'cpu/req':>7s} err")
+    print(
+        f"{'tokenizer':9s} {'shape':9s} {'tokens':>6s} {'hash':>7s} {'+ttft p50':>9s} {'p99':>7s} {'+total p50':>10s} "
+        f"{'p99':>7s} {'lag p99≤':>8s} {'cpu/req':>7s} err"
+    )
     for r in result["runs"]:
         a, lag = r["added_ms"], r["loop_lag"]
-        print(f"{r['tokenizer']:9s} {r['shape']:9s} {r['tokens']:6d} {r['hash_ms_p50']:5.1f}ms {a['ttft_p50_ms']:7.2f}ms "
-              f"{a['ttft_p99_ms']:5.1f}ms {a['total_p50_ms']:8.2f}ms {a['total_p99_ms']:5.1f}ms {lag['p99_le_ms']:6.0f}ms "
-              f"{r['proxy_cpu_ms_per_req']:5.1f}ms {r['proxy']['errors'] + r['direct']['errors']}")
+        print(
+            f"{r['tokenizer']:9s} {r['shape']:9s} {r['tokens']:6d} {r['hash_ms_p50']:5.1f}ms {a['ttft_p50_ms']:7.2f}ms "
+            f"{a['ttft_p99_ms']:5.1f}ms {a['total_p50_ms']:8.2f}ms {a['total_p99_ms']:5.1f}ms {lag['p99_le_ms']:6.0f}ms "
+            f"{r['proxy_cpu_ms_per_req']:5.1f}ms {r['proxy']['errors'] + r['direct']['errors']}"
+        )
     write_json(args.json, result)
     return 0

@@ -1,4 +1,5 @@
 """Where a benchmark's figures were taken: CPU, platform, load, filesystem (reported beside every result)."""
+
 from __future__ import annotations
 
 import os
@@ -31,18 +32,28 @@ def filesystem_of(path: Path) -> dict[str, str] | None:
     except OSError:
         return None
     real = str(path.resolve())
-    best = max((m for m in mounts if len(m) == 3 and (real == m[1] or real.startswith(m[1].rstrip("/") + "/"))),
-               key=lambda m: len(m[1]), default=None)
+    best = max(
+        (m for m in mounts if len(m) == 3 and (real == m[1] or real.startswith(m[1].rstrip("/") + "/"))),
+        key=lambda m: len(m[1]),
+        default=None,
+    )
     return {"device": best[0], "mount": best[1], "type": best[2]} if best else None
 
 
 def hardware_info(path: Path | None = None) -> dict[str, Any]:
     """CPUs, CPU model, memory and (with `path`) the filesystem holding it: for benchmarks whose
     figures depend on the disk (`kvgate bench kv`, `kvgate bench e2e`)."""
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
     try:
-        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                                 if line.startswith("model name"))
+        info["cpu_model"] = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     try:

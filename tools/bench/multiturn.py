@@ -17,6 +17,7 @@ client does. A hit's origin is the conversation whose miss produced the answer t
   `POST /v1/cache/feedback`, then asked again (no-store): `still_hit_after_feedback` (target 0) and
   the feedback call's latency.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,7 +68,7 @@ def load_conversations(path: Path) -> list[Conversation]:
         raise ValueError(f"cannot read conversations from {path}: {exc}") from None
     rows = data.get("conversations") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{path}: expected {{\"conversations\": [...]}} with at least one conversation")
+        raise ValueError(f'{path}: expected {{"conversations": [...]}} with at least one conversation')
     out, seen = [], set()
     for i, row in enumerate(rows):
         turns = row.get("turns") if isinstance(row, dict) else None
@@ -83,8 +84,12 @@ def load_conversations(path: Path) -> list[Conversation]:
     return out
 
 
-def play(client: httpx.Client, conversations: Sequence[Conversation], model: str = MODEL,
-         headers: dict[str, str] | None = None) -> list[Turn]:
+def play(
+    client: httpx.Client,
+    conversations: Sequence[Conversation],
+    model: str = MODEL,
+    headers: dict[str, str] | None = None,
+) -> list[Turn]:
     """Play originals, then paraphrases, through the proxy at `client.base_url`; every turn's outcome."""
     origin: dict[str, str] = {}  # answer text → group whose miss produced it
     turns: list[Turn] = []
@@ -99,8 +104,17 @@ def play(client: httpx.Client, conversations: Sequence[Conversation], model: str
             tier = resp.headers["x-kvgate-cache"]
             if tier == "miss":
                 origin.setdefault(answer, conv.group)
-            turns.append(Turn(conv.id, conv.group, conv.kind, index, tier,
-                              origin.get(answer) if tier != "miss" else None, resp.headers["x-kvgate-request-id"]))
+            turns.append(
+                Turn(
+                    conv.id,
+                    conv.group,
+                    conv.kind,
+                    index,
+                    tier,
+                    origin.get(answer) if tier != "miss" else None,
+                    resp.headers["x-kvgate-request-id"],
+                )
+            )
             messages.append({"role": "assistant", "content": answer})
     return turns
 
@@ -127,8 +141,9 @@ def summarise(turns: Sequence[Turn]) -> dict[str, Any]:
     }
 
 
-def judge_first_turn_hits(client: httpx.Client, conversations: Sequence[Conversation], turns: Sequence[Turn],
-                          model: str = MODEL) -> dict[str, Any]:
+def judge_first_turn_hits(
+    client: httpx.Client, conversations: Sequence[Conversation], turns: Sequence[Turn], model: str = MODEL
+) -> dict[str, Any]:
     """Call every paraphrased first-turn hit wrong, then ask it again without storing."""
     by_id = {c.id: c for c in conversations}
     judged = [t for t in turns if t.index == 0 and t.kind == "paraphrase" and t.tier != "miss"]
@@ -144,30 +159,43 @@ def judge_first_turn_hits(client: httpx.Client, conversations: Sequence[Conversa
         again = client.post("/v1/chat/completions", json=body, headers={"x-kvgate-cache-control": "no-store"})
         still += again.headers["x-kvgate-cache"] != "miss"
     p50, p99 = percentiles_ms(took)
-    return {"wrong_verdicts": len(judged), "entries_removed": removed, "still_hit_after_feedback": still,
-            "feedback_p50_ms": p50, "feedback_p99_ms": p99}
+    return {
+        "wrong_verdicts": len(judged),
+        "entries_removed": removed,
+        "still_hit_after_feedback": still,
+        "feedback_p50_ms": p50,
+        "feedback_p99_ms": p99,
+    }
 
 
 def bench_config(cache_dir: Path, api_base: str, threshold: float, context: str) -> dict[str, Any]:
     return {
         "cache_dir": str(cache_dir),
-        "routes": [{
-            "name": "multiturn", "model": MODEL, "ttl": None,
-            "backend": {"model": "openai/fake", "api_base": api_base, "api_key": "sk-fake"},
-            "semantic": {"threshold": threshold, "context": context},
-        }],
+        "routes": [
+            {
+                "name": "multiturn",
+                "model": MODEL,
+                "ttl": None,
+                "backend": {"model": "openai/fake", "api_base": api_base, "api_key": "sk-fake"},
+                "semantic": {"threshold": threshold, "context": context},
+            }
+        ],
     }
 
 
-def run(path: Path, threshold: float = DEFAULT_THRESHOLD, contexts: Sequence[str] = CONTEXTS,
-        progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run(
+    path: Path,
+    threshold: float = DEFAULT_THRESHOLD,
+    contexts: Sequence[str] = CONTEXTS,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """The whole benchmark: one fresh cache and proxy per context setting."""
-    from kvgate.index.responses.embedder import make_embedder
     from kvgate.engines.demo import create_fake_app
-    from kvgate.tools.bench.procs import ServerThread
-    from kvgate.middleware.config import parse_config
+    from kvgate.index.responses.embedder import make_embedder
     from kvgate.middleware.build import build_pipeline
+    from kvgate.middleware.config import parse_config
     from kvgate.middleware.server.proxy import create_app
+    from kvgate.tools.bench.procs import ServerThread
 
     conversations = load_conversations(path)
     embedder = make_embedder("onnx")
@@ -190,8 +218,10 @@ def run(path: Path, threshold: float = DEFAULT_THRESHOLD, contexts: Sequence[str
                     proxy.stop()
                     pipeline.close()
             runs[context] = result
-            progress(f"context={context}: cross-conversation follow-up hits {result['cross_conversation_hits']}, "
-                     f"paraphrase follow-up hits {result['paraphrase_followup_hits']}/{result['paraphrase_followups']}")
+            progress(
+                f"context={context}: cross-conversation follow-up hits {result['cross_conversation_hits']}, "
+                f"paraphrase follow-up hits {result['paraphrase_followup_hits']}/{result['paraphrase_followups']}"
+            )
     finally:
         backend.stop()
     return {"mode": "multiturn", "conversations_file": str(path), "threshold": threshold, "runs": runs}
@@ -199,11 +229,19 @@ def run(path: Path, threshold: float = DEFAULT_THRESHOLD, contexts: Sequence[str
 
 # ------------------------------------------------------------------------------------------ CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--conversations", type=Path, required=True, metavar="FILE.json",
-                        help="conversations file (see tests/data/multiturn_conversations.json)")
+    parser.add_argument(
+        "--conversations",
+        type=Path,
+        required=True,
+        metavar="FILE.json",
+        help="conversations file (see tests/data/multiturn_conversations.json)",
+    )
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="route semantic threshold")
-    parser.add_argument("--contexts", default=",".join(CONTEXTS),
-                        help=f"comma-separated semantic.context settings to run (default {','.join(CONTEXTS)})")
+    parser.add_argument(
+        "--contexts",
+        default=",".join(CONTEXTS),
+        help=f"comma-separated semantic.context settings to run (default {','.join(CONTEXTS)})",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", default=None, help="write the results here (JSON)")
 
 
@@ -217,19 +255,26 @@ def main(args: argparse.Namespace) -> int:
         print(f"kvgate bench multiturn: error: --contexts takes {CONTEXTS}, --threshold 0..1", file=sys.stderr)
         return 2
     try:
-        result = run(args.conversations, args.threshold, contexts,
-                     progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+        result = run(
+            args.conversations,
+            args.threshold,
+            contexts,
+            progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
+        )
     except ValueError as exc:
         print(f"kvgate bench multiturn: error: {exc}", file=sys.stderr)
         return 2
     result["machine"] = machine_info()
-    print(f"{'context':16s} {'follow-ups':>10s} {'cross hits':>10s} {'paraphrase hits':>16s} "
-          f"{'after feedback':>15s} {'feedback p50':>13s}")
+    print(
+        f"{'context':16s} {'follow-ups':>10s} {'cross hits':>10s} {'paraphrase hits':>16s} {'after feedback':>15s} {'feedback p50':>13s}"
+    )
     for context, r in result["runs"].items():
         fb = r["feedback"]
-        print(f"{context:16s} {r['followups']:>10d} {r['cross_conversation_hits']:>10d} "
-              f"{r['paraphrase_followup_hits']:>7d}/{r['paraphrase_followups']:<8d} "
-              f"{fb['still_hit_after_feedback']:>6d}/{fb['wrong_verdicts']:<8d} {fb['feedback_p50_ms'] or 0:>10.2f} ms")
+        print(
+            f"{context:16s} {r['followups']:>10d} {r['cross_conversation_hits']:>10d} "
+            f"{r['paraphrase_followup_hits']:>7d}/{r['paraphrase_followups']:<8d} "
+            f"{fb['still_hit_after_feedback']:>6d}/{fb['wrong_verdicts']:<8d} {fb['feedback_p50_ms'] or 0:>10.2f} ms"
+        )
     write_json(args.json, result)
     if args.json is not None:
         print(f"results written to {args.json}")

@@ -1,5 +1,6 @@
 """Dropping files from the OS page cache before a timed read, as far as this process may, and
 asking how much of them is still resident (`kvgate bench kv`)."""
+
 from __future__ import annotations
 
 import ctypes

@@ -1,6 +1,7 @@
 """`kvgate bench plot KIND RESULT.json --out FILE.png`: a figure from a saved benchmark result
 (tools/bench/plots.py), without re-running the benchmark; and the `--plot FILE.png` option that
 `kvgate bench semantic | routing | kv` share. matplotlib is imported only when a plot is drawn."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_plot_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="also draw the result as a PNG (matplotlib)")
+    p.add_argument(
+        "--plot", type=Path, default=None, metavar="FILE.png", help="also draw the result as a PNG (matplotlib)"
+    )
 
 
 def write_plot(kind: str, out: Path | None, result: dict[str, Any]) -> int:

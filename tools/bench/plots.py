@@ -5,6 +5,7 @@ each benchmark writes, so a plot can be made again from a saved run without re-r
   routing   TTFT CDF per router (needs the per-request `ttfts_s` the arena writes)
   kv        TTFT per stored state (cold / warm RAM / warm disk), load and prefill stacked
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,10 +34,19 @@ def semantic_figure(result: dict[str, Any]) -> Figure:
     ax.plot(thresholds, [s["recall"] for s in sweep], marker="s", label="kvgate recall")
     anchor = result.get("gptcache") or {}
     if anchor.get("precision") is not None:
-        ax.plot([anchor["threshold"]] * 2, [anchor["precision"], anchor["recall"]], "kx", markersize=9,
-                label="GPTCache (same run)")
-    ax.set(xlabel="cosine threshold", ylabel="fraction", ylim=(0, 1),
-           title=f"Semantic cache on {result.get('pairs', '?')} Quora pairs: precision / recall")
+        ax.plot(
+            [anchor["threshold"]] * 2,
+            [anchor["precision"], anchor["recall"]],
+            "kx",
+            markersize=9,
+            label="GPTCache (same run)",
+        )
+    ax.set(
+        xlabel="cosine threshold",
+        ylabel="fraction",
+        ylim=(0, 1),
+        title=f"Semantic cache on {result.get('pairs', '?')} Quora pairs: precision / recall",
+    )
     return _finish(fig, ax)
 
 
@@ -56,8 +66,12 @@ def routing_figure(result: dict[str, Any]) -> Figure:
     if not drawn:
         raise PlotInputError("routing: no policy has per-request TTFTs (`ttfts_s`); re-run `kvgate bench routing`")
     ax.set_xscale("log")
-    ax.set(xlabel="TTFT at the client (s, log scale)", ylabel="fraction of requests", ylim=(0, 1.01),
-           title=f"Routing arena: {result.get('scenario', '')}, {result.get('requests', '?')} requests")
+    ax.set(
+        xlabel="TTFT at the client (s, log scale)",
+        ylabel="fraction of requests",
+        ylim=(0, 1.01),
+        title=f"Routing arena: {result.get('scenario', '')}, {result.get('requests', '?')} requests",
+    )
     return _finish(fig, ax, legend="upper left")
 
 
@@ -65,25 +79,36 @@ def kv_figure(result: dict[str, Any]) -> Figure:
     """Median TTFT per stored state, with its KV-load and prefill parts as bars beside it (side by
     side, not stacked: the axis is logarithmic)."""
     modes = _need(result, "modes", "kv")
-    labels = {"cold": "cold", "warm_ram": "warm RAM", "warm_disk": "warm disk\n(page cache dropped)",
-              "warm_disk_pagecache": "warm disk\n(page cache)"}
+    labels = {
+        "cold": "cold",
+        "warm_ram": "warm RAM",
+        "warm_disk": "warm disk\n(page cache dropped)",
+        "warm_disk_pagecache": "warm disk\n(page cache)",
+    }
     names = [m for m in labels if m in modes]
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
     width = 0.27
-    for offset, (field, label) in zip((-width, 0.0, width), (("ttft_s", "TTFT"), ("load_s", "KV load"),
-                                                              ("prefill_s", "prefill"))):
+    for offset, (field, label) in zip(
+        (-width, 0.0, width), (("ttft_s", "TTFT"), ("load_s", "KV load"), ("prefill_s", "prefill"))
+    ):
         ax.bar([i + offset for i in range(len(names))], [max(modes[m][field], 1e-4) for m in names], width, label=label)
     for i, m in enumerate(names):
-        ax.annotate(f"{modes[m]['ttft_s']:.2f} s", (i - width, modes[m]["ttft_s"]), ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{modes[m]['ttft_s']:.2f} s", (i - width, modes[m]["ttft_s"]), ha="center", va="bottom", fontsize=8
+        )
     ax.set_xticks(range(len(names)), [labels[m] for m in names])
     ax.set_yscale("log")
-    ax.set(ylabel="seconds (log scale)",
-           title=f"KV spill: TTFT of a {result.get('history_tokens', '?')}-token prompt (median of {result.get('repeats', '?')})")
+    ax.set(
+        ylabel="seconds (log scale)",
+        title=f"KV spill: TTFT of a {result.get('history_tokens', '?')}-token prompt (median of {result.get('repeats', '?')})",
+    )
     return _finish(fig, ax)
 
 
 FIGURES: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "semantic": semantic_figure, "routing": routing_figure, "kv": kv_figure,
+    "semantic": semantic_figure,
+    "routing": routing_figure,
+    "kv": kv_figure,
 }
 
 

@@ -1,5 +1,6 @@
 """Start and stop the servers a benchmark or test needs on 127.0.0.1: child processes (Proc) and
 ASGI apps in a thread (ServerThread)."""
+
 from __future__ import annotations
 
 import os
@@ -29,14 +30,17 @@ class Proc:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
 
     def wait_http(self, url: str, timeout: float = 120.0) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+                )
             try:
                 if httpx.get(url, timeout=1.0).status_code < 500:
                     return

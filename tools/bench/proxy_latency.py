@@ -23,6 +23,7 @@ Hits and misses are timed separately; a hit is "correct" when the answer it retu
 for the query's own seed or base question (an unrelated query has none: its hits are wrong).
 The fake backend is also timed directly with the same client: the HTTP floor.
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,15 +37,15 @@ import httpx
 import numpy as np
 
 from kvgate.engines.demo import create_fake_app
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.pipeline import Pipeline
+from kvgate.middleware.request import CacheControl, build_view
+from kvgate.middleware.server.proxy import create_app, tenant_of
 from kvgate.tools.bench.embed_cache import cache_key, cached_embeddings
 from kvgate.tools.bench.procs import ServerThread
 from kvgate.tools.bench.seed_questions import SEED_QUESTIONS, paraphrases, semantic_queries
 from kvgate.tools.bench.semantic_filler import Query, RealFiller, filler_answer, filler_base, load_real_filler
-from kvgate.middleware.config import parse_config
-from kvgate.middleware.pipeline import Pipeline
-from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.server.proxy import create_app, tenant_of
-from kvgate.middleware.request import CacheControl, build_view
 from kvgate.tools.bench.stats import percentiles_ms
 
 BENCH_TOKEN = "kvgate-bench-key"
@@ -53,6 +54,7 @@ FILLER_BATCH = 10_000
 WARMUP_REQUESTS = 5
 CACHE_HEADER = "x-kvgate-cache"
 __all__ = ["SEED_QUESTIONS", "paraphrases", "run_proxy_latency"]  # SEED_QUESTIONS: tests import it from here
+
 
 def chat_body(question: str) -> dict[str, Any]:
     """The request every measured call sends; only the user message changes."""
@@ -68,15 +70,19 @@ def bench_config(cache_dir: Path, backend_url: str, threshold: float, entries: i
             {
                 "name": "bench",
                 "model": BENCH_MODEL,
-                "backend": {"model": "openai/fake", "api_base": f"{backend_url}/v1", "api_key": "sk-fake", "num_retries": 0},
-                "ttl": None, "scope": "tenant",
+                "backend": {
+                    "model": "openai/fake",
+                    "api_base": f"{backend_url}/v1",
+                    "api_key": "sk-fake",
+                    "num_retries": 0,
+                },
+                "ttl": None,
+                "scope": "tenant",
                 "semantic": {"threshold": threshold},
             }
         ],
         "auth": {"keys": [BENCH_TOKEN]},
     }
-
-
 
 
 def random_unit_vectors(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -89,7 +95,10 @@ def random_unit_vectors(rng: np.random.Generator, n: int, dim: int) -> np.ndarra
 def filler_response(model: str, content: str = "filler") -> dict[str, Any]:
     """A well-formed stored answer for filler entries (served only by a hit on a filler entry)."""
     return {
-        "id": "kvgate-bench-filler", "object": "chat.completion", "created": 0, "model": model,
+        "id": "kvgate-bench-filler",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
     }
 
@@ -140,8 +149,7 @@ def run_proxy_latency(
     notes = [
         "fake backend, proxy and client share one Python process (uvicorn ServerThreads on 127.0.0.1)",
         "index_kind follows SemanticIndex's rule: HNSW once the scope holds more than hnsw_above vectors, flat below",
-        "latencies are client-side wall time of one HTTP request on a persistent httpx.Client; hits and misses "
-        "are timed apart",
+        "latencies are client-side wall time of one HTTP request on a persistent httpx.Client; hits and misses are timed apart",
         "semantic queries are distinct texts, sent with x-kvgate-cache-control: no-store so misses add no entries",
         "a seed question that gets a semantic hit on the filler (seed_semantic_hits) is sent again with "
         "x-kvgate-cache-control: no-cache, so every seed is stored; miss latency counts the true misses only",
@@ -150,7 +158,9 @@ def run_proxy_latency(
         "filler: real questions (every QQP and GPTCache mock question not held out) and deterministic variants of "
         "them (prefixes, suffixes, synonyms, numbers, word swaps); semantic queries interleave hand-written seed "
         "paraphrases, held-out paraphrases of stored filler questions, and held-out unrelated questions"
-        if real is not None else "filler: random unit vectors (never near a real question)")
+        if real is not None
+        else "filler: random unit vectors (never near a real question)"
+    )
     if len(measured) < queries:
         notes.append(f"only {len(measured)} distinct semantic queries exist: semantic queries capped at that")
 
@@ -165,7 +175,9 @@ def run_proxy_latency(
                 scope = build_view(config, chat_body(SEED_QUESTIONS[0][0]), tenant, CacheControl()).scope
                 for text in [s for s, _, _ in SEED_QUESTIONS] + [q.text for q in measured]:
                     if build_view(config, chat_body(text), tenant, CacheControl()).scope != scope:
-                        raise RuntimeError("benchmark requests do not share one scope; the filler would not be searched")
+                        raise RuntimeError(
+                            "benchmark requests do not share one scope; the filler would not be searched"
+                        )
 
                 fill_started = time.perf_counter()
                 fill_info = _fill(pipeline, scope, entries, real, progress)
@@ -208,8 +220,9 @@ def run_proxy_latency(
     }
 
 
-def _fill(pipeline: Pipeline, scope: str, entries: int, real: RealFiller | None,
-          progress: Callable[[str], None]) -> dict[str, Any]:
+def _fill(
+    pipeline: Pipeline, scope: str, entries: int, real: RealFiller | None, progress: Callable[[str], None]
+) -> dict[str, Any]:
     """Add `entries` filler entries to `scope`; returns the JSON fields describing them."""
     index = pipeline.index
     started = time.perf_counter()
@@ -225,18 +238,32 @@ def _fill(pipeline: Pipeline, scope: str, entries: int, real: RealFiller | None,
     assert pipeline.embedder is not None, "the bench route has the semantic tier on"
     texts = real.texts(entries)
     progress(f"proxy bench: {entries} filler texts ({min(entries, len(real.bases))} questions, the rest variants)")
-    vecs, cache = cached_embeddings([t.text for t in texts], pipeline.embedder,
-                                    cache_key(real.digest, pipeline.embedder.name), progress)
+    vecs, cache = cached_embeddings(
+        [t.text for t in texts], pipeline.embedder, cache_key(real.digest, pipeline.embedder.name), progress
+    )
     for start in range(0, entries, FILLER_BATCH):
         batch = texts[start : start + FILLER_BATCH]
-        index.add_many_vectors(scope, [(filler_response(BENCH_MODEL, filler_answer(t.base)), t.text, vecs[start + i])
-                                       for i, t in enumerate(batch)])
+        index.add_many_vectors(
+            scope,
+            [
+                (filler_response(BENCH_MODEL, filler_answer(t.base)), t.text, vecs[start + i])
+                for i, t in enumerate(batch)
+            ],
+        )
         progress(f"proxy bench: filler {start + len(batch)}/{entries} ({time.perf_counter() - started:.1f}s)")
     return {
-        "filler_sources": {**real.sources, "filler_questions": min(entries, len(real.bases)),
-                           "filler_variants": max(0, entries - len(real.bases))},
-        "filler_cache": {"state": cache.state, "directory": cache.directory, "parts_loaded": cache.parts_loaded,
-                         "parts_embedded": cache.parts_embedded, "embed_s": cache.embed_s},
+        "filler_sources": {
+            **real.sources,
+            "filler_questions": min(entries, len(real.bases)),
+            "filler_variants": max(0, entries - len(real.bases)),
+        },
+        "filler_cache": {
+            "state": cache.state,
+            "directory": cache.directory,
+            "parts_loaded": cache.parts_loaded,
+            "parts_embedded": cache.parts_embedded,
+            "embed_s": cache.embed_s,
+        },
     }
 
 
@@ -315,7 +342,11 @@ def _measure(
         progress(f"proxy bench: {queries} direct backend requests (HTTP floor)")
         direct_s: list[float] = []
         for i in range(WARMUP_REQUESTS + queries):
-            sent = _post(client, f"{backend_url}{chat}", {"model": "fake", "messages": [{"role": "user", "content": f"direct {i}"}]})
+            sent = _post(
+                client,
+                f"{backend_url}{chat}",
+                {"model": "fake", "messages": [{"role": "user", "content": f"direct {i}"}]},
+            )
             if sent.status == 200 and i >= WARMUP_REQUESTS:
                 direct_s.append(sent.elapsed_s)
 

@@ -1,16 +1,61 @@
 """Deterministic clerk's-records text for the KV benchmarks (`kvgate bench kv`, `kvgate bench e2e`):
 distinct sentences per seed, multi-turn histories of them, and fitting either to a token budget."""
+
 from __future__ import annotations
 
 import random
 from typing import Any, Callable
 
-_ADJ = ("red", "silent", "northern", "old", "narrow", "copper", "hollow", "bright", "salted", "broken",
-        "quiet", "eastern", "tall", "frozen", "painted", "distant")
-_NOUN = ("lighthouse", "granary", "ferry", "observatory", "mill", "archive", "bridge", "orchard", "foundry",
-         "harbour", "library", "tannery", "quarry", "chapel", "market", "signal tower")
-_PLACE = ("Ashford", "Bellmere", "Corrin Bay", "Dunhallow", "Eskdale", "Farrow Point", "Glenmoor", "Harlow",
-          "Ivybridge", "Kestrel Cove", "Larchmont", "Marrow Fen")
+_ADJ = (
+    "red",
+    "silent",
+    "northern",
+    "old",
+    "narrow",
+    "copper",
+    "hollow",
+    "bright",
+    "salted",
+    "broken",
+    "quiet",
+    "eastern",
+    "tall",
+    "frozen",
+    "painted",
+    "distant",
+)
+_NOUN = (
+    "lighthouse",
+    "granary",
+    "ferry",
+    "observatory",
+    "mill",
+    "archive",
+    "bridge",
+    "orchard",
+    "foundry",
+    "harbour",
+    "library",
+    "tannery",
+    "quarry",
+    "chapel",
+    "market",
+    "signal tower",
+)
+_PLACE = (
+    "Ashford",
+    "Bellmere",
+    "Corrin Bay",
+    "Dunhallow",
+    "Eskdale",
+    "Farrow Point",
+    "Glenmoor",
+    "Harlow",
+    "Ivybridge",
+    "Kestrel Cove",
+    "Larchmont",
+    "Marrow Fen",
+)
 _VERB = ("stored", "shipped", "lost", "counted", "repaired", "sold", "weighed", "recorded", "moved", "received")
 _UNIT = ("barrels", "crates", "tonnes", "sacks", "lanterns", "ledgers", "bales", "casks")
 
@@ -18,9 +63,11 @@ _UNIT = ("barrels", "crates", "tonnes", "sacks", "lanterns", "ledgers", "bales",
 def sentences(seed: int, n: int) -> list[str]:
     """n deterministic, distinct sentences (~20 tokens each) for conversation `seed`."""
     rng = random.Random(seed)
-    return [f"Record {seed}.{i}: the {rng.choice(_ADJ)} {rng.choice(_NOUN)} at {rng.choice(_PLACE)} "
-            f"{rng.choice(_VERB)} {rng.randint(2, 999)} {rng.choice(_UNIT)} on day {rng.randint(1, 365)}."
-            for i in range(n)]
+    return [
+        f"Record {seed}.{i}: the {rng.choice(_ADJ)} {rng.choice(_NOUN)} at {rng.choice(_PLACE)} "
+        f"{rng.choice(_VERB)} {rng.randint(2, 999)} {rng.choice(_UNIT)} on day {rng.randint(1, 365)}."
+        for i in range(n)
+    ]
 
 
 def fit(build: Callable[[int], Any], count: Callable[[Any], int], target: int, hi: int) -> tuple[Any, int]:

@@ -20,28 +20,25 @@ Scenarios
           there times out and moves on; reports errors, failovers and the share it answered.
 Timings are reported (p50/p99 latency per request), never judged.
 """
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
-import signal
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
-from kvgate.tools.bench.stats import pct, write_json
 from kvgate.engines.sim.server import answer_words
+from kvgate.tools.bench.replica_faults_cluster import SIM_NAME, Cluster
+from kvgate.tools.bench.stats import pct, write_json
 
-SIM_NAME = "sim"  # one answer text for every replica
 VICTIM = 1  # the replica that is killed / slowed / hung
 
 
@@ -54,73 +51,6 @@ class Outcome:
     seconds: float
     finished: float
     error: str | None = None
-
-
-@dataclass
-class Cluster:
-    """N sim replicas and one proxy as child processes; stop() ends them all."""
-
-    work: Path
-    replicas: int = 4
-    overhead_ms: dict[int, float] = field(default_factory=dict)
-    timeout_s: float = 5.0
-    policy: str = "cache_aware"
-    decode_tps: float = 60.0
-    procs: dict[str, Proc] = field(default_factory=dict)
-    ports: list[int] = field(default_factory=list)
-    proxy_port: int = 0
-
-    def start(self) -> "Cluster":
-        self.ports = [free_port() for _ in range(self.replicas)]
-        for i in range(self.replicas):
-            self.start_replica(i)
-        self.proxy_port = free_port()
-        config = {
-            "cache_dir": str(self.work / "cache"),
-            "routes": [{
-                "name": "sim", "model": "sim*",
-                "backend": {"model": "openai/sim", "api_key": "none", "timeout": self.timeout_s},
-                "semantic": {"enabled": False},
-                "replicas": [{"name": f"r{i}", "api_base": f"http://127.0.0.1:{p}/v1"} for i, p in enumerate(self.ports)],
-                "routing": {"policy": self.policy, "prefix": {"tokenizer": "text"}, "max_attempts": 3,
-                            "down_for_s": 2.0, "probe_interval_s": 0.5},
-            }],
-        }
-        cfg = self.work / "proxy.yaml"
-        cfg.write_text(yaml.safe_dump(config))
-        proxy = Proc("proxy", kvgate_argv("serve", "--config", str(cfg), "--port", str(self.proxy_port)), self.work)
-        self.procs["proxy"] = proxy
-        proxy.wait_http(f"{self.url}/health", timeout=120)
-        for i in range(self.replicas):
-            self.wait_replica(i)
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.proxy_port}"
-
-    def start_replica(self, i: int) -> None:
-        argv = kvgate_argv("sim-replica", "--port", str(self.ports[i]), "--name", SIM_NAME, "--capacity-tokens", "2000000",
-                           "--prefill-tps", "2000000", "--decode-tps", str(self.decode_tps),
-                           "--overhead-ms", str(self.overhead_ms.get(i, 2.0)))
-        self.procs[f"r{i}"] = Proc(f"r{i}", argv, self.work)
-
-    def wait_replica(self, i: int) -> None:
-        self.procs[f"r{i}"].wait_http(f"http://127.0.0.1:{self.ports[i]}/v1/models", timeout=120)
-
-    def kill(self, i: int) -> None:
-        proc = self.procs[f"r{i}"]
-        os.killpg(proc.proc.pid, signal.SIGKILL)
-        proc.proc.wait()
-        proc.stop()  # closes its log
-
-    def restart(self, i: int) -> None:
-        self.start_replica(i)
-        self.wait_replica(i)
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.stop()
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -141,8 +71,13 @@ def expected_text(max_tokens: int) -> str:
 
 
 async def one_request(client: httpx.AsyncClient, i: int, stream: bool, max_tokens: int) -> Outcome:
-    body = {"model": "sim-1", "temperature": 0, "max_tokens": max_tokens, "stream": stream,
-            "messages": [{"role": "user", "content": f"Request {i}: tell me about item {i * 7919 % 10007}."}]}
+    body = {
+        "model": "sim-1",
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "messages": [{"role": "user", "content": f"Request {i}: tell me about item {i * 7919 % 10007}."}],
+    }
     started = time.perf_counter()
     error, replica = None, None
     try:
@@ -233,8 +168,9 @@ def summarize(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
     }
 
 
-async def kill_scenario(cluster: Cluster, requests: int, concurrency: int, max_tokens: int,
-                        kill_at: float, restart_at: float) -> dict[str, Any]:
+async def kill_scenario(
+    cluster: Cluster, requests: int, concurrency: int, max_tokens: int, kill_at: float, restart_at: float
+) -> dict[str, Any]:
     victim = f"r{VICTIM}"
     cap = 3 * requests  # the run is bounded even if the replica never comes back
     load = Load(cluster.url, concurrency, max_tokens, limit=requests, hold=True)
@@ -276,17 +212,26 @@ async def kill_scenario(cluster: Cluster, requests: int, concurrency: int, max_t
     async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
         metrics = await _metrics(client)
     result = summarize(load.outcomes, seconds)
-    result.update({
-        "scenario": "kill", "victim": victim, "circuit_opened": seen_down,
-        "failovers_before_first_byte": _failovers(metrics, "before_first_byte"),
-        "failovers_mid_stream": _failovers(metrics, "mid_stream"),
-        "victim_requests_after_restart": sum(1 for o in load.outcomes if o.replica == victim
-                                             and restarted_at is not None and o.finished > restarted_at),
-    })
+    result.update(
+        {
+            "scenario": "kill",
+            "victim": victim,
+            "circuit_opened": seen_down,
+            "failovers_before_first_byte": _failovers(metrics, "before_first_byte"),
+            "failovers_mid_stream": _failovers(metrics, "mid_stream"),
+            "victim_requests_after_restart": sum(
+                1
+                for o in load.outcomes
+                if o.replica == victim and restarted_at is not None and o.finished > restarted_at
+            ),
+        }
+    )
     return result
 
 
-async def steady_scenario(cluster: Cluster, name: str, requests: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def steady_scenario(
+    cluster: Cluster, name: str, requests: int, concurrency: int, max_tokens: int
+) -> dict[str, Any]:
     load = Load(cluster.url, concurrency, max_tokens, limit=requests)
     started = time.perf_counter()
     await load.run()
@@ -295,18 +240,33 @@ async def steady_scenario(cluster: Cluster, name: str, requests: int, concurrenc
         metrics = await _metrics(client)
     result = summarize(load.outcomes, seconds)
     victim = f"r{VICTIM}"
-    result.update({
-        "scenario": name, "victim": victim,
-        "victim_share": round(result["served_by"].get(victim, 0) / max(1, len(load.outcomes)), 4),
-        "failovers_before_first_byte": _failovers(metrics, "before_first_byte"),
-        "failovers_mid_stream": _failovers(metrics, "mid_stream"),
-    })
+    result.update(
+        {
+            "scenario": name,
+            "victim": victim,
+            "victim_share": round(result["served_by"].get(victim, 0) / max(1, len(load.outcomes)), 4),
+            "failovers_before_first_byte": _failovers(metrics, "before_first_byte"),
+            "failovers_mid_stream": _failovers(metrics, "mid_stream"),
+        }
+    )
     return result
 
 
-def run_scenario(scenario: str, *, work: Path, replicas: int = 4, requests: int = 400, concurrency: int = 16,
-                 max_tokens: int = 24, kill_at: float = 0.25, restart_at: float = 0.5, slow_ms: float = 300.0,
-                 timeout_s: float = 1.0, policy: str = "cache_aware", decode_tps: float = 60.0) -> dict[str, Any]:
+def run_scenario(
+    scenario: str,
+    *,
+    work: Path,
+    replicas: int = 4,
+    requests: int = 400,
+    concurrency: int = 16,
+    max_tokens: int = 24,
+    kill_at: float = 0.25,
+    restart_at: float = 0.5,
+    slow_ms: float = 300.0,
+    timeout_s: float = 1.0,
+    policy: str = "cache_aware",
+    decode_tps: float = 60.0,
+) -> dict[str, Any]:
     """Start a fresh cluster in `work`, run one scenario, stop everything, return its figures."""
     overhead = {"slow": {VICTIM: slow_ms}, "hang": {VICTIM: 60_000.0}}.get(scenario, {})
     timeout = timeout_s if scenario == "hang" else 10.0
@@ -319,8 +279,16 @@ def run_scenario(scenario: str, *, work: Path, replicas: int = 4, requests: int 
             result = asyncio.run(steady_scenario(cluster, scenario, requests, concurrency, max_tokens))
     finally:
         cluster.stop()
-    result.update({"replicas": replicas, "concurrency": concurrency, "policy": policy, "backend_timeout_s": timeout,
-                   "decode_tps": decode_tps, "max_tokens": max_tokens})
+    result.update(
+        {
+            "replicas": replicas,
+            "concurrency": concurrency,
+            "policy": policy,
+            "backend_timeout_s": timeout,
+            "decode_tps": decode_tps,
+            "max_tokens": max_tokens,
+        }
+    )
     return result
 
 
@@ -335,7 +303,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-ms", type=float, default=300.0, help="slow: the slow replica's per-request prefill cost")
     p.add_argument("--timeout", type=float, default=1.0, help="hang: backend.timeout in seconds")
     p.add_argument("--policy", default="cache_aware")
-    p.add_argument("--decode-tps", type=float, default=60.0, help="replica decode rate: max_tokens/decode_tps is a stream's length")
+    p.add_argument(
+        "--decode-tps", type=float, default=60.0, help="replica decode rate: max_tokens/decode_tps is a stream's length"
+    )
     p.add_argument("--json", type=Path, default=None)
 
 
@@ -343,10 +313,20 @@ def main(args: argparse.Namespace) -> int:
     results = []
     for scenario in args.scenarios.split(","):
         with tempfile.TemporaryDirectory(prefix=f"kvgate-faults-{scenario}-") as work:
-            result = run_scenario(scenario, work=Path(work), replicas=args.replicas, requests=args.requests,
-                                  concurrency=args.concurrency, max_tokens=args.max_tokens, kill_at=args.kill_at,
-                                  restart_at=args.restart_at, slow_ms=args.slow_ms, timeout_s=args.timeout,
-                                  policy=args.policy, decode_tps=args.decode_tps)
+            result = run_scenario(
+                scenario,
+                work=Path(work),
+                replicas=args.replicas,
+                requests=args.requests,
+                concurrency=args.concurrency,
+                max_tokens=args.max_tokens,
+                kill_at=args.kill_at,
+                restart_at=args.restart_at,
+                slow_ms=args.slow_ms,
+                timeout_s=args.timeout,
+                policy=args.policy,
+                decode_tps=args.decode_tps,
+            )
         print(json.dumps(result), flush=True)
         results.append(result)
     write_json(args.json, {"scenarios": results})

@@ -6,6 +6,7 @@ conversation with 8 replicas and 1M indexed blocks: each sample adds a new user 
 history (the multi-turn case the incremental hasher is built for); the cold figure is the first
 sight of a whole history.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,10 +23,12 @@ from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig
 from kvgate.middleware.routing.router import Router
 from kvgate.tools.bench.stats import pct, write_json
 
-WORDS = ("the of and to in a is that for it as was with be by on not this are or from at which but have an they "
-         "you were her she there would their we him been has when who will more no if out so said what up its about "
-         "into than them can only other new some could time these two may then do first any my now such like our "
-         "over man me even most made after also did many before must through back years where much your way well").split()
+WORDS = (
+    "the of and to in a is that for it as was with be by on not this are or from at which but have an they "
+    "you were her she there would their we him been has when who will more no if out so said what up its about "
+    "into than them can only other new some could time these two may then do first any my now such like our "
+    "over man me even most made after also did many before must through back years where much your way well"
+).split()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,8 +53,6 @@ def conversation(turns: int, tokens: int, rng: random.Random) -> list[dict[str, 
     return msgs
 
 
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(7)
     cfg = RoutingConfig(policy=args.policy, prefix=PrefixConfig(tokenizer=args.tokenizer, block_size=16))
@@ -71,7 +72,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if i == 0:
             chains = hashes[: len(hashes) * 3 // 4] + chains
         router.index.stored(r.name, chains[:per_replica])
-    print(f"indexed {sum(router.index.blocks(r.name) for r in replicas)} blocks in {time.time() - started:.1f}s", file=sys.stderr)
+    print(
+        f"indexed {sum(router.index.blocks(r.name) for r in replicas)} blocks in {time.time() - started:.1f}s",
+        file=sys.stderr,
+    )
 
     def decide(messages: list[dict[str, str]]) -> tuple[float, str]:
         t0 = time.perf_counter()
@@ -86,24 +90,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     times, chosen = [], []
     for s in range(args.samples):
-        msgs = history + [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": f"Follow-up question {s}: " + " ".join(rng.choices(WORDS, k=20))}]
+        msgs = history + [
+            {"role": "assistant", "content": "Sure."},
+            {"role": "user", "content": f"Follow-up question {s}: " + " ".join(rng.choices(WORDS, k=20))},
+        ]
         dt, name = decide(msgs)
         times.append(dt)
         chosen.append(name)
     return {
-        "prompt_tokens": n_tokens, "blocks": len(hashes), "messages": len(history) + 2, "replicas": args.replicas,
-        "indexed_blocks": sum(router.index.blocks(r.name) for r in replicas), "policy": args.policy,
-        "tokenizer": args.tokenizer, "samples": args.samples,
-        "decision_p50_ms": statistics.median(times) * 1000, "decision_p99_ms": pct(times, 0.99) * 1000,
-        "decision_mean_ms": statistics.fmean(times) * 1000, "cold_decision_ms": cold * 1000,
+        "prompt_tokens": n_tokens,
+        "blocks": len(hashes),
+        "messages": len(history) + 2,
+        "replicas": args.replicas,
+        "indexed_blocks": sum(router.index.blocks(r.name) for r in replicas),
+        "policy": args.policy,
+        "tokenizer": args.tokenizer,
+        "samples": args.samples,
+        "decision_p50_ms": statistics.median(times) * 1000,
+        "decision_p99_ms": pct(times, 0.99) * 1000,
+        "decision_mean_ms": statistics.fmean(times) * 1000,
+        "cold_decision_ms": cold * 1000,
         "chose_prefix_holder_fraction": chosen.count("r0") / len(chosen),
-        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cpus": __import__("os").cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
     }
 
 
 def main(args: argparse.Namespace) -> int:
     result = run(args)
-    print(f"routing decision ({result['prompt_tokens']} tokens, {result['replicas']} replicas, {result['indexed_blocks']} blocks): "
-          f"p50 {result['decision_p50_ms']:.3f} ms, p99 {result['decision_p99_ms']:.3f} ms, cold {result['cold_decision_ms']:.1f} ms")
+    print(
+        f"routing decision ({result['prompt_tokens']} tokens, {result['replicas']} replicas, {result['indexed_blocks']} blocks): "
+        f"p50 {result['decision_p50_ms']:.3f} ms, p99 {result['decision_p99_ms']:.3f} ms, cold {result['cold_decision_ms']:.1f} ms"
+    )
     write_json(args.json, result)
     return 0

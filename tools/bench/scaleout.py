@@ -11,6 +11,7 @@ key to the JSON (`SECTIONS`: another part of the scale-out work adds its section
 Every section gets a Context: the work dir, one fake backend (fixed answers: "Answer: <q>"),
 a fresh Redis per section, the traffic's question pairs (QQP duplicates, separated), arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--catchup-sizes", default="10000,100000", help="entries for the catch-up section")
     p.add_argument("--work", type=Path, default=None, help="work dir (default: a temp dir)")
-    p.add_argument("--routing-trace", type=Path, default=Path("../shared/data/mooncake_conversation_trace.jsonl"),
-                   help="routing section: Mooncake-format trace replayed through the proxies")
+    p.add_argument(
+        "--routing-trace",
+        type=Path,
+        default=Path("../shared/data/mooncake_conversation_trace.jsonl"),
+        help="routing section: Mooncake-format trace replayed through the proxies",
+    )
     p.add_argument("--routing-limit", type=int, default=800, help="routing section: the trace's first N requests")
     p.add_argument("--routing-speed", type=float, default=4.0, help="routing section: replay speed-up")
 
@@ -68,8 +73,10 @@ def main(args: argparse.Namespace) -> int:
     names = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
-        print(f"kvgate bench scaleout: error: --sections: unknown {', '.join(unknown)} (choose from "
-              f"{', '.join(SECTIONS)})", file=sys.stderr)
+        print(
+            f"kvgate bench scaleout: error: --sections: unknown {', '.join(unknown)} (choose from {', '.join(SECTIONS)})",
+            file=sys.stderr,
+        )
         return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="kvgate-scaleout-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -77,8 +84,14 @@ def main(args: argparse.Namespace) -> int:
     pairs = separated(duplicate_pairs(QQP, 4 * args.pairs), embedder, separation=0.85, want=args.pairs)
     backend = ServerThread(create_fake_app()).start()
     ctx = Context(work, f"{backend.url}/v1", embedder, pairs, args)
-    result: dict[str, Any] = {"bench": "scaleout", "machine": machine_info(), "proxies": args.proxies,
-                              "requests": args.requests, "pairs": len(pairs), "seed": args.seed}
+    result: dict[str, Any] = {
+        "bench": "scaleout",
+        "machine": machine_info(),
+        "proxies": args.proxies,
+        "requests": args.requests,
+        "pairs": len(pairs),
+        "seed": args.seed,
+    }
     try:
         for name in names:
             started = time.time()

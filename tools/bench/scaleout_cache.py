@@ -3,6 +3,7 @@ round-robin over 1 proxy on Redis, over N proxies on Redis, and over N proxies i
 with a cache dir each (the baseline: what N machines get without a shared store). Hit latency
 (client-side, per tier, p50) through Redis vs local in the same run, from the N-proxy runs.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,8 @@ def run(ctx: Context) -> dict[str, Any]:
         "semantic_p50_ms_redis": shared.p50_ms("semantic"),
         "miss_p50_ms_local": local.p50_ms("miss"),
         "miss_p50_ms_redis": shared.p50_ms("miss"),
-        "tiers": {name: {t: o.tiers.count(t) for t in ("miss", "exact", "semantic", "error")} for name, o in arms.items()},
+        "tiers": {
+            name: {t: o.tiers.count(t) for t in ("miss", "exact", "semantic", "error")} for name, o in arms.items()
+        },
         "wrong_answers": {name: o.wrong for name, o in arms.items()},
     }

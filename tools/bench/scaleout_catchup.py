@@ -5,6 +5,7 @@ takes to become current, for `--catchup-sizes` entries (384-dim vectors, ~0.4 KB
   follow_s_redis  a running proxy reading N entries another proxy added (the Stream + reads)
   open_s_local    anchor: a proxy starting on a local cache dir that holds the same N entries
 """
+
 from __future__ import annotations
 
 import time
@@ -15,8 +16,8 @@ import numpy as np
 from kvgate.index.responses.entries.base import CacheEntry, EntryStore
 from kvgate.index.responses.entries.disk import DiskEntryStore
 from kvgate.index.responses.entries.redis import RedisEntryStore
-from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.index.responses.semantic import SemanticIndex
+from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.tools.redis_proc import RedisServer
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ def fill(store: EntryStore, n: int, seed: int) -> None:
         ids = store.allocate(min(BATCH, n - start))
         vecs = rng.standard_normal((len(ids), DIM)).astype(np.float32)
         vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-        store.put_many([(CacheEntry(i, f"scope-{i % 16}", answer, None, f"question {i}"), v) for i, v in zip(ids, vecs)])
+        store.put_many(
+            [(CacheEntry(i, f"scope-{i % 16}", answer, None, f"question {i}"), v) for i, v in zip(ids, vecs)]
+        )
 
 
 def opened(store: EntryStore) -> tuple[SemanticIndex, float]:

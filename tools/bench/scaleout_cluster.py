@@ -1,6 +1,7 @@
 """N `kvgate serve` processes for `kvgate bench scaleout`: on one Redis (`store: redis`) or each on
 its own cache dir (`store: local`), in front of one fake backend; and the client that sends a
 trace round-robin over them, timing each request."""
+
 from __future__ import annotations
 
 import time
@@ -18,9 +19,14 @@ from kvgate.tools.bench.scaleout_traffic import Ask, right_answer
 def proxy_config(cache_dir: Path, api_base: str, redis_url: str | None) -> dict[str, Any]:
     config: dict[str, Any] = {
         "cache_dir": str(cache_dir),
-        "routes": [{"name": "chat", "model": "demo-*",
-                    "backend": {"model": "openai/served", "api_base": api_base, "api_key": "sk-x", "timeout": 10},
-                    "semantic": {"threshold": 0.9}}],
+        "routes": [
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "backend": {"model": "openai/served", "api_base": api_base, "api_key": "sk-x", "timeout": 10},
+                "semantic": {"threshold": 0.9},
+            }
+        ],
     }
     if redis_url is not None:
         config["store"] = {"backend": "redis", "url": redis_url, "on_error": "degrade"}
@@ -38,8 +44,9 @@ class Cluster:
             cfg = work / f"{tag}-{i}.yaml"
             cfg.write_text(yaml.safe_dump(proxy_config(cache_dir, api_base, redis_url)))
             port = free_port()
-            self.procs.append(Proc(f"{tag}-proxy-{i}", kvgate_argv("serve", "--config", str(cfg), "--port", str(port)),
-                                   work))
+            self.procs.append(
+                Proc(f"{tag}-proxy-{i}", kvgate_argv("serve", "--config", str(cfg), "--port", str(port)), work)
+            )
             self.urls.append(f"http://127.0.0.1:{port}")
         for proc, url in zip(self.procs, self.urls):
             proc.wait_http(f"{url}/health", timeout=180)
@@ -75,8 +82,9 @@ def send(urls: list[str], asks: list[Ask], pairs: list[tuple[str, str]], on_prog
             body = {"model": "demo-1", "messages": [{"role": "user", "content": ask.text}]}
             started = time.perf_counter()
             try:
-                resp = clients[i % len(clients)].post("/v1/chat/completions", json=body,
-                                                      headers={"authorization": "Bearer bench"})
+                resp = clients[i % len(clients)].post(
+                    "/v1/chat/completions", json=body, headers={"authorization": "Bearer bench"}
+                )
                 took = time.perf_counter() - started
                 ok = resp.status_code == 200
             except httpx.HTTPError:

@@ -4,6 +4,7 @@ is checked (kvgate.tools.bench.scaleout_traffic.right_answer). Reported: request
 wrong answers (goal 0 and 0), and the hit rate per 10 % of the run (it falls to 0 while Redis is
 down and climbs back as the cache refills).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

@@ -1,6 +1,7 @@
 """The `kv` section of `kvgate bench scaleout`: `kvgate bench kv-remote` at its defaults (turn 2 on
 a second replica from the Redis tier vs cold; the tier's load bandwidth vs a raw pipelined GET),
 its `kv` fields lifted to the section's top level."""
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ another pair (embedded with the real embedder): a hit on another pair's answer c
 come from a store that serves the wrong entry, never from the semantic threshold, so a wrong
 answer is a store fault by construction.
 """
+
 from __future__ import annotations
 
 import csv

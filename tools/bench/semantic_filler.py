@@ -21,6 +21,7 @@ hash of (text, round). Every text is distinct and none equals a query. The order
 on N: the first N texts are the same for every N, so one embedding cache (kvgate.tools.bench.embed_cache)
 serves every size.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,18 +39,61 @@ from kvgate.tools.tuning.synthetic import edit_number
 HELD_OUT_PERCENT = 10
 GENERATOR_VERSION = "1"  # bump when the texts change: the embedding cache is keyed by it
 SHUFFLE_SEED = 13
-PREFIXES = ("Can you tell me {}", "I'd like to know: {}", "Quick question: {}", "Does anyone know {}",
-            "I was wondering, {}", "Please explain: {}", "Help me out here: {}", "Serious question: {}")
-SUFFIXES = ("{} Thanks!", "{} Any ideas?", "{} Please help.", "{} Asking for a friend.", "{} I need a quick answer.",
-            "{} Thanks in advance.")
-SYNONYMS = (("best", "top"), ("good", "great"), ("way", "method"), ("learn", "study"), ("buy", "purchase"),
-            ("make", "create"), ("get", "obtain"), ("start", "begin"), ("big", "large"), ("help", "assist"),
-            ("use", "utilize"), ("job", "position"), ("money", "cash"), ("improve", "boost"), ("easy", "simple"),
-            ("hard", "difficult"), ("people", "folks"), ("think", "believe"), ("quickly", "fast"),
-            ("important", "crucial"), ("difference", "distinction"), ("choose", "pick"), ("find", "locate"),
-            ("fix", "repair"), ("happen", "occur"), ("country", "nation"), ("famous", "well-known"),
-            ("movie", "film"), ("phone", "mobile"), ("car", "vehicle"), ("cheap", "inexpensive"),
-            ("begin", "start"), ("reason", "cause"), ("idea", "notion"), ("life", "existence"))
+PREFIXES = (
+    "Can you tell me {}",
+    "I'd like to know: {}",
+    "Quick question: {}",
+    "Does anyone know {}",
+    "I was wondering, {}",
+    "Please explain: {}",
+    "Help me out here: {}",
+    "Serious question: {}",
+)
+SUFFIXES = (
+    "{} Thanks!",
+    "{} Any ideas?",
+    "{} Please help.",
+    "{} Asking for a friend.",
+    "{} I need a quick answer.",
+    "{} Thanks in advance.",
+)
+SYNONYMS = (
+    ("best", "top"),
+    ("good", "great"),
+    ("way", "method"),
+    ("learn", "study"),
+    ("buy", "purchase"),
+    ("make", "create"),
+    ("get", "obtain"),
+    ("start", "begin"),
+    ("big", "large"),
+    ("help", "assist"),
+    ("use", "utilize"),
+    ("job", "position"),
+    ("money", "cash"),
+    ("improve", "boost"),
+    ("easy", "simple"),
+    ("hard", "difficult"),
+    ("people", "folks"),
+    ("think", "believe"),
+    ("quickly", "fast"),
+    ("important", "crucial"),
+    ("difference", "distinction"),
+    ("choose", "pick"),
+    ("find", "locate"),
+    ("fix", "repair"),
+    ("happen", "occur"),
+    ("country", "nation"),
+    ("famous", "well-known"),
+    ("movie", "film"),
+    ("phone", "mobile"),
+    ("car", "vehicle"),
+    ("cheap", "inexpensive"),
+    ("begin", "start"),
+    ("reason", "cause"),
+    ("idea", "notion"),
+    ("life", "existence"),
+)
 _SYNONYM = {a: b for a, b in SYNONYMS}
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
 
@@ -125,7 +169,7 @@ def variant(text: str, rnd: int, taken: set[str] | frozenset[str] = frozenset())
 
 
 def _lower_first(text: str) -> str:
-    """"What is X?" -> "what is X?"; "I ...", "USA ..." and "iPhone ..." are kept."""
+    """ "What is X?" -> "what is X?"; "I ...", "USA ..." and "iPhone ..." are kept."""
     first = text.split(" ", 1)[0]
     if first == "I" or first.startswith("I'") or any(c.isupper() for c in first[1:]):
         return text
@@ -147,7 +191,7 @@ def _synonym(text: str, rng: random.Random) -> str | None:
     m = rng.choice(words)
     word, new = m.group(0), _SYNONYM[m.group(0).lower()]
     new = new[:1].upper() + new[1:] if word[:1].isupper() else new
-    return text[: m.start()] + new + text[m.end():]
+    return text[: m.start()] + new + text[m.end() :]
 
 
 def _number(text: str, rng: random.Random) -> str | None:
@@ -197,8 +241,13 @@ def load_real_filler(pairs_path: Path, positives_path: Path | None) -> RealFille
     base_id = {t: i for i, t in enumerate(bases)}
     paraphrases = _ordered([Query("paraphrase", b, base_id[a]) for a, b in para_pairs if a in base_id])
     unrelated = _ordered([Query("unrelated", b, None) for _, b in unrelated_pairs])
-    sources = {"pairs": len(pairs), "positives": len(positives), "bases": len(bases),
-               "paraphrase_queries": len(paraphrases), "unrelated_queries": len(unrelated)}
+    sources = {
+        "pairs": len(pairs),
+        "positives": len(positives),
+        "bases": len(bases),
+        "paraphrase_queries": len(paraphrases),
+        "unrelated_queries": len(unrelated),
+    }
     return RealFiller(bases, paraphrases, unrelated, digest.hexdigest(), sources)
 
 
@@ -216,9 +265,12 @@ def _read_positives(path: Path) -> list[tuple[str, str]]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise BenchInputError(f"{path}: not JSON ({exc})") from None
     if not isinstance(data, list) or not all(isinstance(d, dict) and "origin" in d and "similar" in d for d in data):
-        raise BenchInputError(f"{path}: expected a list of {{\"origin\": ..., \"similar\": ...}} objects")
-    return [(str(d["origin"]).strip(), str(d["similar"]).strip()) for d in data
-            if str(d["origin"]).strip() and str(d["similar"]).strip()]
+        raise BenchInputError(f'{path}: expected a list of {{"origin": ..., "similar": ...}} objects')
+    return [
+        (str(d["origin"]).strip(), str(d["similar"]).strip())
+        for d in data
+        if str(d["origin"]).strip() and str(d["similar"]).strip()
+    ]
 
 
 def interleave(*lists: Sequence[Query], limit: int) -> list[Query]:

@@ -8,6 +8,7 @@ end and checked against max_entries / max_bytes. Every answer is checked: the fa
 the question into its answer, and the questions are random word salads far apart from each other,
 so an answer served for anything but its own question (or its capitalised variant) is caught.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,8 +103,13 @@ class Sampler(threading.Thread):
             rss = [r for _, r, _ in rows]
             fds = [f for _, _, f in rows]
             half = rss[len(rss) // 2]
-            out.append({"rss_mb": {"start": _mb(rss[0]), "mid": _mb(half), "peak": _mb(max(rss)), "end": _mb(rss[-1])},
-                        "fds": {"start": fds[0], "peak": max(fds), "end": fds[-1]}, "samples": len(rows)})
+            out.append(
+                {
+                    "rss_mb": {"start": _mb(rss[0]), "mid": _mb(half), "peak": _mb(max(rss)), "end": _mb(rss[-1])},
+                    "fds": {"start": fds[0], "peak": max(fds), "end": fds[-1]},
+                    "samples": len(rows),
+                }
+            )
         # "end" is the sample taken after the settle pause
         return out
 
@@ -140,8 +146,9 @@ async def drive(urls: list[str], work: Workload, requests: int, concurrency: int
         body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": stream}
         started = time.perf_counter()
         try:
-            resp = await client.post(f"{urls[n % len(urls)]}/v1/chat/completions", json=body,
-                                     headers={"authorization": f"Bearer {key}"})
+            resp = await client.post(
+                f"{urls[n % len(urls)]}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+            )
             content = _content(resp, stream) if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             counts["errors"] += 1
@@ -177,8 +184,14 @@ async def drive(urls: list[str], work: Workload, requests: int, concurrency: int
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     p50, p99 = percentiles_ms(latencies)
-    return {"requests": requests, "seconds": round(elapsed, 1), "rps": round(requests / elapsed, 1),
-            "latency_ms": {"p50": p50, "p99": p99}, "counts": dict(sorted(counts.items())), "problems": problems[:20]}
+    return {
+        "requests": requests,
+        "seconds": round(elapsed, 1),
+        "rps": round(requests / elapsed, 1),
+        "latency_ms": {"p50": p50, "p99": p99},
+        "counts": dict(sorted(counts.items())),
+        "problems": problems[:20],
+    }
 
 
 def _metric(text: str, name: str) -> float:
@@ -192,16 +205,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     backend_port = free_port()
     ports = [free_port() for _ in range(args.proxies)]
     config = {
-        "cache_dir": str(work_dir / "cache"), "max_entries": args.max_entries, "max_bytes": args.max_bytes,
+        "cache_dir": str(work_dir / "cache"),
+        "max_entries": args.max_entries,
+        "max_bytes": args.max_bytes,
         "auth": {"keys": tenants},
-        "routes": [{"name": "soak", "model": "soak-*", "scope": "tenant",
-                    "backend": {"model": "openai/fake", "api_base": f"http://127.0.0.1:{backend_port}/v1", "api_key": "x"},
-                    "semantic": {"threshold": 0.9}}],
+        "routes": [
+            {
+                "name": "soak",
+                "model": "soak-*",
+                "scope": "tenant",
+                "backend": {"model": "openai/fake", "api_base": f"http://127.0.0.1:{backend_port}/v1", "api_key": "x"},
+                "semantic": {"threshold": 0.9},
+            }
+        ],
     }
     (work_dir / "config.yaml").write_text(yaml.safe_dump(config))
     procs = [Proc("backend", kvgate_argv("demo-backend", "--port", str(backend_port)), work_dir)]
-    procs += [Proc(f"proxy{i}", kvgate_argv("serve", "--config", str(work_dir / "config.yaml"), "--port", str(p),
-                                              "--log-level", "warning"), work_dir) for i, p in enumerate(ports)]
+    procs += [
+        Proc(
+            f"proxy{i}",
+            kvgate_argv("serve", "--config", str(work_dir / "config.yaml"), "--port", str(p), "--log-level", "warning"),
+            work_dir,
+        )
+        for i, p in enumerate(ports)
+    ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         procs[0].wait_http(f"http://127.0.0.1:{backend_port}/v1/models")
@@ -219,7 +246,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cache = []
         for url in urls:
             text = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {tenants[0]}"}, timeout=10).text
-            cache.append({"entries": int(_metric(text, "kvgate_cache_entries")), "bytes": int(_metric(text, "kvgate_cache_bytes"))})
+            cache.append(
+                {
+                    "entries": int(_metric(text, "kvgate_cache_entries")),
+                    "bytes": int(_metric(text, "kvgate_cache_bytes")),
+                }
+            )
         failed = [p.name for p in procs if p.proc.poll() is not None]
     finally:
         for proc in procs:
@@ -231,16 +263,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "zero_wrong_answers": load["counts"].get("wrong_answers", 0) == 0,
         "processes_alive": not failed,
         # open connections follow the concurrency; after the settle pause they are gone again
-        "fds_bounded": all(p["fds"]["peak"] <= p["fds"]["start"] + 4 * args.concurrency + args.fd_slack
-                           and p["fds"]["end"] <= p["fds"]["start"] + args.fd_slack for p in processes),
+        "fds_bounded": all(
+            p["fds"]["peak"] <= p["fds"]["start"] + 4 * args.concurrency + args.fd_slack
+            and p["fds"]["end"] <= p["fds"]["start"] + args.fd_slack
+            for p in processes
+        ),
         "rss_bounded": all(p["rss_mb"]["peak"] <= p["rss_mb"]["start"] + args.rss_slack_mb for p in processes),
         "entries_within_budget": all(c["entries"] <= args.max_entries for c in cache),
         "bytes_within_budget": all(c["bytes"] <= args.max_bytes for c in cache),
     }
-    return {"config": {k: getattr(args, k) for k in ("requests", "concurrency", "proxies", "tenants", "max_entries",
-                                                        "max_bytes", "seed")},
-            "load": load, "processes": processes, "cache": cache, "cache_dir_disk_bytes": disk,
-            "checks": checks, "ok": all(checks.values()), "work_dir": str(work_dir)}
+    return {
+        "config": {
+            k: getattr(args, k)
+            for k in ("requests", "concurrency", "proxies", "tenants", "max_entries", "max_bytes", "seed")
+        },
+        "load": load,
+        "processes": processes,
+        "cache": cache,
+        "cache_dir_disk_bytes": disk,
+        "checks": checks,
+        "ok": all(checks.values()),
+        "work_dir": str(work_dir),
+    }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -263,8 +307,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     result = run(args)
     load = result["load"]
-    print(f"{load['requests']} requests, {args.concurrency} concurrent, {args.proxies} proxy process(es): "
-          f"{load['seconds']} s, {load['rps']} req/s, p50 {load['latency_ms']['p50']} ms, p99 {load['latency_ms']['p99']} ms")
+    print(
+        f"{load['requests']} requests, {args.concurrency} concurrent, {args.proxies} proxy process(es): "
+        f"{load['seconds']} s, {load['rps']} req/s, p50 {load['latency_ms']['p50']} ms, p99 {load['latency_ms']['p99']} ms"
+    )
     print("counts:", json.dumps(load["counts"]))
     for i, proc in enumerate(result["processes"]):
         print(f"proxy{i}: rss MB {proc['rss_mb']}  fds {proc['fds']}")

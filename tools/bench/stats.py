@@ -1,4 +1,5 @@
 """Small helpers every benchmark shares: percentiles and writing the JSON result."""
+
 from __future__ import annotations
 
 import json

@@ -19,6 +19,7 @@ full   A 4 MiB tmpfs (`mount -t tmpfs -o size=4m`, needs root; reported as skipp
        removed. Reported: requests and errors (goal 0), stores that failed softly, warnings logged
        for them (goal 1 per streak), whether stores resumed; and the same for a chunk DiskTier.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,7 @@ import httpx
 import yaml
 
 from kvgate.engines.demo import create_fake_app
-from kvgate.tools.bench.procs import ServerThread
-from kvgate.tools.bench.procs import Proc, free_port
-from kvgate.tools.bench.procs import kvgate_argv
+from kvgate.tools.bench.procs import Proc, ServerThread, free_port, kvgate_argv
 from kvgate.tools.bench.replica_faults import parse_metrics
 from kvgate.tools.bench.stats import write_json
 
@@ -54,9 +53,14 @@ def question(j: int) -> str:
 def proxy_config(cache_dir: Path, api_base: str, semantic: bool = True) -> dict[str, Any]:
     return {
         "cache_dir": str(cache_dir),
-        "routes": [{"name": "chat", "model": "demo-*",
-                    "backend": {"model": "openai/served", "api_base": api_base, "api_key": "sk-x", "timeout": 10},
-                    "semantic": {"threshold": 0.95, "enabled": semantic}}],
+        "routes": [
+            {
+                "name": "chat",
+                "model": "demo-*",
+                "backend": {"model": "openai/served", "api_base": api_base, "api_key": "sk-x", "timeout": 10},
+                "semantic": {"threshold": 0.95, "enabled": semantic},
+            }
+        ],
     }
 
 
@@ -68,8 +72,11 @@ def start_proxy(work: Path, config: dict[str, Any], tag: str) -> tuple[Proc, str
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", timeout=120)
     # one warm-up request (first-call imports), so a round's load window is spent serving
-    httpx.post(f"{url}/v1/chat/completions", timeout=60,
-               json={"model": "demo-1", "messages": [{"role": "user", "content": "[[fixed]] warm-up"}]})
+    httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=60,
+        json={"model": "demo-1", "messages": [{"role": "user", "content": "[[fixed]] warm-up"}]},
+    )
     return proc, url
 
 
@@ -87,8 +94,9 @@ def check_answer(j: int, resp: httpx.Response) -> str | None:
     return f"wrong answer ({resp.headers.get('x-kvgate-cache')}): {text[:80]!r}"
 
 
-async def _load(url: str, concurrency: int, stop: asyncio.Event, rng: random.Random, seen: set[int],
-                totals: dict[str, Any]) -> None:
+async def _load(
+    url: str, concurrency: int, stop: asyncio.Event, rng: random.Random, seen: set[int], totals: dict[str, Any]
+) -> None:
     async def worker(client: httpx.AsyncClient) -> None:
         while not stop.is_set():
             j = rng.randrange(POOL)
@@ -115,8 +123,9 @@ def _writer(work: Path, kv_dir: Path, seed: int, verify_only: bool = False) -> t
     argv = kvgate_argv()[:2] + ["kvgate.tools.bench.chunk_writer", "--dir", str(kv_dir), "--seed", str(seed)]
     if verify_only:
         argv.append("--verify-only")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(work / f"writer-{seed}.log", "w"), text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=open(work / f"writer-{seed}.log", "w"), text=True, start_new_session=True
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
@@ -128,7 +137,9 @@ def _writer(work: Path, kv_dir: Path, seed: int, verify_only: bool = False) -> t
     return proc, report
 
 
-def kill_loop(work: Path, rounds: int = 20, concurrency: int = 8, seed: int = 0, semantic: bool = True) -> dict[str, Any]:
+def kill_loop(
+    work: Path, rounds: int = 20, concurrency: int = 8, seed: int = 0, semantic: bool = True
+) -> dict[str, Any]:
     rng = random.Random(seed)
     backend = ServerThread(create_fake_app()).start()
     config = proxy_config(work / "cache", f"{backend.url}/v1", semantic)
@@ -168,8 +179,10 @@ def kill_loop(work: Path, rounds: int = 20, concurrency: int = 8, seed: int = 0,
             final = {"answered": 0, "wrong": 0, "hits": 0}
             with httpx.Client(base_url=url, timeout=30) as client:
                 for j in sorted(seen):
-                    resp = client.post("/v1/chat/completions",
-                                       json={"model": "demo-1", "messages": [{"role": "user", "content": question(j)}]})
+                    resp = client.post(
+                        "/v1/chat/completions",
+                        json={"model": "demo-1", "messages": [{"role": "user", "content": question(j)}]},
+                    )
                     final["answered"] += 1
                     final["wrong"] += check_answer(j, resp) is not None
                     final["hits"] += resp.headers.get("x-kvgate-cache") != "miss"
@@ -180,15 +193,23 @@ def kill_loop(work: Path, rounds: int = 20, concurrency: int = 8, seed: int = 0,
             chunks[k] += report[k]
     finally:
         backend.stop()
-    return {"experiment": "kill", "rounds": rounds, "semantic": semantic, "restarts_after_kill": restarts + 1, "load": totals,
-            "final_reask": final, "chunks": chunks}
+    return {
+        "experiment": "kill",
+        "rounds": rounds,
+        "semantic": semantic,
+        "restarts_after_kill": restarts + 1,
+        "load": totals,
+        "final_reask": final,
+        "chunks": chunks,
+    }
 
 
 def _tmpfs(path: Path, size_mb: int) -> str | None:
     """Mount a tmpfs of size_mb at path; None on success, else why not."""
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)], capture_output=True, text=True
+    )
     return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
 
 
@@ -215,10 +236,13 @@ def disk_full(work: Path, size_mb: int = 4, requests: int = 120) -> dict[str, An
             ballast = _fill(mnt, leave=256 << 10)
             errors, wrong = 0, 0
             with httpx.Client(base_url=url, timeout=30) as client:
+
                 def ask(j: int, pad: int) -> None:
                     nonlocal errors, wrong
                     q = question(j) + " " + "context " * pad
-                    resp = client.post("/v1/chat/completions", json={"model": "demo-1", "messages": [{"role": "user", "content": q}]})
+                    resp = client.post(
+                        "/v1/chat/completions", json={"model": "demo-1", "messages": [{"role": "user", "content": q}]}
+                    )
                     if resp.status_code != 200:
                         errors += 1
                     elif resp.json()["choices"][0]["message"]["content"] != f"Answer: {q}":
@@ -237,7 +261,9 @@ def disk_full(work: Path, size_mb: int = 4, requests: int = 120) -> dict[str, An
         stored = 'kvgate_cache_stores_total{result="stored",route="chat"}'
         failed = 'kvgate_cache_stores_total{result="failed",route="chat"}'
         result["proxy"] = {
-            "requests": requests + 20, "errors": errors, "wrong": wrong,
+            "requests": requests + 20,
+            "errors": errors,
+            "wrong": wrong,
             "stores_failed_softly": int(after.get(failed, 0)),
             "stored_while_full": int(full_metrics.get(stored, 0)),
             "stored_after_space_freed": int(after.get(stored, 0) - full_metrics.get(stored, 0)),
@@ -276,9 +302,13 @@ def _chunks_on_full_disk(mnt: Path) -> dict[str, Any]:
         store.close()
     finally:
         logging.getLogger("kvgate").removeHandler(handler)
-    return {"puts": len(hashes), "disk_write_errors": disk["write_errors"], "served_from_ram": len(got),
-            "served_correct": sum(same(c, det_chunk(h)) for c, h in zip(got, hashes)),
-            "warnings_logged": sum("disk tier" in r.getMessage() for r in records)}
+    return {
+        "puts": len(hashes),
+        "disk_write_errors": disk["write_errors"],
+        "served_from_ram": len(got),
+        "served_correct": sum(same(c, det_chunk(h)) for c, h in zip(got, hashes)),
+        "warnings_logged": sum("disk tier" in r.getMessage() for r in records),
+    }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ httptools), which costs the generator less CPU per request than aiohttp's or htt
 A Python load generator's own event-loop lag delays every TTFT it measures, the more so the faster
 a trace is replayed: the arena samples it with kvgate.middleware.telemetry.loop_lag's watcher and reports it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,8 @@ class StreamScan:
         if not self._content and self.CONTENT in window:
             self._content = True
         if self.error is None and (at := window.find(self.ERROR)) >= 0:
-            self.error = window[at:at + 200].decode(errors="replace")
-        self._tail = window[-(len(self.ERROR) - 1):]
+            self.error = window[at : at + 200].decode(errors="replace")
+        self._tail = window[-(len(self.ERROR) - 1) :]
         return self._content
 
 
@@ -63,8 +64,9 @@ def answered(t: Timed) -> tuple[str | None, int | None]:
     return (name.group(1).decode() if name else None, int(cached[-1]) if cached else None)
 
 
-async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, str], timeout: float,
-                       keep: bool = False) -> Timed:
+async def timed_stream(
+    client: Pool, url: str, body: bytes, headers: dict[str, str], timeout: float, keep: bool = False
+) -> Timed:
     """POST `body` (JSON, streamed answer) and read it to its end; never raises for the server's
     failures (status, in-band error event, connection, timeout), which come back in `error`.
     `keep` also keeps the answer's first and last KEEP bytes (`answered` reads them)."""
@@ -80,7 +82,7 @@ async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, s
                 seen = scan.feed(data)
                 if keep:
                     if len(out.head) < KEEP:
-                        out.head += data[:KEEP - len(out.head)]
+                        out.head += data[: KEEP - len(out.head)]
                     out.tail = (out.tail + data)[-KEEP:]
                 if scan.error is not None:
                     out.error = scan.error
@@ -96,4 +98,3 @@ async def timed_stream(client: Pool, url: str, body: bytes, headers: dict[str, s
     if out.ttft is None:
         out.error = "stream ended without content"
     return out
-

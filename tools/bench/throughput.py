@@ -23,6 +23,7 @@ CPU milliseconds per completed request, over the timed phase, of the target (its
 group: every worker), of the backend and of this client: on a small machine the three share the
 cores, and these say where they go.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,31 +31,56 @@ import asyncio
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
-import yaml
-
-from kvgate.tools.bench.machine import machine_info
-from kvgate.tools.bench.procs import Proc, free_port, group_cpu_s, kvgate_argv, sglang_router_bin
-from kvgate.tools.bench.stats import percentiles_ms, write_json
 from kvgate.middleware.progress import say
+from kvgate.tools.bench.machine import machine_info
+from kvgate.tools.bench.procs import Proc, free_port, group_cpu_s, kvgate_argv
+from kvgate.tools.bench.stats import percentiles_ms, write_json
+from kvgate.tools.bench.throughput_servers import MASTER_KEY, MODEL, start, wait_ready
 
 SCHEMA = 1
-MODEL = "bench-1"
-MASTER_KEY = "sk-kvgate-bench-0123456789abcdef0123456789abcdef"  # LiteLLM's proxy refuses to start without one
 TARGETS = ("kvgate_relay", "kvgate_relay_w2", "kvgate_litellm", "litellm_proxy", "sglang_router", "direct")
-WORKERS = {"kvgate_relay_w2": 2}  # kvgate targets served by `kvgate serve --workers N`
 MISS_ONLY = frozenset({"sglang_router", "direct"})  # no cache: a hit-heavy mix is an all-miss mix to them
 MIXES = ("hit_heavy", "all_miss")
 SYSTEM_PROMPTS = 8
-WORDS = ("amber", "basalt", "cinder", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kelp",
-         "lagoon", "meadow", "nectar", "onyx", "prairie", "quartz", "russet", "sierra", "tundra", "umber", "valley",
-         "willow", "xylem", "yarrow", "zephyr", "acorn", "bramble", "cobalt", "dune", "estuary", "flint")
+WORDS = (
+    "amber",
+    "basalt",
+    "cinder",
+    "delta",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "kelp",
+    "lagoon",
+    "meadow",
+    "nectar",
+    "onyx",
+    "prairie",
+    "quartz",
+    "russet",
+    "sierra",
+    "tundra",
+    "umber",
+    "valley",
+    "willow",
+    "xylem",
+    "yarrow",
+    "zephyr",
+    "acorn",
+    "bramble",
+    "cobalt",
+    "dune",
+    "estuary",
+    "flint",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,12 +90,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="32,128", help="comma list of concurrent clients")
     p.add_argument("--mixes", default=",".join(MIXES))
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma list of {','.join(TARGETS)}")
-    p.add_argument("--repeat-share", type=float, default=0.9, help="hit_heavy: share of requests repeating a stored one")
+    p.add_argument(
+        "--repeat-share", type=float, default=0.9, help="hit_heavy: share of requests repeating a stored one"
+    )
     p.add_argument("--stream-share", type=float, default=0.5)
     p.add_argument("--system-words", type=int, default=400, help="words of each long system prompt")
     p.add_argument("--question-words", type=int, default=16, help="words of each question (= streamed chunks)")
-    p.add_argument("--tokenizer", default="text",
-                   help="kvgate's routing tokenizer (text: the config default, characters like sglang-router's tree | smollm2)")
+    p.add_argument(
+        "--tokenizer",
+        default="text",
+        help="kvgate's routing tokenizer (text: the config default, characters like sglang-router's tree | smollm2)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=None, help="configs, logs and caches (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None)
@@ -82,15 +113,21 @@ class Workload:
         self.tag, self.rng = tag, random.Random(seed)
         self.question_words, self.stream_share = args.question_words, args.stream_share
         base = random.Random(args.seed)
-        self.systems = [f"You are assistant {i}. " + " ".join(base.choices(WORDS, k=args.system_words))
-                        for i in range(SYSTEM_PROMPTS)]
+        self.systems = [
+            f"You are assistant {i}. " + " ".join(base.choices(WORDS, k=args.system_words))
+            for i in range(SYSTEM_PROMPTS)
+        ]
         self.pool: list[tuple[int, str, bool]] = []  # answered requests a hit-heavy mix repeats
         self.made = 0
 
     def new(self) -> tuple[int, str, bool]:
         self.made += 1
         words = " ".join(self.rng.choices(WORDS, k=self.question_words - 2))
-        return self.rng.randrange(SYSTEM_PROMPTS), f"{self.tag} q{self.made}: {words}", self.rng.random() < self.stream_share
+        return (
+            self.rng.randrange(SYSTEM_PROMPTS),
+            f"{self.tag} q{self.made}: {words}",
+            self.rng.random() < self.stream_share,
+        )
 
     def next(self, repeat_share: float) -> tuple[tuple[int, str, bool], bool]:
         """(request, whether it repeats a stored one)."""
@@ -113,8 +150,15 @@ def hit_of(target: str, headers: Any) -> bool | None:
     return None
 
 
-async def drive(url: str, target: str, work: Workload, mix: str, args: argparse.Namespace,
-                concurrency: int, cpu: Callable[[], dict[str, float]] = dict) -> dict[str, Any]:
+async def drive(
+    url: str,
+    target: str,
+    work: Workload,
+    mix: str,
+    args: argparse.Namespace,
+    concurrency: int,
+    cpu: Callable[[], dict[str, float]] = dict,
+) -> dict[str, Any]:
     """Warm up, then send one cell's load; latency is send → last byte of the answer."""
     import aiohttp  # LiteLLM's own dependency; a faster client than httpx, so the client costs less CPU
 
@@ -129,8 +173,9 @@ async def drive(url: str, target: str, work: Workload, mix: str, args: argparse.
         try:
             async with session.post(url, data=work.body(request), headers=headers) as resp:
                 body = await resp.read()
-                ok = resp.status == 200 and (not request[2] or (body.rstrip().endswith(b"data: [DONE]")
-                                                                and b'"error"' not in body))
+                ok = resp.status == 200 and (
+                    not request[2] or (body.rstrip().endswith(b"data: [DONE]") and b'"error"' not in body)
+                )
                 hit = hit_of(target, resp.headers)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             ok, body, hit = False, repr(exc).encode(), None
@@ -177,92 +222,23 @@ async def drive(url: str, target: str, work: Workload, mix: str, args: argparse.
     per_request = {f"{k}_cpu_ms_per_req": round(1000 * (cpu1[k] - cpu0[k]) / max(1, counts["ok"]), 2) for k in cpu0}
     p50, p99 = percentiles_ms(latencies)
     done = counts["ok"] + counts["errors"]
-    return {"mix": mix, "concurrency": concurrency, "target": target, "requests": done, "errors": counts["errors"],
-            "elapsed_s": round(elapsed, 2), "rps": round(counts["ok"] / elapsed, 1) if elapsed else None,
-            "p50_ms": p50, "p99_ms": p99,
-            "hit_ratio": round(counts["hits"] / counts["ok"], 3) if counts["ok"] and hit_of(target, {}) is not None else None,
-            "repeat_ratio": round(counts["repeats"] / counts["ok"], 3) if counts["ok"] else None,
-            **per_request, "problems": problems}
-
-
-# ------------------------------------------------------------------ servers
-def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str, name: str) -> Path:
-    config = {
-        "cache_dir": str(work / f"cache-{name}"),
-        "routes": [{"name": "bench", "model": "bench-*", "scope": "shared",
-                    "backend": {"model": "openai/fake", "api_key": "none", "timeout": 60},
-                    "semantic": {"enabled": False},
-                    "replicas": [{"name": "r0", "api_base": f"{backend}/v1"}],
-                    "routing": {"policy": "cache_aware", "prefix": {"tokenizer": tokenizer}, "forward": forward}}],
+    return {
+        "mix": mix,
+        "concurrency": concurrency,
+        "target": target,
+        "requests": done,
+        "errors": counts["errors"],
+        "elapsed_s": round(elapsed, 2),
+        "rps": round(counts["ok"] / elapsed, 1) if elapsed else None,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "hit_ratio": round(counts["hits"] / counts["ok"], 3)
+        if counts["ok"] and hit_of(target, {}) is not None
+        else None,
+        "repeat_ratio": round(counts["repeats"] / counts["ok"], 3) if counts["ok"] else None,
+        **per_request,
+        "problems": problems,
     }
-    path = work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def litellm_config(work: Path, backend: str) -> Path:
-    config = {
-        "model_list": [{"model_name": MODEL, "litellm_params": {"model": "openai/fake", "api_base": f"{backend}/v1",
-                                                               "api_key": "none"}}],
-        "litellm_settings": {"cache": True, "cache_params": {"type": "local"}},
-        "general_settings": {"master_key": MASTER_KEY},
-    }
-    path = work / "litellm.yaml"
-    path.write_text(yaml.safe_dump(config))
-    # like `kvgate serve` by default: no access log line per request
-    (work / "litellm-log.json").write_text(json.dumps({"version": 1, "disable_existing_loggers": False, "loggers": {
-        "uvicorn.access": {"level": "WARNING"}, "uvicorn.error": {"level": "WARNING"}}}))
-    return path
-
-
-def litellm_bin() -> str | None:
-    candidate = Path(sys.executable).with_name("litellm")
-    return str(candidate) if candidate.exists() else None
-
-
-def start(target: str, work: Path, backend: str, args: argparse.Namespace) -> tuple[Proc | None, str] | str:
-    """(process, base url) of a target, or why it cannot run here."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    if target == "direct":
-        return None, backend
-    if target.startswith("kvgate"):
-        forward = target.split("_")[1]
-        config = kvgate_config(work, backend, forward, args.tokenizer, target)
-        workers = ["--workers", str(WORKERS[target])] if target in WORKERS else []
-        return Proc(target, kvgate_argv("serve", "--config", str(config), "--port", str(port), "--log-level", "warning",
-                                        *workers), work), url
-    if target == "litellm_proxy":
-        binary = litellm_bin()
-        if binary is None:
-            return "litellm's proxy is not installed (make install: litellm[proxy] in the dev extras)"
-        config = litellm_config(work, backend)
-        return Proc(target, [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                             "--keepalive_timeout", "75", "--log_config", str(work / "litellm-log.json")], work,
-                    env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}), url
-    binary = sglang_router_bin()
-    if binary is None:
-        return "sglang-router is not installed"
-    return Proc(target, [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", backend,
-                         "--policy", "cache_aware", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
-                         "--prometheus-port", str(free_port())], work), url
-
-
-def wait_ready(proc: Proc | None, url: str, timeout: float = 180.0) -> None:
-    """Until a chat request goes through (routers register their workers after they listen)."""
-    deadline = time.time() + timeout
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "ready?"}]}
-    while time.time() < deadline:
-        if proc is not None and proc.proc.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}:\n{proc.tail()}")
-        try:
-            if httpx.post(f"{url}/v1/chat/completions", json=body, timeout=5,
-                          headers={"authorization": f"Bearer {MASTER_KEY}"}).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{proc.name if proc else url} not ready within {timeout:.0f}s")
 
 
 # ------------------------------------------------------------------ run
@@ -274,8 +250,17 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         cell = out.setdefault(row["mix"], {}).setdefault(str(row["concurrency"]), {})
         for anchor in ("litellm_proxy", "sglang_router", "direct"):
-            other = next((r for r in rows if r["target"] == anchor and r["mix"] == row["mix"]
-                          and r["concurrency"] == row["concurrency"] and r["rps"]), None)
+            other = next(
+                (
+                    r
+                    for r in rows
+                    if r["target"] == anchor
+                    and r["mix"] == row["mix"]
+                    and r["concurrency"] == row["concurrency"]
+                    and r["rps"]
+                ),
+                None,
+            )
             if other is not None:
                 cell[f"{row['target']}/{anchor}"] = round(row["rps"] / other["rps"], 2)
     return out
@@ -288,9 +273,11 @@ def goals(table: dict[str, Any]) -> dict[str, bool | None]:
     w2_sglang = [c.get("kvgate_relay_w2/sglang_router") for c in table.get("all_miss", {}).values()]
     vs_litellm, vs_sglang = [x for x in vs_litellm if x is not None], [x for x in vs_sglang if x is not None]
     w2_sglang = [x for x in w2_sglang if x is not None]
-    return {"relay_at_least_2x_litellm_proxy": all(x >= 2 for x in vs_litellm) if vs_litellm else None,
-            "relay_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in vs_sglang) if vs_sglang else None,
-            "relay_w2_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in w2_sglang) if w2_sglang else None}
+    return {
+        "relay_at_least_2x_litellm_proxy": all(x >= 2 for x in vs_litellm) if vs_litellm else None,
+        "relay_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in vs_sglang) if vs_sglang else None,
+        "relay_w2_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in w2_sglang) if w2_sglang else None,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -337,31 +324,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         used = {k: group_cpu_s(p.proc.pid) for k, p in groups.items() if p is not None}
                         return {**used, "client": sum(os.times()[:2])}
 
-                    row = asyncio.run(drive(f"{urls[target]}/v1/chat/completions", target, work_load, mix, args,
-                                            concurrency, cpu))
+                    row = asyncio.run(
+                        drive(f"{urls[target]}/v1/chat/completions", target, work_load, mix, args, concurrency, cpu)
+                    )
                     rows.append(row)
-                    log(f"{mix:9s} c={concurrency:<4d} {target:15s} {row['rps']} req/s p50 {row['p50_ms']} ms "
-                        f"p99 {row['p99_ms']} ms errors {row['errors']} hits {row['hit_ratio']}")
+                    log(
+                        f"{mix:9s} c={concurrency:<4d} {target:15s} {row['rps']} req/s p50 {row['p50_ms']} ms "
+                        f"p99 {row['p99_ms']} ms errors {row['errors']} hits {row['hit_ratio']}"
+                    )
     finally:
         for proc in reversed(procs):
             proc.stop()
     table = ratios(rows)
-    return {"bench": "throughput", "schema": SCHEMA, "machine": machine_info(),
-            "params": {k: getattr(args, k) for k in ("requests", "duration_s", "warmup", "concurrency", "repeat_share",
-                                                       "stream_share", "system_words", "question_words", "tokenizer", "seed")},
-            "targets": {t: ("skipped: " + skipped[t]) if t in skipped else "ran" for t in targets},
-            "rows": rows, "ratios": table, "goals": goals(table), "workdir": str(work)}
+    return {
+        "bench": "throughput",
+        "schema": SCHEMA,
+        "machine": machine_info(),
+        "params": {
+            k: getattr(args, k)
+            for k in (
+                "requests",
+                "duration_s",
+                "warmup",
+                "concurrency",
+                "repeat_share",
+                "stream_share",
+                "system_words",
+                "question_words",
+                "tokenizer",
+                "seed",
+            )
+        },
+        "targets": {t: ("skipped: " + skipped[t]) if t in skipped else "ran" for t in targets},
+        "rows": rows,
+        "ratios": table,
+        "goals": goals(table),
+        "workdir": str(work),
+    }
 
 
 def main(args: argparse.Namespace) -> int:
     result = run(args)
-    print(f"{'mix':9s} {'conc':>4s} {'target':15s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'hits':>5s} {'errors':>6s}"
-          "   CPU ms/req: target backend client")
+    print(
+        f"{'mix':9s} {'conc':>4s} {'target':15s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'hits':>5s} {'errors':>6s}"
+        "   CPU ms/req: target backend client"
+    )
     for r in result["rows"]:
         hits = "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.2f}"
         cpu = "  ".join(f"{r.get(k + '_cpu_ms_per_req', float('nan')):6.2f}" for k in ("proxy", "backend", "client"))
-        print(f"{r['mix']:9s} {r['concurrency']:4d} {r['target']:15s} {r['rps'] or 0:8.1f} {r['p50_ms'] or 0:8.1f} "
-              f"{r['p99_ms'] or 0:8.1f} {hits:>5s} {r['errors']:6d}   {cpu}")
+        print(
+            f"{r['mix']:9s} {r['concurrency']:4d} {r['target']:15s} {r['rps'] or 0:8.1f} {r['p50_ms'] or 0:8.1f} "
+            f"{r['p99_ms'] or 0:8.1f} {hits:>5s} {r['errors']:6d}   {cpu}"
+        )
     for mix, cells in result["ratios"].items():
         for concurrency, values in cells.items():
             print(f"{mix} c={concurrency}: " + "  ".join(f"{k} {v}x" for k, v in values.items()))

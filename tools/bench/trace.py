@@ -5,6 +5,7 @@ Each hash id maps to the same deterministic text block every time, so equal id p
 text prefixes. With the `text` tokenizer (one token per character) a block of 512 tokens is 512
 characters, and a request's prompt is its blocks joined and cut to `input_length` characters.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,12 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
                 continue
             try:
                 row = json.loads(line)
-                req = TraceRequest(float(row["timestamp"]), int(row["input_length"]), int(row.get("output_length", 1)),
-                                   tuple(int(h) for h in row["hash_ids"]))
+                req = TraceRequest(
+                    float(row["timestamp"]),
+                    int(row["input_length"]),
+                    int(row.get("output_length", 1)),
+                    tuple(int(h) for h in row["hash_ids"]),
+                )
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{n}: not a Mooncake trace line ({type(exc).__name__}: {exc})") from None
             out.append(req)

@@ -19,6 +19,7 @@ Shape with the defaults (checked by tests/test_bench_routing.py on 2,000 request
 ~15k tokens, median ~11.6k, a handful past 100k, none past max_tokens (190k). Same arguments →
 the same trace, byte for byte (one random.Random(seed), no other state).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,8 +114,14 @@ def generate(shape: TraceShape = TraceShape()) -> list[dict[str, Any]]:
             continue  # the session has outgrown the context window: it ends
         state["length"] = _extend(state["ids"], state["length"], add, block, fresh)
         out = _lognormal(rng, shape.output_median, shape.output_sigma, 1, 8192)
-        rows.append({"timestamp": round(t * 1000), "input_length": state["length"], "output_length": out,
-                     "hash_ids": list(state["ids"])})
+        rows.append(
+            {
+                "timestamp": round(t * 1000),
+                "input_length": state["length"],
+                "output_length": out,
+                "hash_ids": list(state["ids"]),
+            }
+        )
         state["answer"] = out
         if rng.random() >= shape.turn_p:
             heapq.heappush(pending, (t + rng.expovariate(1.0 / shape.think_s), tie, state))
@@ -133,8 +140,14 @@ def describe(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Prompt-length summary: mean, median, p99, max, requests, span (s)."""
     lengths = sorted(r["input_length"] for r in rows)
     n = len(lengths)
-    return {"requests": n, "mean": sum(lengths) / n, "median": lengths[n // 2], "p99": lengths[min(n - 1, int(0.99 * n))],
-            "max": lengths[-1], "span_s": (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000}
+    return {
+        "requests": n,
+        "mean": sum(lengths) / n,
+        "median": lengths[n // 2],
+        "p99": lengths[min(n - 1, int(0.99 * n))],
+        "max": lengths[-1],
+        "span_s": (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000,
+    }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,17 +159,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-tokens", type=int, default=d.block_tokens, help="tokens per hash id")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="longest prompt")
     p.add_argument("--system-prompts", type=int, default=d.system_prompts, help="shared prefixes sessions open with")
-    p.add_argument("--system-blocks", default=f"{d.system_blocks[0]}:{d.system_blocks[1]}", metavar="LO:HI",
-                   help="each shared prefix's length in blocks (uniform); e.g. 60:100 makes a hot shared document")
+    p.add_argument(
+        "--system-blocks",
+        default=f"{d.system_blocks[0]}:{d.system_blocks[1]}",
+        metavar="LO:HI",
+        help="each shared prefix's length in blocks (uniform); e.g. 60:100 makes a hot shared document",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     lo, _, hi = args.system_blocks.partition(":")
-    shape = TraceShape(requests=args.requests, seed=args.seed, rate=args.rate, block_tokens=args.block_tokens,
-                       max_tokens=args.max_tokens, system_prompts=args.system_prompts, system_blocks=(int(lo), int(hi or lo)))
+    shape = TraceShape(
+        requests=args.requests,
+        seed=args.seed,
+        rate=args.rate,
+        block_tokens=args.block_tokens,
+        max_tokens=args.max_tokens,
+        system_prompts=args.system_prompts,
+        system_blocks=(int(lo), int(hi or lo)),
+    )
     rows = generate(shape)
     write_trace(rows, args.out)
     d = describe(rows)
-    print(f"{args.out}: {d['requests']} requests over {d['span_s']:.0f}s; prompt tokens mean {d['mean']:.0f}, "
-          f"median {d['median']}, p99 {d['p99']}, max {d['max']}", file=sys.stderr)
+    print(
+        f"{args.out}: {d['requests']} requests over {d['span_s']:.0f}s; prompt tokens mean {d['mean']:.0f}, "
+        f"median {d['median']}, p99 {d['p99']}, max {d['max']}",
+        file=sys.stderr,
+    )
     return 0

@@ -8,6 +8,7 @@ Slices (the rule that keeps tuning data apart from reported data): the pairs fil
 are numbered from 0; rows with an even number form the tuning slice, odd ones the reported slice,
 less the odd rows that share a question with an even one.
 """
+
 from __future__ import annotations
 
 import random
@@ -40,8 +41,11 @@ def slice_pairs(pairs: Sequence[Pair], which: str) -> list[Pair]:
     from kvgate.tools.tuning.split import normalise
 
     seen = {normalise(q) for p in tuning for q in (p.question1, p.question2)}
-    return [p for i, p in enumerate(pairs)
-            if i % 2 == 1 and normalise(p.question1) not in seen and normalise(p.question2) not in seen]
+    return [
+        p
+        for i, p in enumerate(pairs)
+        if i % 2 == 1 and normalise(p.question1) not in seen and normalise(p.question2) not in seen
+    ]
 
 
 def classes_of(pairs: Sequence[Pair]) -> dict[str, str]:

@@ -5,6 +5,7 @@ Given the index already filled with every question1, each question2 is searched 
 precision pass scores the candidates in batches (same scores, faster); the latency pass does what
 a request does, one query at a time: embed, search, verify, choose.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,11 +16,11 @@ import numpy as np
 from kvgate.index.responses.embedder import Embedder
 from kvgate.index.responses.semantic import SemanticIndex
 from kvgate.index.responses.verifier import Verifier
+from kvgate.middleware.cache.verification import SemanticSettings, choose, to_verify
 from kvgate.tools.bench.stats import percentiles_ms
 from kvgate.tools.tuning import calibrate
 from kvgate.tools.tuning.calibrate import Candidates
 from kvgate.tools.tuning.equivalence import Equivalence, credited
-from kvgate.middleware.cache.verification import SemanticSettings, choose, to_verify
 
 
 def _lookup(index: SemanticIndex, scope: str, vector: np.ndarray, k: int) -> tuple[list[int], list[float]]:
@@ -82,10 +83,17 @@ def run_verified(
     cand = Candidates(
         np.array([r + [-1] * (width - len(r)) for r in ids], dtype=np.int64).reshape(len(ids), width),
         np.array([s + [np.nan] * (width - len(s)) for s in sims], dtype=np.float32).reshape(len(ids), width),
-        np.array([[sc.get(i, np.nan) for i in range(width)] for sc in scores], dtype=np.float32).reshape(len(ids), width),
+        np.array([[sc.get(i, np.nan) for i in range(width)] for sc in scores], dtype=np.float32).reshape(
+            len(ids), width
+        ),
         np.asarray(duplicate, dtype=bool),
-        np.array([[i >= 0 and credited(q, i, q1, q2, dup, eq) for i in r + [-1] * (width - len(r))] for q, r in enumerate(ids)],
-                 dtype=bool).reshape(len(ids), width),
+        np.array(
+            [
+                [i >= 0 and credited(q, i, q1, q2, dup, eq) for i in r + [-1] * (width - len(r))]
+                for q, r in enumerate(ids)
+            ],
+            dtype=bool,
+        ).reshape(len(ids), width),
     )
     curve = calibrate.curve(calibrate.sweep(cand, [settings.threshold]))
     return {
@@ -108,8 +116,15 @@ def run_verified(
     }
 
 
-def _timed_lookup(index: SemanticIndex, scope: str, embedder: Embedder, verifier: Verifier, text: str,
-                  settings: SemanticSettings, questions: Sequence[str]) -> int | None:
+def _timed_lookup(
+    index: SemanticIndex,
+    scope: str,
+    embedder: Embedder,
+    verifier: Verifier,
+    text: str,
+    settings: SemanticSettings,
+    questions: Sequence[str],
+) -> int | None:
     """What the pipeline does per request: embed, search top-k, verify those past the threshold, choose."""
     ids, sims = _lookup(index, scope, embedder.embed([text])[0], settings.candidates)
     floors = [settings.threshold] * len(sims)

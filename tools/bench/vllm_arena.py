@@ -21,10 +21,11 @@ ANCHOR_GRID) are tuned on the next `--tune-conversations`, disjoint from them, w
 arena's rule (kvgate.tools.bench.arena.choose: cached fraction within 0.01 of the best, then lowest TTFT
 p99); `--tune-conversations 0` runs them at ANCHOR_DEFAULTS instead.
 
-Every run starts with both engines' prefix caches emptied (after the router's warm-up requests)
-and reads vLLM's own counters before and after it (tools/bench/vllm_arena_stats.py):
-cached_fraction = Δ prompt_tokens_cached / Δ prompt_tokens, both servers together. Runs
-interleave the arms (run 1 of every arm, then run 2, ...), so slow drift on the machine hits all.
+Every run (tools/bench/vllm_arena_bench.py) starts with both engines' prefix caches emptied (after
+the router's warm-up requests) and reads vLLM's own counters before and after it
+(tools/bench/vllm_arena_stats.py): cached_fraction = Δ prompt_tokens_cached / Δ prompt_tokens, both
+servers together. Runs interleave the arms (run 1 of every arm, then run 2, ...), so slow drift on
+the machine hits all.
 
 JSON (`--json`): `endpoint` (chat or completions); `routers.<arm>`: ttft_mean_s (mean over runs of each run's mean TTFT),
 ttft_mean_ci_s (its 95% normal half-width, arena_table.mean_interval; null with one run),
@@ -39,10 +40,10 @@ cache_config_info), machine (with the other vLLM servers found running), command
 A default run (16 conversations × 4 turns, 5 arms × 3 runs, tuning on 8) takes about 30 minutes
 on 2 cores with nothing else running: ~65 s per cache-aware run, ~125 s per round_robin run.
 """
+
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shlex
 import signal
 import sys
@@ -51,23 +52,18 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import httpx
-import yaml
-
-from kvgate.engines.vllm.launch import ROOT, VllmServer, default_model_dir, start_pair, tier_settings
-from kvgate.middleware.progress import Progress, say
+from kvgate.engines.vllm.launch import ROOT
+from kvgate.middleware.progress import say
 from kvgate.tools.bench.arena import choose
-from kvgate.tools.bench.arena_routers import ANCHOR_DEFAULTS, ANCHOR_GRID, anchor_launch, parse_grid
+from kvgate.tools.bench.arena_routers import ANCHOR_DEFAULTS, ANCHOR_GRID, parse_grid
 from kvgate.tools.bench.machine import hardware_info, machine_info
-from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
 from kvgate.tools.bench.stats import pct, write_json
 from kvgate.tools.bench.trace import load_trace
-from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
-from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, arm_cpu, cpu_fields, replica_summary, request_records
-from kvgate.tools.bench.vllm_arena_setup import (ANCHOR_OF, MODEL, kvgate_config, other_vllm_servers, preflight,
-                                          signals_deferred, wait_workers, warm_up)
-from kvgate.tools.bench.vllm_arena_stats import Computed, counters, metric_labels, metric_sum, oracle_cached, render_requests, \
-    router_summary, run_summary
+from kvgate.tools.bench.vllm_arena_bench import Bench
+from kvgate.tools.bench.vllm_arena_client import ENDPOINTS
+from kvgate.tools.bench.vllm_arena_cpu import arm_cpu
+from kvgate.tools.bench.vllm_arena_setup import ANCHOR_OF, other_vllm_servers, preflight
+from kvgate.tools.bench.vllm_arena_stats import router_summary
 from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
 DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
@@ -86,22 +82,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=16, help="answer length per turn (temperature 0)")
     p.add_argument("--block-tokens", type=int, default=64, help="real tokens per 512-token trace block")
     p.add_argument("--max-prompt-tokens", type=int, default=3500, help="skip conversations whose last turn is longer")
-    p.add_argument("--tune-conversations", type=int, default=8,
-                   help="conversations (after the reported ones) the anchors are tuned on; 0: ANCHOR_DEFAULTS")
+    p.add_argument(
+        "--tune-conversations",
+        type=int,
+        default=8,
+        help="conversations (after the reported ones) the anchors are tuned on; 0: ANCHOR_DEFAULTS",
+    )
     p.add_argument("--anchor-grid", default=ANCHOR_GRID, metavar="CT/ABS/REL,...", help="anchor threshold candidates")
-    p.add_argument("--kv-cache-gib", type=int, default=1, help="each vLLM server's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE: an integer)")
-    p.add_argument("--endpoint", choices=tuple(ENDPOINTS), default="chat",
-                   help="chat: /v1/chat/completions turns; completions: the same turns as one growing text prompt "
-                        "(\"User: ...\\nAssistant: ...\\n\", no chat template) to /v1/completions")
+    p.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=1,
+        help="each vLLM server's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE: an integer)",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=tuple(ENDPOINTS),
+        default="chat",
+        help="chat: /v1/chat/completions turns; completions: the same turns as one growing text prompt "
+        '("User: ...\\nAssistant: ...\\n", no chat template) to /v1/completions',
+    )
     p.add_argument("--dir", type=Path, default=None, help="where the work directory (logs, configs) goes")
-    p.add_argument("--kv-connector", action="store_true",
-                   help="every engine loads kvgate's KV connector over one shared disk directory (emptied with the "
-                        "prefix caches before each run); external_fraction = tokens it loaded / prompt tokens")
+    p.add_argument(
+        "--kv-connector",
+        action="store_true",
+        help="every engine loads kvgate's KV connector over one shared disk directory (emptied with the "
+        "prefix caches before each run); external_fraction = tokens it loaded / prompt tokens",
+    )
 
 
 def validate(args: argparse.Namespace) -> list[str]:
-    bad = [f"--{n.replace('_', '-')} must be >= 1" for n in ("runs", "conversations", "turns", "concurrency",
-                                                            "max_tokens", "block_tokens") if getattr(args, n) < 1]
+    bad = [
+        f"--{n.replace('_', '-')} must be >= 1"
+        for n in ("runs", "conversations", "turns", "concurrency", "max_tokens", "block_tokens")
+        if getattr(args, n) < 1
+    ]
     if args.concurrency < 2:
         bad.append("--concurrency must be >= 2 (at least two conversations in flight)")
     if args.tune_conversations < 0:
@@ -121,150 +136,6 @@ def parse_arms(text: str) -> list[str]:
     return [a.strip() for a in text.split(",") if a.strip()]
 
 
-class Bench:
-    """The two vLLM servers, and one router at a time in front of them."""
-
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
-        self.args, self.work = args, work
-        self.model_dir = str(default_model_dir())
-        self.servers: list[VllmServer] = []
-        self.count = 0
-        self.log = say("vllm-arena")
-
-    @property
-    def bases(self) -> list[str]:
-        return [f"http://127.0.0.1:{s.port}" for s in self.servers]
-
-    def start(self) -> None:
-        t0 = time.perf_counter()
-        self.log(f"starting two vLLM servers ({self.model_dir}, logs in {self.work})")
-        for attempt in range(1, 4):
-            try:  # a port picked free can be taken before vLLM binds it (its own ZMQ sockets, other processes)
-                with signals_deferred(self.log):
-                    tier = tier_settings(self.work / "kv-tier") if self.args.kv_connector else None
-                    self.servers = start_pair(self.model_dir, served_name=MODEL, log_dir=self.work,
-                                              kv_cache_gib=self.args.kv_cache_gib, kv_connector=tier,
-                                              extra_env={"VLLM_SERVER_DEV_MODE": "1"})
-                break
-            except RuntimeError as exc:
-                if attempt == 3:
-                    raise
-                self.log(f"vLLM start failed ({exc}); trying again on other ports")
-        self.log(f"vLLM up on ports {[s.port for s in self.servers]} in {time.perf_counter() - t0:.0f}s")
-
-    def stop(self) -> None:
-        for s in self.servers:
-            s.stop()
-
-    def pages(self) -> list[str]:
-        return [httpx.get(f"{b}/metrics", timeout=30).text for b in self.bases]
-
-    def reset(self, timeout: float = 60.0) -> None:
-        """Empty both prefix caches, and the connector's tier (vLLM refuses while blocks are held: retried)."""
-        query = "?reset_external=true" if self.args.kv_connector else ""
-        for b in self.bases:
-            deadline = time.monotonic() + timeout
-            while not httpx.post(f"{b}/reset_prefix_cache{query}", timeout=30).json().get("success"):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{b}: /reset_prefix_cache kept failing for {timeout:.0f}s")
-                time.sleep(0.5)
-
-    def engine_info(self) -> dict[str, Any]:
-        info = metric_labels(self.pages()[0], "vllm:cache_config_info")
-        version = httpx.get(f"{self.bases[0]}/version", timeout=10).json().get("version")
-        return {"kv_cache_tokens": int(info["kv_cache_size_tokens"]) if "kv_cache_size_tokens" in info else None,
-                "block_size": int(info.get("block_size", 0)) or None, "vllm_version": version}
-
-    def router(self, arm: str, params: dict[str, Any]) -> tuple[Proc, str, str]:
-        """Start `arm`'s router: (process, the URL of --endpoint's path on it, label)."""
-        self.count += 1
-        port, name = free_port(), f"{arm}-{self.count}"
-        if arm in ANCHOR_OF:
-            launch = anchor_launch(ANCHOR_OF[arm], port, self.bases, params, None)
-            assert launch is not None and launch.argv is not None  # preflight checked the binary
-            proc, label = Proc(name, launch.argv, self.work), launch.label
-        else:
-            cfg = self.work / f"{name}.yaml"
-            cfg.write_text(yaml.safe_dump(kvgate_config(arm, self.servers, self.work / f"cache-{name}", self.model_dir)))
-            proc = Proc(name, kvgate_argv("serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning"),
-                        self.work, env={"TOKENIZERS_PARALLELISM": "false"})
-            label = f"kvgate {arm.removeprefix('kvgate_')}"
-        try:
-            proc.wait_http(f"http://127.0.0.1:{port}/health", timeout=180)
-            if arm in ANCHOR_OF:  # they register workers in the background (sglang: seconds): wait for both
-                wait_workers(f"http://127.0.0.1:{port}/readiness", len(self.servers))
-        except BaseException:  # Ctrl-C included: the router runs in its own session
-            proc.stop()
-            raise
-        return proc, f"http://127.0.0.1:{port}{ENDPOINTS[self.args.endpoint]}", label
-
-    def run(self, arm: str, params: dict[str, Any], texts: list[list[str]], tag: str, block_size: int) -> dict[str, Any]:
-        """One run of `arm` on the conversations `texts`, cold engine caches; the run's summary."""
-        proc, url, label = self.router(arm, params)
-        try:
-            asyncio.run(warm_up(url, endpoint=self.args.endpoint))
-            self.reset()
-            others = other_vllm_servers([s.proc.pid for s in self.servers if s.proc is not None])
-            if others:
-                self.log(f"warning: {others} other vLLM server(s) running: this run's timings share the cores")
-            before_pages = self.pages()
-            total = sum(len(t) for t in texts)
-            cpu = CpuWindow({"router": [proc.proc.pid], "engines": [s.proc.pid for s in self.servers if s.proc]})
-            t0 = time.perf_counter()
-            cpu.start()
-            with Progress(total, f"{arm} {tag}", unit="requests") as bar:
-                turns = asyncio.run(converse(url, texts, model=MODEL, max_tokens=self.args.max_tokens,
-                                             concurrency=self.args.concurrency, on_turn=lambda _: bar.update(),
-                                             endpoint=self.args.endpoint))
-            spent = cpu.stop()
-            wall = time.perf_counter() - t0
-            time.sleep(1.0)  # the engines' last stats reach /metrics
-            after_pages = self.pages()
-        finally:
-            proc.stop()
-        per_server = [int(metric_sum(a, "vllm:request_success_total") - metric_sum(b, "vllm:request_success_total"))
-                      for a, b in zip(after_pages, before_pages)]
-        ok = [t for t in turns if t.error is None]
-        rendered = render_requests(after_pages)
-        before_rendered = render_requests(before_pages)
-        oracle = self.oracle(ok, block_size)
-        summary = run_summary([t.ttft for t in ok if t.ttft is not None], [t.error for t in turns if t.error],
-                              len(turns), counters(before_pages), counters(after_pages),
-                              not_sent=total - len(turns), wall_s=round(wall, 2), requests_per_server=per_server,
-                              other_vllm_servers=others, render_requests=None if rendered is None
-                              else int(rendered - (before_rendered or 0)),
-                              usage_prompt_tokens=sum(t.prompt_tokens or 0 for t in ok),
-                              usage_cached_tokens=sum(t.cached_tokens or 0 for t in ok), **oracle,
-                              **cpu_fields(spent, len(turns)), request_records=(records := request_records(turns)),
-                              per_replica=replica_summary(records))
-        summary.update(router=label, params=params)
-        return summary
-
-    def oracle(self, turns: Sequence[Turn], block_size: int) -> dict[str, Any]:
-        """The oracle on what this run sent: token ids from vLLM's own /tokenize (its chat template for
-        chat turns; a completions prompt as /v1/completions tokenizes it)."""
-        base = self.bases[0]
-        with httpx.Client(timeout=60) as client:
-            def tokens(body: dict[str, Any]) -> list[int]:
-                return client.post(f"{base}/tokenize", json={"model": MODEL, **body}).json()["tokens"]
-
-            reqs, mismatched = [], 0
-            for t in turns:
-                prompt = tokens({"messages": t.messages, "add_generation_prompt": True} if t.prompt is None
-                                else {"prompt": t.prompt})
-                out = tokens({"prompt": t.answer, "add_special_tokens": False}) if t.answer else []
-                # the last generated token's KV is never computed: an answer cut at max_tokens loses its
-                # last token, one that stopped at EOS loses the EOS (not in the answer's text)
-                reqs.append(Computed(t.sent, t.done, prompt, out[:-1] if t.finish_reason == "length" else out))
-                mismatched += t.prompt_tokens is not None and t.prompt_tokens != len(prompt)
-        hits = oracle_cached(reqs, block_size)
-        prompt_total = sum(len(r.prompt) for r in reqs)
-        return {"oracle_cached_tokens": sum(hits), "oracle_prompt_tokens": prompt_total,
-                "prompt_tokens_max": max((len(r.prompt) for r in reqs), default=0),
-                "oracle_cached_fraction": sum(hits) / prompt_total if prompt_total else None,
-                "oracle_prompt_mismatches": mismatched}
-
-
 def tune(bench: Bench, arms: Sequence[str], texts: list[list[str]], block_size: int) -> dict[str, Any]:
     """Every ANCHOR_GRID candidate of every anchor arm on the tuning conversations; the pick."""
     out: dict[str, Any] = {"candidates": {}, "chosen": {}}
@@ -273,10 +144,20 @@ def tune(bench: Bench, arms: Sequence[str], texts: list[list[str]], block_size: 
         for i, params in enumerate(parse_grid(bench.args.anchor_grid)):
             s = bench.run(arm, params, texts, f"tuning {i + 1}", block_size)
             p99 = pct(s["ttfts_s"], 0.99) if s["ttfts_s"] else float("inf")
-            bench.log(f"tuning {arm} {params}: cached {s['cached_fraction']}, ttft mean {s['ttft_mean_s']}, "
-                      f"p99 {p99}, errors {s['errors']}")
-            cands.append({"params": params, "summary": {"hit_rate": s["cached_fraction"] or 0.0, "ttft_p99_s": p99,
-                                                        "ttft_mean_s": s["ttft_mean_s"], "errors": s["errors"]}})
+            bench.log(
+                f"tuning {arm} {params}: cached {s['cached_fraction']}, ttft mean {s['ttft_mean_s']}, p99 {p99}, errors {s['errors']}"
+            )
+            cands.append(
+                {
+                    "params": params,
+                    "summary": {
+                        "hit_rate": s["cached_fraction"] or 0.0,
+                        "ttft_p99_s": p99,
+                        "ttft_mean_s": s["ttft_mean_s"],
+                        "errors": s["errors"],
+                    },
+                }
+            )
         out["candidates"][arm] = cands
         out["chosen"][arm] = choose(cands)["params"]
     return out
@@ -285,46 +166,74 @@ def tune(bench: Bench, arms: Sequence[str], texts: list[list[str]], block_size: 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     arms = parse_arms(args.arms)
     log = say("vllm-arena")
-    convs, counts = select(group_conversations(load_trace(args.trace)), args.turns, args.block_tokens, args.max_tokens,
-                           args.max_prompt_tokens)
+    convs, counts = select(
+        group_conversations(load_trace(args.trace)),
+        args.turns,
+        args.block_tokens,
+        args.max_tokens,
+        args.max_prompt_tokens,
+    )
     tuning_on = args.tune_conversations > 0 and any(a in ANCHOR_OF for a in arms)
     need = args.conversations + (args.tune_conversations if tuning_on else 0)
     if len(convs) < need:
-        raise SystemExit(f"kvgate bench vllm: {args.trace} has {len(convs)} usable conversations, need {need} "
-                         f"({counts})")
-    reported, tuning_set = convs[:args.conversations], convs[args.conversations:need]
+        raise SystemExit(
+            f"kvgate bench vllm: {args.trace} has {len(convs)} usable conversations, need {need} ({counts})"
+        )
+    reported, tuning_set = convs[: args.conversations], convs[args.conversations : need]
     texts = [user_texts(c, args.block_tokens) for c in reported]
-    log(f"{len(reported)} conversations × {args.turns} turns ({sum(len(t) for t in texts)} requests per run), "
-        f"arms {arms}, {args.runs} runs each")
+    log(
+        f"{len(reported)} conversations × {args.turns} turns ({sum(len(t) for t in texts)} requests per run), "
+        f"arms {arms}, {args.runs} runs each"
+    )
     others = other_vllm_servers()
     if others:
-        log(f"warning: {others} other vLLM server(s) already run on this machine: the timings share its cores with them")
+        log(
+            f"warning: {others} other vLLM server(s) already run on this machine: the timings share its cores with them"
+        )
     work = Path(tempfile.mkdtemp(prefix="kvgate-vllm-arena-", dir=args.dir))
     bench = Bench(args, work)
     result: dict[str, Any] = {
-        "endpoint": args.endpoint, "routers": {}, "oracle_cached_fraction": None, "kv_cache_tokens": None,
-        "machine": {**hardware_info(work), "load_average_1_5_15m": machine_info()["load_average_1_5_15m"],
-                    "other_vllm_servers_at_start": others},
+        "endpoint": args.endpoint,
+        "routers": {},
+        "oracle_cached_fraction": None,
+        "kv_cache_tokens": None,
+        "machine": {
+            **hardware_info(work),
+            "load_average_1_5_15m": machine_info()["load_average_1_5_15m"],
+            "other_vllm_servers_at_start": others,
+        },
         "command": "kvgate " + shlex.join(sys.argv[1:]),
-        "scaling": {**scaling(args.block_tokens, args.max_prompt_tokens, args.max_tokens, counts),
-                    "trace": str(args.trace), "turns": args.turns, "concurrency": args.concurrency,
-                    "reported_conversations": [c.requests[0] for c in reported]},
+        "scaling": {
+            **scaling(args.block_tokens, args.max_prompt_tokens, args.max_tokens, counts),
+            "trace": str(args.trace),
+            "turns": args.turns,
+            "concurrency": args.concurrency,
+            "reported_conversations": [c.requests[0] for c in reported],
+        },
     }
     if args.endpoint == "completions":  # the chat template `how` names is not sent
-        result["scaling"]["prompt_format"] = ("completions: 'User: <text>\\nAssistant:'; turn k = turn k-1's prompt + "
-                                              "its answer + '\\nUser: <text>\\nAssistant:', no chat template")
+        result["scaling"]["prompt_format"] = (
+            "completions: 'User: <text>\\nAssistant:'; turn k = turn k-1's prompt + "
+            "its answer + '\\nUser: <text>\\nAssistant:', no chat template"
+        )
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     t_start = time.perf_counter()
     try:
         bench.start()
         info = bench.engine_info()
-        result.update(kv_cache_tokens=info["kv_cache_tokens"], block_size=info["block_size"], vllm_version=info["vllm_version"])
+        result.update(
+            kv_cache_tokens=info["kv_cache_tokens"], block_size=info["block_size"], vllm_version=info["vllm_version"]
+        )
         block = info["block_size"] or 16
         if tuning_on:
             tuned = tune(bench, arms, [user_texts(c, args.block_tokens) for c in tuning_set], block)
-            result["tuning"] = {"tuned": True, "grid": args.anchor_grid, "rule": "arena's choose(): cached fraction "
-                                "within 0.01 of the best error-free candidate, then lowest TTFT p99",
-                                "conversations": [c.requests[0] for c in tuning_set], **tuned}
+            result["tuning"] = {
+                "tuned": True,
+                "grid": args.anchor_grid,
+                "rule": "arena's choose(): cached fraction within 0.01 of the best error-free candidate, then lowest TTFT p99",
+                "conversations": [c.requests[0] for c in tuning_set],
+                **tuned,
+            }
         else:
             result["tuning"] = {"tuned": False, "note": f"anchors at the arena's defaults {ANCHOR_DEFAULTS}, no tuning"}
         chosen = result["tuning"].get("chosen", {})
@@ -333,17 +242,22 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 params = chosen.get(arm, dict(ANCHOR_DEFAULTS)) if arm in ANCHOR_OF else {}
                 s = bench.run(arm, params, texts, f"run {r + 1}/{args.runs}", block)
                 runs[arm].append({"run": r + 1, **s})
-                log(f"{arm} run {r + 1}: ttft mean {s['ttft_mean_s']}, cached {s['cached_fraction']}, "
-                    f"oracle {s['oracle_cached_fraction']}, errors {s['errors']}")
+                log(
+                    f"{arm} run {r + 1}: ttft mean {s['ttft_mean_s']}, cached {s['cached_fraction']}, "
+                    f"oracle {s['oracle_cached_fraction']}, errors {s['errors']}"
+                )
     finally:
         bench.stop()
     for arm in arms:
         if runs[arm]:
-            result["routers"][arm] = router_summary(runs[arm], router=runs[arm][0]["router"], params=runs[arm][0]["params"],
-                                                    **arm_cpu(runs[arm]))
+            result["routers"][arm] = router_summary(
+                runs[arm], router=runs[arm][0]["router"], params=runs[arm][0]["params"], **arm_cpu(runs[arm])
+            )
     done = [r for rs in runs.values() for r in rs]
     oracle_prompt = sum(r["oracle_prompt_tokens"] for r in done)
-    result["oracle_cached_fraction"] = sum(r["oracle_cached_tokens"] for r in done) / oracle_prompt if oracle_prompt else None
+    result["oracle_cached_fraction"] = (
+        sum(r["oracle_cached_tokens"] for r in done) / oracle_prompt if oracle_prompt else None
+    )
     result["machine"]["other_vllm_servers_at_end"] = other_vllm_servers()
     result.update(wall_s=round(time.perf_counter() - t_start, 1), logs=str(work))
     return result
@@ -353,17 +267,23 @@ def print_table(result: dict[str, Any]) -> None:
     def ms(x: float | None) -> str:
         return "–" if x is None else f"{x * 1000:.0f}"
 
-    print(f"{'router':20s} {'ttft mean ms':>14s} {'p50':>6s} {'p90':>6s} {'cached':>7s} {'errors':>6s} {'requests':>8s} "
-          f"{'router cpu ms/req':>17s} {'engines cpu s':>13s}")
+    print(
+        f"{'router':20s} {'ttft mean ms':>14s} {'p50':>6s} {'p90':>6s} {'cached':>7s} {'errors':>6s} {'requests':>8s} "
+        f"{'router cpu ms/req':>17s} {'engines cpu s':>13s}"
+    )
     for name, s in result["routers"].items():
         cached = "–" if s["cached_fraction"] is None else f"{s['cached_fraction']:.3f}"
         per_req, engines = s.get("router_cpu_ms_per_request"), s.get("engines_cpu_s")
-        print(f"{name:20s} {ms(s['ttft_mean_s']):>7s} ±{ms(s['ttft_mean_ci_s']):>5s} {ms(s['ttft_p50_s']):>6s} "
-              f"{ms(s['ttft_p90_s']):>6s} {cached:>7s} {s['errors']:>6d} {s['requests']:>8d} "
-              f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s}")
+        print(
+            f"{name:20s} {ms(s['ttft_mean_s']):>7s} ±{ms(s['ttft_mean_ci_s']):>5s} {ms(s['ttft_p50_s']):>6s} "
+            f"{ms(s['ttft_p90_s']):>6s} {cached:>7s} {s['errors']:>6d} {s['requests']:>8d} "
+            f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s}"
+        )
     if result["oracle_cached_fraction"] is not None:
-        print(f"oracle cached fraction {result['oracle_cached_fraction']:.3f}; kv cache {result['kv_cache_tokens']} tokens "
-              f"per server, block {result.get('block_size')}")
+        print(
+            f"oracle cached fraction {result['oracle_cached_fraction']:.3f}; kv cache {result['kv_cache_tokens']} tokens "
+            f"per server, block {result.get('block_size')}"
+        )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ endpoint turn k's prompt is turn k-1's prompt, its answer and the new text
 Each turn keeps the replica a kvgate router names in its `x-kvgate-replica` response header; the
 anchors name none, so theirs stays None.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,13 +71,22 @@ def take_event(turn: Turn, event: dict[str, Any], now: float) -> None:
 async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: int, timeout: float) -> None:
     """Stream one turn; never raises for the server's failures (they end in `turn.error`)."""
     what = {"messages": turn.messages} if turn.prompt is None else {"prompt": turn.prompt}
-    body = orjson.dumps({"model": model, **what, "max_tokens": max_tokens, "temperature": 0,
-                         "stream": True, "stream_options": {"include_usage": True}})
+    body = orjson.dumps(
+        {
+            "model": model,
+            **what,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     turn.sent = time.perf_counter()
     buf = b""
     try:
-        resp = await client.post(url, body, {"content-type": "application/json", "authorization": "Bearer bench"},
-                                 timeout)
+        resp = await client.post(
+            url, body, {"content-type": "application/json", "authorization": "Bearer bench"}, timeout
+        )
         turn.replica = resp.headers.get("x-kvgate-replica")
         try:
             if resp.status != 200:
@@ -107,9 +117,17 @@ async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: 
         turn.error = "stream ended without content"
 
 
-async def converse(url: str, texts: Sequence[Sequence[str]], *, model: str, max_tokens: int, concurrency: int,
-                   timeout: float = 600.0, on_turn: Callable[[Turn], None] | None = None,
-                   endpoint: str = "chat") -> list[Turn]:
+async def converse(
+    url: str,
+    texts: Sequence[Sequence[str]],
+    *,
+    model: str,
+    max_tokens: int,
+    concurrency: int,
+    timeout: float = 600.0,
+    on_turn: Callable[[Turn], None] | None = None,
+    endpoint: str = "chat",
+) -> list[Turn]:
     """Every conversation (`texts[c]`: its user messages), `concurrency` at a time in list order, as
     chat turns or (`endpoint` "completions") text prompts; the turns sent, in the order they were sent."""
     sent: list[Turn] = []

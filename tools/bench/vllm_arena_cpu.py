@@ -15,6 +15,7 @@ Per request (`request_records`): conversation and turn, TTFT, the replica a kvga
 in flight when it sent this one (`inflight`: all replicas; `queue`: those to the same replica, only
 where the replica is known: the client's view, not the engine's scheduler queue).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     # from the state on: [1] is ppid, [11:15] utime stime cutime cstime (proc(5) fields 4 and 14-17)
     return int(fields[1]), sum(int(f) for f in fields[11:15])
 
@@ -90,9 +91,12 @@ class CpuWindow:
 
 def cpu_fields(spent: dict[str, float], requests: int) -> dict[str, Any]:
     """One run's CPU figures from CpuWindow.stop() of the groups "router" and "engines"."""
-    return {"router_cpu_s": round(spent["router"], 3),
-            "router_cpu_ms_per_request": round(spent["router"] * 1000 / requests, 3) if requests else None,
-            "engines_cpu_s": round(spent["engines"], 3), "client_cpu_s": round(spent["client"], 3)}
+    return {
+        "router_cpu_s": round(spent["router"], 3),
+        "router_cpu_ms_per_request": round(spent["router"] * 1000 / requests, 3) if requests else None,
+        "engines_cpu_s": round(spent["engines"], 3),
+        "client_cpu_s": round(spent["client"], 3),
+    }
 
 
 def request_records(turns: Sequence[Turn]) -> list[dict[str, Any]]:
@@ -100,8 +104,12 @@ def request_records(turns: Sequence[Turn]) -> list[dict[str, Any]]:
     out = []
     for t in turns:
         busy = [u for u in turns if u is not t and u.sent <= t.sent < u.done]
-        rec: dict[str, Any] = {"c": t.conversation, "t": t.turn,
-                               "ttft_s": None if t.ttft is None else round(t.ttft, 4), "inflight": len(busy)}
+        rec: dict[str, Any] = {
+            "c": t.conversation,
+            "t": t.turn,
+            "ttft_s": None if t.ttft is None else round(t.ttft, 4),
+            "inflight": len(busy),
+        }
         if t.prompt_tokens is not None:
             rec["uncached"] = t.prompt_tokens - (t.cached_tokens or 0)
         if t.replica is not None:
@@ -121,8 +129,11 @@ def replica_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     out = {}
     for name in sorted({r["replica"] for r in named}):
         mine = [r for r in named if r["replica"] == name]
-        out[name] = {"requests": len(mine), "uncached_tokens": sum(r.get("uncached", 0) for r in mine),
-                     "queue_mean": round(statistics.fmean(r["queue"] for r in mine), 3)}
+        out[name] = {
+            "requests": len(mine),
+            "uncached_tokens": sum(r.get("uncached", 0) for r in mine),
+            "queue_mean": round(statistics.fmean(r["queue"] for r in mine), 3),
+        }
     return out
 
 
@@ -137,7 +148,11 @@ def arm_cpu(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def mean(key: str) -> float:
         return round(statistics.fmean(r[key] for r in measured), 3)
 
-    return {"router_cpu_s": mean("router_cpu_s"), "engines_cpu_s": mean("engines_cpu_s"),
-            "client_cpu_s": mean("client_cpu_s"),
-            "router_cpu_ms_per_request": round(sum(r["router_cpu_s"] for r in measured) * 1000 / requests, 3)
-            if requests else None}
+    return {
+        "router_cpu_s": mean("router_cpu_s"),
+        "engines_cpu_s": mean("engines_cpu_s"),
+        "client_cpu_s": mean("client_cpu_s"),
+        "router_cpu_ms_per_request": round(sum(r["router_cpu_s"] for r in measured) * 1000 / requests, 3)
+        if requests
+        else None,
+    }

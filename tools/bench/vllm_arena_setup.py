@@ -2,6 +2,7 @@
 what must be installed, each kvgate arm's config, waiting for an anchor's workers, a fresh
 router's warm-up, the other vLLM servers sharing the machine's cores, and Ctrl-C held while the
 servers start."""
+
 from __future__ import annotations
 
 import signal
@@ -29,19 +30,27 @@ def preflight(arms: Sequence[str], trace: Path) -> list[str]:
         bad.append(f"vLLM's environment is missing ({vllm_python()}): run `make install` (or set KVGATE_VLLM_PYTHON)")
     if not (default_model_dir() / "config.json").exists():
         bad.append(f"no SmolLM2 model dir at {default_model_dir()}: run `kvgate prepare`")
-    for arm, find, name in (("sglang", sglang_router_bin, "sglang-router"), ("vllm_router", vllm_router_bin, "vllm-router")):
+    for arm, find, name in (
+        ("sglang", sglang_router_bin, "sglang-router"),
+        ("vllm_router", vllm_router_bin, "vllm-router"),
+    ):
         if arm in arms and find() is None:
-            bad.append(f"{name} is not installed beside {sys.executable} (a dev dependency: `pip install -e '.[dev]'`); "
-                       f"install it or leave {arm} out of --arms")
+            bad.append(
+                f"{name} is not installed beside {sys.executable} (a dev dependency: `pip install -e '.[dev]'`); "
+                f"install it or leave {arm} out of --arms"
+            )
     if not trace.exists():
         bad.append(f"no trace at {trace} (--trace)")
     return bad
 
 
 # kvgate's prefix-aware arms: (routing.prefix.mode, routing.policy)
-KVGATE_ARMS = {"kvgate_precise": ("precise", "cache_aware"), "kvgate_approximate": ("approximate", "cache_aware"),
-               "kvgate_precise_prefill_time": ("precise", "prefill_time"),
-               "kvgate_approximate_prefill_time": ("approximate", "prefill_time")}
+KVGATE_ARMS = {
+    "kvgate_precise": ("precise", "cache_aware"),
+    "kvgate_approximate": ("approximate", "cache_aware"),
+    "kvgate_precise_prefill_time": ("precise", "prefill_time"),
+    "kvgate_approximate_prefill_time": ("approximate", "prefill_time"),
+}
 
 
 def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, tokenizer: str) -> dict[str, Any]:
@@ -57,9 +66,20 @@ def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, toke
             routing["prefix"]["tokenizer"] = tokenizer
     else:
         routing = {"policy": "round_robin"}
-    return {"cache_dir": str(cache_dir),
-            "routes": [{"name": "vllm", "model": "*", "backend": {"model": f"openai/{MODEL}", "api_key": "none", "timeout": 600},
-                        "exact": False, "semantic": {"enabled": False}, "replicas": replicas, "routing": routing}]}
+    return {
+        "cache_dir": str(cache_dir),
+        "routes": [
+            {
+                "name": "vllm",
+                "model": "*",
+                "backend": {"model": f"openai/{MODEL}", "api_key": "none", "timeout": 600},
+                "exact": False,
+                "semantic": {"enabled": False},
+                "replicas": replicas,
+                "routing": routing,
+            }
+        ],
+    }
 
 
 def wait_workers(url: str, n: int, timeout: float = 120.0) -> None:
@@ -104,8 +124,11 @@ def other_vllm_servers(ours: Sequence[int] = ()) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
         except OSError:
             continue
-        n += bool(argv) and Path(argv[0].decode(errors="replace")).name.startswith("python") \
+        n += (
+            bool(argv)
+            and Path(argv[0].decode(errors="replace")).name.startswith("python")
             and b"vllm.entrypoints.openai.api_server" in argv
+        )
     return n
 
 

@@ -8,6 +8,7 @@ k-1). What a request can hit is the longest whole-block prefix it shares with an
 before it was sent: the prompt and the generated tokens but the last (whose KV is never computed)
 of every request that had finished by then.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,8 +54,11 @@ def metric_labels(text: str, name: str) -> dict[str, str]:
 def counters(pages: Iterable[str]) -> dict[str, float]:
     """Cached and total prompt tokens summed over the servers' /metrics pages."""
     pages = list(pages)
-    return {"cached": sum(metric_sum(p, CACHED) for p in pages), "prompt": sum(metric_sum(p, PROMPT) for p in pages),
-            "external": sum(metric_sum(p, EXTERNAL) for p in pages)}
+    return {
+        "cached": sum(metric_sum(p, CACHED) for p in pages),
+        "prompt": sum(metric_sum(p, PROMPT) for p in pages),
+        "external": sum(metric_sum(p, EXTERNAL) for p in pages),
+    }
 
 
 @dataclass
@@ -72,8 +76,9 @@ def _chain(ids: Sequence[int], block: int, upto: int) -> list[bytes]:
     """Chained digests of the first `upto` whole blocks of `ids`."""
     out, prev = [], b""
     for b in range(upto):
-        prev = hashlib.blake2b(prev + b"".join(t.to_bytes(4, "little") for t in ids[b * block:(b + 1) * block]),
-                               digest_size=16).digest()
+        prev = hashlib.blake2b(
+            prev + b"".join(t.to_bytes(4, "little") for t in ids[b * block : (b + 1) * block]), digest_size=16
+        ).digest()
         out.append(prev)
     return out
 
@@ -102,19 +107,31 @@ def oracle_cached(requests: Sequence[Computed], block_size: int) -> list[int]:
     return out
 
 
-def run_summary(ttfts: Sequence[float], errors: Sequence[str], requests: int, before: dict[str, float],
-                after: dict[str, float], **extra: Any) -> dict[str, Any]:
+def run_summary(
+    ttfts: Sequence[float],
+    errors: Sequence[str],
+    requests: int,
+    before: dict[str, float],
+    after: dict[str, float],
+    **extra: Any,
+) -> dict[str, Any]:
     """One run of one router: TTFTs of the answered requests, the engines' counter deltas."""
     prompt, cached = after["prompt"] - before["prompt"], after["cached"] - before["cached"]
     external = after.get("external", 0.0) - before.get("external", 0.0)
     return {
-        "requests": requests, "errors": len(errors), "error_samples": list(errors[:3]),
+        "requests": requests,
+        "errors": len(errors),
+        "error_samples": list(errors[:3]),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
-        "ttft_p50_s": pct(ttfts, 0.5) if ttfts else None, "ttft_p90_s": pct(ttfts, 0.9) if ttfts else None,
-        "prompt_tokens": int(prompt), "cached_tokens": int(cached),
+        "ttft_p50_s": pct(ttfts, 0.5) if ttfts else None,
+        "ttft_p90_s": pct(ttfts, 0.9) if ttfts else None,
+        "prompt_tokens": int(prompt),
+        "cached_tokens": int(cached),
         "cached_fraction": cached / prompt if prompt else None,
-        "external_tokens": int(external), "external_fraction": external / prompt if prompt else None,
-        "ttfts_s": [round(t, 4) for t in ttfts], **extra,
+        "external_tokens": int(external),
+        "external_fraction": external / prompt if prompt else None,
+        "ttfts_s": [round(t, 4) for t in ttfts],
+        **extra,
     }
 
 
@@ -127,10 +144,14 @@ def router_summary(runs: Sequence[dict[str, Any]], **extra: Any) -> dict[str, An
     prompt, cached = sum(r["prompt_tokens"] for r in runs), sum(r["cached_tokens"] for r in runs)
     external = sum(r.get("external_tokens", 0) for r in runs)
     return {
-        "ttft_mean_s": mean, "ttft_mean_ci_s": (high - mean) if len(means) > 1 else None,  # no interval from one run
-        "ttft_p50_s": pct(pooled, 0.5) if pooled else None, "ttft_p90_s": pct(pooled, 0.9) if pooled else None,
+        "ttft_mean_s": mean,
+        "ttft_mean_ci_s": (high - mean) if len(means) > 1 else None,  # no interval from one run
+        "ttft_p50_s": pct(pooled, 0.5) if pooled else None,
+        "ttft_p90_s": pct(pooled, 0.9) if pooled else None,
         "cached_fraction": cached / prompt if prompt else None,
         "external_fraction": external / prompt if prompt else None,
-        "errors": sum(r["errors"] for r in runs), "requests": sum(r["requests"] for r in runs),
-        **extra, "runs": list(runs),
+        "errors": sum(r["errors"] for r in runs),
+        "requests": sum(r["requests"] for r in runs),
+        **extra,
+        "runs": list(runs),
     }

@@ -24,6 +24,7 @@ template (`next_prompt`): "User: <text>\nAssistant:", then turn k-1's prompt + t
 engine returned + "\nUser: <text>\nAssistant:". The estimate above stays the chat one (an upper
 bound here), so both endpoints pick the same conversations.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,8 @@ MIN_SHARED_BLOCKS = 2
 TEMPLATE_TOKENS = 40  # SmolLM2's chat template with its default system prompt (~31), + slack
 PER_MESSAGE_TOKENS = 5  # <|im_start|>role\n ... <|im_end|>\n
 # one token each in SmolLM2's tokenizer with a leading space (checked in tests/test_bench_vllm_arena.py)
-WORDS = tuple("""time year people way day man thing woman life child world school state family student group
+WORDS = tuple(
+    """time year people way day man thing woman life child world school state family student group
 country problem hand part place case week company system program question work government number night point
 home water room mother area money story fact month lot right study book eye job word business issue side kind
 head house service friend father power hour game line end member law car city community name president team
@@ -48,7 +50,8 @@ result change morning reason research girl guy moment air teacher force educatio
 winter market table paper music light color field train bridge street island forest mountain letter picture
 voice road plan answer ship horse bird stone glass wood fire cloud rain snow wind sea lake farm village kitchen
 doctor lawyer engine bottle chair piano planet animal apple orange bread cheese coffee tea sugar salt milk egg
-fish meat rice corn""".split())
+fish meat rice corn""".split()
+)
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,12 @@ class Conversation:
 
 def full_ids(req: TraceRequest, block_tokens: int = TRACE_BLOCK_TOKENS) -> tuple[int, ...]:
     """The ids of the request's full blocks (all but a partial last one)."""
-    return req.hash_ids[:min(len(req.hash_ids), req.input_length // block_tokens)]
+    return req.hash_ids[: min(len(req.hash_ids), req.input_length // block_tokens)]
 
 
-def group_conversations(trace: Sequence[TraceRequest], block_tokens: int = TRACE_BLOCK_TOKENS,
-                        min_shared: int = MIN_SHARED_BLOCKS) -> list[Conversation]:
+def group_conversations(
+    trace: Sequence[TraceRequest], block_tokens: int = TRACE_BLOCK_TOKENS, min_shared: int = MIN_SHARED_BLOCKS
+) -> list[Conversation]:
     """The trace's conversations, in the order of their first turn (see the module docstring)."""
     order = sorted(range(len(trace)), key=lambda i: trace[i].timestamp_ms)
     tails: dict[tuple[int, ...], int] = {}  # full ids of a conversation's latest turn -> conversation
@@ -101,7 +105,7 @@ def group_conversations(trace: Sequence[TraceRequest], block_tokens: int = TRACE
     out = []
     for reqs in convs:
         ids = tuple(trace[i].hash_ids for i in reqs)
-        new = [ids[0]] + [ids[k][len(full_ids(trace[reqs[k - 1]], block_tokens)):] for k in range(1, len(reqs))]
+        new = [ids[0]] + [ids[k][len(full_ids(trace[reqs[k - 1]], block_tokens)) :] for k in range(1, len(reqs))]
         out.append(Conversation(tuple(reqs), ids, tuple(new)))
     return out
 
@@ -112,8 +116,14 @@ def estimate_tokens(conv: Conversation, turns: int, block_tokens: int, max_token
     return TEMPLATE_TOKENS + blocks * block_tokens + (turns - 1) * max_tokens + (2 * turns - 1) * PER_MESSAGE_TOKENS
 
 
-def select(convs: Sequence[Conversation], turns: int, block_tokens: int, max_tokens: int, max_prompt_tokens: int,
-           min_turns: int = 4) -> tuple[list[Conversation], dict[str, int]]:
+def select(
+    convs: Sequence[Conversation],
+    turns: int,
+    block_tokens: int,
+    max_tokens: int,
+    max_prompt_tokens: int,
+    min_turns: int = 4,
+) -> tuple[list[Conversation], dict[str, int]]:
     """Conversations with >= max(min_turns, turns) turns whose turn `turns` fits, cut to `turns`
     turns, in trace order; and how many were dropped for which reason."""
     long = [c for c in convs if c.turns >= max(min_turns, turns)]
@@ -143,12 +153,19 @@ def next_prompt(previous: str, answer: str, text: str) -> str:
 def scaling(block_tokens: int, max_prompt_tokens: int, max_tokens: int, counts: dict[str, int]) -> dict[str, Any]:
     """What the JSON says of the scaling."""
     return {
-        "trace_block_tokens": TRACE_BLOCK_TOKENS, "block_tokens": block_tokens,
+        "trace_block_tokens": TRACE_BLOCK_TOKENS,
+        "block_tokens": block_tokens,
         "factor": block_tokens / TRACE_BLOCK_TOKENS,
-        "how": (f"each trace hash id -> {block_tokens} tokens of deterministic words (one SmolLM2 token each, seeded "
-                f"by the id); turn k's user message = the blocks of its ids beyond turn k-1's full blocks; the prompt "
-                f"= chat template + earlier turns (user texts and the engine's own answers) + that message"),
-        "grouping": (f"next turn = a later, longer request starting with every full-block id (input_length // "
-                     f"{TRACE_BLOCK_TOKENS}) of a conversation's latest turn, at least {MIN_SHARED_BLOCKS} blocks"),
-        "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens, **counts,
+        "how": (
+            f"each trace hash id -> {block_tokens} tokens of deterministic words (one SmolLM2 token each, seeded "
+            f"by the id); turn k's user message = the blocks of its ids beyond turn k-1's full blocks; the prompt "
+            f"= chat template + earlier turns (user texts and the engine's own answers) + that message"
+        ),
+        "grouping": (
+            f"next turn = a later, longer request starting with every full-block id (input_length // "
+            f"{TRACE_BLOCK_TOKENS}) of a conversation's latest turn, at least {MIN_SHARED_BLOCKS} blocks"
+        ),
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_tokens": max_tokens,
+        **counts,
     }

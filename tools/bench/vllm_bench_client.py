@@ -8,6 +8,7 @@ default backend (`vllm`) posts to `/v1/completions`.
 `multi_turn_prompts` writes a `custom` dataset (JSONL, one prompt per line) of conversations
 rendered as plain text, each turn's prompt beginning with the whole previous one.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,47 @@ main(parser.parse_args(sys.argv[1:]))
 """
 
 
-def run_vllm_bench(python: str, base_url: str, model_dir: str, served_name: str, args: Sequence[str],
-                   result_dir: Path, timeout: float = 600.0) -> dict:
+def run_vllm_bench(
+    python: str,
+    base_url: str,
+    model_dir: str,
+    served_name: str,
+    args: Sequence[str],
+    result_dir: Path,
+    timeout: float = 600.0,
+) -> dict:
     """Run the client with `args` (dataset and load options) against `base_url`; its result JSON.
     Raises RuntimeError with the client's last output when it fails."""
     result_dir.mkdir(parents=True, exist_ok=True)
-    command = [python, "-c", RUNNER, "--base-url", base_url, "--model", model_dir, "--served-model-name", served_name,
-               "--tokenizer", model_dir, "--save-result", "--result-dir", str(result_dir),
-               "--result-filename", "result.json", "--disable-tqdm", "--ready-check-timeout-sec", "0", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    command = [
+        python,
+        "-c",
+        RUNNER,
+        "--base-url",
+        base_url,
+        "--model",
+        model_dir,
+        "--served-model-name",
+        served_name,
+        "--tokenizer",
+        model_dir,
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        "result.json",
+        "--disable-tqdm",
+        "--ready-check-timeout-sec",
+        "0",
+        *args,
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     path = result_dir / "result.json"
     if done.returncode != 0 or not path.exists():
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {(done.stdout + done.stderr)[-2000:]}")

@@ -2,7 +2,7 @@
 through each router in front of the two real vLLM servers of `kvgate bench vllm`.
 
 Per run and arm: a fresh router process (the arms and their start-up are `kvgate bench vllm`'s:
-tools/bench/vllm_arena.py's Bench), both engines' prefix caches emptied, then one `vllm bench serve`
+tools/bench/vllm_arena_bench.py's Bench), both engines' prefix caches emptied, then one `vllm bench serve`
 run (tools/bench/vllm_bench_client.py) with `--dataset-name prefix_repetition` (prompts that share
 one of a few long prefixes, then a unique suffix) and the same seed in every run, so every arm sees
 the same prompts. Runs interleave the arms. Reported per arm: the client's own completed / failed
@@ -11,6 +11,7 @@ throughput, and the engines' cached fraction (vLLM's counters before and after).
 the thresholds given (`--anchor-params`, default: those the completions routing bench tuned on its
 tuning conversations, none of them in this workload).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,8 @@ from kvgate.middleware.progress import say
 from kvgate.tools.bench.arena_table import mean_interval
 from kvgate.tools.bench.machine import machine_info
 from kvgate.tools.bench.stats import write_json
-from kvgate.tools.bench.vllm_arena import Bench, parse_arms
+from kvgate.tools.bench.vllm_arena import parse_arms
+from kvgate.tools.bench.vllm_arena_bench import Bench
 from kvgate.tools.bench.vllm_arena_setup import ANCHOR_OF, MODEL, preflight
 from kvgate.tools.bench.vllm_arena_stats import counters
 from kvgate.tools.bench.vllm_bench_client import run_vllm_bench
@@ -44,8 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prefixes", type=int, default=4)
     p.add_argument("--output-len", type=int, default=8)
     p.add_argument("--max-concurrency", type=int, default=4)
-    p.add_argument("--anchor-params", default="0.3/16/1.5", metavar="CT/ABS/REL",
-                   help="the anchors' cache_threshold/balance_abs_threshold/balance_rel_threshold")
+    p.add_argument(
+        "--anchor-params",
+        default="0.3/16/1.5",
+        metavar="CT/ABS/REL",
+        help="the anchors' cache_threshold/balance_abs_threshold/balance_rel_threshold",
+    )
     p.add_argument("--dir", type=Path, default=None, help="where the work directory (logs, configs) goes")
 
 
@@ -55,11 +61,26 @@ def _params(text: str) -> dict[str, float]:
 
 
 def _client_args(args: argparse.Namespace) -> list[str]:
-    return ["--dataset-name", "prefix_repetition", "--num-prompts", str(args.num_prompts),
-            "--prefix-repetition-prefix-len", str(args.prefix_len), "--prefix-repetition-suffix-len",
-            str(args.suffix_len), "--prefix-repetition-num-prefixes", str(args.num_prefixes),
-            "--prefix-repetition-output-len", str(args.output_len), "--request-rate", "inf",
-            "--max-concurrency", str(args.max_concurrency), "--seed", "0"]
+    return [
+        "--dataset-name",
+        "prefix_repetition",
+        "--num-prompts",
+        str(args.num_prompts),
+        "--prefix-repetition-prefix-len",
+        str(args.prefix_len),
+        "--prefix-repetition-suffix-len",
+        str(args.suffix_len),
+        "--prefix-repetition-num-prefixes",
+        str(args.num_prefixes),
+        "--prefix-repetition-output-len",
+        str(args.output_len),
+        "--request-rate",
+        "inf",
+        "--max-concurrency",
+        str(args.max_concurrency),
+        "--seed",
+        "0",
+    ]
 
 
 def one_run(bench: Bench, arm: str, args: argparse.Namespace, tag: str) -> dict[str, Any]:
@@ -69,30 +90,44 @@ def one_run(bench: Bench, arm: str, args: argparse.Namespace, tag: str) -> dict[
         bench.reset()
         before = counters(bench.pages())
         t0 = time.perf_counter()
-        result = run_vllm_bench(str(vllm_python()), base, bench.model_dir, MODEL, _client_args(args),
-                                bench.work / f"client-{arm}-{tag}")
+        result = run_vllm_bench(
+            str(vllm_python()), base, bench.model_dir, MODEL, _client_args(args), bench.work / f"client-{arm}-{tag}"
+        )
         wall = time.perf_counter() - t0
         time.sleep(1.0)  # the engines' last stats reach /metrics
         after = counters(bench.pages())
     finally:
         proc.stop()
     prompt = after["prompt"] - before["prompt"]
-    return {"router": label, "completed": result["completed"], "failed": result["failed"],
-            "mean_ttft_ms": result["mean_ttft_ms"], "median_ttft_ms": result["median_ttft_ms"],
-            "p99_ttft_ms": result["p99_ttft_ms"], "request_throughput": result["request_throughput"],
-            "cached_fraction": (after["cached"] - before["cached"]) / prompt if prompt else None, "wall_s": round(wall, 1)}
+    return {
+        "router": label,
+        "completed": result["completed"],
+        "failed": result["failed"],
+        "mean_ttft_ms": result["mean_ttft_ms"],
+        "median_ttft_ms": result["median_ttft_ms"],
+        "p99_ttft_ms": result["p99_ttft_ms"],
+        "request_throughput": result["request_throughput"],
+        "cached_fraction": (after["cached"] - before["cached"]) / prompt if prompt else None,
+        "wall_s": round(wall, 1),
+    }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     means = [r["mean_ttft_ms"] for r in runs]
     mean, low, high = mean_interval(means)
     cached = [r["cached_fraction"] for r in runs if r["cached_fraction"] is not None]
-    return {"router": runs[0]["router"], "ttft_mean_ms": round(mean, 1), "ttft_mean_ci_ms": round((high - low) / 2, 1),
-            "ttft_median_ms": round(statistics.median(r["median_ttft_ms"] for r in runs), 1),
-            "ttft_p99_ms": round(statistics.median(r["p99_ttft_ms"] for r in runs), 1),
-            "request_throughput": round(statistics.fmean(r["request_throughput"] for r in runs), 3),
-            "cached_fraction": round(statistics.fmean(cached), 4) if cached else None,
-            "completed": sum(r["completed"] for r in runs), "failed": sum(r["failed"] for r in runs), "runs": runs}
+    return {
+        "router": runs[0]["router"],
+        "ttft_mean_ms": round(mean, 1),
+        "ttft_mean_ci_ms": round((high - low) / 2, 1),
+        "ttft_median_ms": round(statistics.median(r["median_ttft_ms"] for r in runs), 1),
+        "ttft_p99_ms": round(statistics.median(r["p99_ttft_ms"] for r in runs), 1),
+        "request_throughput": round(statistics.fmean(r["request_throughput"] for r in runs), 3),
+        "cached_fraction": round(statistics.fmean(cached), 4) if cached else None,
+        "completed": sum(r["completed"] for r in runs),
+        "failed": sum(r["failed"] for r in runs),
+        "runs": runs,
+    }
 
 
 def main(args: argparse.Namespace) -> int:
@@ -114,11 +149,19 @@ def main(args: argparse.Namespace) -> int:
                 runs[arm].append(one_run(bench, arm, args, f"r{i}"))
     finally:
         bench.stop()
-    result = {"command": " ".join(sys.argv), "machine": machine_info(), "endpoint": "completions",
-              "client": "vllm bench serve --backend vllm (default)", "workload": _client_args(args),
-              "anchor_params": args.anchor_params, "routers": {a: summarize(r) for a, r in runs.items()}}
+    result = {
+        "command": " ".join(sys.argv),
+        "machine": machine_info(),
+        "endpoint": "completions",
+        "client": "vllm bench serve --backend vllm (default)",
+        "workload": _client_args(args),
+        "anchor_params": args.anchor_params,
+        "routers": {a: summarize(r) for a, r in runs.items()},
+    }
     write_json(args.json, result)
     for arm, s in result["routers"].items():
-        print(f"{arm:16} TTFT {s['ttft_mean_ms']:8.1f} ± {s['ttft_mean_ci_ms']:6.1f} ms  median {s['ttft_median_ms']:8.1f}"
-              f"  cached {s['cached_fraction']}  completed {s['completed']} failed {s['failed']}")
+        print(
+            f"{arm:16} TTFT {s['ttft_mean_ms']:8.1f} ± {s['ttft_mean_ci_ms']:6.1f} ms  median {s['ttft_median_ms']:8.1f}"
+            f"  cached {s['cached_fraction']}  completed {s['completed']} failed {s['failed']}"
+        )
     return 0

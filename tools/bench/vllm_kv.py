@@ -18,6 +18,7 @@ routing comparison with the connector on every engine (tools/bench/vllm_arena.py
 
 JSON keys: see docs/BENCHMARKS.md, "KV tier for vLLM".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,6 @@ from kvgate.tools.bench.vllm_kv_phase import PhaseResult, conversations, example
 from kvgate.tools.bench.vllm_kv_read import example_bytes_per_token, read_back
 
 
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the result here")
     p.add_argument("--conversations", type=int, default=6, help="long conversations (history >= --history-tokens)")
@@ -47,8 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restarts", type=int, default=3, help="conversations whose next turn follows A's restart")
     p.add_argument("--decode-runs", type=int, default=4, help="long generations per engine for decode tokens/s")
     p.add_argument("--decode-tokens", type=int, default=192)
-    p.add_argument("--itl-loads", type=int, default=4,
-                   help="histories loaded from disk into B during its decode stream, for the p99 inter-token latency (0: skip)")
+    p.add_argument(
+        "--itl-loads",
+        type=int,
+        default=4,
+        help="histories loaded from disk into B during its decode stream, for the p99 inter-token latency (0: skip)",
+    )
     p.add_argument("--codecs", default="raw,int4", help="codecs besides the default int8 (comma list; '' for none)")
     p.add_argument("--routers", action="store_true", help="also rerun the routing comparison with the connector")
     p.add_argument("--router-runs", type=int, default=3)
@@ -63,14 +67,19 @@ def mean(xs: Sequence[float]) -> float | None:
 def compare(phase: PhaseResult, cold: PhaseResult) -> dict[str, Any]:
     same = [r.text == c.text for r, c in zip(phase.next_turn, cold.next_turn)]
     diffs = [d for r, c in zip(phase.next_turn, cold.next_turn) if (d := max_logprob_diff(r.top, c.top)) is not None]
-    return {"identical": same, "identical_fraction": sum(same) / len(same) if same else None,
-            "max_logprob_diff": max(diffs, default=None)}
+    return {
+        "identical": same,
+        "identical_fraction": sum(same) / len(same) if same else None,
+        "max_logprob_diff": max(diffs, default=None),
+    }
 
 
 def main(args: argparse.Namespace) -> int:
     if not vllm_available():
-        print(f"kvgate bench vllm-kv: vLLM's environment is missing ({vllm_python()}); run `make install`",
-              file=sys.stderr)
+        print(
+            f"kvgate bench vllm-kv: vLLM's environment is missing ({vllm_python()}); run `make install`",
+            file=sys.stderr,
+        )
         return 2
     from kvgate.tools.redis_proc import RedisServer
 
@@ -87,8 +96,16 @@ def main(args: argparse.Namespace) -> int:
     phases: dict[str, PhaseResult] = {}
 
     def phase(name: str, **kw: Any) -> PhaseResult:
-        phases[name] = run_phase(name, model, logs, everything if kw.pop("all_convs", True) else long_convs,
-                                 say=say, decode_tokens=args.decode_tokens, warm_tokens=args.history_tokens, **kw)
+        phases[name] = run_phase(
+            name,
+            model,
+            logs,
+            everything if kw.pop("all_convs", True) else long_convs,
+            say=say,
+            decode_tokens=args.decode_tokens,
+            warm_tokens=args.history_tokens,
+            **kw,
+        )
         say(f"[{name}] done in {phases[name].seconds:.0f} s")
         return phases[name]
 
@@ -96,8 +113,13 @@ def main(args: argparse.Namespace) -> int:
     example_dir = work / "example"
     example = phase("example", all_convs=False, extra_args=example_connector_args(example_dir))
     disk_dirs = {"int8": work / "tier-int8"}
-    disk = phase("kvgate_disk", connector=tier_settings(disk_dirs["int8"]), restart=restart_convs,
-                 decode_runs=args.decode_runs, itl=conversations(300, args.itl_loads, args.history_tokens))
+    disk = phase(
+        "kvgate_disk",
+        connector=tier_settings(disk_dirs["int8"]),
+        restart=restart_convs,
+        decode_runs=args.decode_runs,
+        itl=conversations(300, args.itl_loads, args.history_tokens),
+    )
     redis = RedisServer().start()
     try:
         remote = phase("kvgate_redis", all_convs=False, connector=tier_settings(None, redis.url))
@@ -109,22 +131,28 @@ def main(args: argparse.Namespace) -> int:
 
     n_long = len(long_convs)
     # three read-backs per tier (this disk's speed varies between reads): the median by read speed
-    reads = {codec: sorted((read_back(d) for _ in range(3)), key=lambda r: r["read_gbps"] or 0)[1]
-             for codec, d in disk_dirs.items()}
+    reads = {
+        codec: sorted((read_back(d) for _ in range(3)), key=lambda r: r["read_gbps"] or 0)[1]
+        for codec, d in disk_dirs.items()
+    }
     history = mean([r.prompt_tokens for r in cold.turn_k[:n_long]]) or 0
     codec_phase = {"int8": disk, **{c: phases[f"codec_{c}"] for c in codecs}}
     codec_report = {}
     for codec, ph in codec_phase.items():
         cmp = compare(ph, cold)
-        codec_report[codec] = {"bytes_per_token": reads[codec]["bytes_per_token"],
-                               "identical_fraction": cmp["identical_fraction"],
-                               "max_logprob_diff": cmp["max_logprob_diff"],
-                               # reading, verifying and dequantizing one history's chunks, page cache dropped
-                               "load_s": reads[codec]["load_s"] / reads[codec]["tokens"] * history
-                               if reads[codec]["tokens"] else None,
-                               "ttft_next_turn_s": mean([r.ttft_s for r in ph.next_turn[:n_long]])}
-    loads_ok = (compare(disk, cold)["identical"][:n_long] + compare(remote, cold)["identical"]
-                + [r.text == c.text for r, c in zip(disk.restart_next, cold.restart_next)])
+        codec_report[codec] = {
+            "bytes_per_token": reads[codec]["bytes_per_token"],
+            "identical_fraction": cmp["identical_fraction"],
+            "max_logprob_diff": cmp["max_logprob_diff"],
+            # reading, verifying and dequantizing one history's chunks, page cache dropped
+            "load_s": reads[codec]["load_s"] / reads[codec]["tokens"] * history if reads[codec]["tokens"] else None,
+            "ttft_next_turn_s": mean([r.ttft_s for r in ph.next_turn[:n_long]]),
+        }
+    loads_ok = (
+        compare(disk, cold)["identical"][:n_long]
+        + compare(remote, cold)["identical"]
+        + [r.text == c.text for r, c in zip(disk.restart_next, cold.restart_next)]
+    )
     result: dict[str, Any] = {
         "history_tokens": history,
         "next_turn_prompt_tokens": mean([r.prompt_tokens for r in cold.next_turn[:n_long]]),
@@ -136,40 +164,59 @@ def main(args: argparse.Namespace) -> int:
         "ttft_restart_kvgate_s": mean([r.ttft_s for r in disk.restart_next]),
         "identical_output": all(loads_ok),
         "identical_loads": f"{sum(loads_ok)}/{len(loads_ok)}",
-        "bytes_per_token": {"example_connector": example_bytes_per_token(example_dir),
-                            "kvgate_raw": codec_report.get("raw", {}).get("bytes_per_token"),
-                            "kvgate_compressed": codec_report["int8"]["bytes_per_token"]},
+        "bytes_per_token": {
+            "example_connector": example_bytes_per_token(example_dir),
+            "kvgate_raw": codec_report.get("raw", {}).get("bytes_per_token"),
+            "kvgate_compressed": codec_report["int8"]["bytes_per_token"],
+        },
         "compressed_identical_fraction": codec_report["int8"]["identical_fraction"],
         "codecs": codec_report,
         "disk_load_gbps": reads["int8"]["read_gbps"],
         "raw_disk_read_gbps": reads["int8"]["raw_read_gbps"],
         "disk_load_with_dequant_gbps": reads["int8"]["load_gbps"],
         "disk_read_detail": reads,
-        "decode_tps_ratio": (mean(disk.decode_tps) / mean(cold.decode_tps)) if cold.decode_tps and disk.decode_tps else None,
+        "decode_tps_ratio": (mean(disk.decode_tps) / mean(cold.decode_tps))
+        if cold.decode_tps and disk.decode_tps
+        else None,
         "decode_tps": {"without": cold.decode_tps, "with_saving": disk.decode_tps},
         # one decode stream on B with --itl-loads histories loading from disk beside it, and alone
         "itl_p99_during_loads_s": disk.itl.get("itl_p99_during_loads_s"),
         "itl_p99_no_loads_s": disk.itl.get("itl_p99_no_loads_s"),
         "itl_detail": disk.itl,
-        "cached_tokens_next_turn": {name: [r.cached_tokens for r in ph.next_turn[:n_long]] for name, ph in phases.items()},
+        "cached_tokens_next_turn": {
+            name: [r.cached_tokens for r in ph.next_turn[:n_long]] for name, ph in phases.items()
+        },
         "ttft_next_turn_each_s": {name: [round(r.ttft_s, 4) for r in ph.next_turn] for name, ph in phases.items()},
-        "ttft_restart_each_s": {"cold": [round(r.ttft_s, 4) for r in cold.restart_next],
-                                "kvgate_disk": [round(r.ttft_s, 4) for r in disk.restart_next]},
+        "ttft_restart_each_s": {
+            "cold": [round(r.ttft_s, 4) for r in cold.restart_next],
+            "kvgate_disk": [round(r.ttft_s, 4) for r in disk.restart_next],
+        },
         # the floor: the same next turns again on B, from its own prefix cache (no load), and how
         # often vLLM's own prefix cache reproduces the cold output (the control for "identical")
         "ttft_engine_prefix_hit_s": mean([r.ttft_s for r in cold.again[:n_long]]),
         "prefix_cache_identical_fraction": sum(r.text == c.text for r, c in zip(cold.again, cold.next_turn))
-        / len(cold.again) if cold.again else None,
+        / len(cold.again)
+        if cold.again
+        else None,
         "connector_counters_after_next_turns": {name: ph.connector for name, ph in phases.items() if ph.connector},
-        "load_s_per_next_turn": {name: ph.connector.get("vllm:kvgate_load_seconds_total", 0.0)
-                                 / max(1.0, ph.connector.get("vllm:kvgate_loads_total", 0.0))
-                                 for name, ph in phases.items() if ph.connector},
+        "load_s_per_next_turn": {
+            name: ph.connector.get("vllm:kvgate_load_seconds_total", 0.0)
+            / max(1.0, ph.connector.get("vllm:kvgate_loads_total", 0.0))
+            for name, ph in phases.items()
+            if ph.connector
+        },
         "example_connector_identical_fraction": compare(example, cold)["identical_fraction"],
         "phases_s": {name: round(ph.seconds, 1) for name, ph in phases.items()},
-        "prompts": {"long": n_long, "short": len(short_convs), "restart": len(restart_convs),
-                    "history_tokens_wanted": args.history_tokens},
-        "machine": machine_info(), "hardware": hardware_info(work),
-        "command": "kvgate bench vllm-kv " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "vllm-kv"] else sys.argv[1:]),
+        "prompts": {
+            "long": n_long,
+            "short": len(short_convs),
+            "restart": len(restart_convs),
+            "history_tokens_wanted": args.history_tokens,
+        },
+        "machine": machine_info(),
+        "hardware": hardware_info(work),
+        "command": "kvgate bench vllm-kv "
+        + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "vllm-kv"] else sys.argv[1:]),
     }
     if args.routers:
         from kvgate.tools.bench.vllm_kv_routers import routers_with_connector
@@ -177,9 +224,19 @@ def main(args: argparse.Namespace) -> int:
         result["routers"] = routers_with_connector(work, args.router_runs, args.router_args.split())
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     write_json(args.json, result)
-    keys = ("ttft_cold_s", "ttft_example_connector_s", "ttft_kvgate_disk_s", "ttft_kvgate_redis_s",
-            "ttft_restart_cold_s", "ttft_restart_kvgate_s", "identical_output", "compressed_identical_fraction",
-            "disk_load_gbps", "raw_disk_read_gbps", "decode_tps_ratio")
+    keys = (
+        "ttft_cold_s",
+        "ttft_example_connector_s",
+        "ttft_kvgate_disk_s",
+        "ttft_kvgate_redis_s",
+        "ttft_restart_cold_s",
+        "ttft_restart_kvgate_s",
+        "identical_output",
+        "compressed_identical_fraction",
+        "disk_load_gbps",
+        "raw_disk_read_gbps",
+        "decode_tps_ratio",
+    )
     for k in keys:
         say(f"{k}: {result[k]}")
     return 0

@@ -5,6 +5,7 @@ A conversation's first turn is a user message of facts (distinct per conversatio
 a prefix beyond the chat template) long enough for the wanted history; its next turn adds the
 engine's own answer and a short question (well under 64 tokens), as a chat client would.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,12 @@ import httpx
 
 COLORS = ("red", "blue", "green", "amber", "violet", "grey", "white", "black")
 TOPICS = ("rivers", "mountains", "cities", "stars", "forests", "islands", "deserts", "harbours")
-QUESTIONS = ("Which box holds the most marbles?", "Name two boxes that mention rivers.",
-             "What colour is box number 14?", "Summarise the facts in one sentence.")
+QUESTIONS = (
+    "Which box holds the most marbles?",
+    "Name two boxes that mention rivers.",
+    "What colour is box number 14?",
+    "Summarise the facts in one sentence.",
+)
 FACT_TOKENS = 21  # about the tokens one fact takes in SmolLM2's tokenizer
 
 
@@ -26,13 +31,17 @@ def first_message(conversation: int, history_tokens: int) -> str:
     facts = " ".join(
         f"Fact {conversation}.{i}: the {COLORS[(i + conversation) % 8]} box number {i * 7 + conversation} holds "
         f"{(i * 13 + conversation * 31) % 97} marbles and a note about {TOPICS[(i * 3 + conversation) % 8]}."
-        for i in range(n))
+        for i in range(n)
+    )
     return f"Conversation {conversation}. Remember these facts. {facts}"
 
 
 def next_turn(first: str, answer: str, conversation: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": first}, {"role": "assistant", "content": answer},
-            {"role": "user", "content": QUESTIONS[conversation % len(QUESTIONS)]}]
+    return [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": QUESTIONS[conversation % len(QUESTIONS)]},
+    ]
 
 
 @dataclass
@@ -46,11 +55,24 @@ class Reply:
     top: dict[str, float] = field(default_factory=dict)  # first token's top-20: token → logprob
 
 
-def ask(api_base: str, messages: list[dict[str, str]], *, max_tokens: int = 32, logprobs: bool = True,
-        ignore_eos: bool = False, timeout: float = 300.0) -> Reply:
+def ask(
+    api_base: str,
+    messages: list[dict[str, str]],
+    *,
+    max_tokens: int = 32,
+    logprobs: bool = True,
+    ignore_eos: bool = False,
+    timeout: float = 300.0,
+) -> Reply:
     """One greedy streamed turn; raises on any HTTP or engine error (the bench counts none as fine)."""
-    body: dict[str, Any] = {"model": "smollm2", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                            "stream": True, "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": "smollm2",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if logprobs:
         body.update(logprobs=True, top_logprobs=20)
     if ignore_eos:
@@ -79,8 +101,15 @@ def ask(api_base: str, messages: list[dict[str, str]], *, max_tokens: int = 32, 
     if first is None or usage is None:
         raise RuntimeError(f"{api_base}: no content or no usage in the stream")
     details = usage.get("prompt_tokens_details") or {}
-    return Reply(first - t0, text, usage["prompt_tokens"], details.get("cached_tokens") or 0,
-                 usage.get("completion_tokens") or 0, time.perf_counter() - t0, top)
+    return Reply(
+        first - t0,
+        text,
+        usage["prompt_tokens"],
+        details.get("cached_tokens") or 0,
+        usage.get("completion_tokens") or 0,
+        time.perf_counter() - t0,
+        top,
+    )
 
 
 def max_logprob_diff(a: dict[str, float], b: dict[str, float]) -> float | None:
@@ -91,6 +120,11 @@ def max_logprob_diff(a: dict[str, float], b: dict[str, float]) -> float | None:
 
 def decode_tps(api_base: str, index: int, tokens: int) -> float:
     """Decode tokens/s of one long generation (time after the first token)."""
-    r = ask(api_base, [{"role": "user", "content": f"Story {index}: write a long tale about a lighthouse keeper."}],
-            max_tokens=tokens, logprobs=False, ignore_eos=True)
+    r = ask(
+        api_base,
+        [{"role": "user", "content": f"Story {index}: write a long tale about a lighthouse keeper."}],
+        max_tokens=tokens,
+        logprobs=False,
+        ignore_eos=True,
+    )
     return (r.completion_tokens - 1) / max(1e-9, r.total_s - r.ttft_s)

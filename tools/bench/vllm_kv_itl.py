@@ -3,6 +3,7 @@ one running decode stream on an engine while other requests' long histories load
 connector's disk tier into the same engine, against the same stream with nothing else running.
 With loads beside the steps (the connector's background loads) the stream keeps its pace but for
 the other requests' own prefill of their new turn."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,14 @@ from kvgate.tools.bench.vllm_kv_client import ask
 def token_gaps(api_base: str, index: int, tokens: int, started: threading.Event | None = None) -> list[float]:
     """Seconds between consecutive streamed pieces of one greedy generation of `tokens` tokens
     (end of text ignored); `started` is set when the first piece arrives."""
-    body = {"model": "smollm2", "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": True,
-            "messages": [{"role": "user", "content": f"Story {index}: write a long tale about a lighthouse keeper."}]}
+    body = {
+        "model": "smollm2",
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"Story {index}: write a long tale about a lighthouse keeper."}],
+    }
     times: list[float] = []
     with httpx.stream("POST", f"{api_base}/chat/completions", json=body, timeout=600) as r:
         if r.status_code != 200:
@@ -57,8 +64,12 @@ def itl_during_loads(api_base: str, tokens: int, loads: Sequence[list[dict[str, 
     with ThreadPoolExecutor(max(1, len(loads))) as pool:
         replies = list(pool.map(lambda m: ask(api_base, m, max_tokens=4, logprobs=False), loads))
     stream.join()
-    return {"itl_p99_during_loads_s": p99(box.get("gaps", [])), "itl_p99_no_loads_s": p99(quiet),
-            "itl_median_during_loads_s": statistics.median(box["gaps"]) if box.get("gaps") else None,
-            "itl_median_no_loads_s": statistics.median(quiet) if quiet else None,
-            "loads_during_stream": len(loads), "loads_cached_tokens": [r.cached_tokens for r in replies],
-            "loads_ttft_s": [round(r.ttft_s, 4) for r in replies]}
+    return {
+        "itl_p99_during_loads_s": p99(box.get("gaps", [])),
+        "itl_p99_no_loads_s": p99(quiet),
+        "itl_median_during_loads_s": statistics.median(box["gaps"]) if box.get("gaps") else None,
+        "itl_median_no_loads_s": statistics.median(quiet) if quiet else None,
+        "loads_during_stream": len(loads),
+        "loads_cached_tokens": [r.cached_tokens for r in replies],
+        "loads_ttft_s": [round(r.ttft_s, 4) for r in replies],
+    }

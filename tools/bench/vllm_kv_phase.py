@@ -3,6 +3,7 @@
 codec), the conversations' turn k on engine A, then their next turn on engine B; optionally a
 restart of A followed by next turns on A, decode speed on both engines at once, and B's decode
 pace while other histories load into it (vllm_kv_itl.py)."""
+
 from __future__ import annotations
 
 import statistics
@@ -52,8 +53,10 @@ def warm(servers: Sequence[Any], tag: str, history_tokens: int) -> None:
     the first long prefill and the first load of a fresh engine pay a one-off set-up (seconds on
     this build) that a serving engine has long paid. Every phase does the same."""
     firsts = [first_message(900 + i, history_tokens) for i in range(len(servers))]
-    answers = [ask(s.api_base, [{"role": "user", "content": f"Warm-up {tag}. {f}"}], max_tokens=4, logprobs=False).text
-               for s, f in zip(servers, firsts)]
+    answers = [
+        ask(s.api_base, [{"role": "user", "content": f"Warm-up {tag}. {f}"}], max_tokens=4, logprobs=False).text
+        for s, f in zip(servers, firsts)
+    ]
     for i, s in enumerate(servers):
         j = (i + 1) % len(servers)
         ask(s.api_base, next_turn(f"Warm-up {tag}. {firsts[j]}", answers[j], j), max_tokens=4, logprobs=False)
@@ -71,18 +74,28 @@ def connector_counters(api_base: str) -> dict[str, float]:
     return out
 
 
-def run_phase(name: str, model: str, log_dir: Path, convs: Sequence[Conversation], *,
-              connector: dict[str, Any] | None = None, extra_args: Sequence[str] = (),
-              restart: Sequence[Conversation] = (), decode_runs: int = 0, decode_tokens: int = 256,
-              itl: Sequence[Conversation] = (),
-              say: Callable[[str], None] = print, settle_s: float = 2.0, warm_tokens: int = 1800) -> PhaseResult:
+def run_phase(
+    name: str,
+    model: str,
+    log_dir: Path,
+    convs: Sequence[Conversation],
+    *,
+    connector: dict[str, Any] | None = None,
+    extra_args: Sequence[str] = (),
+    restart: Sequence[Conversation] = (),
+    decode_runs: int = 0,
+    decode_tokens: int = 256,
+    itl: Sequence[Conversation] = (),
+    say: Callable[[str], None] = print,
+    settle_s: float = 2.0,
+    warm_tokens: int = 1800,
+) -> PhaseResult:
     t0 = time.perf_counter()
     out = PhaseResult(name)
     phase_logs = log_dir / name
     phase_logs.mkdir(parents=True, exist_ok=True)
     say(f"[{name}] starting two vLLM servers")
-    servers = start_pair(model, log_dir=phase_logs, timeout=300, kv_connector=connector,
-                         extra_args=list(extra_args))
+    servers = start_pair(model, log_dir=phase_logs, timeout=300, kv_connector=connector, extra_args=list(extra_args))
     a, b = servers
     try:
         warm(servers, name, warm_tokens)
@@ -126,6 +139,9 @@ def run_phase(name: str, model: str, log_dir: Path, convs: Sequence[Conversation
 def example_connector_args(directory: Path) -> list[str]:
     import json
 
-    cfg = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-           "kv_connector_extra_config": {"shared_storage_path": str(directory)}}
+    cfg = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(directory)},
+    }
     return ["--kv-transfer-config", json.dumps(cfg)]

@@ -2,6 +2,7 @@
 tier's read path (read, checksum, header) and the dequantizing after it, timed apart, against a
 plain read of the same files, each after dropping them from the page cache; and the stored bytes
 per token."""
+
 from __future__ import annotations
 
 import time
@@ -45,17 +46,24 @@ def read_back(directory: Path, *, block_size: int = 128) -> dict[str, Any]:
             raw += len(fh.read())
     raw_s = time.perf_counter() - t0
     tier.close()
-    return {"chunks": len(keys), "stored_bytes": stored, "kv_bytes_delivered": delivered, "tokens": tokens,
-            "bytes_per_token": stored / tokens if tokens else None,
-            # the tier's read path (read + verify), what a disk must deliver
-            "read_gbps": stored / read_s / 1e9 if read_s else None,
-            # and with dequantizing on this CPU (on a GPU that runs on the device)
-            "load_gbps": stored / load_s / 1e9 if load_s else None,
-            "kv_delivered_gbps": delivered / load_s / 1e9 if load_s else None,
-            "read_s": read_s, "dequant_s": dequant_s,
-            "raw_read_bytes": raw, "raw_read_gbps": raw / raw_s / 1e9 if raw_s else None,
-            "load_s": load_s,
-            "page_cache": cache.report()}
+    return {
+        "chunks": len(keys),
+        "stored_bytes": stored,
+        "kv_bytes_delivered": delivered,
+        "tokens": tokens,
+        "bytes_per_token": stored / tokens if tokens else None,
+        # the tier's read path (read + verify), what a disk must deliver
+        "read_gbps": stored / read_s / 1e9 if read_s else None,
+        # and with dequantizing on this CPU (on a GPU that runs on the device)
+        "load_gbps": stored / load_s / 1e9 if load_s else None,
+        "kv_delivered_gbps": delivered / load_s / 1e9 if load_s else None,
+        "read_s": read_s,
+        "dequant_s": dequant_s,
+        "raw_read_bytes": raw,
+        "raw_read_gbps": raw / raw_s / 1e9 if raw_s else None,
+        "load_s": load_s,
+        "page_cache": cache.report(),
+    }
 
 
 def example_bytes_per_token(directory: Path) -> float | None:

@@ -10,6 +10,7 @@ hits, recall = correct hits on duplicate pairs / duplicates.
 `sweep` scores every grid point in one vectorised pass; `pick` takes the point with the best
 recall whose precision meets the target on at least `min_hits` hits.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,14 @@ def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, f
 def _point(c: float, v: float | None, hits: int, correct: int, duplicates: int, answered: int | None = None) -> Point:
     """`answered`: correct hits on duplicate pairs (the recall numerator; default `correct`)."""
     answered = correct if answered is None else answered
-    return Point(round(float(c), 4), None if v is None else round(float(v), 6), int(hits), int(correct),
-                 round(float(correct) / hits, 4) if hits else None, round(float(answered) / duplicates, 4) if duplicates else None)
+    return Point(
+        round(float(c), 4),
+        None if v is None else round(float(v), 6),
+        int(hits),
+        int(correct),
+        round(float(correct) / hits, 4) if hits else None,
+        round(float(answered) / duplicates, 4) if duplicates else None,
+    )
 
 
 def verifier_grid(prob: np.ndarray, size: int = VERIFIER_GRID_SIZE) -> np.ndarray:
@@ -122,7 +129,11 @@ def pick(points: Sequence[Point], target: float, min_hits: int = MIN_HITS) -> Po
 
 def evaluate(c: Candidates, cosine_threshold: float, verifier_threshold: float | None) -> Point:
     """One operating point scored on `c` (e.g. the held-out part)."""
-    return sweep(c, [cosine_threshold], with_verifier=False)[0] if verifier_threshold is None else _at(c, cosine_threshold, verifier_threshold)
+    return (
+        sweep(c, [cosine_threshold], with_verifier=False)[0]
+        if verifier_threshold is None
+        else _at(c, cosine_threshold, verifier_threshold)
+    )
 
 
 def _at(c: Candidates, t: float, v: float) -> Point:
@@ -136,7 +147,9 @@ def _at(c: Candidates, t: float, v: float) -> Point:
     return _point(t, v, hit.sum(), ok.sum(), int(c.duplicate.sum()), (ok & c.duplicate).sum())
 
 
-def curve(points: Sequence[Point], levels: Sequence[float] = (0.8, 0.85, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)) -> list[dict[str, Any]]:
+def curve(
+    points: Sequence[Point], levels: Sequence[float] = (0.8, 0.85, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
+) -> list[dict[str, Any]]:
     """Precision/recall curve: for each precision level, the best recall reaching it."""
     out = []
     for level in levels:

@@ -4,6 +4,7 @@ Each pair's question1 is a cached entry and each question2 a lookup over all of 
 inner-product search, which is what the FAISS flat index returns); the verifier reads only
 candidates at or above `min_cosine`, since no operating point below it is ever considered.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence

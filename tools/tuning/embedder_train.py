@@ -12,6 +12,7 @@ Bounded: the loop stops at `max_minutes` of wall clock (checked per step) or aft
 whichever comes first; torch runs on `threads` threads. Deterministic order (hash-sorted batches,
 fixed seeds); everything local (the base is the packaged MiniLM, nothing is downloaded).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,8 +59,9 @@ def batches(rows: Sequence[Row], batch_size: int, seed: int, epoch: int) -> list
     return [order[j : j + batch_size] for j in range(0, len(order), batch_size)]
 
 
-def train_embedder(rows: Sequence[Row], base: Path, cfg: EmbedderTrainConfig,
-                   log: Callable[[str], None] = lambda _m: None) -> tuple[Any, dict[str, Any]]:
+def train_embedder(
+    rows: Sequence[Row], base: Path, cfg: EmbedderTrainConfig, log: Callable[[str], None] = lambda _m: None
+) -> tuple[Any, dict[str, Any]]:
     """Fine-tune the sentence-transformers model at `base` on `rows`; returns (model, facts:
     steps, epochs run, whether the budget stopped it, seconds)."""
     import torch
@@ -74,10 +76,13 @@ def train_embedder(rows: Sequence[Row], base: Path, cfg: EmbedderTrainConfig,
     total = sum(len(b) for b in per_epoch)
     if cfg.max_steps is not None:
         total = min(total, cfg.max_steps)
-    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.01)
+    optim = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.01
+    )
     warmup = max(1, int(cfg.warmup_fraction * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        optim, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+        optim, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup)))
+    )
     deadline = time.monotonic() + cfg.max_minutes * 60
     started = time.perf_counter()
     step, stopped_by_budget, running = 0, False, 0.0
@@ -100,8 +105,12 @@ def train_embedder(rows: Sequence[Row], base: Path, cfg: EmbedderTrainConfig,
     if stopped_by_budget:
         log(f"stopped by the time budget ({cfg.max_minutes} min) after {step} of {total} batches")
     model.eval()
-    return model, {"steps": step, "planned_steps": total, "stopped_by_budget": stopped_by_budget,
-                   "train_seconds": round(time.perf_counter() - started, 1)}
+    return model, {
+        "steps": step,
+        "planned_steps": total,
+        "stopped_by_budget": stopped_by_budget,
+        "train_seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def _embed(model: Any, texts: list[str]) -> Any:
@@ -124,14 +133,20 @@ def _loss(model: Any, batch: list[Row], cfg: EmbedderTrainConfig) -> Any:
     if len(pos) > 1:
         scores = a[pos] @ b[pos].T * cfg.scale
         target = torch.arange(len(pos))
-        total = total + (torch.nn.functional.cross_entropy(scores, target)
-                         + torch.nn.functional.cross_entropy(scores.T, target)) / 2
+        total = (
+            total
+            + (torch.nn.functional.cross_entropy(scores, target) + torch.nn.functional.cross_entropy(scores.T, target))
+            / 2
+        )
     distance = 1 - (a * b).sum(-1)
     if labels.any() and (~labels).any():
         hard_pos = distance[labels][distance[labels] > distance[~labels].min()]
         hard_neg = distance[~labels][distance[~labels] < distance[labels].max()]
-        total = total + hard_pos.pow(2).sum() / len(batch) + \
-            torch.nn.functional.relu(cfg.margin - hard_neg).pow(2).sum() / len(batch)
+        total = (
+            total
+            + hard_pos.pow(2).sum() / len(batch)
+            + torch.nn.functional.relu(cfg.margin - hard_neg).pow(2).sum() / len(batch)
+        )
     return total
 
 
@@ -168,5 +183,8 @@ def scores_at(scores: np.ndarray, labels: np.ndarray, threshold: float) -> dict[
     labels = np.asarray(labels, dtype=bool)
     hit = scores >= threshold
     tp = int((hit & labels).sum())
-    return {"threshold": threshold, "precision": round(tp / int(hit.sum()), 4) if hit.any() else None,
-            "recall": round(tp / int(labels.sum()), 4) if labels.any() else None}
+    return {
+        "threshold": threshold,
+        "precision": round(tp / int(hit.sum()), 4) if hit.any() else None,
+        "recall": round(tp / int(labels.sum()), 4) if labels.any() else None,
+    }

@@ -15,6 +15,7 @@ Steps, each reported on stderr:
 The dir is what `embedder.model_path` names. Its manifest's `identity` (a digest of the weights)
 is what a cache records beside its vectors, so a cache never mixes two embedders' vectors.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +46,9 @@ def data_digest(rows: list[tuple[str, str, bool]], cfg: EmbedderTrainConfig) -> 
     for row in rows:
         h.update(json.dumps(list(row)).encode())
     shaping = {k: v for k, v in asdict(cfg).items() if k not in ("threads", "max_minutes")}
-    h.update(json.dumps({"cfg": shaping, "split": [DEFAULT_FRACTIONS, DEFAULT_SEED], "v": VERSION}, sort_keys=True).encode())
+    h.update(
+        json.dumps({"cfg": shaping, "split": [DEFAULT_FRACTIONS, DEFAULT_SEED], "v": VERSION}, sort_keys=True).encode()
+    )
     return h.hexdigest()[:16]
 
 
@@ -67,14 +70,20 @@ def weights_digest(directory: Path) -> str:
 
 def _metrics(cosines: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     precision, threshold = precision_at_recall(cosines, labels, REPORT_RECALL)
-    return {"precision_at_recall_0.90": None if precision is None else round(precision, 4),
-            "threshold_at_recall_0.90": None if threshold is None else round(threshold, 4),
-            "at_default_threshold": scores_at(cosines, labels, DEFAULT_THRESHOLD)}
+    return {
+        "precision_at_recall_0.90": None if precision is None else round(precision, 4),
+        "threshold_at_recall_0.90": None if threshold is None else round(threshold, 4),
+        "at_default_threshold": scores_at(cosines, labels, DEFAULT_THRESHOLD),
+    }
 
 
-def ensure_tuned_embedder(pairs_path: Path, out_dir: Path | None = None, retrain: bool = False,
-                          cfg: EmbedderTrainConfig = EmbedderTrainConfig(),
-                          log: Callable[[str], None] = progress) -> tuple[Path, dict[str, Any]]:
+def ensure_tuned_embedder(
+    pairs_path: Path,
+    out_dir: Path | None = None,
+    retrain: bool = False,
+    cfg: EmbedderTrainConfig = EmbedderTrainConfig(),
+    log: Callable[[str], None] = progress,
+) -> tuple[Path, dict[str, Any]]:
     """The tuned model dir for `pairs_path` (reused when its manifest names the same data digest,
     unless `retrain`), and its manifest."""
     from kvgate.index.responses.embedder import MANIFEST, make_embedder, packaged_minilm_path, read_manifest
@@ -91,14 +100,18 @@ def ensure_tuned_embedder(pairs_path: Path, out_dir: Path | None = None, retrain
         return target, found | {"reused": True}
     parts = assign_parts([(a, b) for a, b, _ in rows])
     split = {part: [rows[i] for i in indices(parts, part)] for part in ("train", "calib", "holdout")}
-    log(f"{len(rows)} pairs from {pairs_path}: " + ", ".join(
-        f"{part} {len(r)} ({sum(d for *_, d in r)} duplicates)" for part, r in split.items()))
+    log(
+        f"{len(rows)} pairs from {pairs_path}: "
+        + ", ".join(f"{part} {len(r)} ({sum(d for *_, d in r)} duplicates)" for part, r in split.items())
+    )
     holdout_labels = np.array([d for *_, d in split["holdout"]], dtype=bool)
     base = packaged_minilm_path()
     before = _metrics(pair_cosines(make_embedder("onnx").embed, split["holdout"]), holdout_labels)
     log(f"before (packaged MiniLM), holdout: precision {before['precision_at_recall_0.90']} at recall 0.90")
-    log(f"training on {len(split['train'])} pairs: ≤ {cfg.epochs} epoch(s), batch {cfg.batch_size}, "
-        f"≤ {cfg.max_minutes} min, {cfg.threads} threads")
+    log(
+        f"training on {len(split['train'])} pairs: ≤ {cfg.epochs} epoch(s), batch {cfg.batch_size}, "
+        f"≤ {cfg.max_minutes} min, {cfg.threads} threads"
+    )
     from kvgate.tools.tuning.embedder_train import train_embedder
 
     started = time.perf_counter()
@@ -118,15 +131,29 @@ def ensure_tuned_embedder(pairs_path: Path, out_dir: Path | None = None, retrain
     calib_cos = pair_cosines(tuned.embed, split["calib"])
     rule = fit_rule([Observation(float(s), bool(d)) for s, (*_, d) in zip(calib_cos, split["calib"])])
     manifest = {
-        "version": VERSION, "identity": identity, "base_model": str(base), "dim": int(tuned.dim),
-        "pairs_file": str(pairs_path), "data_digest": digest,
-        "split": {"seed": DEFAULT_SEED, "fractions": list(DEFAULT_FRACTIONS),
-                  **{p: {"pairs": len(r), "duplicates": int(sum(d for *_, d in r))} for p, r in split.items()}},
-        "train_config": asdict(cfg), "training": facts, "tuning_seconds": tuning_seconds,
-        "holdout_before": before, "holdout_after": after,
-        "calibration": {"note": "P(duplicate | cosine) on the calib part, kvgate.index.responses.trust's logistic fit",
-                        "coef": list(rule.coef), "cov": [list(r) for r in rule.cov], "n": rule.n,
-                        "midpoint": round(rule.threshold, 4)},
+        "version": VERSION,
+        "identity": identity,
+        "base_model": str(base),
+        "dim": int(tuned.dim),
+        "pairs_file": str(pairs_path),
+        "data_digest": digest,
+        "split": {
+            "seed": DEFAULT_SEED,
+            "fractions": list(DEFAULT_FRACTIONS),
+            **{p: {"pairs": len(r), "duplicates": int(sum(d for *_, d in r))} for p, r in split.items()},
+        },
+        "train_config": asdict(cfg),
+        "training": facts,
+        "tuning_seconds": tuning_seconds,
+        "holdout_before": before,
+        "holdout_after": after,
+        "calibration": {
+            "note": "P(duplicate | cosine) on the calib part, kvgate.index.responses.trust's logistic fit",
+            "coef": list(rule.coef),
+            "cov": [list(r) for r in rule.cov],
+            "n": rule.n,
+            "midpoint": round(rule.threshold, 4),
+        },
     }
     (target / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return target, manifest | {"reused": False}
@@ -141,8 +168,13 @@ def main(args: Any) -> int:
     if args.max_minutes is not None and args.max_minutes <= 0:
         print(f"kvgate tune: error: --max-minutes must be positive, got {args.max_minutes}", file=sys.stderr)
         return 2
-    cfg = EmbedderTrainConfig(**{k: v for k, v in (("max_minutes", args.max_minutes), ("epochs", args.epochs),
-                                                   ("max_steps", args.max_steps)) if v is not None})
+    cfg = EmbedderTrainConfig(
+        **{
+            k: v
+            for k, v in (("max_minutes", args.max_minutes), ("epochs", args.epochs), ("max_steps", args.max_steps))
+            if v is not None
+        }
+    )
     try:
         directory, manifest = ensure_tuned_embedder(args.pairs, args.out_dir, args.retrain, cfg)
     except BenchInputError as exc:
@@ -158,12 +190,16 @@ def main(args: Any) -> int:
 def print_summary(directory: Path, manifest: dict[str, Any]) -> None:
     b, a = manifest["holdout_before"], manifest["holdout_after"]
     held = manifest["split"]["holdout"]
-    print(f"tuned embedder: {directory} ({'reused' if manifest.get('reused') else 'trained'}; "
-          f"{manifest['training']['steps']} batches in {manifest['tuning_seconds']}s)")
+    print(
+        f"tuned embedder: {directory} ({'reused' if manifest.get('reused') else 'trained'}; "
+        f"{manifest['training']['steps']} batches in {manifest['tuning_seconds']}s)"
+    )
     print(f"held-out pairs ({held['pairs']}, {held['duplicates']} duplicates, no question shared with training):")
     for name, m in (("packaged MiniLM", b), ("tuned", a)):
         d = m["at_default_threshold"]
-        print(f"  {name}: precision {m['precision_at_recall_0.90']} at recall 0.90 (cosine ≥ "
-              f"{m['threshold_at_recall_0.90']}); at cosine ≥ {d['threshold']}: precision {d['precision']} "
-              f"recall {d['recall']}")
+        print(
+            f"  {name}: precision {m['precision_at_recall_0.90']} at recall 0.90 (cosine ≥ "
+            f"{m['threshold_at_recall_0.90']}); at cosine ≥ {d['threshold']}: precision {d['precision']} "
+            f"recall {d['recall']}"
+        )
     print(f"use it: embedder: {{model_path: {directory}}} (a fresh cache_dir: a cache keeps one embedder's vectors)")

@@ -5,6 +5,7 @@ question as wrong: in Quora's pairs the same question recurs across pairs, so a 
 entry is often another pair's question1 with the very same text (on the calibration part, many
 high-cosine hits go to another pair's entry, most of them the same question word for word). `Equivalence` uses every label in the file instead.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -54,8 +55,9 @@ class Equivalence:
             self._parent[max(ra, rb)] = min(ra, rb)
 
 
-def credited(i: int, served: int, question1: list[str], question2: list[str], duplicate: list[bool],
-             eq: Equivalence) -> bool:
+def credited(
+    i: int, served: int, question1: list[str], question2: list[str], duplicate: list[bool], eq: Equivalence
+) -> bool:
     """Whether serving pair `served`'s entry (its question1) to pair i's question2 is correct: the
     pair's own entry counts by its own label; another entry by `eq`."""
     if served == i:

@@ -1,5 +1,6 @@
 """Labelled question pairs (a CSV with question1, question2, is_duplicate; Quora's format): the
 input of `kvgate tune` and `kvgate bench semantic`."""
+
 from __future__ import annotations
 
 import csv

@@ -9,6 +9,7 @@ Invariants:
 
 A group's part comes from SHA-256(seed ‖ the group's smallest normalised text), mapped to [0, 1).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,7 @@
 """`kvgate tune --split`: cut a labelled pairs file into a training file and an evaluation file
 that share no question (kvgate.tools.tuning.split's grouped, deterministic split), so a model trained on
 one is scored on questions it never saw (`kvgate bench trust --train-pairs A --pairs B`)."""
+
 from __future__ import annotations
 
 import csv
@@ -17,14 +18,17 @@ DEFAULT_EVAL_FRACTION = 0.4
 FILES_SEED = DEFAULT_SEED + "-files"
 
 
-def split_pairs(pairs: list[Pair], eval_fraction: float = DEFAULT_EVAL_FRACTION,
-                seed: str = FILES_SEED) -> tuple[list[Pair], list[Pair]]:
+def split_pairs(
+    pairs: list[Pair], eval_fraction: float = DEFAULT_EVAL_FRACTION, seed: str = FILES_SEED
+) -> tuple[list[Pair], list[Pair]]:
     """(train, eval): each connected group of pairs (pairs sharing a question) wholly on one side.
 
     Invariant: no normalised question (kvgate.tools.tuning.split.normalise) is in both."""
     parts = assign_parts([(p.question1, p.question2) for p in pairs], (1.0 - eval_fraction, 0.0, eval_fraction), seed)
-    return ([p for p, part in zip(pairs, parts) if part == "train"],
-            [p for p, part in zip(pairs, parts) if part == "holdout"])
+    return (
+        [p for p, part in zip(pairs, parts) if part == "train"],
+        [p for p, part in zip(pairs, parts) if part == "holdout"],
+    )
 
 
 def write_pairs(path: Path, pairs: list[Pair]) -> None:

@@ -9,6 +9,7 @@ The kinds: number, unit/time span, year/month, named entity, negation, comparati
 Choices that need variety (which number, which entity) come from a hash of the text, so the same
 input always gives the same output.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,28 +18,123 @@ from typing import Callable, Iterable, Sequence
 
 # pairs of words that change the answer when exchanged; each is replaced in both directions
 UNIT_SWAPS = (
-    ("week", "month"), ("day", "year"), ("hour", "minute"), ("weeks", "months"), ("days", "years"),
-    ("hours", "minutes"), ("km", "miles"), ("kg", "pounds"), ("kilograms", "pounds"), ("meters", "feet"),
-    ("celsius", "fahrenheit"), ("dollars", "euros"), ("usd", "inr"), ("gb", "tb"), ("mb", "gb"),
-    ("morning", "night"), ("weekly", "monthly"), ("daily", "yearly"), ("seconds", "minutes"),
+    ("week", "month"),
+    ("day", "year"),
+    ("hour", "minute"),
+    ("weeks", "months"),
+    ("days", "years"),
+    ("hours", "minutes"),
+    ("km", "miles"),
+    ("kg", "pounds"),
+    ("kilograms", "pounds"),
+    ("meters", "feet"),
+    ("celsius", "fahrenheit"),
+    ("dollars", "euros"),
+    ("usd", "inr"),
+    ("gb", "tb"),
+    ("mb", "gb"),
+    ("morning", "night"),
+    ("weekly", "monthly"),
+    ("daily", "yearly"),
+    ("seconds", "minutes"),
 )
 COMPARATIVE_SWAPS = (
-    ("better", "worse"), ("best", "worst"), ("more", "less"), ("most", "least"), ("bigger", "smaller"),
-    ("higher", "lower"), ("faster", "slower"), ("cheaper", "costlier"), ("easier", "harder"),
-    ("before", "after"), ("increase", "decrease"), ("advantages", "disadvantages"), ("pros", "cons"),
-    ("largest", "smallest"), ("richest", "poorest"), ("strongest", "weakest"), ("good", "bad"),
-    ("safe", "dangerous"), ("gain", "lose"), ("buy", "sell"), ("start", "stop"), ("male", "female"),
-    ("men", "women"), ("old", "new"), ("first", "last"), ("above", "below"), ("increase", "reduce"),
+    ("better", "worse"),
+    ("best", "worst"),
+    ("more", "less"),
+    ("most", "least"),
+    ("bigger", "smaller"),
+    ("higher", "lower"),
+    ("faster", "slower"),
+    ("cheaper", "costlier"),
+    ("easier", "harder"),
+    ("before", "after"),
+    ("increase", "decrease"),
+    ("advantages", "disadvantages"),
+    ("pros", "cons"),
+    ("largest", "smallest"),
+    ("richest", "poorest"),
+    ("strongest", "weakest"),
+    ("good", "bad"),
+    ("safe", "dangerous"),
+    ("gain", "lose"),
+    ("buy", "sell"),
+    ("start", "stop"),
+    ("male", "female"),
+    ("men", "women"),
+    ("old", "new"),
+    ("first", "last"),
+    ("above", "below"),
+    ("increase", "reduce"),
 )
-AUXILIARIES = ("is", "are", "was", "were", "can", "could", "should", "would", "will", "do", "does", "did", "has", "have")
-MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
-          "october", "november", "december")
-FALLBACK_ENTITIES = ("India", "China", "Japan", "Germany", "France", "Canada", "Brazil", "Australia",
-                     "Python", "Java", "Google", "Apple", "Microsoft", "Amazon", "Facebook", "Tesla",
-                     "Delhi", "Mumbai", "London", "Paris", "Tokyo", "Obama", "Trump", "Hillary Clinton")
+AUXILIARIES = (
+    "is",
+    "are",
+    "was",
+    "were",
+    "can",
+    "could",
+    "should",
+    "would",
+    "will",
+    "do",
+    "does",
+    "did",
+    "has",
+    "have",
+)
+MONTHS = (
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
+FALLBACK_ENTITIES = (
+    "India",
+    "China",
+    "Japan",
+    "Germany",
+    "France",
+    "Canada",
+    "Brazil",
+    "Australia",
+    "Python",
+    "Java",
+    "Google",
+    "Apple",
+    "Microsoft",
+    "Amazon",
+    "Facebook",
+    "Tesla",
+    "Delhi",
+    "Mumbai",
+    "London",
+    "Paris",
+    "Tokyo",
+    "Obama",
+    "Trump",
+    "Hillary Clinton",
+)
 
-_CONTRACTIONS = {"can't": "can", "won't": "will", "don't": "do", "doesn't": "does", "isn't": "is",
-                 "aren't": "are", "didn't": "did", "shouldn't": "should", "wouldn't": "would"}
+_CONTRACTIONS = {
+    "can't": "can",
+    "won't": "will",
+    "don't": "do",
+    "doesn't": "does",
+    "isn't": "is",
+    "aren't": "are",
+    "didn't": "did",
+    "shouldn't": "should",
+    "wouldn't": "would",
+}
 _SUBJECTS = frozenset({"i", "you", "we", "they", "he", "she", "it", "people", "someone", "one"})
 _NOT_PARTIES = frozenset({"is", "are", "was", "it", "much", "far", "even", "way", "lot", "any", "no", "that", "this"})
 _NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.]*\d)")
@@ -73,7 +169,7 @@ def _swap_words(text: str, swaps: Iterable[tuple[str, str]]) -> str | None:
         word = match.group(0)
         partner = table.get(word.lower())
         if partner:
-            return text[: match.start()] + _keep_case(word, partner) + text[match.end():]
+            return text[: match.start()] + _keep_case(word, partner) + text[match.end() :]
     return None
 
 
@@ -95,7 +191,7 @@ def edit_number(text: str) -> str | None:
             new = value + 1
         out = f"{new:g}" if "." in raw else str(int(new))
         if out != raw:
-            return text[: match.start(1)] + out + text[match.end(1):]
+            return text[: match.start(1)] + out + text[match.end(1) :]
     return None
 
 
@@ -109,12 +205,12 @@ def edit_date(text: str) -> str | None:
     year = _YEAR.search(text)
     if year:
         new = int(year.group(1)) + (1 if pick(text, ("up", "down")) == "up" else -1)
-        return text[: year.start(1)] + str(new) + text[year.end(1):]
+        return text[: year.start(1)] + str(new) + text[year.end(1) :]
     for match in _WORD.finditer(text):
         word = match.group(0)
         if word.lower() in MONTHS and word.lower() != "may":  # "may" is usually the verb
             other = pick(text, [m for m in MONTHS if m not in (word.lower(), "may")])
-            return text[: match.start()] + _keep_case(word, other) + text[match.end():]
+            return text[: match.start()] + _keep_case(word, other) + text[match.end() :]
     return None
 
 
@@ -126,7 +222,7 @@ def edit_entity(text: str, entities: Sequence[str] = FALLBACK_ENTITIES) -> str |
             continue
         choices = [e for e in entities if e.lower() != name.lower() and e.lower() not in text.lower()]
         if choices:
-            return text[: match.start(1)] + pick(text, choices, "entity") + text[match.end(1):]
+            return text[: match.start(1)] + pick(text, choices, "entity") + text[match.end(1) :]
     return None
 
 
@@ -137,19 +233,19 @@ def edit_negation(text: str) -> str | None:
     for i, word in enumerate(words):
         low = word.lower()
         if low in ("not", "never") and i > 0:
-            return " ".join(words[:i] + words[i + 1:])
+            return " ".join(words[:i] + words[i + 1 :])
         stem = _CONTRACTIONS.get(low)
         if stem:
-            return " ".join(words[:i] + [_keep_case(word, stem)] + words[i + 1:])
+            return " ".join(words[:i] + [_keep_case(word, stem)] + words[i + 1 :])
         if low == "without":
-            return " ".join(words[:i] + [_keep_case(word, "with")] + words[i + 1:])
+            return " ".join(words[:i] + [_keep_case(word, "with")] + words[i + 1 :])
     if words[0].lower() in AUXILIARIES and len(words) >= 4:
         # yes/no question: "Can dogs eat chocolate?" → "Can dogs not eat chocolate?"
         return " ".join(words[:2] + ["not"] + words[2:])
     for i in range(len(words) - 2):
         # auxiliary + pronoun subject → negate right after the subject ("why do people not like X")
         if words[i].lower() in AUXILIARIES and words[i + 1].lower() in _SUBJECTS:
-            return " ".join(words[: i + 2] + ["not"] + words[i + 2:])
+            return " ".join(words[: i + 2] + ["not"] + words[i + 2 :])
     return None
 
 
@@ -163,12 +259,18 @@ def edit_roles(text: str) -> str | None:
     'USD to EUR' → 'EUR to USD'."""
     match = _THAN.search(text)
     if match and match.group(1).lower() != match.group(3).lower() and match.group(1).lower() not in _NOT_PARTIES:
-        return text[: match.start(1)] + match.group(3) + text[match.end(1): match.start(3)] + match.group(1) + text[match.end(3):]
+        return (
+            text[: match.start(1)]
+            + match.group(3)
+            + text[match.end(1) : match.start(3)]
+            + match.group(1)
+            + text[match.end(3) :]
+        )
     for pattern in (_FROM_TO, _X_TO_Y):
         match = pattern.search(text)
         if match and match.group(1).lower() != match.group(2).lower():
             a, b = match.group(1), match.group(2)
-            return text[: match.start(1)] + b + text[match.end(1): match.start(2)] + a + text[match.end(2):]
+            return text[: match.start(1)] + b + text[match.end(1) : match.start(2)] + a + text[match.end(2) :]
     return None
 
 
@@ -177,7 +279,7 @@ def swap_symmetric(text: str) -> str | None:
     match = _VS.search(text)
     if not match or match.group(1).lower() == match.group(3).lower():
         return None
-    return text[: match.start(1)] + match.group(3) + f" {match.group(2)} " + match.group(1) + text[match.end(3):]
+    return text[: match.start(1)] + match.group(3) + f" {match.group(2)} " + match.group(1) + text[match.end(3) :]
 
 
 NEGATIVE_EDITS: tuple[tuple[str, Callable[[str], str | None]], ...] = (

@@ -9,6 +9,7 @@ Reproducible: fixed seeds, one thread pool of `threads`, examples ordered by a h
 inputs and config give the same artefact on the same machine. Everything is local: the base
 weights are the packaged MiniLM, nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,9 +59,7 @@ def _order_key(text: str, seed: int) -> bytes:
 
 
 def build_examples(
-    labelled: Sequence[tuple[str, str, bool]],
-    positives: Sequence[tuple[str, str]],
-    cfg: TrainConfig,
+    labelled: Sequence[tuple[str, str, bool]], positives: Sequence[tuple[str, str]], cfg: TrainConfig
 ) -> list[Example]:
     """Training examples: the labelled pairs, extra positive pairs, synthetic hard negatives.
 
@@ -112,10 +111,7 @@ def optimizer_step(loss, model, optim, sched) -> float:  # type: ignore[no-untyp
 
 
 def train_cross_encoder(
-    examples: Sequence[Example],
-    base: Path,
-    cfg: TrainConfig,
-    device: str = "cpu",
+    examples: Sequence[Example], base: Path, cfg: TrainConfig, device: str = "cpu"
 ):  # -> (model, tokenizer); torch types are not imported at module level
     """Fine-tune MiniLM (first `cfg.layers` layers) with one logit and BCE loss; returns the model in eval mode."""
     import torch
@@ -147,8 +143,14 @@ def train_cross_encoder(
         running = 0.0
         for batch_ids in _batches(examples, cfg, epoch):
             batch = [examples[i] for i in batch_ids]
-            enc = tok([a for a, _, _ in batch], [b for _, b, _ in batch], padding=True, truncation=True,
-                      max_length=cfg.max_length, return_tensors="pt").to(device)
+            enc = tok(
+                [a for a, _, _ in batch],
+                [b for _, b, _ in batch],
+                padding=True,
+                truncation=True,
+                max_length=cfg.max_length,
+                return_tensors="pt",
+            ).to(device)
             labels = torch.tensor([y for _, _, y in batch], dtype=torch.float32, device=device)
             logits = model(**enc).logits.squeeze(-1)
             running += optimizer_step(loss_fn(logits, labels), model, optim, sched)
@@ -173,20 +175,31 @@ def export_verifier(model, tok, target: Path, meta: dict) -> Path:  # type: igno
             self.inner = inner
 
         def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
-            logits = self.inner(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+            logits = self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).logits
             return torch.sigmoid(logits.squeeze(-1))
 
     names = ("input_ids", "attention_mask", "token_type_ids")
     tmp = target.parent / f".{target.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    sample = tok(["how do I lose weight", "a question"], ["how to lose weight fast", "another"], return_tensors="pt", padding=True)
+    sample = tok(
+        ["how do I lose weight", "a question"],
+        ["how to lose weight fast", "another"],
+        return_tensors="pt",
+        padding=True,
+    )
     with torch.no_grad():
         torch.onnx.export(
-            _Prob(model.eval()), tuple(sample[k] for k in names), str(tmp / "model.onnx"),
-            input_names=list(names), output_names=["probability"],
+            _Prob(model.eval()),
+            tuple(sample[k] for k in names),
+            str(tmp / "model.onnx"),
+            input_names=list(names),
+            output_names=["probability"],
             dynamic_axes={k: {0: "batch", 1: "tokens"} for k in names} | {"probability": {0: "batch"}},
-            opset_version=17, dynamo=False,
+            opset_version=17,
+            dynamo=False,
         )
     tok.save_pretrained(str(tmp))
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -9,7 +9,8 @@ stack: it imports only `kvgate.index.kv.chunks` (tiers, codecs), `torch` and `vl
                            "kv_connector_extra_config": {...settings.py...}}'
 
 Modules: settings.py (the extra-config fields, validated, and the tiers they build), plan.py (pure
-scheduler arithmetic: what to load, what to save), namespace.py (what makes KV reusable, and the
+scheduler arithmetic: what to load, what to save), request_book.py (the scheduler's record of its
+requests: plans, loads and saves per step), namespace.py (what makes KV reusable, and the
 supported vLLM versions), worker.py (the background saver), specs.py (what the scheduler tells
 the worker), paged.py (vLLM's KV layouts; block gather and scatter), staging.py (reusable pinned
 buffers), loader.py (batched, layer-wise loads), background.py (loads beside the engine's steps),

@@ -12,6 +12,7 @@ its blocks until then, even if the request was aborted); its failed blocks are r
 is reported, and the connector answers get_finished before get_block_ids_with_load_errors in each
 step (vLLM's order), so a failure reaches vLLM no later than the finish, as vLLM requires.
 """
+
 from __future__ import annotations
 
 import logging

@@ -13,11 +13,11 @@ request until get_finished reports it). kv_load_failure_policy "recompute" turns
 into a recompute either way. Saves are copied out after the forward pass and written in the
 background.
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
@@ -31,11 +31,11 @@ from kvgate.engines.vllm.kv_connector.gate import Estimates, chunks_worth_loadin
 from kvgate.engines.vllm.kv_connector.messages import EventBuffer, KvgateEvents, KvgateMetadata
 from kvgate.engines.vllm.kv_connector.metrics import KvgatePromMetrics, KvgateStats, deltas
 from kvgate.engines.vllm.kv_connector.namespace import check_version, namespace, vllm_parts
-from kvgate.engines.vllm.kv_connector.plan import chunks_to_save, low64, plan_load
+from kvgate.engines.vllm.kv_connector.request_book import RequestBook
 from kvgate.engines.vllm.kv_connector.settings import build_cipher, build_tiers, chunk_blocks, parse
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
 from kvgate.engines.vllm.kv_connector.step_clock import StepClock
-from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
+from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, PagedKV, Saver, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
 
@@ -47,13 +47,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("vllm.kvgate")  # under vLLM's logger, so its handlers print it
-
-@dataclass
-class _Request:
-    request: Any
-    saved_upto: int | None = None  # first chunk not yet saved; None until first scheduled
-    plan: Any = None  # the LoadPlan of the last get_num_new_matched_tokens
-    background: bool = False  # that plan loads beside the engine's steps
 
 
 class KvgateConnector(KVConnectorBase_V1):
@@ -71,13 +64,17 @@ class KvgateConnector(KVConnectorBase_V1):
         tcfg = vllm_config.kv_transfer_config
         self.settings = parse(tcfg.kv_connector_extra_config if tcfg else None)
         if tcfg is not None and getattr(tcfg, "kv_load_failure_policy", "recompute") != "recompute":
-            log.warning("kv_load_failure_policy is %r: a missing or damaged KV chunk will FAIL its request. "
-                        "Set \"kv_load_failure_policy\": \"recompute\" so a lost chunk costs a prefill instead.",
-                        tcfg.kv_load_failure_policy)
+            log.warning(
+                "kv_load_failure_policy is %r: a missing or damaged KV chunk will FAIL its request. "
+                'Set "kv_load_failure_policy": "recompute" so a lost chunk costs a prefill instead.',
+                tcfg.kv_load_failure_policy,
+            )
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         if len(groups) > 1:
-            raise ValueError(f"kvgate's KV connector supports models with one KV cache group; this one has {len(groups)} "
-                             "(hybrid or sliding-window layouts). Remove --kv-transfer-config for this model.")
+            raise ValueError(
+                f"kvgate's KV connector supports models with one KV cache group; this one has {len(groups)} "
+                "(hybrid or sliding-window layouts). Remove --kv-transfer-config for this model."
+            )
         self.block_size = vllm_config.cache_config.block_size
         self.is_worker = role == KVConnectorRole.WORKER
         rank = 0
@@ -98,13 +95,16 @@ class KvgateConnector(KVConnectorBase_V1):
         self._gauges_sent: dict[str, float] = {}
         self.media = ev.media(self.settings)
         self.codec = LayerCodec(self.settings.codec, self.settings.entropy)  # type: ignore[arg-type]
-        self.store = ChunkStore(build_tiers(self.settings, with_memory=self.is_worker), self.namespace, self.codec,
-                                build_cipher(self.settings))
+        self.store = ChunkStore(
+            build_tiers(self.settings, with_memory=self.is_worker),
+            self.namespace,
+            self.codec,
+            build_cipher(self.settings),
+        )
         self.counters = Counters()
         self._reported: dict[str, float] = {}  # counter values already handed to vLLM's stats
         # scheduler side
-        self._reqs: dict[str, _Request] = {}
-        self._to_load: dict[str, tuple[Any, list[int]]] = {}
+        self._book = RequestBook(self.block_size, self.chunk_blocks)
         self._events: list[KVCacheEvent] = []
         self._kv_manager: Any = None
         # worker side
@@ -118,8 +118,14 @@ class KvgateConnector(KVConnectorBase_V1):
         self._worker_events = EventBuffer()
         if self.is_worker:
             self.store.watch_removed(self._removed)
-        log.info("kvgate connector (%s): namespace %s, tiers %s, codec %s, %d block(s) per chunk",
-                 role.name.lower(), self.namespace, self.settings.tier_names, self.codec.name, self.chunk_blocks)
+        log.info(
+            "kvgate connector (%s): namespace %s, tiers %s, codec %s, %d block(s) per chunk",
+            role.name.lower(),
+            self.namespace,
+            self.settings.tier_names,
+            self.codec.name,
+            self.chunk_blocks,
+        )
 
     # ---------------------------------------------------------------- scheduler side
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
@@ -128,28 +134,17 @@ class KvgateConnector(KVConnectorBase_V1):
         super().bind_kv_cache_manager(kv_cache_manager)
         self._kv_manager = kv_cache_manager
 
-    def _chunk(self, request: "Request", c: int, block_ids: list[int]) -> tuple[int, list[int], list[int], str | None]:
-        """Chunk c of `request`: its key hash (its last block's), its blocks' hashes and block ids, and
-        the request's cache_salt (a sealed chunk's key: only the tenant's current salt opens it)."""
-        cb = self.chunk_blocks
-        blocks = [low64(h) for h in request.block_hashes[c * cb:(c + 1) * cb]]
-        return blocks[-1], blocks, list(block_ids[c * cb:(c + 1) * cb]), getattr(request, "cache_salt", None)
-
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         """Scheduler, each time it considers a waiting request for a step (again on a later step if it
         stays waiting): the tokens past `num_computed_tokens` a tier holds and the gate lets through, and
         whether they load in the background. At most one lookup per tier (on the scheduling thread), and
         the last call's plan wins; never raises: a tier that cannot answer is a miss."""
-        state = self._reqs.setdefault(request.request_id, _Request(request))
-        hashes = [low64(h) for h in request.block_hashes]
+        state = self._book.track(request)
         holders: list[str] = []
-        try:
-            plan = plan_load(hashes, request.num_tokens, num_computed_tokens, self.block_size, self.chunk_blocks,
-                             lambda chunk_hashes: self.store.longest_prefix(chunk_hashes, holders))
-        except Exception:  # a tier that cannot answer is a miss
-            log.exception("looking up KV chunks failed; prefilling instead")
-            plan = None
-        tier = slowest(holders[:plan.n_chunks] if plan else [], self.settings.tier_names)
+        plan = self._book.lookup(
+            request, num_computed_tokens, lambda hashes: self.store.longest_prefix(hashes, holders)
+        )
+        tier = slowest(holders[: plan.n_chunks] if plan else [], self.settings.tier_names)
         state.plan, state.background = self._gated(plan, tier)
         return (state.plan.tokens if state.plan else 0), state.background
 
@@ -159,8 +154,9 @@ class KvgateConnector(KVConnectorBase_V1):
         if plan is None or plan.n_chunks == 0:
             return None, False
         costs = self.estimates.costs(tier)
-        if self.settings.gate and not chunks_worth_loading(plan.n_chunks, self.chunk_blocks * self.block_size,
-                                                           self.chunk_stored_bytes, costs):
+        if self.settings.gate and not chunks_worth_loading(
+            plan.n_chunks, self.chunk_blocks * self.block_size, self.chunk_stored_bytes, costs
+        ):
             self.counters.gated_loads += 1
             return None, False
         estimate = load_seconds(self.chunk_stored_bytes * plan.n_chunks, plan.n_chunks, costs)
@@ -170,48 +166,22 @@ class KvgateConnector(KVConnectorBase_V1):
         """Scheduler, right after it allocated the request's blocks (for a background load twice:
         before the load, then with num_external_tokens 0). Records the blocks the plan loads into; no
         lookups (the plan is get_num_new_matched_tokens')."""
-        state = self._reqs.get(request.request_id)
-        if num_external_tokens <= 0 or state is None or state.plan is None:
-            return
-        self._to_load[request.request_id] = (state.plan, list(blocks.get_block_ids()[0]), state.background)
+        self._book.allocated(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         """Scheduler, once per step, after scheduling it: the loads recorded since the last step and the
         chunks this step completes (to save); vLLM sends it to every worker. Bookkeeping only, no I/O;
         never modify scheduler_output."""
         meta = KvgateMetadata(step_tokens=int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0))
-        for req_id, (plan, block_ids, background) in self._to_load.items():
-            request = self._reqs[req_id].request
-            span = range(plan.first_chunk, plan.first_chunk + plan.n_chunks)
-            chunks = [self._chunk(request, c, block_ids) for c in span]
-            meta.loads.append(LoadSpec(req_id, [key for key, *_ in chunks], [ids for _, _, ids, _ in chunks],
-                                       plan.skip_blocks, background, getattr(request, "cache_salt", None)))
-        self._to_load.clear()
-        scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
-        cached = scheduler_output.scheduled_cached_reqs
-        scheduled += list(zip(cached.req_ids, cached.num_computed_tokens))
-        for req_id, computed in scheduled:
-            state = self._reqs.get(req_id)
-            if state is None or self._kv_manager is None:
-                continue
-            if state.saved_upto is None:  # loaded or engine-cached before
-                state.saved_upto = (computed // self.block_size) // self.chunk_blocks
-            after = computed + scheduler_output.num_scheduled_tokens.get(req_id, 0)
-            todo = chunks_to_save(state.saved_upto, after, len(state.request.block_hashes), self.block_size,
-                                  self.chunk_blocks)
-            if not todo:  # most decode steps: nothing converted, nothing looked up
-                continue
-            block_ids = self._kv_manager.get_block_ids(req_id)[0]
-            meta.saves.extend(SaveSpec(*self._chunk(state.request, c, block_ids)) for c in todo)
-            state.saved_upto = todo.stop
+        meta.loads.extend(self._book.take_loads())
+        meta.saves.extend(self._book.saves(scheduler_output, self._kv_manager))
         return meta
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Scheduler, once per request, when it finishes or is aborted, before vLLM frees its blocks.
         Forgets it; (False, None): saves copy blocks out in the step that computed them, so vLLM may free
         them at once."""
-        self._reqs.pop(request.request_id, None)
-        self._to_load.pop(request.request_id, None)
+        self._book.forget(request.request_id)
         return False, None
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -223,8 +193,12 @@ class KvgateConnector(KVConnectorBase_V1):
         stats = getattr(connector_output, "kv_connector_stats", None)
         step = getattr(stats, "data", None) or {}
         for tier in self.settings.tier_names:
-            self.estimates.observe_load(step.get(f"tier_bytes:{tier}", 0.0), int(step.get(f"tier_chunks:{tier}", 0)),
-                                        step.get(f"tier_seconds:{tier}", 0.0), tier)
+            self.estimates.observe_load(
+                step.get(f"tier_bytes:{tier}", 0.0),
+                int(step.get(f"tier_chunks:{tier}", 0)),
+                step.get(f"tier_seconds:{tier}", 0.0),
+                tier,
+            )
         self.estimates.observe_prefill(int(step.get("prefill_tokens", 0)), step.get("prefill_seconds", 0.0))
 
     def reset_cache(self) -> bool:
@@ -253,13 +227,19 @@ class KvgateConnector(KVConnectorBase_V1):
         staging = self.settings.staging_mb << 20
         self._pool = StagingPool(staging, pinned=cuda)
         self._loader = Loader(self.store, self._kv, self.counters, self._pool, group_bytes=staging // 4)
-        self._background = BackgroundLoads(Loader(self.store, self._kv, self.counters, self._pool, layerwise=False,
-                                                  group_bytes=staging // 4))
+        self._background = BackgroundLoads(
+            Loader(self.store, self._kv, self.counters, self._pool, layerwise=False, group_bytes=staging // 4)
+        )
         self._saver = Saver(self.store, self.settings.save_queue, self.counters, self._stored)
         self._save_stream = torch.cuda.Stream(device=self._kv.device) if cuda else None
         self._clock = StepClock(self._kv.device)
-        log.info("kvgate connector: %d layers, blocks of %s on %s (%.1f MB of KV per chunk)", len(self._kv.layers),
-                 self._kv.block_shape, self._kv.device, self._kv.block_bytes * self.chunk_blocks / 1e6)
+        log.info(
+            "kvgate connector: %d layers, blocks of %s on %s (%.1f MB of KV per chunk)",
+            len(self._kv.layers),
+            self._kv.block_shape,
+            self._kv.device,
+            self._kv.block_bytes * self.chunk_blocks / 1e6,
+        )
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """Worker, each step, before the forward pass: this step's KvgateMetadata. Starts the step's
@@ -375,8 +355,9 @@ class KvgateConnector(KVConnectorBase_V1):
         return KvgateStats(data=dict(data or {}))
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: list[str],
-                           per_engine_labelvalues: dict[int, list[object]]) -> KvgatePromMetrics:
+    def build_prom_metrics(
+        cls, vllm_config: Any, metric_types: Any, labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+    ) -> KvgatePromMetrics:
         """vLLM's Prometheus logger, once at start-up (front-end process): the counters and gauges on
         the engine's /metrics."""
         return KvgatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
@@ -391,6 +372,13 @@ class KvgateConnector(KVConnectorBase_V1):
             self._saver.drain()
             self._saver.close()
         c = self.counters
-        log.info("kvgate connector: %d loads (%d chunks, %.1f MB, %.2f s, %d errors); %d chunks saved, %d dropped",
-                 c.loads, c.loaded_chunks, c.loaded_bytes / 1e6, c.load_s, c.load_errors, c.saved_chunks,
-                 c.dropped_saves)
+        log.info(
+            "kvgate connector: %d loads (%d chunks, %.1f MB, %.2f s, %d errors); %d chunks saved, %d dropped",
+            c.loads,
+            c.loaded_chunks,
+            c.loaded_bytes / 1e6,
+            c.load_s,
+            c.load_errors,
+            c.saved_chunks,
+            c.dropped_saves,
+        )

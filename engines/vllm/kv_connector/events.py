@@ -6,6 +6,7 @@ for a directory (a digest of its real path), "remote:<id>" for a Redis (of its a
 prefix); "memory" is never shared. Two engines reporting the same medium therefore read each
 other's chunks, which the router learns from the events alone.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,15 @@ def stored(hashes: list[int], block_size: int, medium: str) -> Any:
     from the engine's own event for the same blocks, and only adds the medium)."""
     from vllm.distributed.kv_events import BlockStored
 
-    return BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[], block_size=block_size,
-                       lora_id=None, medium=medium, lora_name=None)
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=block_size,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+    )
 
 
 def removed(hashes: list[int], medium: str) -> Any:

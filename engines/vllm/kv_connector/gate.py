@@ -8,6 +8,7 @@ and seconds of its prefill-heavy steps), starting from cold-start defaults that 
 (a fresh engine loads, measures, and corrects). The pure functions decide; `Estimates` keeps the
 averages.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -91,7 +92,9 @@ class Estimates:
             return
         c = self._tiers.get(tier, self.cold)
         moving = max(seconds - chunks * c.per_chunk_s, seconds * 0.1)
-        self._tiers[tier] = Costs(ewma(c.load_bytes_per_s, stored_bytes / moving), c.per_chunk_s, c.prefill_tokens_per_s)
+        self._tiers[tier] = Costs(
+            ewma(c.load_bytes_per_s, stored_bytes / moving), c.per_chunk_s, c.prefill_tokens_per_s
+        )
         self.measured_loads += 1
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:

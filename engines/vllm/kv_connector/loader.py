@@ -17,6 +17,7 @@ A chunk that is missing, damaged or shaped unlike this engine's blocks stops the
 blocks and every later one are reported as load errors, which vLLM recomputes. A failure while
 writing reports all of the request's blocks: a half-written block is recomputed, never served.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,16 @@ log = logging.getLogger("vllm.kvgate")
 class Loader:
     """Loads LoadSpecs into the paged KV; collects the block ids that failed."""
 
-    def __init__(self, store: Any, kv: PagedKV, counters: Counters, pool: StagingPool | None = None, *,
-                 layerwise: bool = True, group_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        store: Any,
+        kv: PagedKV,
+        counters: Counters,
+        pool: StagingPool | None = None,
+        *,
+        layerwise: bool = True,
+        group_bytes: int = 64 << 20,
+    ) -> None:
         self.store, self.kv, self.counters, self.pool = store, kv, counters, pool
         self.layerwise, self.group_bytes = layerwise, group_bytes
         self.failed: set[int] = set()
@@ -65,7 +74,7 @@ class Loader:
         except Exception:  # a half-written block is recomputed with the rest, never served
             log.exception("writing KV for request %s into the engine's blocks failed", spec.req_id)
             good = []
-        self._account(spec, good, time.perf_counter() - t0, served[:len(good)])
+        self._account(spec, good, time.perf_counter() - t0, served[: len(good)])
         return len(good)
 
     def _verified(self, spec: LoadSpec, chunks: Sequence[Any]) -> list[Any]:
@@ -73,8 +82,14 @@ class Loader:
         for i, chunk in enumerate(chunks):
             want = [self.kv.chunk_shape(len(spec.block_ids[i]))] * len(self.kv.layers)
             if list(chunk.shapes) != want or chunk.dtype != self.kv.dtype:
-                log.warning("KV chunk %016x is %s %s, this engine's blocks %s %s: recomputing", spec.hashes[i],
-                            chunk.dtype, chunk.shapes[:1], self.kv.dtype, want[:1])
+                log.warning(
+                    "KV chunk %016x is %s %s, this engine's blocks %s %s: recomputing",
+                    spec.hashes[i],
+                    chunk.dtype,
+                    chunk.shapes[:1],
+                    self.kv.dtype,
+                    want[:1],
+                )
                 break
             good.append(chunk)
         return good
@@ -86,8 +101,12 @@ class Loader:
         if n < len(spec.hashes):
             with self._lock:
                 self.failed.update(spec.blocks_from(n))
-            log.warning("request %s: %d of %d KV chunks could not be loaded; vLLM recomputes them",
-                        spec.req_id, len(spec.hashes) - n, len(spec.hashes))
+            log.warning(
+                "request %s: %d of %d KV chunks could not be loaded; vLLM recomputes them",
+                spec.req_id,
+                len(spec.hashes) - n,
+                len(spec.hashes),
+            )
 
     def _count(self, spec: LoadSpec, good: list[Any], host_s: float, served: list[str]) -> None:
         c = self.counters
@@ -110,7 +129,7 @@ class Loader:
     # ------------------------------------------------------------------ the data path
     def _write(self, spec: LoadSpec, good: list[Any]) -> None:
         kv = self.kv
-        targets = [b for i in range(len(good)) for b in spec.block_ids[i][(spec.skip if i == 0 else 0):]]
+        targets = [b for i in range(len(good)) for b in spec.block_ids[i][(spec.skip if i == 0 else 0) :]]
         if not targets:
             return
         stream = self.stream
@@ -173,8 +192,9 @@ class Loader:
         copied = torch.cuda.Event()
         copied.record(self.stream)
         lease.release(copied)
-        views = iter(dev[off:off + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
-                     for p, off in zip(flat, offsets))
+        views = iter(
+            dev[off : off + p.numel() * p.element_size()].view(p.dtype).view(p.shape) for p, off in zip(flat, offsets)
+        )
         return [(i, [next(views) for _ in parts]) for i, parts in zip(group, chunks)]
 
     # ------------------------------------------------------------------ the engine's side
@@ -209,4 +229,3 @@ class Loader:
         with self._lock:
             out, self.failed = self.failed, set()
         return out
-

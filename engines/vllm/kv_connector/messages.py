@@ -7,13 +7,14 @@ runner's output (get_kv_connector_kv_cache_events takes it from the worker's Eve
 tiers' BlockStored/BlockRemoved, which the scheduler publishes with the engine's own KV events.
 Both are serialized between processes, so they hold plain data only.
 """
+
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from vllm.distributed.kv_events import KVConnectorKVEvents, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent, KVConnectorKVEvents
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from kvgate.engines.vllm.kv_connector.specs import LoadSpec, SaveSpec

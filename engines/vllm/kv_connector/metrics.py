@@ -12,6 +12,7 @@ staging_allocs (host staging buffers allocated: none once warm), unstaged_copies
 gate's prefill rate is measured on). Gauges: the gate's current estimates (`GAUGES`), reported by
 the scheduler's instance.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,15 +35,19 @@ FIELDS = {  # stats key → (Counters attribute, help)
     "background_load_seconds": ("background_load_s", "seconds of KV loads beside the engine's steps"),
     "staging_allocs": ("staging_allocs", "host staging buffers allocated (pinned on CUDA)"),
     "unstaged_copies": ("unstaged_copies", "chunk groups copied without a staging buffer (pool full)"),
-    "decrypt_failures": ("decrypt_failures", "KV chunks whose seal did not authenticate (tampered, another key "
-                                             "or salt): misses, dropped and recomputed"),
+    "decrypt_failures": (
+        "decrypt_failures",
+        "KV chunks whose seal did not authenticate (tampered, another key or salt): misses, dropped and recomputed",
+    ),
     "gated_loads": ("gated_loads", "stored prefixes prefilled because loading was estimated slower"),
     "prefill_tokens": ("prefill_tokens", "tokens of the prefill-heavy steps the gate measured"),
     "prefill_seconds": ("prefill_s", "seconds of the prefill-heavy steps the gate measured"),
 }
 GAUGES = {  # stats key → help; the latest value wins
-    **{f"gate_load_gbps_{tier}": f"the gate's estimate of KV load bandwidth from the {tier} tier, GB/s of stored bytes"
-       for tier in ("memory", "disk", "remote")},
+    **{
+        f"gate_load_gbps_{tier}": f"the gate's estimate of KV load bandwidth from the {tier} tier, GB/s of stored bytes"
+        for tier in ("memory", "disk", "remote")
+    },
     "gate_prefill_tokens_per_s": "the gate's estimate of this engine's prefill rate, tokens/s",
 }
 PER_TIER = ("bytes", "chunks", "seconds")  # stats keys "tier_<what>:<tier>": loads by the slowest tier serving them
@@ -78,8 +83,13 @@ class KvgateStats(KVConnectorStats):
 
 
 class KvgatePromMetrics(KVConnectorPromMetrics):
-    def __init__(self, vllm_config: Any, metric_types: Any, labelnames: list[str],
-                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: Any,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._counters = {}
         for key, (_, help_text) in FIELDS.items():
@@ -87,8 +97,12 @@ class KvgatePromMetrics(KVConnectorPromMetrics):
             self._counters[key] = {idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()}
         self._gauges = {}
         for key, help_text in GAUGES.items():
-            gauge = self._gauge_cls(name=f"vllm:kvgate_{key}", documentation=help_text, labelnames=labelnames,
-                                    multiprocess_mode="mostrecent")
+            gauge = self._gauge_cls(
+                name=f"vllm:kvgate_{key}",
+                documentation=help_text,
+                labelnames=labelnames,
+                multiprocess_mode="mostrecent",
+            )
             self._gauges[key] = {idx: gauge.labels(*values) for idx, values in per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:

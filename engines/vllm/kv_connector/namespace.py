@@ -10,6 +10,7 @@ blocks out differently). The engine's own block hash already carries the token p
 whose stored shapes still disagree with the engine's blocks is refused at load time
 (worker.py), as a second line.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +31,8 @@ def check_version(version: str) -> None:
     if not any(version == v or version.startswith(v + ".") for v in SUPPORTED):
         raise UnsupportedVllm(
             f"kvgate's KV connector supports vLLM {', '.join(v + '.x' for v in SUPPORTED)}; this engine runs "
-            f"vLLM {version}. Install a supported vLLM, or remove --kv-transfer-config to run without kvgate's tier.")
+            f"vLLM {version}. Install a supported vLLM, or remove --kv-transfer-config to run without kvgate's tier."
+        )
 
 
 SAMPLE = 1 << 20  # bytes read from each end of every weight file
@@ -69,7 +71,14 @@ def vllm_parts(vllm_config: Any, device: str) -> dict[str, Any]:
     """The namespace's parts from a VllmConfig (same on the scheduler's and the workers' side)."""
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
     kv_dtype = cc.cache_dtype if cc.cache_dtype not in (None, "auto") else str(mc.dtype).replace("torch.", "")
-    return {"model": model_identity(mc.model, getattr(mc, "revision", None)), "kv_dtype": kv_dtype,
-            "block_size": cc.block_size, "layers": mc.get_num_layers(pc), "kv_heads": mc.get_num_kv_heads(pc),
-            "head_size": mc.get_head_size(), "tp": pc.tensor_parallel_size, "pp": pc.pipeline_parallel_size,
-            "device": device}
+    return {
+        "model": model_identity(mc.model, getattr(mc, "revision", None)),
+        "kv_dtype": kv_dtype,
+        "block_size": cc.block_size,
+        "layers": mc.get_num_layers(pc),
+        "kv_heads": mc.get_num_kv_heads(pc),
+        "head_size": mc.get_head_size(),
+        "tp": pc.tensor_parallel_size,
+        "pp": pc.pipeline_parallel_size,
+        "device": device,
+    }

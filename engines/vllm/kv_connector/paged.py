@@ -11,6 +11,7 @@ The layouts with K and V apart, [2, num_blocks, block_size, heads, head_size] (F
 own) and [num_blocks, 2, block_size, heads, head_size] (FlashInfer's), are read as well: chunks
 then hold each block as [2, block_size, heads, head_size]. Any other shape is refused, naming it.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,8 @@ def block_axis(shape: Sequence[int], num_blocks: int | None) -> tuple[int, int]:
     raise ValueError(
         f"unsupported KV cache layout {list(shape)} for {num_blocks} blocks: kvgate's connector reads "
         "blocks-first views ([num_blocks, ...]: vLLM's [B, H, N, C], FlashInfer's [num_blocks, 2, block_size, "
-        "heads, head_size]) and FlashAttention's [2, num_blocks, block_size, heads, head_size]")
+        "heads, head_size]) and FlashAttention's [2, num_blocks, block_size, heads, head_size]"
+    )
 
 
 class PagedKV:
@@ -50,8 +52,10 @@ class PagedKV:
         first = self.layers[0]
         for name, t in zip(self.names, self.layers):
             if not isinstance(t, torch.Tensor) or t.shape != first.shape or t.dtype != first.dtype:
-                raise ValueError(f"layer {name}: KV caches of different shapes or types ({tuple(t.shape)}) "
-                                 "are not supported by kvgate's connector (hybrid or per-layer layouts)")
+                raise ValueError(
+                    f"layer {name}: KV caches of different shapes or types ({tuple(t.shape)}) "
+                    "are not supported by kvgate's connector (hybrid or per-layer layouts)"
+                )
         self.axis, self.ratio = block_axis(first.shape, num_blocks)
         self.device = first.device
         self.dtype = first.dtype
@@ -80,8 +84,9 @@ class PagedKV:
     def write(self, layer: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor) -> None:
         layer.index_copy_(self.axis, idx, rows if self.axis == 0 else rows.movedim(0, self.axis))
 
-    def gather(self, block_ids: Sequence[int], pool: StagingPool | None = None,
-               stream: Any = None) -> tuple[list[torch.Tensor], Any]:
+    def gather(
+        self, block_ids: Sequence[int], pool: StagingPool | None = None, stream: Any = None
+    ) -> tuple[list[torch.Tensor], Any]:
         """Copies of the blocks' rows, per layer, on the host; and what to wait on before reading
         them: None on the CPU, else a `Copied` (the device-to-host copies on `stream`, into one
         leased buffer of `pool` when it has room). The caller hands `done` to the Saver, which
@@ -100,7 +105,11 @@ class PagedKV:
         with torch.cuda.stream(stream):
             for kv, off in zip(self.layers, offsets):
                 rows = self.read(kv, idx)
-                host = lease.view(off, shape, self.dtype) if lease else torch.empty(shape, dtype=self.dtype, pin_memory=True)
+                host = (
+                    lease.view(off, shape, self.dtype)
+                    if lease
+                    else torch.empty(shape, dtype=self.dtype, pin_memory=True)
+                )
                 host.copy_(rows, non_blocking=True)
                 out.append(host)
             event = torch.cuda.Event()

@@ -12,6 +12,7 @@ Invariants:
 * a save covers only chunks whose every block's KV has been computed and whose last block has a
   hash (a full block).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,8 +41,14 @@ def chunk_ends(n_hashes: int, chunk_blocks: int) -> list[int]:
     return [(c + 1) * chunk_blocks - 1 for c in range(n_hashes // chunk_blocks)]
 
 
-def plan_load(hashes: Sequence[int], num_tokens: int, num_computed: int, block_size: int, chunk_blocks: int,
-              longest_prefix: Callable[[list[int]], int]) -> LoadPlan | None:
+def plan_load(
+    hashes: Sequence[int],
+    num_tokens: int,
+    num_computed: int,
+    block_size: int,
+    chunk_blocks: int,
+    longest_prefix: Callable[[list[int]], int],
+) -> LoadPlan | None:
     """What to load for a request with `num_tokens` tokens of which the engine has `num_computed`
     (block-aligned), given its full blocks' `hashes`; `longest_prefix(chunk_hashes)` counts the
     leading chunks a tier holds. None when nothing beyond the engine's own cache is stored."""

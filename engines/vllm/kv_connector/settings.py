@@ -19,6 +19,7 @@ derived from it and the request's `cache_salt` (kvgate.index.storage.cipher; doc
 Every error names the field (`kv_connector_extra_config.tiers.disk.path: ...`), and an unknown
 field is refused rather than ignored.
 """
+
 from __future__ import annotations
 
 import math
@@ -111,22 +112,41 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
     if extra is not None and not isinstance(extra, Mapping):
         raise SettingsError(f"{FIELD}: expected an object, got {type(extra).__name__}")
     extra = dict(extra or {})
-    _take(extra, FIELD, {"tiers", "codec", "entropy", "chunk_blocks", "min_chunk_mb", "save_queue", "gate",
-                         "background_load_ms", "staging_mb", "encryption_key_env", "encryption_key"})
+    _take(
+        extra,
+        FIELD,
+        {
+            "tiers",
+            "codec",
+            "entropy",
+            "chunk_blocks",
+            "min_chunk_mb",
+            "save_queue",
+            "gate",
+            "background_load_ms",
+            "staging_mb",
+            "encryption_key_env",
+            "encryption_key",
+        },
+    )
     if "encryption_key" in extra:
-        raise SettingsError(f"{FIELD}.encryption_key: a key is never read from the config; put it in an "
-                            f"environment variable of the engine and name it in {FIELD}.encryption_key_env")
+        raise SettingsError(
+            f"{FIELD}.encryption_key: a key is never read from the config; put it in an "
+            f"environment variable of the engine and name it in {FIELD}.encryption_key_env"
+        )
     key_env = extra.get("encryption_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not key_env):
         raise SettingsError(f"{FIELD}.encryption_key_env: the NAME of an environment variable, got {key_env!r}")
     tiers = extra.get("tiers")
     where = f"{FIELD}.tiers"
     if tiers is None:
-        raise SettingsError(f"{where}: required, e.g. {{\"disk\": {{\"path\": \"/var/cache/kvgate/kv\"}}}}")
+        raise SettingsError(f'{where}: required, e.g. {{"disk": {{"path": "/var/cache/kvgate/kv"}}}}')
     _take(tiers, where, {"memory", "disk", "remote"})
     if "disk" not in tiers and "remote" not in tiers:
-        raise SettingsError(f"{where}: name a disk or a remote tier; memory is only a read cache in front of them "
-                            "(vLLM's scheduler, which decides what to load, cannot see a worker's RAM)")
+        raise SettingsError(
+            f"{where}: name a disk or a remote tier; memory is only a read cache in front of them "
+            "(vLLM's scheduler, which decides what to load, cannot see a worker's RAM)"
+        )
     memory = disk = remote = None
     if "memory" in tiers:
         m, w = tiers["memory"] or {}, f"{where}.memory"
@@ -143,8 +163,10 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         r, w = tiers["remote"] or {}, f"{where}.remote"
         _take(r, w, {"url", "password_env", "key_prefix", "timeout_s", "ttl_s", "password"})
         if "password" in r:
-            raise SettingsError(f"{w}.password: a password is never read from the config; put it in an "
-                                f"environment variable of the engine and name it in {w}.password_env")
+            raise SettingsError(
+                f"{w}.password: a password is never read from the config; put it in an "
+                f"environment variable of the engine and name it in {w}.password_env"
+            )
         url = r.get("url")
         if not isinstance(url, str) or url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
             raise SettingsError(f"{w}.url: required, redis://, rediss:// (TLS) or unix://, got {url!r}")
@@ -160,16 +182,20 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         remote = RemoteSettings(url, env, prefix, _num(r, "timeout_s", w, 0.5, 0), _int(r, "ttl_s", w, 0, 0))
     blocks = extra.get("chunk_blocks", "auto")
     if blocks != "auto" and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
-        raise SettingsError(f"{FIELD}.chunk_blocks: \"auto\" or an integer >= 1, got {blocks!r}")
+        raise SettingsError(f'{FIELD}.chunk_blocks: "auto" or an integer >= 1, got {blocks!r}')
     return ConnectorSettings(
-        memory, disk, remote,
+        memory,
+        disk,
+        remote,
         codec=_choice(extra, "codec", FIELD, "int8", CODECS),
         entropy=_choice(extra, "entropy", FIELD, "none", ENTROPY),
         chunk_blocks=None if blocks == "auto" else blocks,
         min_chunk_mb=_num(extra, "min_chunk_mb", FIELD, 1.0, 0),
         save_queue=_int(extra, "save_queue", FIELD, 64, 1),
         gate=_choice(extra, "gate", FIELD, "on", ("on", "off")) == "on",
-        background_load_ms=0.0 if extra.get("background_load_ms") is not False and extra.get("background_load_ms") == 0 else _num(extra, "background_load_ms", FIELD, 10.0, 0),
+        background_load_ms=0.0
+        if extra.get("background_load_ms") is not False and extra.get("background_load_ms") == 0
+        else _num(extra, "background_load_ms", FIELD, 10.0, 0),
         staging_mb=_int(extra, "staging_mb", FIELD, 256, 1),
         encryption_key_env=key_env,
     )
@@ -192,8 +218,9 @@ def build_tiers(settings: ConnectorSettings, *, with_memory: bool = True) -> lis
     from kvgate.index.kv.chunks import DiskTier, MemoryTier
     from kvgate.index.storage.env import secret_from_env
 
-    password = secret_from_env(settings.remote.password_env if settings.remote else None,
-                               f"{FIELD}.tiers.remote.password_env")
+    password = secret_from_env(
+        settings.remote.password_env if settings.remote else None, f"{FIELD}.tiers.remote.password_env"
+    )
     tiers: list[Any] = []
     if settings.memory and with_memory:
         tiers.append(MemoryTier(settings.memory.capacity_mb << 20))
@@ -203,8 +230,9 @@ def build_tiers(settings: ConnectorSettings, *, with_memory: bool = True) -> lis
         from kvgate.index.kv.chunks.redis import RedisTier
 
         r = settings.remote
-        tiers.append(RedisTier(r.url, prefix=r.key_prefix, password=password, timeout_s=r.timeout_s,
-                               ttl_s=r.ttl_s or None))
+        tiers.append(
+            RedisTier(r.url, prefix=r.key_prefix, password=password, timeout_s=r.timeout_s, ttl_s=r.ttl_s or None)
+        )
     return tiers
 
 

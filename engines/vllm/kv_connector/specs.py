@@ -1,5 +1,6 @@
 """What the scheduler tells the worker each step (which chunks to load into which blocks, which
 blocks to save as which chunk), and the worker's counters that travel back in vLLM's stats."""
+
 from __future__ import annotations
 
 import threading
@@ -17,7 +18,9 @@ class LoadSpec:
 
     def blocks_from(self, chunk: int) -> list[int]:
         """The engine blocks this load writes, from chunk `chunk` on (those it then leaves to recompute)."""
-        return [b for i, ids in enumerate(self.block_ids[chunk:], start=chunk) for b in ids[(self.skip if i == 0 else 0):]]
+        return [
+            b for i, ids in enumerate(self.block_ids[chunk:], start=chunk) for b in ids[(self.skip if i == 0 else 0) :]
+        ]
 
 
 @dataclass

@@ -11,6 +11,7 @@ last asynchronous copy that touches it) is not leased again before that event co
 pool allocates only when no free buffer is big enough, never beyond `capacity` bytes, and counts
 every allocation (`allocs`), so steady traffic shows zero new allocations once warm.
 """
+
 from __future__ import annotations
 
 import threading
@@ -46,7 +47,7 @@ class Lease:
 
     def view(self, offset: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         n = int(torch.Size(shape).numel()) * dtype.itemsize
-        return self.buffer[offset:offset + n].view(dtype).view(*shape)
+        return self.buffer[offset : offset + n].view(dtype).view(*shape)
 
     def release(self, event: Any = None) -> None:
         """Back to the pool; `event` (a CUDA event) marks the last copy that reads or writes it."""

@@ -6,6 +6,7 @@ metadata (before the forward pass) to wait_for_save (after it), less the step's 
 loads. On CUDA the forward pass runs ahead of the host, so the clock records events on the engine's
 stream and reads them once they complete: device time, never launch time.
 """
+
 from __future__ import annotations
 
 import time

@@ -8,6 +8,7 @@ gives the buffer back: the forward path pays only for launching the copy. When t
 behind by `save_queue` chunks, new saves are dropped and counted (a later request recomputes;
 decoding never waits).
 """
+
 from __future__ import annotations
 
 import logging

@@ -8,6 +8,7 @@ Raising the mmap threshold (to glibc's maximum, 32 MiB) and the trim threshold m
 buffers come back from the heap with no faults. The cost: memory the process freed stays in its
 RSS for reuse (a replica fills its RAM tier to budget anyway).
 """
+
 from __future__ import annotations
 
 import ctypes

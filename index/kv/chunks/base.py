@@ -17,6 +17,7 @@ A tier whose every call is a network round trip (RedisTier) also implements Batc
 chunks of one prompt then go in one round trip each way, and ChunkStore uses the batch calls for
 it (isinstance check) instead of one call per chunk.
 """
+
 from __future__ import annotations
 
 from typing import Iterator, Protocol, Sequence, runtime_checkable

@@ -21,6 +21,7 @@ XXH3-128 rather than SHA-256 (format version 1): the checksum guards against dam
 an adversary who can write the cache directory (who could as well write valid chunks), and it
 runs an order of magnitude faster than SHA-256, whose cost rivalled reading the file from disk. Version-1 chunks read as CorruptChunk (a miss; they are recomputed and rewritten).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,11 +45,7 @@ _MAX_HEADER = 1 << 20  # a sane bound so a corrupt length cannot make us slice a
 
 # Only dtypes a KV cache is kept in. bfloat16 has no numpy dtype, so bytes are always moved as
 # raw storage (views as uint8), never through numpy's dtype system.
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 

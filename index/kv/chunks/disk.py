@@ -18,6 +18,7 @@ until it fits, so exactly as much as needed goes and we can count it for
 `stats()["evictions"]` and report the keys to `watch_evictions` callbacks (this process's
 evictions only: a replica sharing the directory does not hear of another process's).
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,7 +90,9 @@ class DiskTier:
         self.write_errors = 0  # disk full, I/O error, lock timeout on put
         self.timeouts = 0  # lock timeouts on get (reported as misses)
         self.read_errors = 0  # value file could not be read (reported as misses)
-        self._write_log = SoftFailures(log, f"disk tier {self.directory}")  # a full disk: one warning, not one per chunk
+        self._write_log = SoftFailures(
+            log, f"disk tier {self.directory}"
+        )  # a full disk: one warning, not one per chunk
         self._watchers: list[Callable[[list[str]], None]] = []
 
     def watch_evictions(self, callback: Callable[[list[str]], None]) -> None:

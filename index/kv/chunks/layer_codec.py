@@ -14,6 +14,7 @@ another codec still read every chunk correctly; `LayerChunk.tensors(device)` ret
 the stored shape and dtype, dequantized on `device` (a GPU loader moves the compact integers and
 expands them there).
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,9 @@ class LayerChunk:
         return dequantize_int4(parts[0], parts[1], self.dtype, self.group)
 
 
-def _part_shapes(codec: str, shape: tuple[int, ...], group: int,
-                 scale: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype | None]]:
+def _part_shapes(
+    codec: str, shape: tuple[int, ...], group: int, scale: torch.dtype
+) -> list[tuple[tuple[int, ...], torch.dtype | None]]:
     """(shape, dtype) of each stored part (all layers stacked first); dtype None = the chunk's own."""
     head, c = shape[:-1], shape[-1]
     if codec == "raw":
@@ -78,8 +80,13 @@ def _part_shapes(codec: str, shape: tuple[int, ...], group: int,
 class LayerCodec:
     """encode/decode of per-layer tensor lists (the ChunkStore codec of the vLLM connector)."""
 
-    def __init__(self, codec: Literal["raw", "int8", "int4"] = "int8", entropy: Literal["none", "zstd"] = "none",
-                 *, zstd_level: int = 1) -> None:
+    def __init__(
+        self,
+        codec: Literal["raw", "int8", "int4"] = "int8",
+        entropy: Literal["none", "zstd"] = "none",
+        *,
+        zstd_level: int = 1,
+    ) -> None:
         """Groups (values per scale) are 32 values for both; layers whose last dimension
         a group does not divide are stored raw (exact), never wrongly shaped."""
         if codec not in CODECS:
@@ -112,8 +119,16 @@ class LayerCodec:
             import zstandard
 
             payload = [memoryview(zstandard.ZstdCompressor(level=self.zstd_level).compress(b"".join(payload)))]
-        header = {"key": key, "codec": codec, "entropy": self.entropy, "dtype": DTYPE_NAMES[dtype], "layers": len(layers),
-                  "shape": list(shape), "group": group, "byteorder": sys.byteorder}
+        header = {
+            "key": key,
+            "codec": codec,
+            "entropy": self.entropy,
+            "dtype": DTYPE_NAMES[dtype],
+            "layers": len(layers),
+            "shape": list(shape),
+            "group": group,
+            "byteorder": sys.byteorder,
+        }
         return frame(header, payload, LAYER_FORMAT_VERSION)
 
     def decode(self, data: bytes | bytearray, key: str) -> LayerChunk:
@@ -128,8 +143,12 @@ class LayerCodec:
             byteorder = header["byteorder"]
         except (KeyError, ValueError, TypeError) as e:
             raise CorruptChunk(f"chunk {key!r}: unreadable header ({e})") from None
-        if codec not in CODECS or entropy not in ENTROPY or byteorder != sys.byteorder or (
-                codec != "raw" and (group < 2 or group % 2)):
+        if (
+            codec not in CODECS
+            or entropy not in ENTROPY
+            or byteorder != sys.byteorder
+            or (codec != "raw" and (group < 2 or group % 2))
+        ):
             raise CorruptChunk(f"chunk {key!r}: unsupported codec {codec!r}/{entropy!r} (group {group}, {byteorder})")
         if layers < 1 or not shape or any(d < 0 for d in shape) or (codec != "raw" and shape[-1] % group):
             raise CorruptChunk(f"chunk {key!r}: inconsistent shape {shape} x {layers}")
@@ -146,8 +165,9 @@ class LayerCodec:
         return LayerChunk(codec, dtype, layers, shape, tuple(parts), group, len(data))
 
     @staticmethod
-    def _payload(data: bytes | bytearray, key: str, start: int, end: int, entropy: str,
-                 total: int) -> tuple[bytearray, int]:
+    def _payload(
+        data: bytes | bytearray, key: str, start: int, end: int, entropy: str, total: int
+    ) -> tuple[bytearray, int]:
         """A writable buffer holding exactly `total` payload bytes, and where they start in it."""
         if entropy == "zstd":
             import zstandard

@@ -1,4 +1,5 @@
 """MemoryTier: encoded chunks in RAM, least recently used evicted first under a byte budget."""
+
 from __future__ import annotations
 
 import threading

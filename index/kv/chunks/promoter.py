@@ -11,6 +11,7 @@ prefills, so a request's first token does not share the CPU with chunk-sized fil
 small machine they delay a warm request's first token). A copy held longer than MAX_HOLD_S runs
 anyway, so a replica that is never idle still fills its disk tier.
 """
+
 from __future__ import annotations
 
 import logging

@@ -18,6 +18,7 @@ KV) and are applied exactly as stored (the integers are computed with the stored
 any device reproduces the same values. Functions work on any torch device; they do not copy
 inputs to the CPU.
 """
+
 from __future__ import annotations
 
 import torch

@@ -26,6 +26,7 @@ as a miss (get, contains) or a skipped write (put), counted under "skipped", unt
 marks Redis up. Errors are counted by operation and logged once per streak. Nothing raises to
 the caller; a damaged value is the codec's business (ChunkStore deletes it, here too).
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,10 +85,21 @@ class RedisTier:
 
     name = "remote"
 
-    def __init__(self, url: str, *, prefix: str = "kvgate", password: str | None = None, timeout_s: float = 2.0,
-                 connect_timeout_s: float = 1.0, ttl_s: int | None = None, pool_size: int = 16,
-                 backoff_s: float = 0.5, max_backoff_s: float = 30.0, max_value_bytes: int = MAX_VALUE_BYTES,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "kvgate",
+        password: str | None = None,
+        timeout_s: float = 2.0,
+        connect_timeout_s: float = 1.0,
+        ttl_s: int | None = None,
+        pool_size: int = 16,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        max_value_bytes: int = MAX_VALUE_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """Connects lazily: an unreachable server is an outage (misses), not a start-up error.
         `clock` times the backoff (seconds; tests pass their own). Raises ValueError for a URL
         redis-py cannot parse or a bad number."""
@@ -103,8 +115,12 @@ class RedisTier:
         self.ttl_s = ttl_s
         self.max_value_bytes = max_value_bytes
         self._client = redis.Redis.from_url(
-            url, password=password, socket_timeout=timeout_s, socket_connect_timeout=connect_timeout_s,
-            max_connections=pool_size, retry=Retry(NoBackoff(), 0),  # our own backoff, not redis-py's retries
+            url,
+            password=password,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            max_connections=pool_size,
+            retry=Retry(NoBackoff(), 0),  # our own backoff, not redis-py's retries
             decode_responses=False,
         )
         kw = self._client.connection_pool.connection_kwargs
@@ -161,13 +177,19 @@ class RedisTier:
             return
         limit, policy = int(info.get("maxmemory", 0)), str(info.get("maxmemory_policy", ""))
         if limit == 0 or policy == "noeviction":
-            log.warning("remote KV tier %s: maxmemory=%d policy=%s; set maxmemory and allkeys-lru so old chunks "
-                        "make room (otherwise Redis grows unbounded or refuses writes)", self._where, limit, policy)
+            log.warning(
+                "remote KV tier %s: maxmemory=%d policy=%s; set maxmemory and allkeys-lru so old chunks "
+                "make room (otherwise Redis grows unbounded or refuses writes)",
+                self._where,
+                limit,
+                policy,
+            )
 
     # -- batch operations (one round trip each) ----------------------------------------------------
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is stored (one pipelined EXISTS per key); all False when down."""
+
         def run() -> list[bool]:
             pipe = self._client.pipeline(transaction=False)
             for k in keys:
@@ -179,6 +201,7 @@ class RedisTier:
     def get_many(self, keys: Sequence[str]) -> list[bytes]:
         """The values of the leading keys that are stored, cut at the first missing one (one
         pipelined GET / GETEX); empty when down."""
+
         def run() -> list[bytes]:
             pipe = self._client.pipeline(transaction=False)
             for k in keys:
@@ -236,6 +259,7 @@ class RedisTier:
 
     def keys(self) -> Iterator[str]:
         """This tier's keys (SCAN over the prefix: every replica's chunks, the whole shared tier)."""
+
         def run() -> list[str]:
             n = len(self.prefix)
             return [k.decode()[n:] for k in self._client.scan_iter(match=self.prefix + "*", count=1000)]
@@ -244,6 +268,7 @@ class RedisTier:
 
     def clear(self) -> None:
         """Delete every key under the prefix (all replicas' chunks: the tier is shared)."""
+
         def run() -> None:
             batch: list[bytes] = []
             for k in self._client.scan_iter(match=self.prefix + "*", count=1000):
@@ -260,21 +285,32 @@ class RedisTier:
         """items, bytes, budget_bytes, evictions: the server's (DBSIZE, used_memory, maxmemory,
         evicted_keys: the whole instance), the last known values while down; plus up,
         errors_by_op, skipped_by_op, rejected, write_errors."""
+
         def run() -> dict[str, int]:
             pipe = self._client.pipeline(transaction=False)
             pipe.info("memory")
             pipe.info("stats")
             pipe.dbsize()
             memory, stats, items = pipe.execute()
-            return {"bytes": int(memory.get("used_memory", 0)), "budget_bytes": int(memory.get("maxmemory", 0)),
-                    "evictions": int(stats.get("evicted_keys", 0)), "items": int(items)}
+            return {
+                "bytes": int(memory.get("used_memory", 0)),
+                "budget_bytes": int(memory.get("maxmemory", 0)),
+                "evictions": int(stats.get("evicted_keys", 0)),
+                "items": int(items),
+            }
 
         server = self._call("stats", run, None)
         with self._lock:
             if server is not None:
                 self._server = server
-            return {**self._server, "up": int(self.backoff.up), "errors_by_op": dict(self.errors),
-                    "skipped_by_op": dict(self.skipped), "rejected": self.rejected, "write_errors": self.write_errors}
+            return {
+                **self._server,
+                "up": int(self.backoff.up),
+                "errors_by_op": dict(self.errors),
+                "skipped_by_op": dict(self.skipped),
+                "rejected": self.rejected,
+                "write_errors": self.write_errors,
+            }
 
     def close(self) -> None:
         self._client.close()

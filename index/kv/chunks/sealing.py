@@ -11,6 +11,7 @@ every sealed tier: its store key and salt, not the tier, make it); a load costs 
 and no copy (DiskTier's fresh buffers are opened in place); an opening that fails raises
 CorruptChunk, so ChunkStore drops the chunk everywhere and reports a miss, and is counted.
 """
+
 from __future__ import annotations
 
 import threading

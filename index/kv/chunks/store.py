@@ -27,39 +27,22 @@ removed; one still in the remote tier only is reported to `watch_demoted` instea
 reported: `clear()` (its caller knows) and evictions by another process sharing a
 tier (that process's store hears of them, not this one).
 """
+
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from kvgate.index.kv.chunks.base import BatchTier, StorageTier
-from kvgate.index.kv.chunks.codec import CorruptChunk, KVChunk, decode_chunk, encode_chunk
+from kvgate.index.kv.chunks.codec import CorruptChunk, KVChunk
 from kvgate.index.kv.chunks.promoter import Promoter
-from kvgate.index.kv.hashing import BlockHash, block_hashes
 from kvgate.index.kv.chunks.sealing import TierSealing
+from kvgate.index.kv.chunks.store_codec import ChunkCodec, PairCodec
+from kvgate.index.kv.hashing import BlockHash, block_hashes
 from kvgate.index.storage.cipher import ChunkCipher
 
 log = logging.getLogger("kvgate.chunks")
-
-
-class ChunkCodec(Protocol):
-    """Chunk ⇄ bytes under a key. `decode` raises CorruptChunk for bytes `encode` did not make
-    under the same key (the store then drops the chunk everywhere and reports a miss)."""
-
-    def encode(self, chunk: Any, key: str) -> bytes: ...
-
-    def decode(self, data: bytes | bytearray, key: str) -> Any: ...
-
-
-class PairCodec:
-    """The (keys, values)-per-layer chunks of codec.py (the reference replica's)."""
-
-    def encode(self, chunk: KVChunk, key: str) -> bytes:
-        return encode_chunk(chunk, key)
-
-    def decode(self, data: bytes | bytearray, key: str) -> KVChunk:
-        return decode_chunk(data, key)
 
 
 def chunk_hashes(tokens: Sequence[int], chunk_tokens: int = 256, namespace: Sequence[str | int] = ()) -> list[int]:
@@ -75,8 +58,13 @@ class ChunkStore:
     checksum, and they are exactly the first len(result) chunks asked for.
     """
 
-    def __init__(self, tiers: list[StorageTier], namespace: str, codec: ChunkCodec | None = None,
-                 cipher: ChunkCipher | None = None) -> None:
+    def __init__(
+        self,
+        tiers: list[StorageTier],
+        namespace: str,
+        codec: ChunkCodec | None = None,
+        cipher: ChunkCipher | None = None,
+    ) -> None:
         """`codec`: how chunks become bytes and back (default: the (keys, values) pair codec of
         codec.py; the vLLM connector passes a LayerCodec). `cipher`: see the module docstring."""
         if not tiers:
@@ -136,7 +124,7 @@ class ChunkStore:
             if any(t.contains(key) for t in self.tiers if t.name not in held):
                 continue
             try:
-                h = int(key[len(prefix):], 16)
+                h = int(key[len(prefix) :], 16)
             except ValueError:
                 continue
             (demoted if any(answers[j] for answers in held.values()) else gone).append(h)
@@ -186,8 +174,9 @@ class ChunkStore:
                 holders.append(holder)
         return len(keys)
 
-    def get_many(self, hashes: Sequence[BlockHash], served: list[str] | None = None,
-                 salt: str | None = None) -> list[KVChunk]:
+    def get_many(
+        self, hashes: Sequence[BlockHash], served: list[str] | None = None, salt: str | None = None
+    ) -> list[KVChunk]:
         """The longest run of leading chunks that load and verify; stops at the first missing or
         corrupt one. A hit in a slower tier is copied into the faster ones. A BatchTier serves
         each run of keys that the faster tiers lack with one call. `served`, when given, gets the
@@ -218,8 +207,9 @@ class ChunkStore:
             out.append(chunk)
         return out
 
-    def _load(self, key: str, read: Callable[[int], bytes | None], served: list[str] | None = None,
-              salt: str | None = None) -> KVChunk | None:
+    def _load(
+        self, key: str, read: Callable[[int], bytes | None], served: list[str] | None = None, salt: str | None = None
+    ) -> KVChunk | None:
         for i, tier in enumerate(self.tiers):
             with self._lock:
                 self._queries[tier.name] += 1
@@ -240,7 +230,7 @@ class ChunkStore:
             # the fastest tier at once; from a BatchTier hit, the local tiers between in the background
             now = self.tiers[: i if tier.name not in self._batch else min(i, 1)]
             promoted = [faster.name for faster in now if faster.put(key, as_stored(faster))]
-            for later in self.tiers[len(now):i]:
+            for later in self.tiers[len(now) : i]:
                 self._promoter.submit(lambda t=later, b=as_stored(later): self._promote(t, key, b))
             with self._lock:
                 self._hits[tier.name] += 1
@@ -285,7 +275,7 @@ class ChunkStore:
             self._corrupt_by_tier[tier] += 1
             self._misses += 1
         try:
-            self._report_removed([int(key[len(self._prefix):], 16)])
+            self._report_removed([int(key[len(self._prefix) :], 16)])
         except ValueError:
             pass
 
@@ -350,7 +340,7 @@ class ChunkStore:
             for key in t.keys():
                 if key.startswith(self._prefix):
                     try:
-                        found.add(int(key[len(self._prefix):], 16))
+                        found.add(int(key[len(self._prefix) :], 16))
                     except ValueError:
                         continue
         return sorted(found)

@@ -9,6 +9,7 @@
 
 A replica (or vLLM) publishes; each router subscribes once per replica in precise mode.
 """
+
 from kvgate.index.kv.kv_events.applier import EventApplier
 from kvgate.index.kv.kv_events.codec import (
     MEDIUM_CPU,
@@ -29,7 +30,24 @@ from kvgate.index.kv.kv_events.feed import LAG_BUCKETS, EventFeed, FeedStats, or
 from kvgate.index.kv.kv_events.transport import ZmqEventPublisher, ZmqEventSubscriber
 
 __all__ = [
-    "MEDIUM_CPU", "MEDIUM_GPU", "MEDIUM_REMOTE", "AllBlocksCleared", "BlockRemoved", "BlockStored", "EngineHash", "EventBatch",
-    "KVCacheEvent", "KVEvent", "KVEventBatch", "decode_batch", "encode_batch", "EventApplier",
-    "LAG_BUCKETS", "EventFeed", "FeedStats", "order_of", "ZmqEventPublisher", "ZmqEventSubscriber",
+    "MEDIUM_CPU",
+    "MEDIUM_GPU",
+    "MEDIUM_REMOTE",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "EngineHash",
+    "EventBatch",
+    "KVCacheEvent",
+    "KVEvent",
+    "KVEventBatch",
+    "decode_batch",
+    "encode_batch",
+    "EventApplier",
+    "LAG_BUCKETS",
+    "EventFeed",
+    "FeedStats",
+    "order_of",
+    "ZmqEventPublisher",
+    "ZmqEventSubscriber",
 ]

@@ -19,6 +19,7 @@ mapping goes first, and its block leaves the index if no other engine hash maps 
 Invariant (checked by tests): the blocks the index holds for this replica are exactly the our
 hashes some mapped engine hash maps to; len(mapped) <= max_mapped.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,15 @@ from typing import Callable, Protocol, Sequence
 
 from kvgate.index.kv.engine_hash import checkable_salt, vllm_first_block_hash
 from kvgate.index.kv.hashing import DEFAULT_SEED, BlockHash, block_hashes, salted_seed, seed_hash
-from kvgate.index.kv.kv_events.codec import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, KVEvent, KVEventBatch
+from kvgate.index.kv.kv_events.codec import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineHash,
+    KVEvent,
+    KVEventBatch,
+)
 from kvgate.index.kv.prefix import PrefixIndex
 
 log = logging.getLogger(__name__)
@@ -104,9 +113,17 @@ class EventApplier:
         self._engine: dict[BlockHash, EngineHash | list[EngineHash]] = {}
         self._media: dict[str, int] = {}  # medium name -> its bit
         self._bad_sizes: set[int] = set()
-        self._counts = {"stored": 0, "removed": 0, "cleared": 0, "wrong_block_size": 0,
-                        "unknown_parent": 0, "bound_evictions": 0, "forgotten": 0,
-                        "engine_hash_checked": 0, "engine_hash_differs": 0}
+        self._counts = {
+            "stored": 0,
+            "removed": 0,
+            "cleared": 0,
+            "wrong_block_size": 0,
+            "unknown_parent": 0,
+            "bound_evictions": 0,
+            "forgotten": 0,
+            "engine_hash_checked": 0,
+            "engine_hash_differs": 0,
+        }
         self._on_block_size = on_block_size
         self._tiers = tiers
         self._roots_seen = 0  # first blocks of chains seen (the engine-hash check samples them)
@@ -182,8 +199,12 @@ class EventApplier:
             self._counts["wrong_block_size"] += 1
             if ev.block_size not in self._bad_sizes:
                 self._bad_sizes.add(ev.block_size)
-                log.warning("replica %s: ignoring KV events with block_size %d (ours is %d)",
-                            self.replica, ev.block_size, self.block_size)
+                log.warning(
+                    "replica %s: ignoring KV events with block_size %d (ours is %d)",
+                    self.replica,
+                    ev.block_size,
+                    self.block_size,
+                )
             return
         known = [self._ours.get(h) for h in ev.block_hashes]
         tier = self._tiers.tier_of(self.replica, ev.medium) if self._tiers is not None else None
@@ -225,8 +246,12 @@ class EventApplier:
         if len(ours) != len(ev.block_hashes):
             # Should not happen with vLLM (token_ids are exactly the new full blocks); keep
             # the blocks both sides agree on.
-            log.warning("replica %s: BlockStored has %d hashes but %d full blocks of tokens",
-                        self.replica, len(ev.block_hashes), len(ours))
+            log.warning(
+                "replica %s: BlockStored has %d hashes but %d full blocks of tokens",
+                self.replica,
+                len(ev.block_hashes),
+                len(ours),
+            )
             ours = ours[: len(ev.block_hashes)]
         return ours
 

@@ -22,6 +22,7 @@ A block hash is an int in most releases and bytes in some; both are kept as they
 `parent_block_hash` is the engine hash of the block before the first of them (None when the
 first new block starts the sequence).
 """
+
 from __future__ import annotations
 
 import logging

@@ -15,6 +15,7 @@ prefills, never wrong answers. Other replicas' views are untouched.
 A publisher counting from 0 again (`restart`) is a restarted engine, whose cache is empty: the
 same reset, counted as a restart.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -210,8 +211,11 @@ class EventFeed:
         """Drop the replica's view (events were lost); the events that follow rebuild it."""
         with self._lock:
             self._tally.resyncs += 1
-        log.warning("KV events from %s: %s, resyncing: the replica's blocks are dropped from the "
-                    "prefix index until it stores them again", self.source, cause)
+        log.warning(
+            "KV events from %s: %s, resyncing: the replica's blocks are dropped from the prefix index until it stores them again",
+            self.source,
+            cause,
+        )
         try:
             self.applier.reset()
         except Exception:
@@ -225,8 +229,12 @@ class EventFeed:
             return FeedStats(
                 **asdict(self._tally),
                 lag_buckets=cumulative(self._bounds, self._lag_counts),
-                blocks_stored=applied["stored"], blocks_removed=applied["removed"],
-                clears=applied["cleared"], wrong_block_size=applied["wrong_block_size"],
-                unknown_parent=applied["unknown_parent"], mapped_blocks=applied["mapped"],
-                bound_evictions=applied["bound_evictions"], forgotten=applied["forgotten"],
+                blocks_stored=applied["stored"],
+                blocks_removed=applied["removed"],
+                clears=applied["cleared"],
+                wrong_block_size=applied["wrong_block_size"],
+                unknown_parent=applied["unknown_parent"],
+                mapped_blocks=applied["mapped"],
+                bound_evictions=applied["bound_evictions"],
+                forgotten=applied["forgotten"],
             )

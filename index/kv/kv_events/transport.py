@@ -12,6 +12,7 @@ DEALER sends ``[b"", start_seq]`` and gets ``[b"", topic, seq, payload]`` for ev
 batch from `start_seq` on, then ``[b"", b"", -1, b""]``. On a sequence gap the subscriber asks
 for the missing batches there first; only what the replay cannot give becomes a gap (a resync).
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,8 +65,7 @@ class ZmqEventSubscriber:
         """Start the thread; returns once the socket is connected and subscribed."""
         if self._thread is not None:
             raise RuntimeError("subscriber already started")
-        self._thread = threading.Thread(target=self._run, name=f"kv-events-{self.applier.replica}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"kv-events-{self.applier.replica}", daemon=True)
         self._thread.start()
         self._ready.wait(5.0)
         return self
@@ -89,8 +89,13 @@ class ZmqEventSubscriber:
                 else:
                     sock.connect(self.endpoint)
             except zmq.ZMQError as exc:  # the view stays empty (routing by load), and says why
-                log.error("KV events of %s: cannot %s %s: %s", self.applier.replica,
-                          "listen on" if self.bind else "connect to", self.endpoint, exc)
+                log.error(
+                    "KV events of %s: cannot %s %s: %s",
+                    self.applier.replica,
+                    "listen on" if self.bind else "connect to",
+                    self.endpoint,
+                    exc,
+                )
                 return
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
@@ -119,7 +124,6 @@ class ZmqEventSubscriber:
             self.feed.receive(None, frames[1])
         else:
             self.feed.malformed(f"message with {len(frames)} frames ignored")
-
 
     def _bind(self, sock: zmq.Socket) -> None:
         """Bind, waiting out a socket on the same address that is still closing (ZMQ closes in
@@ -194,8 +198,7 @@ class ZmqEventPublisher:
 
     def publish(self, events: list[KVEvent]) -> int:
         """Send one batch of events; returns its sequence number."""
-        batch = KVEventBatch(ts=time.time(), events=list(events),
-                             data_parallel_rank=self.data_parallel_rank)
+        batch = KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=self.data_parallel_rank)
         payload = encode_batch(batch)
         with self._lock:
             if self._closed:

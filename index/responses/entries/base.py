@@ -25,6 +25,7 @@ Rules every implementation keeps (tests/test_entry_store.py checks them for each
   - failures of the storage itself (full, damaged, unreachable, timed out) raise one of
     `failures`; SemanticIndex turns those into misses and skipped writes.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,9 @@ class CacheEntry:
     min_similarity: float | None = None  # per-entry floor raised by wrong-hit feedback (kvgate.index.responses.tighten)
     parents: list[str] | None = None  # context: semantic: the earlier user turns this answer followed
     tenant: str | None = None  # whose request made it (erasing a tenant removes it, whatever the route's scope)
-    tags: list[str] | None = None  # what the answer depends on (kvgate.index.responses.tags): invalidation finds it by them
+    tags: list[str] | None = (
+        None  # what the answer depends on (kvgate.index.responses.tags): invalidation finds it by them
+    )
 
     def to_bytes(self) -> bytes:
         """Compact JSON (no pickle): the stored form of the entry."""

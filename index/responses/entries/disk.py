@@ -22,6 +22,7 @@ quick_check on open is moved aside (kvgate.index.storage.recover) and the store 
 own per-key expiry: an expired entry is never read. diskcache never evicts by itself here; the
 budgets are SemanticIndex's (kvgate.index.responses.eviction).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,12 +38,12 @@ import diskcache
 import numpy as np
 
 from kvgate.index.responses.entries.base import CacheEntry, Stored
-from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
-from kvgate.index.storage.recover import open_cache
-from kvgate.index.storage.sealed import SealedDisk
 from kvgate.index.responses.tags import index_terms
 from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
+from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
 from kvgate.index.storage.disk_sql import SECURE_DELETE, keys_between, scrub
+from kvgate.index.storage.recover import open_cache
+from kvgate.index.storage.sealed import SealedDisk
 from kvgate.index.storage.wal import WalCheckpointer
 
 log = logging.getLogger("kvgate.semantic")
@@ -80,8 +81,9 @@ class DiskEntryStore:
         self.where = str(self.directory)
         self.failures: tuple[type[BaseException], ...] = (sqlite3.Error, OSError, diskcache.Timeout)
         # eviction is the caller's (LRU, budgets, TTL heap); diskcache must never drop entries on its own
-        self.cache = open_cache(self.directory, log, eviction_policy="none", size_limit=2**62, disk=SealedDisk,
-                                **SECURE_DELETE)  # a deleted answer leaves no bytes behind (kvgate.index.storage.disk_sql)
+        self.cache = open_cache(
+            self.directory, log, eviction_policy="none", size_limit=2**62, disk=SealedDisk, **SECURE_DELETE
+        )  # a deleted answer leaves no bytes behind (kvgate.index.storage.disk_sql)
         # answers are stored before a stream's [DONE]: the WAL's checkpoints happen off that path
         self._wal = WalCheckpointer(self.directory / diskcache.core.DBNAME, log)
 
@@ -129,8 +131,11 @@ class DiskEntryStore:
         with self.cache.transact():  # never resurrect an entry deleted meanwhile
             if f"e:{entry.id}" not in self.cache:
                 return False
-            self.cache.set(f"e:{entry.id}", seal_with(self.cipher, entry.to_bytes(), entry.scope, f"e:{entry.id}"),
-                           expire=remaining)
+            self.cache.set(
+                f"e:{entry.id}",
+                seal_with(self.cipher, entry.to_bytes(), entry.scope, f"e:{entry.id}"),
+                expire=remaining,
+            )
         return True
 
     def delete(self, entry_id: int) -> bool:
@@ -159,8 +164,11 @@ class DiskEntryStore:
             if not marks or (expires is not None and expires <= time.time()):
                 self.cache.delete(f"t:{scope}")
             else:
-                self.cache.set(f"t:{scope}", seal_with(self.cipher, encode_marks(marks), scope, f"t:{scope}"),
-                               expire=None if expires is None else expires - time.time())
+                self.cache.set(
+                    f"t:{scope}",
+                    seal_with(self.cipher, encode_marks(marks), scope, f"t:{scope}"),
+                    expire=None if expires is None else expires - time.time(),
+                )
 
     def scrub(self) -> bool:
         return scrub(self.directory)

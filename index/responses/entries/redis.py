@@ -23,12 +23,13 @@ their scope's key, kvgate.index.storage.cipher, and what fails authentication is
 Tenants: every lookup reaches an entry through a tenant-holding digest (exact key, scope), and
 SemanticIndex serves an entry only when its recorded scope is the one searched.
 
-Each write is one Lua script (atomic: vector, entry and pointer together, then the log entry);
-expiry is Redis's (PEXPIRE), eviction under memory pressure is Redis's (`maxmemory` +
+Each write is one Lua script (atomic: vector, entry and pointer together, then the log entry;
+kvgate.index.responses.entries.redis_scripts); expiry is Redis's (PEXPIRE), eviction under memory pressure is Redis's (`maxmemory` +
 `allkeys-lru`). The log cursor is (epoch, stream id, n): a reader whose next entry is not n+1, or
 whose epoch is gone (Redis restarted empty, or flushed), gets LogGap and rebuilds from `scan`.
 All commands go through kvgate.index.storage.redis_link (StoreDown while Redis is out of reach, with backoff).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,95 +44,15 @@ import numpy as np
 import redis
 
 from kvgate.index.responses.entries.base import CacheEntry, LogGap, Stored
-from kvgate.index.storage.redis_link import RedisLink
-from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
-from kvgate.index.storage.sealed import Damaged, seal, unseal
+from kvgate.index.responses.entries.redis_scripts import ALLOCATE, DELETE, EXACT, POSITION, PUT, READ, REWRITE, UNPOINT
 from kvgate.index.responses.tags import index_terms
 from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
+from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
+from kvgate.index.storage.redis_link import RedisLink
+from kvgate.index.storage.sealed import Damaged, seal, unseal
 
 LOG_MAX = 1_000_000  # stream entries kept (approximately: MAXLEN ~)
 READ_BATCH = 1_000  # stream entries / entries read per round trip
-
-_LOG = """
-local function log(op, id)
-  local n = redis.call('INCR', KEYS[#KEYS - 1])
-  redis.call('XADD', KEYS[#KEYS], 'MAXLEN', '~', ARGV[#ARGV], '*', 'op', op, 'id', id, 'n', n)
-end
-"""
-# KEYS: entry, pointer, seq, log; ARGV: id, j, v ('' = none), k ('' = none), ttl ms ('0' = none),
-# terms (newline separated, '' = none), term-set prefix, log_max
-_PUT = _LOG + """
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], 'j', ARGV[2], 'k', ARGV[4], 'v', ARGV[3])
-else
-  redis.call('HSET', KEYS[1], 'j', ARGV[2], 'k', ARGV[4])
-end
-local ttl = tonumber(ARGV[5])
-if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
-if ARGV[6] ~= '' then
-  redis.call('HSET', KEYS[1], 'g', ARGV[6])
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local score = '+inf'
-  if ttl > 0 then score = now + ttl end
-  for term in string.gmatch(ARGV[6], '[^\\n]+') do
-    local set = ARGV[7] .. term
-    redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. now)
-    local left = redis.call('PTTL', set)
-    redis.call('ZADD', set, score, ARGV[1])
-    if ttl == 0 then redis.call('PERSIST', set)
-    elseif left == -2 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', set, ttl) end
-  end
-end
-if ARGV[4] ~= '' then
-  if ttl > 0 then redis.call('SET', KEYS[2], ARGV[1], 'PX', ttl) else redis.call('SET', KEYS[2], ARGV[1]) end
-end
-log('a', ARGV[1])
-return 1
-"""
-# KEYS: entry, seq, log; ARGV: id, pointer prefix, term-set prefix, log_max
-_DELETE = _LOG + """
-local g = redis.call('HGET', KEYS[1], 'g')
-if g then
-  for term in string.gmatch(g, '[^\\n]+') do redis.call('ZREM', ARGV[3] .. term, ARGV[1]) end
-end
-local k = redis.call('HGET', KEYS[1], 'k')
-if k and k ~= '' then
-  local ptr = ARGV[2] .. k
-  if redis.call('GET', ptr) == ARGV[1] then redis.call('DEL', ptr) end
-end
-if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-log('d', ARGV[1])
-return 1
-"""
-# KEYS: entry; ARGV: j — only while the entry lives (never resurrects; keeps its expiry)
-_REWRITE = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], 'j', ARGV[1]) return 1"
-# KEYS: pointer; ARGV: id — compare-and-delete
-_UNPOINT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-# KEYS: pointer; ARGV: entry prefix — pointer and entry in one round trip
-_EXACT = """
-local id = redis.call('GET', KEYS[1])
-if not id then return false end
-return {id, redis.call('HGET', ARGV[1] .. id, 'j') or false}
-"""
-# KEYS: counter; ARGV: base, n
-_ALLOCATE = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], ARGV[1]) end " \
-            "return redis.call('INCRBY', KEYS[1], ARGV[2])"
-# KEYS: epoch, log; ARGV: a fresh epoch token
-_POSITION = """
-redis.call('SET', KEYS[1], ARGV[1], 'NX')
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-if #last == 0 then return {redis.call('GET', KEYS[1]), '0-0', '0'} end
-local f = last[1][2]
-local n = '0'
-for i = 1, #f, 2 do if f[i] == 'n' then n = f[i + 1] end end
-return {redis.call('GET', KEYS[1]), last[1][1], n}
-"""
-# KEYS: epoch, log; ARGV: after (stream id), count
-_READ = """
-local rows = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
-return {redis.call('GET', KEYS[1]) or false, rows}
-"""
 
 Cursor = tuple[bytes, bytes, int]  # (epoch, last stream id read, its sequence number)
 
@@ -143,8 +64,14 @@ def _text(value: Any) -> str:
 class RedisEntryStore:
     """EntryStore on Redis; one handle per process, any number of processes and machines."""
 
-    def __init__(self, link: RedisLink, dim: int, key_prefix: str = "kvgate:", log_max: int = LOG_MAX,
-                 cipher: EntryCipher | None = None) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        dim: int,
+        key_prefix: str = "kvgate:",
+        log_max: int = LOG_MAX,
+        cipher: EntryCipher | None = None,
+    ) -> None:
         self.link = link
         self.cipher = cipher  # entries, vectors and marks encrypted under their scope's key, inside the seal
         self.dim = dim
@@ -155,10 +82,10 @@ class RedisEntryStore:
         self._e, self._x, self._t, self._g = f"{p}e:", f"{p}x:", f"{p}t:", f"{p}g:"
         self._id, self._log, self._seq, self._epoch = f"{p}id", f"{p}log", f"{p}seq", f"{p}epoch"
         r = link.client
-        self._put_script, self._delete_script = r.register_script(_PUT), r.register_script(_DELETE)
-        self._rewrite_script, self._unpoint_script = r.register_script(_REWRITE), r.register_script(_UNPOINT)
-        self._exact_script, self._allocate_script = r.register_script(_EXACT), r.register_script(_ALLOCATE)
-        self._position_script, self._read_script = r.register_script(_POSITION), r.register_script(_READ)
+        self._put_script, self._delete_script = r.register_script(PUT), r.register_script(DELETE)
+        self._rewrite_script, self._unpoint_script = r.register_script(REWRITE), r.register_script(UNPOINT)
+        self._exact_script, self._allocate_script = r.register_script(EXACT), r.register_script(ALLOCATE)
+        self._position_script, self._read_script = r.register_script(POSITION), r.register_script(READ)
         self._damaged = 0
         self._lock = threading.Lock()
 
@@ -221,7 +148,7 @@ class RedisEntryStore:
     def load_many(self, ids: Sequence[int]) -> list[Stored | None]:
         out: list[Stored | None] = []
         for start in range(0, len(ids), READ_BATCH):
-            batch = ids[start:start + READ_BATCH]
+            batch = ids[start : start + READ_BATCH]
 
             def read(r: redis.Redis, batch: Sequence[int] = batch) -> list[Any]:
                 pipe = r.pipeline(transaction=False)
@@ -261,7 +188,7 @@ class RedisEntryStore:
         cursor = 0
         while True:
             cursor, keys = self.link.run("scan", lambda r, c=cursor: r.scan(c, match=self._e + "*", count=READ_BATCH))
-            ids = [int(_text(k)[len(self._e):]) for k in keys]
+            ids = [int(_text(k)[len(self._e) :]) for k in keys]
             for stored in self.load_many(ids):
                 if stored is not None:
                     yield stored
@@ -281,7 +208,7 @@ class RedisEntryStore:
 
     def mark_scopes(self) -> list[str]:
         keys = self.link.run("scan", lambda r: list(r.scan_iter(match=self._t + "*", count=READ_BATCH)))
-        return [_text(k)[len(self._t):] for k in keys]
+        return [_text(k)[len(self._t) :] for k in keys]
 
     def rewrite_marks(self, scope: str, marks: list[Mark]) -> None:
         if marks:  # XX: never recreate marks that expired meanwhile; KEEPTTL: their expiry stays
@@ -296,7 +223,9 @@ class RedisEntryStore:
     # ---------------------------------------------------------------- change log
     def log_position(self) -> Cursor:
         token = secrets.token_hex(8)
-        epoch, last, n = self.link.run("log", lambda r: self._position_script(keys=[self._epoch, self._log], args=[token]))
+        epoch, last, n = self.link.run(
+            "log", lambda r: self._position_script(keys=[self._epoch, self._log], args=[token])
+        )
         return bytes(epoch or b""), bytes(last), int(n)  # no epoch (evicted meanwhile): the next read is a gap
 
     def read_log(self, since: Cursor) -> tuple[Cursor, list[int], list[int]]:
@@ -304,12 +233,16 @@ class RedisEntryStore:
         added: list[int] = []
         removed: list[int] = []
         while True:
-            now, rows = self.link.run("log", lambda r, a=after: self._read_script(keys=[self._epoch, self._log],
-                                                                                  args=[a, READ_BATCH]))
+            now, rows = self.link.run(
+                "log", lambda r, a=after: self._read_script(keys=[self._epoch, self._log], args=[a, READ_BATCH])
+            )
             if now != epoch:  # restarted empty or flushed: nothing logged before still holds
                 raise LogGap(f"the change log of {self.where} was reset")
             for stream_id, fields in rows:
-                f = {_text(k): _text(v) for k, v in (fields.items() if isinstance(fields, dict) else zip(fields[::2], fields[1::2]))}
+                f = {
+                    _text(k): _text(v)
+                    for k, v in (fields.items() if isinstance(fields, dict) else zip(fields[::2], fields[1::2]))
+                }
                 n = int(f["n"])
                 if n != seq + 1:  # entries between were trimmed (MAXLEN) or lost: this reader cannot follow
                     raise LogGap(f"the change log of {self.where} lost entries {seq + 1}..{n - 1}")
@@ -332,12 +265,30 @@ class RedisEntryStore:
 
     def _put_args(self, entry: CacheEntry, vector: np.ndarray | None, ttl: float | None) -> tuple[list[Any], int]:
         raw = entry.to_bytes()
-        vec = b"" if vector is None else seal(seal_with(
-            self.cipher, np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes(), entry.scope,
-            f"v:{entry.id}"))
+        vec = (
+            b""
+            if vector is None
+            else seal(
+                seal_with(
+                    self.cipher,
+                    np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes(),
+                    entry.scope,
+                    f"v:{entry.id}",
+                )
+            )
+        )
         px = max(1, int(ttl * 1000)) if ttl else 0
         terms = "\n".join(index_terms(entry.tags, entry.tenant))
-        args = [entry.id, seal(seal_with(self.cipher, raw, entry.scope, f"e:{entry.id}")), vec, entry.exact_key or "", px, terms, self._g, self.log_max]
+        args = [
+            entry.id,
+            seal(seal_with(self.cipher, raw, entry.scope, f"e:{entry.id}")),
+            vec,
+            entry.exact_key or "",
+            px,
+            terms,
+            self._g,
+            self.log_max,
+        ]
         return args, len(raw) + (4 * self.dim if vector is not None else 0)
 
     def _entry(self, entry_id: int, raw: bytes | None) -> tuple[CacheEntry, int] | None:

@@ -12,6 +12,7 @@ proxies on several machines) keep the same rules:
   - `count(route)` only grows: a reader refits its cached rule when it moved;
   - storage trouble raises one of `failures`; callers treat it as "no observations".
 """
+
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
@@ -41,5 +42,4 @@ class ObservationStore(Protocol):
         """Observations ever added to the route's pool (the pool keeps only the last ones)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...

@@ -5,6 +5,7 @@ Layout: "e:<id>" the entry's observations as [[similarity, 0|1], ...]; "n:<route
 add counter; "p:<route>:<slot>" the route's pool as a ring of `per_route` slots (slot = counter
 modulo per_route), each one [similarity, 0|1].
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ class DiskObservationStore:
         row = [float(observation.similarity), int(observation.correct)]
         with self.cache.transact():  # another process may append to the same entry meanwhile
             rows = json.loads(self.cache.get(f"e:{entry_id}", "[]"))
-            rows = (rows + [row])[-self.per_entry:]
+            rows = (rows + [row])[-self.per_entry :]
             self.cache.set(f"e:{entry_id}", json.dumps(rows), expire=ttl)
         slot = (int(self.cache.incr(f"n:{route}")) - 1) % self.per_route
         self.cache.set(f"p:{route}:{slot}", json.dumps(row))

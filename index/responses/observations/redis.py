@@ -14,6 +14,7 @@ proxies appending to one entry both land. Entry ids come from the entry store's 
 RedisLink (pool, timeouts, circuit): Redis trouble raises a RedisError, which the caller
 (kvgate.middleware.cache.trust_gate) treats as "no observations" — a miss, never an error.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -21,8 +22,8 @@ from typing import Iterable
 import redis
 
 from kvgate.index.responses.observations.disk import PER_ENTRY, PER_ROUTE
-from kvgate.index.storage.redis_link import RedisLink
 from kvgate.index.responses.trust import Observation
+from kvgate.index.storage.redis_link import RedisLink
 
 
 def _pack(observation: Observation) -> bytes:
@@ -44,8 +45,9 @@ def _unpack(rows: Iterable[bytes]) -> list[Observation]:
 class RedisObservationStore:
     """ObservationStore on Redis; shares the link (pool, circuit) of the response cache's store."""
 
-    def __init__(self, link: RedisLink, key_prefix: str = "kvgate:", per_entry: int = PER_ENTRY,
-                 per_route: int = PER_ROUTE) -> None:
+    def __init__(
+        self, link: RedisLink, key_prefix: str = "kvgate:", per_entry: int = PER_ENTRY, per_route: int = PER_ROUTE
+    ) -> None:
         self.link = link
         self.per_entry = per_entry
         self.per_route = per_route

@@ -19,6 +19,7 @@ Results go to --json (indent 2); a summary table goes to stdout, progress to std
 Modules: cli (options, checks, `add_arguments` / `main` for middleware/cli.py), scoring (pure),
 pairs_run, verified_run, anchor_run, proxy_run (the runs), report (tables, JSON, progress).
 """
+
 from __future__ import annotations
 
 from kvgate.tools.bench.machine import machine_info
@@ -37,8 +38,27 @@ from kvgate.tools.bench.semantic.scoring import TopHit, score, score_returned
 from kvgate.tools.tuning.pairs import BenchInputError, Pair, read_pairs
 
 __all__ = [
-    "DEFAULT_LATENCY_QUERIES", "DEFAULT_PAIRS_THRESHOLD", "DEFAULT_PROXY_QUERIES", "DEFAULT_PROXY_THRESHOLD",
-    "SCOPE", "SWEEP", "BenchInputError", "Pair", "TopHit", "add_arguments", "embed_batched", "holdout_pairs",
-    "machine_info", "main", "print_pairs_summary", "print_proxy_summary", "progress", "read_pairs", "run_pairs",
-    "run_proxy", "score", "score_returned", "write_json",
+    "DEFAULT_LATENCY_QUERIES",
+    "DEFAULT_PAIRS_THRESHOLD",
+    "DEFAULT_PROXY_QUERIES",
+    "DEFAULT_PROXY_THRESHOLD",
+    "SCOPE",
+    "SWEEP",
+    "BenchInputError",
+    "Pair",
+    "TopHit",
+    "add_arguments",
+    "embed_batched",
+    "holdout_pairs",
+    "machine_info",
+    "main",
+    "print_pairs_summary",
+    "print_proxy_summary",
+    "progress",
+    "read_pairs",
+    "run_pairs",
+    "run_proxy",
+    "score",
+    "score_returned",
+    "write_json",
 ]

@@ -1,4 +1,5 @@
 """GPTCache on the same pairs (kvgate.tools.bench.gptcache_anchor), scored by the same code as kvgate's run."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -11,8 +12,16 @@ from kvgate.tools.bench.stats import percentiles_ms
 from kvgate.tools.tuning.pairs import Pair
 
 
-def anchor_result(embedder: Any, pairs: Sequence[Pair], v1: np.ndarray, v2: np.ndarray, threshold: float,
-                  latency_queries: int, warmup: Sequence[str], ours: Sequence[int | None]) -> dict[str, Any]:
+def anchor_result(
+    embedder: Any,
+    pairs: Sequence[Pair],
+    v1: np.ndarray,
+    v2: np.ndarray,
+    threshold: float,
+    latency_queries: int,
+    warmup: Sequence[str],
+    ours: Sequence[int | None],
+) -> dict[str, Any]:
     """The JSON's `gptcache` object: GPTCache's precision/recall/latency at the cosine `threshold`
     and how many of its answers equal kvgate's (`ours`: the pair kvgate answered with per query,
     None for a miss); {"skipped": reason} when GPTCache cannot run here."""

@@ -3,6 +3,7 @@
 The runs are elsewhere in this package: pairs_run (--pairs), proxy_run (--entries); the tables
 and the JSON file are report's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvgate.tools.bench.semantic.report import print_pairs_summary, print_proxy_summary, write_json
 from kvgate.tools.bench.plot import add_plot_option, write_plot
+from kvgate.tools.bench.semantic.report import print_pairs_summary, print_proxy_summary, write_json
 from kvgate.tools.tuning.pairs import BenchInputError
 
 DEFAULT_PAIRS_THRESHOLD = 0.9
@@ -25,38 +26,81 @@ DEFAULT_FILLER_POSITIVES = Path("../shared/data/gptcache_mock_pairs.json")  # as
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `kvgate bench semantic`."""
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--pairs", type=Path, metavar="FILE.csv",
-                      help="precision/recall mode: CSV with columns question1,question2,is_duplicate")
-    mode.add_argument("--entries", type=int, metavar="N",
-                      help="proxy latency mode: pre-fill the scope with N entries, then time requests")
+    mode.add_argument(
+        "--pairs",
+        type=Path,
+        metavar="FILE.csv",
+        help="precision/recall mode: CSV with columns question1,question2,is_duplicate",
+    )
+    mode.add_argument(
+        "--entries",
+        type=int,
+        metavar="N",
+        help="proxy latency mode: pre-fill the scope with N entries, then time requests",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", default=None, help="write the results here (JSON)")
     add_plot_option(parser)  # --pairs: precision / recall vs threshold
-    parser.add_argument("--threshold", type=float, default=None,
-                        help=f"cosine similarity for a hit (default {DEFAULT_PAIRS_THRESHOLD} with --pairs, "
-                             f"{DEFAULT_PROXY_THRESHOLD} with --entries)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help=f"cosine similarity for a hit (default {DEFAULT_PAIRS_THRESHOLD} with --pairs, {DEFAULT_PROXY_THRESHOLD} with --entries)",
+    )
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="--pairs: use the first N usable pairs")
-    parser.add_argument("--latency-queries", type=int, default=None, metavar="N",
-                        help=f"--pairs: time the first N lookups one at a time (default {DEFAULT_LATENCY_QUERIES})")
-    parser.add_argument("--queries", type=int, default=None, metavar="N",
-                        help=f"--entries: exact and semantic requests to time (default {DEFAULT_PROXY_QUERIES})")
-    parser.add_argument("--filler", choices=["real", "random"], default=None,
-                        help="--entries: what fills the scope: real questions and variants of them (default; needs "
-                             "--filler-pairs) or random unit vectors")
-    parser.add_argument("--filler-pairs", type=Path, default=None, metavar="FILE.csv",
-                        help=f"--entries --filler real: QQP-format questions (default {DEFAULT_FILLER_PAIRS})")
-    parser.add_argument("--filler-positives", type=Path, default=None, metavar="FILE.json",
-                        help=f"--entries --filler real: GPTCache mock pairs [{{origin, similar}}] (default "
-                             f"{DEFAULT_FILLER_POSITIVES} when it exists)")
-    parser.add_argument("--route", default=None, metavar="NAME",
-                        help="--pairs: use this route's operating point (its tuned point with target_precision, "
-                             "from --config's cache_dir, else ./.kvgate) instead of --threshold")
+    parser.add_argument(
+        "--latency-queries",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"--pairs: time the first N lookups one at a time (default {DEFAULT_LATENCY_QUERIES})",
+    )
+    parser.add_argument(
+        "--queries",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"--entries: exact and semantic requests to time (default {DEFAULT_PROXY_QUERIES})",
+    )
+    parser.add_argument(
+        "--filler",
+        choices=["real", "random"],
+        default=None,
+        help="--entries: what fills the scope: real questions and variants of them (default; needs --filler-pairs) or random unit vectors",
+    )
+    parser.add_argument(
+        "--filler-pairs",
+        type=Path,
+        default=None,
+        metavar="FILE.csv",
+        help=f"--entries --filler real: QQP-format questions (default {DEFAULT_FILLER_PAIRS})",
+    )
+    parser.add_argument(
+        "--filler-positives",
+        type=Path,
+        default=None,
+        metavar="FILE.json",
+        help=f"--entries --filler real: GPTCache mock pairs [{{origin, similar}}] (default {DEFAULT_FILLER_POSITIVES} when it exists)",
+    )
+    parser.add_argument(
+        "--route",
+        default=None,
+        metavar="NAME",
+        help="--pairs: use this route's operating point (its tuned point with target_precision, "
+        "from --config's cache_dir, else ./.kvgate) instead of --threshold",
+    )
     parser.add_argument("--config", type=Path, default=None, metavar="CONFIG", help="--pairs: config holding --route")
-    parser.add_argument("--holdout", action="store_true",
-                        help="--pairs: evaluate only the held-out part of the deterministic split `kvgate tune` uses")
+    parser.add_argument(
+        "--holdout",
+        action="store_true",
+        help="--pairs: evaluate only the held-out part of the deterministic split `kvgate tune` uses",
+    )
     parser.add_argument("--no-verifier", action="store_true", help="--pairs: skip the run with the verifier")
-    parser.add_argument("--stages", action="store_true",
-                        help="--pairs: instead of precision/recall, time the stages of the first --latency-queries "
-                             "lookups in kvgate and GPTCache, interleaved (tools/bench/semantic/stages.py)")
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="--pairs: instead of precision/recall, time the stages of the first --latency-queries "
+        "lookups in kvgate and GPTCache, interleaved (tools/bench/semantic/stages.py)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -106,23 +150,35 @@ def _pairs_options(args: argparse.Namespace) -> dict[str, Any]:
     if latency < 1:
         raise BenchInputError(f"--latency-queries must be at least 1, got {latency}")
     settings, verifier_path = _route_settings(args)
-    threshold = settings.threshold if settings else DEFAULT_PAIRS_THRESHOLD if args.threshold is None else args.threshold
-    return {"path": args.pairs, "threshold": _check_threshold(threshold), "limit": args.limit, "latency_queries": latency,
-            "settings": settings, "holdout": args.holdout, "verifier": not args.no_verifier, "verifier_path": verifier_path}
+    threshold = (
+        settings.threshold if settings else DEFAULT_PAIRS_THRESHOLD if args.threshold is None else args.threshold
+    )
+    return {
+        "path": args.pairs,
+        "threshold": _check_threshold(threshold),
+        "limit": args.limit,
+        "latency_queries": latency,
+        "settings": settings,
+        "holdout": args.holdout,
+        "verifier": not args.no_verifier,
+        "verifier_path": verifier_path,
+    }
 
 
 def _stages_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.route is not None or args.config is not None or args.holdout:
-        raise BenchInputError("--stages times lookups at --threshold on the first pairs: no --route, --config, --holdout")
+        raise BenchInputError(
+            "--stages times lookups at --threshold on the first pairs: no --route, --config, --holdout"
+        )
     options = _pairs_options(args)
     return {k: options[k] for k in ("path", "threshold", "limit")} | {"queries": options["latency_queries"]}
 
 
 def _route_settings(args: argparse.Namespace) -> tuple[Any, str | None]:
     """(SemanticSettings of --route or None, the configured verifier dir or None)."""
+    from kvgate.middleware.cache.verification import resolve
     from kvgate.middleware.config import Config, RouteConfig, load_config
     from kvgate.middleware.errors import ConfigError
-    from kvgate.middleware.cache.verification import resolve
 
     if args.route is None:
         if args.config is not None:
@@ -162,9 +218,17 @@ def _proxy_options(args: argparse.Namespace) -> dict[str, Any]:
         if pairs is None:
             pairs = DEFAULT_FILLER_PAIRS
             if not pairs.is_file():
-                raise BenchInputError(f"--filler real needs questions: {pairs} does not exist; give --filler-pairs "
-                                      "FILE.csv (QQP format) or use --filler random")
+                raise BenchInputError(
+                    f"--filler real needs questions: {pairs} does not exist; give --filler-pairs "
+                    "FILE.csv (QQP format) or use --filler random"
+                )
         if positives is None and DEFAULT_FILLER_POSITIVES.is_file():
             positives = DEFAULT_FILLER_POSITIVES
-    return {"entries": args.entries, "queries": queries, "threshold": _check_threshold(threshold),
-            "filler": filler, "pairs_path": pairs, "positives_path": positives}
+    return {
+        "entries": args.entries,
+        "queries": queries,
+        "threshold": _check_threshold(threshold),
+        "filler": filler,
+        "pairs_path": pairs,
+        "positives_path": positives,
+    }

@@ -5,6 +5,7 @@ search each; its scores give the threshold sweep) and a latency pass (one embedd
 per query, one at a time, after a warm-up). The run with the verifier (verified_run) reuses the
 filled index; the GPTCache anchor (anchor_run) gets the same vectors.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -54,8 +55,16 @@ def load_pairs(path: Path, limit: int | None, holdout: bool) -> tuple[list[Pair]
     return kept, skipped, split
 
 
-def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: int, settings: Any = None,
-              holdout: bool = False, verifier: bool = True, verifier_path: str | None = None) -> dict[str, Any]:
+def run_pairs(
+    path: Path,
+    threshold: float,
+    limit: int | None,
+    latency_queries: int,
+    settings: Any = None,
+    holdout: bool = False,
+    verifier: bool = True,
+    verifier_path: str | None = None,
+) -> dict[str, Any]:
     """The whole --pairs benchmark; returns the JSON-ready result.
 
     `settings` (kvgate.middleware.cache.verification.SemanticSettings) is the route's operating point; without
@@ -95,8 +104,9 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
                 t0 = time.perf_counter()
                 index.search(SCOPE, embedder.embed([text])[0], k=1)
                 latencies.append(time.perf_counter() - t0)
-            verified = verified_result(index, SCOPE, embedder, pairs, v2, threshold, settings, verifier, verifier_path,
-                                       latency_texts, warmup)
+            verified = verified_result(
+                index, SCOPE, embedder, pairs, v2, threshold, settings, verifier, verifier_path, latency_texts, warmup
+            )
         finally:
             index.close()
     progress(f"kvgate lookup latency over {len(latencies)} queries done")
@@ -115,16 +125,21 @@ def run_pairs(path: Path, threshold: float, limit: int | None, latency_queries: 
     ]
     distinct_q1 = len(set(q1))
     if distinct_q1 < len(q1):
-        notes.append(f"{len(q1) - distinct_q1} question1 texts repeat another pair's; "
-                     "a top-1 on the other copy counts as incorrect")
+        notes.append(
+            f"{len(q1) - distinct_q1} question1 texts repeat another pair's; a top-1 on the other copy counts as incorrect"
+        )
 
-    anchor = anchor_result(embedder, pairs, v1, v2, threshold, len(latency_texts), warmup,
-                           top1_answers(top, threshold))
+    anchor = anchor_result(embedder, pairs, v1, v2, threshold, len(latency_texts), warmup, top1_answers(top, threshold))
     notes.extend([f"gptcache anchor skipped: {anchor['skipped']}"] if "skipped" in anchor else anchor["notes"])
 
     without = {k: main_score[k] for k in ("precision", "recall", "hits", "correct_hits")}
-    without |= {"threshold": threshold, "pairs": len(pairs), "lookup_p50_ms": p50, "lookup_p99_ms": p99,
-                "precision_95ci": _wilson(main_score["correct_hits"], main_score["hits"])}
+    without |= {
+        "threshold": threshold,
+        "pairs": len(pairs),
+        "lookup_p50_ms": p50,
+        "lookup_p99_ms": p99,
+        "precision_95ci": _wilson(main_score["correct_hits"], main_score["hits"]),
+    }
     return {
         "mode": "pairs",
         "pairs_file": str(path),
@@ -165,5 +180,9 @@ def describe_operating_point(settings: Any, threshold: float) -> dict[str, Any]:
     """The JSON's operating_point: where the thresholds came from (--threshold or the route's settings)."""
     if settings is None:
         return {"source": "--threshold", "cosine_threshold": threshold}
-    return {"source": settings.source, "cosine_threshold": settings.threshold,
-            "verifier_threshold": settings.verifier_threshold, "candidates": settings.candidates}
+    return {
+        "source": settings.source,
+        "cosine_threshold": settings.threshold,
+        "verifier_threshold": settings.verifier_threshold,
+        "candidates": settings.candidates,
+    }

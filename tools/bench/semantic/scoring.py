@@ -3,6 +3,7 @@
 The same code scores kvgate (top-1 with its similarity, so a threshold sweep comes from one
 search pass) and any cache that only says which pair answered (GPTCache).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

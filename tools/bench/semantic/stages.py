@@ -23,6 +23,7 @@ gives both stores' sqlite journal modes (kvgate's diskcache: WAL, synchronous NO
 
 All figures are in ms per lookup (mean and p50 over the queries); none is pass/fail.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -41,11 +42,16 @@ from kvgate.tools.bench.semantic.report import fmt, progress
 
 KVGATE_STAGES = ("embed", "faiss_search", "entry_read", "search_rest")
 GPTCACHE_STAGES = ("pre_process", "embedding", "search", "get_data", "evaluation", "post_process", "other")
-_REPORT_COUNTERS = {"pre_process": "op_pre", "embedding": "op_embedding", "search": "op_search",
-                    "get_data": "op_data", "evaluation": "op_evaluation", "post_process": "op_post"}
+_REPORT_COUNTERS = {
+    "pre_process": "op_pre",
+    "embedding": "op_embedding",
+    "search": "op_search",
+    "get_data": "op_data",
+    "evaluation": "op_evaluation",
+    "post_process": "op_post",
+}
 _SELECTS = (  # what gptcache 0.1.44's SQLStorage.get_data_by_id asks for one id, table prefix "gptcache"
-    "SELECT id, question, create_on, last_access, embedding_data, deleted FROM gptcache_question "
-    "WHERE id = ? AND deleted = 0 LIMIT 1",
+    "SELECT id, question, create_on, last_access, embedding_data, deleted FROM gptcache_question WHERE id = ? AND deleted = 0 LIMIT 1",
     "SELECT answer, answer_type FROM gptcache_answer WHERE question_id = ?",
     "SELECT dep_name, dep_data, dep_type FROM gptcache_question_dep WHERE question_id = ?",
     "SELECT session_id FROM gptcache_session WHERE question_id = ?",
@@ -55,8 +61,11 @@ _SELECTS = (  # what gptcache 0.1.44's SQLStorage.get_data_by_id asks for one id
 def stage_summary(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     """{stage: {"mean_ms", "p50_ms"}} of per-query seconds. Means add up: the mean of a stage
     defined as a difference (search_rest, other) is the difference of the means."""
-    return {name: {"mean_ms": round(statistics.fmean(xs) * 1000, 4), "p50_ms": round(statistics.median(xs) * 1000, 4)}
-            for name, xs in samples.items() if xs}
+    return {
+        name: {"mean_ms": round(statistics.fmean(xs) * 1000, 4), "p50_ms": round(statistics.median(xs) * 1000, 4)}
+        for name, xs in samples.items()
+        if xs
+    }
 
 
 def _journal_mode(path: Path) -> str:
@@ -65,8 +74,9 @@ def _journal_mode(path: Path) -> str:
         return str(db.execute("PRAGMA journal_mode").fetchone()[0])
 
 
-def _kvgate_lookup(index: Any, copy: Any, embedder: Any, requests: Any, text: str,
-                   threshold: float) -> tuple[dict[str, float], bool]:
+def _kvgate_lookup(
+    index: Any, copy: Any, embedder: Any, requests: Any, text: str, threshold: float
+) -> tuple[dict[str, float], bool]:
     """One kvgate lookup of `text` by stage (seconds; module docstring), and whether it hit."""
     from kvgate.middleware.cache.request_log import RequestRecord, new_request_id
 
@@ -83,13 +93,21 @@ def _kvgate_lookup(index: Any, copy: Any, embedder: Any, requests: Any, text: st
     entry, similarity = (found[0][0].id, float(found[0][1])) if found else (None, None)
     requests.record(new_request_id(), RequestRecord("bench", "bench", "semantic", SCOPE, entry, similarity))
     t5 = time.perf_counter()
-    timings = {"lookup": t2 - t0, "embed": t1 - t0, "search": t2 - t1, "faiss_search": t3 - t2,
-               "entry_read": t4 - t3, "search_rest": (t2 - t1) - (t3 - t2) - (t4 - t3), "request_id_write": t5 - t4}
+    timings = {
+        "lookup": t2 - t0,
+        "embed": t1 - t0,
+        "search": t2 - t1,
+        "faiss_search": t3 - t2,
+        "entry_read": t4 - t3,
+        "search_rest": (t2 - t1) - (t3 - t2) - (t4 - t3),
+        "request_id_write": t5 - t4,
+    }
     return timings, similarity is not None and similarity >= threshold
 
 
-def _gptcache_lookup(cache: Any, get: Callable[..., Any], db: sqlite3.Connection, text: str,
-                     vec: np.ndarray) -> tuple[dict[str, float], bool]:
+def _gptcache_lookup(
+    cache: Any, get: Callable[..., Any], db: sqlite3.Connection, text: str, vec: np.ndarray
+) -> tuple[dict[str, float], bool]:
     """One GPTCache `get` of `text` by stage (seconds; module docstring), and whether it hit; `vec`
     (the text's embedding) finds the row whose scalar fetch plain sqlite3 repeats."""
     report = cache.report
@@ -120,8 +138,8 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     from kvgate.index.responses.embedder import make_embedder
     from kvgate.index.responses.semantic import SemanticIndex
     from kvgate.index.responses.vectors import ScopeVectors
-    from kvgate.middleware.config import FeedbackConfig
     from kvgate.middleware.cache.request_log import DiskRequestLog
+    from kvgate.middleware.config import FeedbackConfig
     from kvgate.tools.bench.gptcache_anchor import GptcacheEmbedding, open_gptcache, require_gptcache
     from kvgate.tools.tuning.pairs import BenchInputError
 
@@ -135,7 +153,9 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
     v1, v2 = embed_batched(embedder, q1, "question1"), embed_batched(embedder, q2[:queries], "question2")
     texts, warmup = q2[:queries], q1[-WARMUP_QUERIES:]
     ours: dict[str, list[float]] = {k: [] for k in ("lookup", "embed", "search", *KVGATE_STAGES, "request_id_write")}
-    theirs: dict[str, list[float]] = {k: [] for k in ("lookup", *GPTCACHE_STAGES, "sqlite_selects", "sqlite_update_commit")}
+    theirs: dict[str, list[float]] = {
+        k: [] for k in ("lookup", *GPTCACHE_STAGES, "sqlite_selects", "sqlite_update_commit")
+    }
     hits = {"kvgate": 0, "gptcache": 0}
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-stages-") as tmp:
         index = SemanticIndex(Path(tmp) / "index", embedder.dim, max_entries=len(pairs) + 1)
@@ -150,14 +170,17 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
             with open_gptcache(embedding, q1, threshold, progress) as (cache, db_path):
                 embedding.forget()  # from here every GPTCache lookup embeds for real, as kvgate's do
                 db = sqlite3.connect(db_path)
-                journal = {"gptcache_sqlite": _journal_mode(db_path), "kvgate_diskcache": _journal_mode(index.directory)}
+                journal = {
+                    "gptcache_sqlite": _journal_mode(db_path),
+                    "kvgate_diskcache": _journal_mode(index.directory),
+                }
                 try:
                     for text in warmup:
                         _kvgate_lookup(index, copy, embedder, requests, text, threshold)
                         _gptcache_lookup(cache, get, db, text, v1[0])
                     progress(f"timing {len(texts)} lookups by stage in kvgate and GPTCache, interleaved")
                     for i, text in enumerate(texts):
-                        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+                        for side in (0, 1) if i % 2 == 0 else (1, 0):
                             if side == 0:
                                 timing, hit = _kvgate_lookup(index, copy, embedder, requests, text, threshold)
                                 hits["kvgate"] += hit
@@ -198,13 +221,16 @@ def run_stages(path: Path, threshold: float, limit: int | None, queries: int) ->
 
 def print_stages(result: dict[str, Any]) -> None:
     """Per stage, mean and p50 ms per lookup, kvgate beside GPTCache."""
-    print(f"one lookup by stage, {result['latency_queries']} queries over {result['pairs']} entries "
-          f"({result['index_kind']}), interleaved; hits at cosine {result['threshold']}: {result['hits']}")
+    print(
+        f"one lookup by stage, {result['latency_queries']} queries over {result['pairs']} entries "
+        f"({result['index_kind']}), interleaved; hits at cosine {result['threshold']}: {result['hits']}"
+    )
     print(f"{'cache':<10}{'stage':<22}{'mean ms':>9}{'p50 ms':>9}")
-    for cache, stages in (("kvgate", ("lookup", "embed", "search", *KVGATE_STAGES[1:], "request_id_write")),
-                          ("gptcache", ("lookup", *GPTCACHE_STAGES, "sqlite_selects", "sqlite_update_commit"))):
+    for cache, stages in (
+        ("kvgate", ("lookup", "embed", "search", *KVGATE_STAGES[1:], "request_id_write")),
+        ("gptcache", ("lookup", *GPTCACHE_STAGES, "sqlite_selects", "sqlite_update_commit")),
+    ):
         for name in stages:
             s = result[cache].get(name)
             if s is not None:
                 print(f"{cache:<10}{name:<22}{fmt(s['mean_ms']):>9}{fmt(s['p50_ms']):>9}")
-

@@ -1,0 +1,226 @@
+"""The bench of `kvgate bench vllm` (tools/bench/vllm_arena.py) and `kvgate bench vllm-client`: two
+real vLLM servers, one router at a time in front of them, and one measured run of an arm on cold
+engine caches, with vLLM's counters, CPU and the oracle's cached tokens of what it sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+import yaml
+
+from kvgate.engines.vllm.launch import VllmServer, default_model_dir, start_pair, tier_settings
+from kvgate.middleware.progress import Progress, say
+from kvgate.tools.bench.arena_routers import anchor_launch
+from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
+from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, cpu_fields, replica_summary, request_records
+from kvgate.tools.bench.vllm_arena_setup import (
+    ANCHOR_OF,
+    MODEL,
+    kvgate_config,
+    other_vllm_servers,
+    signals_deferred,
+    wait_workers,
+    warm_up,
+)
+from kvgate.tools.bench.vllm_arena_stats import (
+    Computed,
+    counters,
+    metric_labels,
+    metric_sum,
+    oracle_cached,
+    render_requests,
+    run_summary,
+)
+
+
+class Bench:
+    """The two vLLM servers, and one router at a time in front of them."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.model_dir = str(default_model_dir())
+        self.servers: list[VllmServer] = []
+        self.count = 0
+        self.log = say("vllm-arena")
+
+    @property
+    def bases(self) -> list[str]:
+        return [f"http://127.0.0.1:{s.port}" for s in self.servers]
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self.log(f"starting two vLLM servers ({self.model_dir}, logs in {self.work})")
+        for attempt in range(1, 4):
+            try:  # a port picked free can be taken before vLLM binds it (its own ZMQ sockets, other processes)
+                with signals_deferred(self.log):
+                    tier = tier_settings(self.work / "kv-tier") if self.args.kv_connector else None
+                    self.servers = start_pair(
+                        self.model_dir,
+                        served_name=MODEL,
+                        log_dir=self.work,
+                        kv_cache_gib=self.args.kv_cache_gib,
+                        kv_connector=tier,
+                        extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+                    )
+                break
+            except RuntimeError as exc:
+                if attempt == 3:
+                    raise
+                self.log(f"vLLM start failed ({exc}); trying again on other ports")
+        self.log(f"vLLM up on ports {[s.port for s in self.servers]} in {time.perf_counter() - t0:.0f}s")
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def pages(self) -> list[str]:
+        return [httpx.get(f"{b}/metrics", timeout=30).text for b in self.bases]
+
+    def reset(self, timeout: float = 60.0) -> None:
+        """Empty both prefix caches, and the connector's tier (vLLM refuses while blocks are held: retried)."""
+        query = "?reset_external=true" if self.args.kv_connector else ""
+        for b in self.bases:
+            deadline = time.monotonic() + timeout
+            while not httpx.post(f"{b}/reset_prefix_cache{query}", timeout=30).json().get("success"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{b}: /reset_prefix_cache kept failing for {timeout:.0f}s")
+                time.sleep(0.5)
+
+    def engine_info(self) -> dict[str, Any]:
+        info = metric_labels(self.pages()[0], "vllm:cache_config_info")
+        version = httpx.get(f"{self.bases[0]}/version", timeout=10).json().get("version")
+        return {
+            "kv_cache_tokens": int(info["kv_cache_size_tokens"]) if "kv_cache_size_tokens" in info else None,
+            "block_size": int(info.get("block_size", 0)) or None,
+            "vllm_version": version,
+        }
+
+    def router(self, arm: str, params: dict[str, Any]) -> tuple[Proc, str, str]:
+        """Start `arm`'s router: (process, the URL of --endpoint's path on it, label)."""
+        self.count += 1
+        port, name = free_port(), f"{arm}-{self.count}"
+        if arm in ANCHOR_OF:
+            launch = anchor_launch(ANCHOR_OF[arm], port, self.bases, params, None)
+            assert launch is not None and launch.argv is not None  # preflight checked the binary
+            proc, label = Proc(name, launch.argv, self.work), launch.label
+        else:
+            cfg = self.work / f"{name}.yaml"
+            cfg.write_text(
+                yaml.safe_dump(kvgate_config(arm, self.servers, self.work / f"cache-{name}", self.model_dir))
+            )
+            proc = Proc(
+                name,
+                kvgate_argv("serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning"),
+                self.work,
+                env={"TOKENIZERS_PARALLELISM": "false"},
+            )
+            label = f"kvgate {arm.removeprefix('kvgate_')}"
+        try:
+            proc.wait_http(f"http://127.0.0.1:{port}/health", timeout=180)
+            if arm in ANCHOR_OF:  # they register workers in the background (sglang: seconds): wait for both
+                wait_workers(f"http://127.0.0.1:{port}/readiness", len(self.servers))
+        except BaseException:  # Ctrl-C included: the router runs in its own session
+            proc.stop()
+            raise
+        return proc, f"http://127.0.0.1:{port}{ENDPOINTS[self.args.endpoint]}", label
+
+    def run(
+        self, arm: str, params: dict[str, Any], texts: list[list[str]], tag: str, block_size: int
+    ) -> dict[str, Any]:
+        """One run of `arm` on the conversations `texts`, cold engine caches; the run's summary."""
+        proc, url, label = self.router(arm, params)
+        try:
+            asyncio.run(warm_up(url, endpoint=self.args.endpoint))
+            self.reset()
+            others = other_vllm_servers([s.proc.pid for s in self.servers if s.proc is not None])
+            if others:
+                self.log(f"warning: {others} other vLLM server(s) running: this run's timings share the cores")
+            before_pages = self.pages()
+            total = sum(len(t) for t in texts)
+            cpu = CpuWindow({"router": [proc.proc.pid], "engines": [s.proc.pid for s in self.servers if s.proc]})
+            t0 = time.perf_counter()
+            cpu.start()
+            with Progress(total, f"{arm} {tag}", unit="requests") as bar:
+                turns = asyncio.run(
+                    converse(
+                        url,
+                        texts,
+                        model=MODEL,
+                        max_tokens=self.args.max_tokens,
+                        concurrency=self.args.concurrency,
+                        on_turn=lambda _: bar.update(),
+                        endpoint=self.args.endpoint,
+                    )
+                )
+            spent = cpu.stop()
+            wall = time.perf_counter() - t0
+            time.sleep(1.0)  # the engines' last stats reach /metrics
+            after_pages = self.pages()
+        finally:
+            proc.stop()
+        per_server = [
+            int(metric_sum(a, "vllm:request_success_total") - metric_sum(b, "vllm:request_success_total"))
+            for a, b in zip(after_pages, before_pages)
+        ]
+        ok = [t for t in turns if t.error is None]
+        rendered = render_requests(after_pages)
+        before_rendered = render_requests(before_pages)
+        oracle = self.oracle(ok, block_size)
+        summary = run_summary(
+            [t.ttft for t in ok if t.ttft is not None],
+            [t.error for t in turns if t.error],
+            len(turns),
+            counters(before_pages),
+            counters(after_pages),
+            not_sent=total - len(turns),
+            wall_s=round(wall, 2),
+            requests_per_server=per_server,
+            other_vllm_servers=others,
+            render_requests=None if rendered is None else int(rendered - (before_rendered or 0)),
+            usage_prompt_tokens=sum(t.prompt_tokens or 0 for t in ok),
+            usage_cached_tokens=sum(t.cached_tokens or 0 for t in ok),
+            **oracle,
+            **cpu_fields(spent, len(turns)),
+            request_records=(records := request_records(turns)),
+            per_replica=replica_summary(records),
+        )
+        summary.update(router=label, params=params)
+        return summary
+
+    def oracle(self, turns: Sequence[Turn], block_size: int) -> dict[str, Any]:
+        """The oracle on what this run sent: token ids from vLLM's own /tokenize (its chat template for
+        chat turns; a completions prompt as /v1/completions tokenizes it)."""
+        base = self.bases[0]
+        with httpx.Client(timeout=60) as client:
+
+            def tokens(body: dict[str, Any]) -> list[int]:
+                return client.post(f"{base}/tokenize", json={"model": MODEL, **body}).json()["tokens"]
+
+            reqs, mismatched = [], 0
+            for t in turns:
+                prompt = tokens(
+                    {"messages": t.messages, "add_generation_prompt": True}
+                    if t.prompt is None
+                    else {"prompt": t.prompt}
+                )
+                out = tokens({"prompt": t.answer, "add_special_tokens": False}) if t.answer else []
+                # the last generated token's KV is never computed: an answer cut at max_tokens loses its
+                # last token, one that stopped at EOS loses the EOS (not in the answer's text)
+                reqs.append(Computed(t.sent, t.done, prompt, out[:-1] if t.finish_reason == "length" else out))
+                mismatched += t.prompt_tokens is not None and t.prompt_tokens != len(prompt)
+        hits = oracle_cached(reqs, block_size)
+        prompt_total = sum(len(r.prompt) for r in reqs)
+        return {
+            "oracle_cached_tokens": sum(hits),
+            "oracle_prompt_tokens": prompt_total,
+            "prompt_tokens_max": max((len(r.prompt) for r in reqs), default=0),
+            "oracle_cached_fraction": sum(hits) / prompt_total if prompt_total else None,
+            "oracle_prompt_mismatches": mismatched,
+        }

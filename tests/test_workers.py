@@ -66,6 +66,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc
     )
     try:
         proc.wait_http(f"http://127.0.0.1:{port}/health")
+        _wait_for_every_worker(f"http://127.0.0.1:{port}")
         yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.stop()
@@ -73,6 +74,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc
             r.stop()
     shared = re.search(r"routing state shared in (\S+)", proc.log_path.read_text())
     assert shared is not None and not Path(shared.group(1)).exists()  # the supervisor removed it
+
+
+def _wait_for_every_worker(url: str, timeout_s: float = 60.0) -> None:
+    """The first /health answer means one worker is up; on a loaded machine the other may still be
+    starting, and the kernel gives every connection to the ones accepting. Fresh connections until
+    each worker has answered once."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < WORKERS:
+        assert time.monotonic() < deadline, f"only workers {sorted(seen)} answered within {timeout_s:.0f} s"
+        seen.add(str(httpx.get(f"{url}/health", timeout=10).json()["worker"]))
+        time.sleep(0.05)
 
 
 @pytest.fixture()

@@ -3,17 +3,18 @@
     DELETE /v1/admin/tenants/{tenant}  (admin key)
            → 200 {"object": "tenant.erased", "tenant", "erased": {"entries", "vectors",
                   "feedback_marks", "request_log"}, "salt_epoch", "scrubbed"}
-    POST   /v1/admin/invalidate  (admin key)  body {"tags": [TAG, ...], "tenant"?, "sweep"?}
+    POST   /v1/admin/invalidate  body {"tags": [TAG, ...], "tenant"?, "sweep"?}
            → 200 {"object": "cache.invalidated", "tags", "tenant", "removed"}
-           every tenant's entries, or only "tenant"'s
-    POST   /v1/cache/invalidate  (a tenant's own key)  the same body and answer; the caller's
-           entries only ("tenant" may name the caller, nobody else: 403)
+           with an admin key: every tenant's entries, or only "tenant"'s; with a tenant key (one
+           of auth.keys): the caller's entries only ("tenant" may name the caller, nobody else: 403)
+    POST   /v1/cache/invalidate  (a tenant's own key)  the same as a tenant key on the admin path
 
 `tenant` is the id the proxy keys a tenant's data by: the first 24 hex digits of SHA-256 of its
 API key (kvgate.middleware.server.proxy.tenant_of; `kvgate admin tenant-id` prints it), or the SDK's
-tenant / `cache={"namespace": ...}`. The admin routes take middleware/server/admin.py's key check
-(every admin route needs an admin key; a tenant key is refused there), so a tenant's own
-invalidation lives beside its feedback, under /v1/cache/. "sweep": read every entry instead of the
+tenant / `cache={"namespace": ...}`. The erasure takes middleware/server/admin.py's key check;
+/v1/admin/invalidate takes an admin key, or a configured tenant key for that tenant's own entries
+(a proxy without auth.keys has no tenant keys, so there only an admin key opens it); the same
+tenant call is also under /v1/cache/, beside the tenant's feedback. "sweep": read every entry instead of the
 tag index (see kvgate.index.responses.governance). Tags are checked as a client's are, except that
 kvgate's own model: and system: tags may be named.
 
@@ -34,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvgate.middleware.cache.governance import Governance
 from kvgate.middleware.config import Config
-from kvgate.middleware.errors import BadRequest, Forbidden, NotFound
-from kvgate.middleware.server.auth import ADMIN_PREFIX, bearer_text
+from kvgate.middleware.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from kvgate.middleware.server.auth import ADMIN_PREFIX, bearer_text, key_allowed
 from kvgate.middleware.server.body import parse_json, read_body
 from kvgate.middleware.tags import parse_tags
 
@@ -98,11 +99,23 @@ def add_governance(
         }
     }
 
-    @app.post(
-        f"{ADMIN_PREFIX}invalidate", tags=["admin"], dependencies=[Depends(require_admin)], openapi_extra=body_schema
-    )
-    async def admin_invalidate(request: Request) -> dict[str, Any]:
-        return await invalidate(request, None, own=False)
+    tenant_keys = frozenset(k.encode() for k in config.auth.keys)
+
+    def admin_or_tenant(request: Request) -> str | None:
+        """None for an admin key (any tenant); the caller's tenant for one of auth.keys (its own
+        entries); the admin check's refusal for anything else."""
+        try:
+            require_admin(request)
+            return None
+        except (Forbidden, Unauthorized):
+            token = bearer_text(request.scope)
+            if token is None or not key_allowed(token.encode("latin-1"), tenant_keys):
+                raise
+            return tenant_of(token)
+
+    @app.post(f"{ADMIN_PREFIX}invalidate", tags=["admin"], openapi_extra=body_schema)
+    async def admin_invalidate(request: Request, caller: str | None = Depends(admin_or_tenant)) -> dict[str, Any]:
+        return await invalidate(request, caller, own=caller is not None)
 
     @app.post("/v1/cache/invalidate", openapi_extra=body_schema)
     async def tenant_invalidate(request: Request) -> dict[str, Any]:

@@ -2,9 +2,8 @@
 
 The repository keeps its feature folders at the top (`middleware/`, `index/`, `engines/`, `tools/`);
 an installed kvgate has them inside this package (`kvgate.middleware`, `kvgate.index`, ... :
-`package_dir` in setup.py). In a checkout used without installing (PYTHONPATH pointing at it, as
-the benches do to run another commit's tree) the folders are found beside this one instead, so the
-tree that was named is the tree that runs.
+`package_dir` in setup.py). In a checkout this folder holds symbolic links to them, so a checkout
+on PYTHONPATH (as the benches run another commit's tree) and import-linter read the same shape.
 
 The SDK's names (`from kvgate import Gateway`) resolve on first use (PEP 562), so `import kvgate`
 loads neither LiteLLM nor the pipeline.
@@ -12,13 +11,7 @@ loads neither LiteLLM nor the pipeline.
 
 from __future__ import annotations
 
-from pathlib import Path as _Path
 from typing import Any
-
-_here = _Path(__file__).resolve().parent
-if not (_here / "middleware").is_dir() and (_here.parent / "middleware" / "__init__.py").is_file():
-    __path__.append(str(_here.parent))  # noqa: F821 (a package's own __path__)
-del _Path, _here
 
 __all__ = ["Gateway", "Stream", "AsyncStream", "CacheInfo", "cache_info"]
 

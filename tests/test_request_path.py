@@ -26,7 +26,7 @@ from kvgate.middleware.server.proxy import create_app
 from kvgate.tools.bench.procs import ServerThread
 from tests.conftest import one_replica_config
 
-PIPELINE = str(Path(kvgate.middleware.pipeline.__file__).resolve())
+PIPELINE = kvgate.middleware.pipeline.__file__  # as the interpreter names its code (co_filename)
 ENTRIES = 1
 
 

@@ -138,18 +138,13 @@ def disk_load(
     }
 
 
-def _proxy(stack: ExitStack, work: Path, backend_url: str, embedder: Any, cipher: Any) -> str:
-    """A proxy over a DiskEntryStore in `work` (encrypted when `cipher` is given); its URL."""
-    from kvgate.index.responses.entries.disk import DiskEntryStore
+def serve_over(stack: ExitStack, config: Any, embedder: Any, entries: Any) -> str:
+    """A proxy (in this process, closed with `stack`) whose cache keeps its entries in `entries`; its URL."""
     from kvgate.index.responses.semantic import SemanticIndex
     from kvgate.middleware.build import build_pipeline
-    from kvgate.middleware.config import parse_config
     from kvgate.middleware.server.proxy import create_app
     from kvgate.tools.bench.procs import ServerThread
-    from kvgate.tools.bench.proxy_latency import bench_config
 
-    config = parse_config(bench_config(work, backend_url, 0.8, 0), "bench config")
-    entries = DiskEntryStore(work / "responses", embedder.dim, cipher)
     index = SemanticIndex(
         None,
         embedder.dim,
@@ -163,6 +158,16 @@ def _proxy(stack: ExitStack, work: Path, backend_url: str, embedder: Any, cipher
     server = ServerThread(create_app(config, pipeline)).start()
     stack.callback(server.stop)
     return server.url
+
+
+def _proxy(stack: ExitStack, work: Path, backend_url: str, embedder: Any, cipher: Any) -> str:
+    """A proxy over a DiskEntryStore in `work` (encrypted when `cipher` is given); its URL."""
+    from kvgate.index.responses.entries.disk import DiskEntryStore
+    from kvgate.middleware.config import parse_config
+    from kvgate.tools.bench.proxy_latency import bench_config
+
+    config = parse_config(bench_config(work, backend_url, 0.8, 0), "bench config")
+    return serve_over(stack, config, embedder, DiskEntryStore(work / "responses", embedder.dim, cipher))
 
 
 def hit_latency(

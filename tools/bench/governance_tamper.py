@@ -134,13 +134,12 @@ def tamper_entries(
     from kvgate.engines.demo import create_fake_app
     from kvgate.index.responses.entries.disk import DiskEntryStore
     from kvgate.index.responses.entries.redis import RedisEntryStore
-    from kvgate.index.responses.semantic import SemanticIndex
     from kvgate.index.storage.cipher import EntryCipher
     from kvgate.index.storage.redis_link import LinkSettings, RedisLink
-    from kvgate.middleware.build import build_pipeline
     from kvgate.middleware.config import parse_config
     from kvgate.middleware.request import CacheControl, build_view
-    from kvgate.middleware.server.proxy import create_app, tenant_of
+    from kvgate.middleware.server.proxy import tenant_of
+    from kvgate.tools.bench.governance_crypto import serve_over
     from kvgate.tools.bench.procs import ServerThread
     from kvgate.tools.bench.proxy_latency import BENCH_TOKEN, CACHE_HEADER, bench_config, chat_body
     from kvgate.tools.bench.seed_questions import SEED_QUESTIONS
@@ -161,20 +160,9 @@ def tamper_entries(
         else:
             entries = DiskEntryStore(work / "responses", embedder.dim, cipher)
         config = parse_config(raw_config, "bench config")
-        index = SemanticIndex(
-            None,
-            embedder.dim,
-            max_entries=config.max_entries,
-            entries=entries,
-            tighten_margin=config.feedback.margin,
-            max_bytes=config.max_bytes,
-        )
-        pipeline = build_pipeline(config, embedder=embedder, index=index)
-        stack.callback(pipeline.close)
-        server = ServerThread(create_app(config, pipeline)).start()
-        stack.callback(server.stop)
+        url = serve_over(stack, config, embedder, entries)
         client = stack.enter_context(
-            httpx.Client(base_url=server.url, timeout=60.0, headers={"authorization": f"Bearer {BENCH_TOKEN}"})
+            httpx.Client(base_url=url, timeout=60.0, headers={"authorization": f"Bearer {BENCH_TOKEN}"})
         )
         raw = _RedisRaw(entries, "gov:") if backend == "redis" else _DiskRaw(entries)
         stack.callback(raw.close)

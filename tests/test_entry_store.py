@@ -8,6 +8,7 @@ tests at the end forge damage through one backend's internals and are that backe
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -277,6 +278,27 @@ def test_disk_entry_under_the_wrong_id_is_damage(tmp_path: Path) -> None:
     store.cache.set(f"e:{second.id}", first.to_bytes())  # a page copied over another
     assert store.get(second.id) is None and store.get_exact("b") is None and store.damaged >= 1
     assert {s.entry.id for s in store.scan()} == {first.id}
+    store.close()
+
+
+def test_disk_index_rows_read_as_diskcache_writes_them(tmp_path: Path) -> None:
+    """Pointers and index rows go in with one batched statement; diskcache must read, count,
+    expire and cull them as if `set` had written them."""
+    store = DiskEntryStore(tmp_path, DIM)
+    entry = dataclasses.replace(new_entry(store, key="k", ttl=0.4), tenant="t", tags=["doc:1"])
+    store.put(entry, ttl=0.4)
+    cache = store.cache
+    assert cache.get("x:k") == entry.id and cache.get(f"g:doc:1|{entry.id}") == 1
+    assert cache.get(f"g:{tenant_term('t')}|{entry.id}") == 1
+    _, expire_time = cache.get("x:k", expire_time=True)
+    assert expire_time is not None and 0 < expire_time - time.time() <= 0.4
+    assert len(cache) == sum(1 for _ in cache.iterkeys())  # diskcache's own row count kept by its triggers
+    store.cache.set("x:k", 99)  # diskcache's set over a batched row replaces it
+    assert cache.get("x:k") == 99
+    time.sleep(0.5)
+    cache.set("other", 1)  # a later set culls expired rows, the batched ones with the rest
+    assert cache.get(f"g:doc:1|{entry.id}") is None
+    assert len(cache) == sum(1 for _ in cache.iterkeys())
     store.close()
 
 

@@ -1,7 +1,8 @@
 """What kvgate asks of a diskcache directory's SQLite database directly: a range of keys, deletes
 that leave nothing readable, and a scrub of the write-ahead log.
 
-diskcache's own API lists keys only by walking all of them; its table keeps a unique index on
+diskcache's own API lists keys only by walking all of them, and its `set` runs three statements per
+key (look-up, write, cull of expired rows); its table keeps a unique index on
 (key, raw), so a range of string keys is one indexed query instead (diskcache 5's schema: table
 `Cache`, string keys stored as TEXT with raw = 1, `expire_time` in epoch seconds).
 
@@ -22,6 +23,12 @@ from pathlib import Path
 
 import diskcache
 
+_PUT_INT = (
+    "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, mode, filename, value)"
+    " VALUES (?, 1, ?, ?, ?, 0, NULL, 0, 1, NULL, ?)"
+    " ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time, expire_time = excluded.expire_time,"
+    " access_time = excluded.access_time, value = excluded.value"
+)
 SCRUB_WAIT_S = 5.0  # a reader in another process may hold the log for a moment
 SECURE_DELETE = {"sqlite_secure_delete": 1}  # open_cache(..., **SECURE_DELETE): deleted content is zeroed
 
@@ -33,6 +40,18 @@ def keys_between(cache: diskcache.Cache, low: str, high: str) -> list[str]:
         (low, high, time.time()),
     ).fetchall()
     return [key for (key,) in rows if isinstance(key, str)]
+
+
+def put_ints(cache: diskcache.Cache, items: dict[str, int], expire: float | None) -> None:
+    """Write string keys with integer values (pointers, index rows) in one statement, as `set`
+    would store them (an int is kept raw in the row: mode 1, no file, size 0). Call it inside the
+    cache's `transact()` with the rows it belongs with. Expired rows are still culled by the
+    `set` calls around it, which is why it writes only small rows beside one."""
+    now = time.time()
+    expire_time = None if expire is None else now + expire
+    cache._con.executemany(  # noqa: SLF001  (the batched write diskcache has no public call for)
+        _PUT_INT, [(key, now, expire_time, now, value) for key, value in items.items()]
+    )
 
 
 def scrub(directory: Path, wait_s: float = SCRUB_WAIT_S) -> bool:

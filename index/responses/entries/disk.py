@@ -41,7 +41,7 @@ from kvgate.index.responses.entries.base import CacheEntry, Stored
 from kvgate.index.responses.tags import index_terms
 from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
 from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
-from kvgate.index.storage.disk_sql import SECURE_DELETE, keys_between, scrub
+from kvgate.index.storage.disk_sql import SECURE_DELETE, keys_between, put_ints, scrub
 from kvgate.index.storage.recover import open_cache
 from kvgate.index.storage.sealed import SealedDisk
 from kvgate.index.storage.wal import WalCheckpointer
@@ -116,12 +116,15 @@ class DiskEntryStore:
         if vector is not None:
             vec = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes()
             self.cache.set(f"v:{entry.id}", seal_with(self.cipher, vec, entry.scope, f"v:{entry.id}"), expire=ttl)
-        for term in index_terms(entry.tags, entry.tenant):  # before the entry: a listed id may be gone, never missing
-            self.cache.set(f"g:{term}|{entry.id}", 1, expire=ttl)
         raw = entry.to_bytes()
         self.cache.set(f"e:{entry.id}", seal_with(self.cipher, raw, entry.scope, f"e:{entry.id}"), expire=ttl)
+        # index rows and the exact pointer in one statement, in the entry's transaction: no reader
+        # sees an id listed before its entry is there
+        rows = {f"g:{term}|{entry.id}": 1 for term in index_terms(entry.tags, entry.tenant)}
         if entry.exact_key is not None:
-            self.cache.set(f"x:{entry.exact_key}", entry.id, expire=ttl)
+            rows[f"x:{entry.exact_key}"] = entry.id
+        if rows:
+            put_ints(self.cache, rows, ttl)
         return self._size(len(raw), vector is not None)
 
     def rewrite(self, entry: CacheEntry) -> bool:

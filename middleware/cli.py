@@ -366,6 +366,13 @@ def _main(argv: list[str]) -> int:
     )
     for noisy in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):  # per-call INFO lines from libraries
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    work = getattr(args, "dir", None) if args.command == "bench" else None
+    if work is not None:  # every bench's --dir is where its work directory goes: make it, as the user meant
+        try:
+            Path(work).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"kvgate bench: --dir {work}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

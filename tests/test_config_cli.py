@@ -158,3 +158,17 @@ def test_sdk_example(backend):
     tiers = [line.split()[0] for line in out.stdout.splitlines()]
     assert tiers[:3] == ["miss", "exact", "semantic"]
     assert out.stdout.splitlines()[3].startswith("stream exact: Answer")
+
+
+def test_cli_bench_dir_is_made_or_refused_in_one_line(tmp_path, capsys):
+    from kvgate.middleware.cli import main
+
+    nested = tmp_path / "a" / "b"
+    # made before the bench runs; this one then stops at its own argument check
+    assert main(["bench", "vllm", "--json", str(tmp_path / "r.json"), "--arms", "nope", "--dir", str(nested)]) == 2
+    assert nested.is_dir()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["bench", "vllm", "--json", str(tmp_path / "r.json"), "--dir", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert f"--dir {blocker / 'sub'}" in err and "Traceback" not in err

@@ -212,6 +212,14 @@ def test_options_checked():
     )
 
 
+def test_the_replay_arm_needs_the_run_it_replays_first():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    for arms in ("replay_precise", "replay_precise,kvgate_precise", "sglang,replay_precise"):
+        assert any("replay_precise" in m for m in validate(p.parse_args(["--json", "x", "--arms", arms]))), arms
+    assert validate(p.parse_args(["--json", "x", "--arms", "kvgate_precise,sglang,replay_precise"])) == []
+
+
 def test_an_answer_that_ends_at_once_still_has_a_first_token() -> None:
     # the model's first token may be its end: the stream carries a finish_reason and no content
     turn = Turn(0, 0, [], sent=1.0)

@@ -87,3 +87,32 @@ def test_render_requests_counted_per_handler():
     )
     assert render_requests([page, page]) == 14.0
     assert render_requests(["vllm:prompt_tokens_total 3.0\n"]) is None
+
+
+def test_replay_sends_each_turn_where_the_replayed_run_placed_it(monkeypatch, tmp_path):
+    """The ablation arm: no router; each turn to the engine kvgate precise chose for it, a turn it
+    did not place to conversation % 2, counted."""
+    from types import SimpleNamespace
+
+    from kvgate.tools.bench.vllm_arena_bench import Bench
+    from kvgate.tools.bench.vllm_arena_setup import placements
+
+    urls: list[tuple[int, int, str]] = []
+
+    async def send(client, url, turn, model, max_tokens, timeout):  # noqa: ARG001 - send_turn's signature
+        urls.append((turn.conversation, turn.turn, url))
+        turn.ttft, turn.answer = 0.01, "ok"
+
+    monkeypatch.setattr(vllm_arena_client, "send_turn", send)
+    records = [{"c": 0, "t": 0, "replica": "v1"}, {"c": 0, "t": 1, "replica": "v0"}, {"c": 1, "t": 0}]
+    bench = Bench(argparse.Namespace(endpoint="chat"), tmp_path)
+    bench.servers = [SimpleNamespace(port=1000), SimpleNamespace(port=1001)]
+    warm, place, unplaced = bench.replay(placements(records))
+    assert warm == "http://127.0.0.1:1000/v1/chat/completions"
+    sent = asyncio.run(converse("unused", [["a", "b"], ["c"]], model="m", max_tokens=4, concurrency=2, place=place))
+    where = {(c, t): u for c, t, u in urls}
+    assert where[(0, 0)] == "http://127.0.0.1:1001/v1/chat/completions"
+    assert where[(0, 1)] == "http://127.0.0.1:1000/v1/chat/completions"
+    assert where[(1, 0)] == "http://127.0.0.1:1001/v1/chat/completions"  # not placed: conversation 1 % 2
+    assert {(t.conversation, t.turn): t.replica for t in sent} == {(0, 0): "v1", (0, 1): "v0", (1, 0): "v1"}
+    assert len(unplaced) == 1

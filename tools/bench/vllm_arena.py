@@ -7,7 +7,10 @@ VLLM_SERVER_DEV_MODE=1 for `POST /reset_prefix_cache`), and in front of them, on
 nor tokenizer given, the router finds them from the engine), `kvgate_approximate` (cache_aware,
 approximate, tokenizer = the model dir), `round_robin` (kvgate serve), `sglang` (sglang-router
 cache_aware) and `vllm_router` (vllm-router cache_aware); on request (--arms) the two kvgate arms with
-policy prefill_time instead (`kvgate_precise_prefill_time`, `kvgate_approximate_prefill_time`). kvgate arms run with both response-cache
+policy prefill_time instead (`kvgate_precise_prefill_time`, `kvgate_approximate_prefill_time`), and
+the ablation `replay_precise`: no router at all, each turn sent straight to the engine kvgate precise
+chose for it in the same run (listed after kvgate_precise), which separates where kvgate places
+requests from what its proxy costs them. kvgate arms run with both response-cache
 tiers off (every turn is routed) and a fresh cache_dir; every router is a fresh process per run.
 
 Workload (tools/bench/vllm_arena_workload.py): conversations grouped from a Mooncake-format trace,
@@ -33,7 +36,8 @@ ttft_p50_s / ttft_p90_s (every TTFT pooled), cached_fraction (all runs' tokens),
 runs (each run: its TTFTs, engine counters, requests per server, render_requests: the engines'
 `.../render` calls, vllm-router's tokenization; its oracle; router_cpu_s, router_cpu_ms_per_request,
 engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/bench/vllm_arena_cpu.py;
-request_records: one small dict per request, with per_replica where a kvgate router named the replica);
+request_records: one small dict per request, with per_replica where a kvgate router named the replica;
+the replay arm's runs add unplaced_turns, the turns the replayed run did not place);
 the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs; top level:
 oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
 cache_config_info), machine (with the other vLLM servers found running), command, scaling, tuning.
@@ -62,12 +66,19 @@ from kvgate.tools.bench.trace import load_trace
 from kvgate.tools.bench.vllm_arena_bench import Bench
 from kvgate.tools.bench.vllm_arena_client import ENDPOINTS
 from kvgate.tools.bench.vllm_arena_cpu import arm_cpu
-from kvgate.tools.bench.vllm_arena_setup import ANCHOR_OF, other_vllm_servers, preflight
+from kvgate.tools.bench.vllm_arena_setup import (
+    ANCHOR_OF,
+    REPLAY_ARM,
+    REPLAYED,
+    other_vllm_servers,
+    placements,
+    preflight,
+)
 from kvgate.tools.bench.vllm_arena_stats import router_summary
 from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
 DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
-ARMS = (*DEFAULT_ARMS, "kvgate_precise_prefill_time", "kvgate_approximate_prefill_time")  # policy prefill_time
+ARMS = (*DEFAULT_ARMS, "kvgate_precise_prefill_time", "kvgate_approximate_prefill_time", REPLAY_ARM)
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 
 
@@ -125,6 +136,8 @@ def validate(args: argparse.Namespace) -> list[str]:
     unknown = [a for a in arms if a not in ARMS]
     if not arms or unknown or len(set(arms)) != len(arms):
         bad.append(f"--arms: {unknown or 'empty or repeated'}; choose from {','.join(ARMS)}")
+    elif REPLAY_ARM in arms and (REPLAYED not in arms or arms.index(REPLAYED) > arms.index(REPLAY_ARM)):
+        bad.append(f"--arms: {REPLAY_ARM} replays {REPLAYED}'s placements of the same run: list {REPLAYED} before it")
     try:
         parse_grid(args.anchor_grid)
     except ValueError as exc:
@@ -240,7 +253,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for r in range(args.runs):
             for arm in arms:
                 params = chosen.get(arm, dict(ANCHOR_DEFAULTS)) if arm in ANCHOR_OF else {}
-                s = bench.run(arm, params, texts, f"run {r + 1}/{args.runs}", block)
+                placed = placements(runs[REPLAYED][-1]["request_records"]) if arm == REPLAY_ARM else None
+                s = bench.run(arm, params, texts, f"run {r + 1}/{args.runs}", block, placed)
                 runs[arm].append({"run": r + 1, **s})
                 log(
                     f"{arm} run {r + 1}: ttft mean {s['ttft_mean_s']}, cached {s['cached_fraction']}, "

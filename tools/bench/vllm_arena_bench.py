@@ -9,7 +9,7 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import httpx
 import yaml
@@ -23,6 +23,7 @@ from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, cpu_fields, replica_sum
 from kvgate.tools.bench.vllm_arena_setup import (
     ANCHOR_OF,
     MODEL,
+    REPLAY_ARM,
     kvgate_config,
     other_vllm_servers,
     signals_deferred,
@@ -131,11 +132,39 @@ class Bench:
             raise
         return proc, f"http://127.0.0.1:{port}{ENDPOINTS[self.args.endpoint]}", label
 
+    def replay(self, placed: dict[tuple[int, int], str]) -> tuple[str, Callable[[Turn], tuple[str, str]], list[int]]:
+        """The replay arm's targets: (warm-up URL, where each turn goes, [turns not placed]); a turn
+        the replayed run did not place (it failed there) goes to engine conversation % 2."""
+        path = ENDPOINTS[self.args.endpoint]
+        names = [f"v{i}" for i in range(len(self.servers))]  # kvgate_config's replica names
+        unplaced: list[int] = []
+
+        def place(turn: Turn) -> tuple[str, str]:
+            name = placed.get((turn.conversation, turn.turn))
+            if name not in names:
+                unplaced.append(1)
+                name = names[turn.conversation % len(names)]
+            return name, self.bases[names.index(name)] + path
+
+        return self.bases[0] + path, place, unplaced
+
     def run(
-        self, arm: str, params: dict[str, Any], texts: list[list[str]], tag: str, block_size: int
+        self,
+        arm: str,
+        params: dict[str, Any],
+        texts: list[list[str]],
+        tag: str,
+        block_size: int,
+        placed: dict[tuple[int, int], str] | None = None,
     ) -> dict[str, Any]:
-        """One run of `arm` on the conversations `texts`, cold engine caches; the run's summary."""
-        proc, url, label = self.router(arm, params)
+        """One run of `arm` on the conversations `texts`, cold engine caches; the run's summary.
+        The replay arm starts no router: `placed` says where each turn goes."""
+        place, unplaced = None, []
+        if arm == REPLAY_ARM:
+            url, place, unplaced = self.replay(placed or {})
+            proc, label = None, "no router: kvgate precise's placements replayed"
+        else:
+            proc, url, label = self.router(arm, params)
         try:
             asyncio.run(warm_up(url, endpoint=self.args.endpoint))
             self.reset()
@@ -144,7 +173,8 @@ class Bench:
                 self.log(f"warning: {others} other vLLM server(s) running: this run's timings share the cores")
             before_pages = self.pages()
             total = sum(len(t) for t in texts)
-            cpu = CpuWindow({"router": [proc.proc.pid], "engines": [s.proc.pid for s in self.servers if s.proc]})
+            router_pids = [proc.proc.pid] if proc is not None else []
+            cpu = CpuWindow({"router": router_pids, "engines": [s.proc.pid for s in self.servers if s.proc]})
             t0 = time.perf_counter()
             cpu.start()
             with Progress(total, f"{arm} {tag}", unit="requests") as bar:
@@ -157,6 +187,7 @@ class Bench:
                         concurrency=self.args.concurrency,
                         on_turn=lambda _: bar.update(),
                         endpoint=self.args.endpoint,
+                        place=place,
                     )
                 )
             spent = cpu.stop()
@@ -164,7 +195,8 @@ class Bench:
             time.sleep(1.0)  # the engines' last stats reach /metrics
             after_pages = self.pages()
         finally:
-            proc.stop()
+            if proc is not None:
+                proc.stop()
         per_server = [
             int(metric_sum(a, "vllm:request_success_total") - metric_sum(b, "vllm:request_success_total"))
             for a, b in zip(after_pages, before_pages)
@@ -192,6 +224,8 @@ class Bench:
             per_replica=replica_summary(records),
         )
         summary.update(router=label, params=params)
+        if arm == REPLAY_ARM:
+            summary["unplaced_turns"] = len(unplaced)
         return summary
 
     def oracle(self, turns: Sequence[Turn], block_size: int) -> dict[str, Any]:

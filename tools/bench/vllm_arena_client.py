@@ -8,7 +8,8 @@ and the new text: later turns extend earlier prompts as a real chat does. With t
 endpoint turn k's prompt is turn k-1's prompt, its answer and the new text
 (vllm_arena_workload.next_prompt). After a failed turn the rest of that conversation is not sent.
 Each turn keeps the replica a kvgate router names in its `x-kvgate-replica` response header; the
-anchors name none, so theirs stays None.
+anchors name none, so theirs stays None. With `place`, each turn goes straight to the engine it
+names (the replay arm: no router in the path) and keeps that engine's name as its replica.
 """
 
 from __future__ import annotations
@@ -127,9 +128,11 @@ async def converse(
     timeout: float = 600.0,
     on_turn: Callable[[Turn], None] | None = None,
     endpoint: str = "chat",
+    place: Callable[[Turn], tuple[str, str]] | None = None,
 ) -> list[Turn]:
     """Every conversation (`texts[c]`: its user messages), `concurrency` at a time in list order, as
-    chat turns or (`endpoint` "completions") text prompts; the turns sent, in the order they were sent."""
+    chat turns or (`endpoint` "completions") text prompts; the turns sent, in the order they were sent.
+    `place(turn)` → (replica name, URL): where each turn goes instead of `url`."""
     sent: list[Turn] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
     for c in range(len(texts)):
@@ -149,7 +152,9 @@ async def converse(
                     messages = [*messages, {"role": "user", "content": text}]
                     turn = Turn(c, k, messages)
                 sent.append(turn)
-                await send_turn(client, url, turn, model, max_tokens, timeout)
+                replica, target = place(turn) if place is not None else (None, url)
+                await send_turn(client, target, turn, model, max_tokens, timeout)
+                turn.replica = replica or turn.replica
                 if on_turn is not None:
                     on_turn(turn)
                 if turn.error is not None:

@@ -53,6 +53,17 @@ KVGATE_ARMS = {
 }
 
 
+# the ablation arm: the turns sent straight to the engines kvgate precise chose for them in the same
+# run (no router process, nothing hashed), so kvgate's placement is measured without its proxy
+REPLAY_ARM = "replay_precise"
+REPLAYED = "kvgate_precise"
+
+
+def placements(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int], str]:
+    """(conversation, turn) → the replica a kvgate run named for it, from its request_records."""
+    return {(r["c"], r["t"]): r["replica"] for r in records if "replica" in r}
+
+
 def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, tokenizer: str) -> dict[str, Any]:
     """`kvgate serve` config of a kvgate arm: both cache tiers off, the two servers as replicas."""
     replicas: list[dict[str, Any]] = [{"name": f"v{i}", "api_base": s.api_base} for i, s in enumerate(servers)]

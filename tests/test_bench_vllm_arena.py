@@ -220,6 +220,18 @@ def test_the_replay_arm_needs_the_run_it_replays_first():
     assert validate(p.parse_args(["--json", "x", "--arms", "kvgate_precise,sglang,replay_precise"])) == []
 
 
+def test_router_nice_is_checked_and_wraps_every_router(tmp_path):
+    from kvgate.tools.bench.vllm_arena_bench import Bench
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert any("--router-nice" in m for m in validate(p.parse_args(["--json", "x", "--router-nice", "-21"])))
+    args = p.parse_args(["--json", "x", "--router-nice", "5"])
+    assert validate(args) == []
+    assert Bench(args, tmp_path).niced(["r", "--x"]) == ["nice", "-n", "5", "r", "--x"]
+    assert Bench(p.parse_args(["--json", "x"]), tmp_path).niced(["r"]) == ["r"]
+
+
 def test_an_answer_that_ends_at_once_still_has_a_first_token() -> None:
     # the model's first token may be its end: the stream carries a finish_reason and no content
     turn = Turn(0, 0, [], sent=1.0)

@@ -39,7 +39,7 @@ engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/be
 request_records: one small dict per request, with per_replica where a kvgate router named the replica;
 the replay arm's runs add unplaced_turns, the turns the replayed run did not place);
 the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs; top level:
-oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
+router_nice (the routers' nice value), oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
 cache_config_info), machine (with the other vLLM servers found running), command, scaling, tuning.
 A default run (16 conversations × 4 turns, 5 arms × 3 runs, tuning on 8) takes about 30 minutes
 on 2 cores with nothing else running: ~65 s per cache-aware run, ~125 s per round_robin run.
@@ -48,6 +48,7 @@ on 2 cores with nothing else running: ~65 s per cache-aware run, ~125 s per roun
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -115,6 +116,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dir", type=Path, default=None, help="where the work directory (logs, configs) goes")
     p.add_argument(
+        "--router-nice",
+        type=int,
+        default=0,
+        help="every router process (kvgate and the anchors alike) runs at this nice value; negative puts it "
+        "ahead of the engines for a core, as a router on CPUs of its own would be (needs root)",
+    )
+    p.add_argument(
         "--kv-connector",
         action="store_true",
         help="every engine loads kvgate's KV connector over one shared disk directory (emptied with the "
@@ -132,6 +140,10 @@ def validate(args: argparse.Namespace) -> list[str]:
         bad.append("--concurrency must be >= 2 (at least two conversations in flight)")
     if args.tune_conversations < 0:
         bad.append("--tune-conversations must be >= 0")
+    if not -20 <= args.router_nice <= 19:
+        bad.append("--router-nice must be between -20 and 19")
+    elif args.router_nice < 0 and os.geteuid() != 0:
+        bad.append("--router-nice below 0 needs root (raising a process's priority is privileged)")
     arms = parse_arms(args.arms)
     unknown = [a for a in arms if a not in ARMS]
     if not arms or unknown or len(set(arms)) != len(arms):
@@ -216,6 +228,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "other_vllm_servers_at_start": others,
         },
         "command": "kvgate " + shlex.join(sys.argv[1:]),
+        "router_nice": args.router_nice,
         "scaling": {
             **scaling(args.block_tokens, args.max_prompt_tokens, args.max_tokens, counts),
             "trace": str(args.trace),

@@ -103,6 +103,11 @@ class Bench:
             "vllm_version": version,
         }
 
+    def niced(self, argv: list[str]) -> list[str]:
+        """A router's command at --router-nice (nice execs it: the pid, and its CPU, are the router's)."""
+        nice = getattr(self.args, "router_nice", 0)
+        return ["nice", "-n", str(nice), *argv] if nice else argv
+
     def router(self, arm: str, params: dict[str, Any]) -> tuple[Proc, str, str]:
         """Start `arm`'s router: (process, the URL of --endpoint's path on it, label)."""
         self.count += 1
@@ -110,7 +115,7 @@ class Bench:
         if arm in ANCHOR_OF:
             launch = anchor_launch(ANCHOR_OF[arm], port, self.bases, params, None)
             assert launch is not None and launch.argv is not None  # preflight checked the binary
-            proc, label = Proc(name, launch.argv, self.work), launch.label
+            proc, label = Proc(name, self.niced(launch.argv), self.work), launch.label
         else:
             cfg = self.work / f"{name}.yaml"
             cfg.write_text(
@@ -118,7 +123,7 @@ class Bench:
             )
             proc = Proc(
                 name,
-                kvgate_argv("serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning"),
+                self.niced(kvgate_argv("serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning")),
                 self.work,
                 env={"TOKENIZERS_PARALLELISM": "false"},
             )

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from kvgate.tools.bench.kv_gpu_cells import Plan, run_shape
+from kvgate.tools.bench.kv_gpu_cells import Plan, gbps, run_shape
 from kvgate.tools.bench.kv_gpu_model import SHAPES, quick
 from kvgate.tools.bench.pagecache import PageCache
 
@@ -76,7 +76,7 @@ def raw_disk_read_gbps(directory: Path, nbytes: int, cache: PageCache) -> float:
             total += len(chunk)
     seconds = time.perf_counter() - t0
     path.unlink()
-    return round(total / seconds / 1e9, 3)
+    return gbps(total, seconds)
 
 
 def chunk_blocks_for(shape: Any, asked: int | None, is_quick: bool) -> int:

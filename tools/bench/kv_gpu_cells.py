@@ -51,6 +51,11 @@ class ShapeResult:
     raw_exact: bool = True
 
 
+def gbps(nbytes: float, seconds: float) -> float:
+    """GB/s to 4 significant figures (a CPU run's figures are thousandths, a GPU's tens)."""
+    return float(f"{nbytes / seconds / 1e9:.4g}")
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -210,8 +215,8 @@ def load_cell(
         "tier": tier,
         "codec": codec,
         "history_tokens": h,
-        "load_gbps_bf16_equiv": round(h * shape.kv_bytes_per_token / load_s / 1e9, 3),
-        "load_gbps_moved": round(moved / load_s / 1e9, 3),
+        "load_gbps_bf16_equiv": gbps(h * shape.kv_bytes_per_token, load_s),
+        "load_gbps_moved": gbps(moved, load_s),
         "load_s": round(load_s, 5),
         "prefill_s": round(prefill_s, 5),
         "suffix_s": round(suffix_s, 5),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -82,3 +84,20 @@ class RoutingPolicy(Protocol):
     name: str
 
     def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState: ...
+
+
+class Rotation:
+    """A thread-safe turn counter for breaking ties: each call hands the candidates back rotated one
+    place further, so a policy that keeps the first of equals spreads them round robin."""
+
+    def __init__(self) -> None:
+        self._turns = itertools.count()
+        self._lock = threading.Lock()
+
+    def turn(self) -> int:
+        with self._lock:
+            return next(self._turns)
+
+    def rotated(self, candidates: Sequence[ReplicaState]) -> list[ReplicaState]:
+        turn, n = self.turn(), len(candidates)
+        return [candidates[(turn + i) % n] for i in range(n)]

@@ -60,12 +60,10 @@ fitted to the requests they are measured on.
 
 from __future__ import annotations
 
-import itertools
 import math
-import threading
 from typing import Sequence
 
-from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing.base import ReplicaState, Rotation, RoutePlan
 from kvgate.middleware.routing_config import CacheAwareConfig
 
 # = CacheAwareConfig's defaults (middleware/routing_config.py), for the pure functions below
@@ -156,14 +154,10 @@ class CacheAware:
         self.queue_slack = self.settings.queue_slack
         self.prompt_slack = self.settings.prompt_slack
         self.session_slack = self.settings.session_slack
-        self._tie = itertools.count()
-        self._lock = threading.Lock()
+        self._ties = Rotation()
 
     def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
-        with self._lock:
-            turn = next(self._tie)
-        n = len(candidates)
-        rotated = [candidates[(turn + i) % n] for i in range(n)]
+        rotated = self._ties.rotated(candidates)
         best_match = max(plan.held_tokens(r.name) for r in rotated)
         queue_slack = self.queue_slack if plan.shared_prefix or best_match == 0 else self.session_slack
         allowed = admissible(rotated, plan, self.decode_weight, queue_slack, self.prompt_slack)

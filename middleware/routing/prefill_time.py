@@ -34,11 +34,9 @@ Invariants (`choose`; tests/test_routing_prefill_time.py checks them on random s
 
 from __future__ import annotations
 
-import itertools
-import threading
 from typing import Sequence
 
-from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing.base import ReplicaState, Rotation, RoutePlan
 from kvgate.middleware.routing_config import PrefillTimeConfig
 
 DEFAULT_COLD_PREFILL_RATE = 1000.0  # = PrefillTimeConfig's default (middleware/routing_config.py)
@@ -80,14 +78,10 @@ class PrefillTime:
         validated as the config is."""
         self.settings = settings if settings is not None else PrefillTimeConfig(**knobs)
         self.cold_rate = self.settings.cold_prefill_rate
-        self._tie = itertools.count()
-        self._lock = threading.Lock()
+        self._ties = Rotation()
 
     def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
-        with self._lock:
-            turn = next(self._tie)
-        n = len(candidates)
-        rotated = [candidates[(turn + i) % n] for i in range(n)]
+        rotated = self._ties.rotated(candidates)
         rates = effective_rates(rotated, self.cold_rate)
         scored = [(ttft_seconds(r, plan, rate), r.in_flight, i) for i, (r, rate) in enumerate(zip(rotated, rates))]
         return rotated[min(scored)[2]]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
-import threading
 from typing import Sequence
 
-from kvgate.middleware.routing.base import ReplicaState, RoutePlan
+from kvgate.middleware.routing.base import ReplicaState, Rotation, RoutePlan
 from kvgate.middleware.routing_config import RoundRobinConfig
 
 
@@ -15,10 +13,7 @@ class RoundRobin:
 
     def __init__(self, settings: RoundRobinConfig | None = None) -> None:
         self.settings = settings or RoundRobinConfig()
-        self._counter = itertools.count()
-        self._lock = threading.Lock()
+        self._turns = Rotation()
 
     def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
-        with self._lock:
-            n = next(self._counter)
-        return candidates[n % len(candidates)]
+        return candidates[self._turns.turn() % len(candidates)]

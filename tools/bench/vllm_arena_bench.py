@@ -137,17 +137,19 @@ class Bench:
             raise
         return proc, f"http://127.0.0.1:{port}{ENDPOINTS[self.args.endpoint]}", label
 
-    def replay(self, placed: dict[tuple[int, int], str]) -> tuple[str, Callable[[Turn], tuple[str, str]], list[int]]:
+    def replay(
+        self, placed: dict[tuple[int, int], str]
+    ) -> tuple[str, Callable[[Turn], tuple[str, str]], list[tuple[int, int]]]:
         """The replay arm's targets: (warm-up URL, where each turn goes, [turns not placed]); a turn
         the replayed run did not place (it failed there) goes to engine conversation % 2."""
         path = ENDPOINTS[self.args.endpoint]
         names = [f"v{i}" for i in range(len(self.servers))]  # kvgate_config's replica names
-        unplaced: list[int] = []
+        unplaced: list[tuple[int, int]] = []
 
         def place(turn: Turn) -> tuple[str, str]:
             name = placed.get((turn.conversation, turn.turn))
             if name not in names:
-                unplaced.append(1)
+                unplaced.append((turn.conversation, turn.turn))
                 name = names[turn.conversation % len(names)]
             return name, self.bases[names.index(name)] + path
 

@@ -5,9 +5,10 @@ the lookup and the record of each miss cost more CPU per request in worker threa
 (the threads and the event loop contend for the GIL on every hand-off). Work that grows with the prompt
 must still stay off the loop. So a request runs its cache steps inline only when they are cheap
 *and bounded*: local stores (no network round trip), no embedding (no semantic tier), and a prompt
-small enough that tokenising and hashing it costs well under a millisecond with its route's
-tokenizer; the step after the answer also needs the answer (hashed after the prompt for the
-router's records) within the same bound. Everything else hops, as before.
+small enough that tokenising and hashing it stays short with its route's tokenizer (or whose
+tokenising a worker thread would not take off the loop anyway); the step after the answer also
+needs the answer (hashed after the prompt for the router's records) within the same bound.
+Everything else hops.
 
 Pure functions; each limit says what it bounds where it is defined.
 """
@@ -17,16 +18,22 @@ from __future__ import annotations
 from typing import Any
 
 # The cold cost of hashing a prompt (kvgate.index.kv.prompt.PromptHasher, nothing cached) grows with its
-# characters, and an HF tokenizer + chat template (smollm2) costs an order of magnitude more per
-# character than `text`. A prompt whose leading messages were hashed before resumes from there (the
-# conversation's earlier turns, a shared system prompt): only its new characters are tokenised. The
-# limits keep the inline work well under a millisecond: new characters by the route's tokenizer,
-# and the whole prompt (what is digested at C speed for the keys and the hash resume) by
+# characters. A prompt whose leading messages were hashed before resumes from there (the
+# conversation's earlier turns, a shared system prompt): only its new characters are tokenised.
+# A hop is not free: two thread wake-ups and GIL hand-offs, and when engines keep every core busy
+# each wake-up first waits for a core. What a hop buys is a loop that serves other requests
+# meanwhile, and that depends on the tokenizer:
+# - `text` / `codepoints` tokenise in Python, so a worker thread yields the GIL to the loop every
+#   switch interval: long new turns hop (INLINE_NEW_CHARS_TEXT);
+# - an HF fast tokenizer's encode is one native call that holds the GIL to its end, so the loop
+#   waits for it wherever it runs: a hop only adds its wake-ups, and every prompt within
+#   INLINE_TOTAL_CHARS is hashed inline.
+# The whole prompt (what is digested at C speed for the keys and the hash resume) is bounded by
 # INLINE_TOTAL_CHARS. Long continuations run inline add more to the tail of every other request's
 # time to first token than their hops cost, so long prompts keep hopping.
 INLINE_TOTAL_CHARS = 16 * 1024
 INLINE_NEW_CHARS_TEXT = 4096
-INLINE_NEW_CHARS_HF = 256
+INLINE_NEW_CHARS_HF = INLINE_TOTAL_CHARS
 
 
 def prompt_chars(messages: Any) -> int:

@@ -227,6 +227,19 @@ class PreciseRouting:
             self._in_use = setting
         self._on_hasher(PromptHasher(self.tokenizer, self.block_size, seed=self.cfg.seed))
 
+    def readiness(self) -> str | None:
+        """None once prompts are hashed as the engines hash them (tokenizer and block size known),
+        or once that cannot happen without the operator (`tokenizer_error`: routed by load, and
+        said in the log); else what is still awaited."""
+        if self.tokenizer_error is not None or self._in_use[0] is not None:
+            return None
+        if self._loading:
+            return "loading the engines' tokenizer"
+        missing = [
+            what for what, known in (("tokenizer", self.tokenizer), ("block size", self.block_size)) if known is None
+        ]
+        return "waiting for an engine to describe itself (" + " and ".join(missing or ["hasher"]) + ")"
+
     # ------------------------------------------------------------------ disagreement
     def sent(self, replica: str, hashes: list[int]) -> None:
         """A request with these prompt hashes went to `replica`."""

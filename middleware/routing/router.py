@@ -144,6 +144,13 @@ class Router:
         """Ask every replica not yet described what engine it runs (kvgate.middleware.engines)."""
         await self.book.discover([(r.name, r.api_base) for r in self.replicas], client)
 
+    def readiness(self) -> str | None:
+        """None when requests are routed as configured; else what the route still waits for
+        (precise mode: the tokenizer and block size of an engine that described itself; one
+        replica down does not hold the others back). A route that is not ready still answers:
+        it routes by load until then."""
+        return self.precise.readiness() if self.precise is not None else None
+
     @property
     def model_revision(self) -> str | None:
         """The model revision the replicas serve now (EngineBook.revision); None: none told."""

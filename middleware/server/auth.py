@@ -28,7 +28,7 @@ from starlette.responses import Response
 from kvgate.middleware.errors import Unauthorized
 from kvgate.middleware.server.responses import error_response
 
-OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no key
+OPEN_PATHS = frozenset({"/health", "/ready"})  # liveness and readiness probes carry no key
 ADMIN_PREFIX = "/v1/admin/"  # the admin API (middleware/server/admin.py): auth.admin_keys pass the gate here
 BASIC_PATHS = ("/ui", "/v1/stats")  # these and what lies under them: the dashboard (see above)
 BASIC_CHALLENGE = 'Basic realm="kvgate", charset="UTF-8"'

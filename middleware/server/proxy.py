@@ -185,6 +185,16 @@ def create_app(
             return {"status": "ok", "entries": entries, "semantic": pipe.embedder is not None}
         return {"status": "ok", "entries": entries, "semantic": pipe.embedder is not None, "worker": worker}
 
+    @app.get("/ready")
+    async def ready(request: Request) -> JSONResponse:
+        """Readiness (no auth, for a load balancer's probe): 200 once every route routes as
+        configured, 503 with what each route still waits for (it answers meanwhile, by load)."""
+        routers: dict[str, Router] = request.app.state.pipeline.routers
+        waiting = {name: why for name, router in routers.items() if (why := router.readiness()) is not None}
+        if waiting:
+            return JSONResponse({"status": "starting", "waiting": waiting}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         authorise(request)

@@ -296,15 +296,16 @@ def print_table(result: dict[str, Any]) -> None:
 
     print(
         f"{'router':20s} {'ttft mean ms':>14s} {'p50':>6s} {'p90':>6s} {'cached':>7s} {'errors':>6s} {'requests':>8s} "
-        f"{'router cpu ms/req':>17s} {'engines cpu s':>13s}"
+        f"{'router cpu ms/req':>17s} {'engines cpu s':>13s} {'engine ttft ms':>14s} {'wall s':>6s}"
     )
     for name, s in result["routers"].items():
         cached = "–" if s["cached_fraction"] is None else f"{s['cached_fraction']:.3f}"
-        per_req, engines = s.get("router_cpu_ms_per_request"), s.get("engines_cpu_s")
+        per_req, engines, wall = s.get("router_cpu_ms_per_request"), s.get("engines_cpu_s"), s.get("wall_s")
         print(
             f"{name:20s} {ms(s['ttft_mean_s']):>7s} ±{ms(s['ttft_mean_ci_s']):>5s} {ms(s['ttft_p50_s']):>6s} "
             f"{ms(s['ttft_p90_s']):>6s} {cached:>7s} {s['errors']:>6d} {s['requests']:>8d} "
-            f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s}"
+            f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s} "
+            f"{ms(s.get('engine_ttft_mean_s')):>14s} {'–' if wall is None else f'{wall:.1f}':>6s}"
         )
     if result["oracle_cached_fraction"] is not None:
         print(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,6 +34,7 @@ from kvgate.tools.bench.vllm_arena_setup import (
 from kvgate.tools.bench.vllm_arena_stats import (
     Computed,
     counters,
+    engine_latency,
     metric_labels,
     metric_sum,
     oracle_cached,
@@ -132,6 +134,8 @@ class Bench:
             proc.wait_http(f"http://127.0.0.1:{port}/health", timeout=180)
             if arm in ANCHOR_OF:  # they register workers in the background (sglang: seconds): wait for both
                 wait_workers(f"http://127.0.0.1:{port}/readiness", len(self.servers))
+            else:  # precise mode loads the engines' tokenizer after they describe themselves: until /ready
+                proc.wait_http(f"http://127.0.0.1:{port}/ready", timeout=180)
         except BaseException:  # Ctrl-C included: the router runs in its own session
             proc.stop()
             raise
@@ -225,6 +229,8 @@ class Bench:
             render_requests=None if rendered is None else int(rendered - (before_rendered or 0)),
             usage_prompt_tokens=sum(t.prompt_tokens or 0 for t in ok),
             usage_cached_tokens=sum(t.cached_tokens or 0 for t in ok),
+            total_mean_s=round(statistics.fmean(t.done - t.sent for t in ok), 4) if ok else None,
+            **engine_latency(before_pages, after_pages),
             **oracle,
             **cpu_fields(spent, len(turns)),
             request_records=(records := request_records(turns)),

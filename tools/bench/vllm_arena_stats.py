@@ -31,6 +31,28 @@ def metric_sum(text: str, name: str) -> float:
     return sum(float(v) for n, _, v in _SAMPLE.findall(text) if n == name)
 
 
+# vLLM's own request-latency histograms: from the request's arrival in its engine (after its API
+# server rendered and tokenized the prompt) to the first token / to the end / waiting for a slot
+ENGINE_LATENCY = {
+    "engine_ttft_mean_s": "vllm:time_to_first_token_seconds",
+    "engine_e2e_mean_s": "vllm:e2e_request_latency_seconds",
+    "engine_queue_mean_s": "vllm:request_queue_time_seconds",
+}
+
+
+def engine_latency(before: Sequence[str], after: Sequence[str]) -> dict[str, float | None]:
+    """Each ENGINE_LATENCY histogram's mean over the requests between two reads of every server's
+    page (None when no request was counted), summed over the servers. With a client's own TTFT of
+    the same requests, the difference is what lies between the client and the engine: the router,
+    and vLLM's API server (the same for every arm)."""
+    out: dict[str, float | None] = {}
+    for key, name in ENGINE_LATENCY.items():
+        total = sum(metric_sum(a, f"{name}_sum") - metric_sum(b, f"{name}_sum") for a, b in zip(after, before))
+        count = sum(metric_sum(a, f"{name}_count") - metric_sum(b, f"{name}_count") for a, b in zip(after, before))
+        out[key] = round(total / count, 4) if count > 0 else None
+    return out
+
+
 def render_requests(pages: Iterable[str]) -> float | None:
     """Requests vLLM's API server answered on a `.../render` path (vllm-router asks for the token
     ids of a prompt there), summed over the pages; None when no page counts requests per handler."""
@@ -152,6 +174,13 @@ def router_summary(runs: Sequence[dict[str, Any]], **extra: Any) -> dict[str, An
         "external_fraction": external / prompt if prompt else None,
         "errors": sum(r["errors"] for r in runs),
         "requests": sum(r["requests"] for r in runs),
+        **{key: _mean_of(runs, key) for key in ("engine_ttft_mean_s", "total_mean_s", "wall_s")},
         **extra,
         "runs": list(runs),
     }
+
+
+def _mean_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+    """The mean of a per-run figure over the runs that have it (None if none has)."""
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return round(statistics.fmean(values), 4) if values else None

@@ -21,7 +21,7 @@ def test_checkpointer_moves_the_log_into_the_database(tmp_path):
     assert db.stat().st_size < 64 * 16384  # the rows are in the WAL, not yet in the database
     wal = WalCheckpointer(db, logging.getLogger("test"), interval_s=0.02)
     try:
-        assert wait_until(lambda: wal.rounds >= 1, 10.0)
+        assert wait_until(lambda: wal.rounds >= 2, 10.0)
         assert db.stat().st_size >= 64 * 16384  # checkpointed while the writer's connection stayed open
         writer.execute("INSERT INTO t VALUES (?)", (b"y",))  # and the writer never waited on it
         assert writer.execute("SELECT count(*) FROM t").fetchone()[0] == 65
@@ -40,22 +40,3 @@ def test_checkpointer_failures_are_logged_once_and_never_raised(tmp_path, caplog
     logged = [r for r in caplog.records if "WAL checkpoint" in r.getMessage()]
     assert len(logged) == 1 and wal.rounds == 0
     assert not wal._thread.is_alive()
-
-
-def test_an_idle_log_is_not_checkpointed_again_until_something_is_written(tmp_path):
-    db = tmp_path / "cache.db"
-    writer = sqlite3.connect(str(db), isolation_level=None)
-    writer.execute("PRAGMA journal_mode=WAL")
-    writer.execute("PRAGMA wal_autocheckpoint=0")
-    writer.execute("CREATE TABLE t (v BLOB)")
-    wal = WalCheckpointer(db, logging.getLogger("test"), interval_s=0.02)
-    try:
-        assert wait_until(lambda: wal.rounds >= 1, 10.0)
-        time.sleep(0.3)  # ~15 intervals with nothing written
-        idle = wal.rounds
-        assert idle <= 2
-        writer.execute("INSERT INTO t VALUES (?)", (b"z" * 16384,))
-        assert wait_until(lambda: wal.rounds > idle, 10.0)  # seen within the backed-off wait
-    finally:
-        wal.close()
-        writer.close()

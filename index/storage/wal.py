@@ -14,20 +14,15 @@ bounded either way.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
 from pathlib import Path
 
 INTERVAL_S = 0.5  # at 40 long answers/s a store writes ~300 pages/s: well under the 1,000-page mark
-# an idle store's log is looked at (one stat) ever less often, up to this: a store that starts
-# writing at that rate still checkpoints before its log reaches the mark
-IDLE_MAX_S = 2.0
 
 
 class WalCheckpointer:
-    """A thread that checkpoints one SQLite database's WAL every `interval_s` until `close`,
-    skipping rounds (and backing off to IDLE_MAX_S) while nothing was written.
+    """A thread that checkpoints one SQLite database's WAL every `interval_s` until `close`.
 
     Invariant: it only ever runs PASSIVE checkpoints on its own connection, so it never blocks a
     reader or a writer of the database and never changes its contents; a failure is logged once
@@ -40,25 +35,11 @@ class WalCheckpointer:
         self._thread = threading.Thread(target=self._run, name=f"kvgate-wal {db.parent.name}", daemon=True)
         self._thread.start()
 
-    def _wal_state(self) -> tuple[int, int] | None:
-        """(size, mtime) of the log file; None when there is none to look at."""
-        try:
-            st = os.stat(f"{self.db}-wal")
-        except OSError:
-            return None
-        return st.st_size, st.st_mtime_ns
-
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
         failing = False
-        wait, seen = self.interval_s, None
         try:
-            while not self._stop.wait(wait):
-                state = self._wal_state()
-                if state is not None and state == seen:  # nothing written since the last round
-                    wait = min(wait * 2, max(IDLE_MAX_S, self.interval_s))
-                    continue
-                wait, seen = self.interval_s, state
+            while not self._stop.wait(self.interval_s):
                 try:
                     if conn is None:
                         conn = sqlite3.connect(str(self.db), isolation_level=None)

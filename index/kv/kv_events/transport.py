@@ -37,9 +37,7 @@ class ZmqEventSubscriber:
     again), duplicates, restarts, lag, and what the applier did.
     """
 
-    # stop() wakes the thread through an inproc socket, so an idle feed never wakes up on its own
-    # (each wake-up takes the GIL from the proxy's loop); the poll's bound is only a backstop
-    IDLE_POLL_MS = 5000
+    POLL_MS = 100  # stop() latency bound
 
     def __init__(
         self,
@@ -62,7 +60,6 @@ class ZmqEventSubscriber:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self._wake = f"inproc://kvgate-kv-events-stop-{id(self)}"
 
     def start(self) -> "ZmqEventSubscriber":
         """Start the thread; returns once the socket is connected and subscribed."""
@@ -75,28 +72,15 @@ class ZmqEventSubscriber:
 
     def stop(self, timeout: float = 1.0) -> None:
         self._stop.set()
-        if self._thread is None:
-            return
-        wake = self._ctx.socket(zmq.PUSH)
-        try:
-            wake.setsockopt(zmq.LINGER, 0)
-            wake.connect(self._wake)  # inproc connects before or after the bind
-            wake.send(b"", zmq.NOBLOCK)
-        except zmq.ZMQError:  # the thread is already gone (or going): nothing to wake
-            pass
-        finally:
-            wake.close(linger=0)
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def stats(self) -> dict[str, Any]:
         return self.feed.stats().as_dict()
 
     def _run(self) -> None:
         sock = self._ctx.socket(zmq.SUB)  # sockets are single-thread: create it here
-        wake = self._ctx.socket(zmq.PULL)
         try:
-            wake.setsockopt(zmq.LINGER, 0)
-            wake.bind(self._wake)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SUBSCRIBE, self.topic)
             try:
@@ -115,10 +99,9 @@ class ZmqEventSubscriber:
                 return
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
-            poller.register(wake, zmq.POLLIN)
             self._ready.set()
             while not self._stop.is_set():
-                if sock not in dict(poller.poll(self.IDLE_POLL_MS)):
+                if not poller.poll(self.POLL_MS):
                     continue
                 while True:  # drain what is queued before polling again
                     try:
@@ -129,7 +112,6 @@ class ZmqEventSubscriber:
         finally:
             self._ready.set()
             sock.close(linger=0)
-            wake.close(linger=0)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) == 3:

@@ -142,14 +142,19 @@ def _in_flight(url: str) -> float:
 def test_in_flight_counts_include_the_other_workers(proxy) -> None:
     url, _ = proxy
     slow = 8
-    with concurrent.futures.ThreadPoolExecutor(slow) as pool:
-        running = [pool.submit(chat, url, f"slow {i} [[sleep=5]]") for i in range(slow)]
-        deadline = time.time() + 4
-        while _in_flight(url) < slow and time.time() < deadline:  # until all eight were sent on
-            time.sleep(0.1)
-        seen = [_in_flight(url) for _ in range(5)]  # each scrape on a fresh connection: either worker
-        served = {f.result().headers["x-kvgate-worker"] for f in running}
-    assert len(served) == WORKERS, "all slow requests went to one worker: the check below proves nothing"
+    # which worker accepts a connection is the kernel's choice: a batch that all landed on one
+    # worker proves nothing, so it is sent again (a few times at most)
+    for attempt in range(3):
+        with concurrent.futures.ThreadPoolExecutor(slow) as pool:
+            running = [pool.submit(chat, url, f"slow {attempt} {i} [[sleep=5]]") for i in range(slow)]
+            deadline = time.time() + 4
+            while _in_flight(url) < slow and time.time() < deadline:  # until all eight were sent on
+                time.sleep(0.1)
+            seen = [_in_flight(url) for _ in range(5)]  # each scrape on a fresh connection: either worker
+            served = {f.result().headers["x-kvgate-worker"] for f in running}
+        if len(served) == WORKERS:
+            break
+    assert len(served) == WORKERS, "every batch of slow requests went to one worker: the check below proves nothing"
     assert seen == [float(slow)] * len(seen)
     assert _in_flight(url) == 0
 

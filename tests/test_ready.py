@@ -5,7 +5,6 @@ route routes by load). No key needed, like /health."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ from kvgate.middleware.routing.router import Router
 from kvgate.middleware.routing_config import PrefixConfig, RoutingConfig
 from kvgate.middleware.server.proxy import create_app
 from kvgate.tools.bench.procs import ServerThread, free_port
+from tests.conftest import wait_until
 
 
 def _precise_router() -> Router:
@@ -28,13 +28,6 @@ def _precise_router() -> Router:
     return Router(replicas, RoutingConfig(prefix=PrefixConfig(mode="precise")))
 
 
-def _until(check, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_a_precise_route_is_ready_once_an_engine_gave_tokenizer_and_block_size() -> None:
     router = _precise_router()
     try:
@@ -43,7 +36,7 @@ def test_a_precise_route_is_ready_once_an_engine_gave_tokenizer_and_block_size()
             "r0", EngineInfo(kind="vllm", block_size=16, model_root=str(smollm2_tokenizer_dir()))
         )
         # loading runs on a thread: not ready until the hasher is in use, then ready with r1 still silent
-        _until(lambda: router.readiness() is None)
+        assert wait_until(lambda: router.readiness() is None, 60.0)
         assert router.hasher is not None and router.hasher.block_size == 16
     finally:
         router.close()

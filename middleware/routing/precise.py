@@ -235,10 +235,7 @@ class PreciseRouting:
             return None
         if self._loading:
             return "loading the engines' tokenizer"
-        missing = [
-            what for what, known in (("tokenizer", self.tokenizer), ("block size", self.block_size)) if known is None
-        ]
-        return "waiting for an engine to describe itself (" + " and ".join(missing or ["hasher"]) + ")"
+        return "waiting for an engine to describe itself (its tokenizer and block size)"
 
     # ------------------------------------------------------------------ disagreement
     def sent(self, replica: str, hashes: list[int]) -> None:

@@ -13,7 +13,7 @@ from kvgate.tools.bench import loop_load
 
 
 @pytest.mark.slow
-def test_overhead_run_tiny(tmp_path: Path) -> None:
+def test_overhead_run_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "overhead.json"
     argv = [
         "bench",
@@ -35,6 +35,11 @@ def test_overhead_run_tiny(tmp_path: Path) -> None:
     ]
     args = build_parser(argv).parse_args(argv)
     assert loop_load.main(args) == 0
+    # the work directory it made keeps the logs and configs, not the proxy's caches
+    said = capsys.readouterr().err
+    work = Path(said.split("logs and configs kept in ", 1)[1].split(";", 1)[0])
+    assert sorted(p.name for p in work.glob("*.log")) == ["demo.log", "proxy-text.log"]
+    assert (work / "text.yaml").exists() and not list(work.rglob("cache.db"))
     runs = json.loads(out.read_text())["runs"]
     assert [(r["tokenizer"], r["shape"]) for r in runs] == [("text", "fresh"), ("text", "continue")]
     for r in runs:

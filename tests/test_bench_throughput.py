@@ -55,6 +55,7 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     ]
     args = build_parser(argv).parse_args(argv)
     assert throughput.main(args) == 0
+    assert list((tmp_path / "work").rglob("cache.db"))  # a work directory the user named stays whole
     result = json.loads(out.read_text())
     assert result["bench"] == "throughput" and result["schema"] == throughput.SCHEMA
     assert set(result["targets"]) == set(throughput.TARGETS)

@@ -36,6 +36,7 @@ from kvgate.tools.bench.stats import write_json
 from kvgate.tools.bench.vllm_kv_client import max_logprob_diff
 from kvgate.tools.bench.vllm_kv_phase import PhaseResult, conversations, example_connector_args, run_phase
 from kvgate.tools.bench.vllm_kv_read import example_bytes_per_token, read_back
+from kvgate.tools.bench.workdir import tidy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -224,6 +225,9 @@ def main(args: argparse.Namespace) -> int:
         result["routers"] = routers_with_connector(work, args.router_runs, args.router_args.split())
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     write_json(args.json, result)
+    if args.workdir is None:  # a directory the user named stays whole
+        tidy(work)
+        say(f"logs kept in {work}; its KV tiers removed")
     keys = (
         "ttft_cold_s",
         "ttft_example_connector_s",

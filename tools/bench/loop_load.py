@@ -45,7 +45,7 @@ from kvgate.tools.bench.loop_load_proxy import config, cpu_s, lag_between, lag_h
 from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
 from kvgate.tools.bench.stats import pct, write_json
 from kvgate.tools.bench.stream_client import timed_stream
-from kvgate.tools.bench.workdir import tidy
+from kvgate.tools.bench.workdir import tidied
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -194,8 +194,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         for proc in backends:
             proc.stop()
-        tidy(work)
-        print(f"[loop-load] logs and configs kept in {work}; its caches removed", file=sys.stderr, flush=True)
+        print(f"[loop-load] {tidied(work)}", file=sys.stderr, flush=True)
     print(
         f"{'proxy':8s} {'req/s':>7s} {'ttft p50':>9s} {'p99':>8s} {'cpu/req':>8s} {'lag mean':>9s} {'p99≤':>7s} {'>10ms':>6s} err"
     )
@@ -375,8 +374,7 @@ def run_overhead(args: argparse.Namespace) -> int:
                 proxy.stop()
     finally:
         backend.stop()
-        tidy(work)
-        print(f"[overhead] logs and configs kept in {work}; its caches removed", file=sys.stderr, flush=True)
+        print(f"[overhead] {tidied(work)}", file=sys.stderr, flush=True)
     print(
         f"{'tokenizer':9s} {'shape':9s} {'tokens':>6s} {'hash':>7s} {'+ttft p50':>9s} {'p99':>7s} {'+total p50':>10s} "
         f"{'p99':>7s} {'lag p99≤':>8s} {'cpu/req':>7s} err"

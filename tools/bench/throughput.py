@@ -41,7 +41,7 @@ from kvgate.tools.bench.machine import machine_info
 from kvgate.tools.bench.procs import Proc, free_port, group_cpu_s, kvgate_argv
 from kvgate.tools.bench.stats import percentiles_ms, write_json
 from kvgate.tools.bench.throughput_servers import MASTER_KEY, MODEL, start, wait_ready
-from kvgate.tools.bench.workdir import tidy
+from kvgate.tools.bench.workdir import tidied
 
 SCHEMA = 1
 TARGETS = ("kvgate_relay", "kvgate_relay_w2", "kvgate_litellm", "litellm_proxy", "sglang_router", "direct")
@@ -337,8 +337,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for proc in reversed(procs):
             proc.stop()
         if not args.workdir:  # a directory the user named stays whole
-            tidy(work)
-            log(f"logs and configs kept in {work}; its caches removed")
+            log(tidied(work))
     table = ratios(rows)
     return {
         "bench": "throughput",

@@ -36,7 +36,7 @@ from kvgate.tools.bench.stats import write_json
 from kvgate.tools.bench.vllm_kv_client import max_logprob_diff
 from kvgate.tools.bench.vllm_kv_phase import PhaseResult, conversations, example_connector_args, run_phase
 from kvgate.tools.bench.vllm_kv_read import example_bytes_per_token, read_back
-from kvgate.tools.bench.workdir import tidy
+from kvgate.tools.bench.workdir import tidied
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -226,8 +226,7 @@ def main(args: argparse.Namespace) -> int:
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     write_json(args.json, result)
     if args.workdir is None:  # a directory the user named stays whole
-        tidy(work)
-        say(f"logs kept in {work}; its KV tiers removed")
+        say(tidied(work))
     keys = (
         "ttft_cold_s",
         "ttft_example_connector_s",

@@ -3,9 +3,9 @@ run needs, not the stores it filled.
 
 A run fills response caches, request logs and KV tiers under its work directory; repeated runs
 would pile them up in the system's temp dir (a KV bench leaves gigabytes). So a bench that made
-its own work directory calls `tidy` at its end: every file whose name does not end in one of
-KEEP_SUFFIXES goes, then every folder left empty. A directory the user named is theirs: the
-benches leave it whole.
+its own work directory calls `tidy` at its end (`tidied`, which also says where the logs are): every file whose name does not end in
+one of KEEP_SUFFIXES goes, then every folder left empty. A directory the user named is theirs:
+the benches leave it whole.
 """
 
 from __future__ import annotations
@@ -40,3 +40,9 @@ def tidy(work: Path) -> int:
             except OSError:
                 continue
     return freed
+
+
+def tidied(work: Path) -> str:
+    """`tidy(work)`, then the line a bench prints about it."""
+    freed = tidy(work)
+    return f"logs and configs kept in {work}; the stores it filled removed ({freed / 2**20:.1f} MiB)"

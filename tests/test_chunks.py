@@ -313,6 +313,35 @@ def test_disk_corruption_is_detected_deleted_and_repaired(
     store.close()
 
 
+def test_disk_read_many_reads_in_order_up_to_the_first_missing(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "kv", 1 << 30)
+    try:
+        for k in ("a", "b", "d"):
+            assert tier.put(k, k.encode() * 1000)
+        assert tier.read_many(["a", "b", "d"]) == [b"a" * 1000, b"b" * 1000, b"d" * 1000]
+        assert tier.read_many(["a", "b", "c", "d"]) == [b"a" * 1000, b"b" * 1000]  # stops at c
+        assert tier.read_many(["c"]) == [] and tier.read_many([]) == []
+    finally:
+        tier.close()
+
+
+def test_the_ram_tier_is_read_without_a_copy_or_checksum_but_still_by_key() -> None:
+    from kvgate.index.kv.chunks.layer_codec import LayerCodec
+
+    codec = LayerCodec("raw")
+    data = codec.encode([torch.randn(2, 4, 8).to(torch.bfloat16) for _ in range(3)], "k1")
+    chunk = codec.decode(data, "k1", verify=False)
+    # a view into the bytes object (CPython keeps its bytes inside the object), not a copy
+    assert id(data) < chunk.parts[0].data_ptr() < id(data) + len(data) + 64
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF  # the checksum itself: only a verifying read notices
+    codec.decode(bytes(damaged), "k1", verify=False)
+    with pytest.raises(CorruptChunk):
+        codec.decode(bytes(damaged), "k1")
+    with pytest.raises(CorruptChunk, match="misfiled"):
+        codec.decode(data, "k2", verify=False)
+
+
 # ---------------------------------------------------------------- processes
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kvgate.engines.vllm.kv_connector.settings import SettingsError, build_cipher, parse
+from kvgate.engines.vllm.kv_connector.step_save import copy_out
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
@@ -301,7 +302,7 @@ def test_connector_chunks_load_only_with_the_requests_salt(tmp_path: Path) -> No
     src = paged("randn")
     saver = Saver(store, 4, Counters(), lambda spec: None)
     try:
-        assert saver.submit(SaveSpec(11, [11], [3], salt="tenant-a"), *src.gather([3]))
+        assert saver.submit(*copy_out(src, [SaveSpec(11, [11], [3], salt="tenant-a")])[0])
         saver.drain()
     finally:
         saver.close()
@@ -311,7 +312,7 @@ def test_connector_chunks_load_only_with_the_requests_salt(tmp_path: Path) -> No
     assert loader.take_failed() == {6} and not any(d[6].any() for d in dst.layers) and store.auth_failures == 1
     saver = Saver(store, 4, Counters(), lambda spec: None)
     try:
-        saver.submit(SaveSpec(11, [11], [3], salt="tenant-a"), *src.gather([3]))  # recomputed and saved again
+        saver.submit(*copy_out(src, [SaveSpec(11, [11], [3], salt="tenant-a")])[0])  # recomputed and saved again
         saver.drain()
     finally:
         saver.close()

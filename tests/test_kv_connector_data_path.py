@@ -23,10 +23,12 @@ from kvgate.engines.vllm.kv_connector.gate import (
     load_seconds,
     prefill_seconds,
     slowest,
+    weight,
 )
 from kvgate.engines.vllm.kv_connector.paged import PagedKV, block_axis
 from kvgate.engines.vllm.kv_connector.settings import SettingsError, parse
 from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
+from kvgate.engines.vllm.kv_connector.step_save import StepSave, copy_out, groups_of
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
@@ -68,20 +70,60 @@ def test_block_axis_refuses_an_unsupported_layout_naming_it(shape) -> None:
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2, 3, 4), (0, 1, 3, 2, 4), (1, 0, 2, 3, 4)])  # LBHNC, LBNHC, BLHNC
-def test_gather_and_scatter_follow_any_stride_order(order) -> None:
+def test_copy_out_and_scatter_follow_any_stride_order(order) -> None:
     src, dst = PagedKV(strided_views(order), BLOCKS), PagedKV(strided_views(order), BLOCKS)
-    rows, done = src.gather([3, 7])
-    assert done is None and [tuple(r.shape) for r in rows] == [(2, HEADS, BS, 2 * HEAD)] * LAYERS
+    _, rows, done = copy_out(src, [SaveSpec(1, [1], [3, 7])])[0]
+    assert done.event is None and [tuple(r.shape) for r in rows] == [(2, HEADS, BS, 2 * HEAD)] * LAYERS
     dst.scatter(rows, [1, 9])
     assert all(torch.equal(d[1], s[3]) and torch.equal(d[9], s[7]) for d, s in zip(dst.layers, src.layers))
 
 
 def test_kv_first_layout_and_kernel_block_ratio() -> None:
     kvf = PagedKV({f"l{i}": torch.randn(2, BLOCKS, BS, HEADS, HEAD) for i in range(2)}, BLOCKS)
-    rows, _ = kvf.gather([5])
+    _, rows, _ = copy_out(kvf, [SaveSpec(1, [1], [5])])[0]
     assert tuple(rows[0].shape) == (1, 2, BS, HEADS, HEAD) and torch.equal(rows[0][0], kvf.layers[0][:, 5])
     split = PagedKV(strided_views((0, 1, 2, 3, 4), ratio=2), BLOCKS)
     assert split.rows([1, 4]) == [2, 3, 8, 9] and split.chunk_shape(2)[0] == 4
+
+
+# -- saves, layer by layer -------------------------------------------------------------------------
+def test_step_save_copies_each_layer_when_announced_and_the_rest_at_finish() -> None:
+    kv = PagedKV(strided_views((0, 1, 3, 2, 4)), BLOCKS)
+    specs = [SaveSpec(1, [1], [2]), SaveSpec(2, [2], [5, 6]), SaveSpec(3, [3], [9])]
+    step = StepSave(kv, specs, group_bytes=1)  # one chunk per group
+    names = kv.names
+    before = [layer.clone() for layer in kv.layers]
+    step.layer(names[0])
+    step.layer("draft_model.layers.0.attn")  # not this engine's: ignored
+    for layer in kv.layers:
+        layer.add_(1)  # a later write: layer 0 was copied before it, the others are not yet
+    out = step.finish()
+    assert [spec.chunk_hash for spec, _, _ in out] == [1, 2, 3]
+    for spec, rows, done in out:
+        assert done.event is None and len(rows) == LAYERS
+        for i, r in enumerate(rows):
+            source = before[i] if i == 0 else kv.layers[i]
+            assert torch.equal(r, torch.stack([source[b] for b in spec.block_ids]))
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(1, 50), max_size=20), st.integers(1, 80))
+def test_groups_of_keep_order_and_bound(sizes: list[int], limit: int) -> None:
+    runs = groups_of(sizes, limit)
+    assert [i for run in runs for i in run] == list(range(len(sizes))) and all(runs)
+    assert all(len(run) == 1 or sum(sizes[i] for i in run) <= limit for run in runs)
+
+
+def test_a_shared_copy_gives_its_buffer_back_with_the_last_chunk() -> None:
+    from kvgate.engines.vllm.kv_connector.step_save import SharedCopy
+
+    pool = StagingPool(4 << 20, pinned=False)
+    lease = pool.lease(1 << 20)
+    share = SharedCopy(lease, 2)
+    share.release()
+    assert pool.lease(4 << 20) is None  # still held: only one of two chunks released
+    share.release()
+    assert pool.lease(1 << 20) is not None and pool.allocs == 1
 
 
 # -- staging -----------------------------------------------------------------------------------------
@@ -181,8 +223,8 @@ def test_background_loads_survive_a_store_that_raises() -> None:
 def test_cpu_saves_and_loads_allocate_no_staging() -> None:
     pool = StagingPool(1 << 24, pinned=False)
     kv = PagedKV(strided_views((0, 1, 2, 3, 4)), BLOCKS)
-    rows, done = kv.gather([1, 2], pool)
-    assert done is None and pool.allocs == 0
+    _, rows, done = copy_out(kv, [SaveSpec(1, [1], [1, 2])], pool)[0]
+    assert done.event is None and pool.allocs == 0
 
 
 # -- gate --------------------------------------------------------------------------------------------
@@ -218,6 +260,21 @@ def test_background_is_monotone_in_the_estimate(a: float, b: float, threshold: f
     lo, hi = sorted((a, b))
     assert in_background(hi, threshold) >= in_background(lo, threshold)
     assert in_background(1e-9, 0)
+
+
+def test_the_first_measurement_replaces_the_cold_default() -> None:
+    est = Estimates()
+    est.observe_load(1e8, 1, 1.0 + COLD.per_chunk_s, "disk")
+    est.observe_prefill(50_000, 1.0)
+    assert math.isclose(est.costs("disk").load_bytes_per_s, 1e8) and est.prefill_tokens_per_s == 50_000
+    est.observe_prefill(30_000, 1.0)  # the second is averaged evenly with it
+    assert est.prefill_tokens_per_s == 40_000
+
+
+@given(st.integers(0, 1000), st.floats(0.01, 1.0))
+def test_weight_starts_at_one_and_never_falls_under_alpha(seen: int, alpha: float) -> None:
+    assert weight(0, alpha) == 1.0 and alpha <= weight(seen, alpha) <= 1.0
+    assert weight(seen + 1, alpha) <= weight(seen, alpha)
 
 
 def test_estimates_move_from_cold_towards_measurements_per_tier() -> None:
@@ -265,7 +322,7 @@ def test_loads_are_counted_by_the_slowest_tier_serving_them(tmp_path) -> None:
 
 def test_settings_for_the_gate_and_staging() -> None:
     s = parse({"tiers": {"disk": {"path": "/tmp/kv"}}})
-    assert (s.gate, s.background_load_ms, s.staging_mb) == (True, 10.0, 256)
+    assert (s.gate, s.background_load_ms, s.staging_mb) == (True, 10.0, 2048)
     s = parse({"tiers": {"disk": {"path": "/tmp/kv"}}, "gate": "off", "background_load_ms": 0, "staging_mb": 64})
     assert (s.gate, s.background_load_ms, s.staging_mb) == (False, 0.0, 64)
     for bad in ({"gate": True}, {"background_load_ms": -1}, {"staging_mb": 0}):

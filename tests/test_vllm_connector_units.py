@@ -17,6 +17,7 @@ from kvgate.engines.vllm.kv_connector import namespace as ns
 from kvgate.engines.vllm.kv_connector.events import media
 from kvgate.engines.vllm.kv_connector.plan import LoadPlan, chunks_to_save, low64, plan_load
 from kvgate.engines.vllm.kv_connector.settings import SettingsError, build_tiers, chunk_blocks, parse
+from kvgate.engines.vllm.kv_connector.step_save import copy_out
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, PagedKV, Saver, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
@@ -81,6 +82,12 @@ def test_chunk_blocks_explicit_setting_wins_and_auto_reaches_min_chunk_mb() -> N
     assert chunk_blocks(auto, 2_900_000) == 1
     assert chunk_blocks(auto, 368_640) == 3  # 2 blocks are 737 280 bytes < 1 MiB
     assert chunk_blocks(auto, 1 << 20) == 1 and chunk_blocks(auto, (1 << 19) - 1) == 3
+    # with the block size known, at least min_chunk_tokens (128) tokens: eight 16-token GPU blocks,
+    # one 128-token CPU block; whichever minimum asks more wins
+    assert chunk_blocks(auto, 2 << 20, 16) == 8 and chunk_blocks(auto, 2_900_000, 128) == 1
+    assert chunk_blocks(auto, 64 << 10, 16) == 16  # 1 MiB needs 16 blocks of 64 KiB
+    assert chunk_blocks(parse(disk(min_chunk_tokens=1)), 2 << 20, 16) == 1
+    assert chunk_blocks(parse(disk(chunk_blocks=2)), 2 << 20, 16) == 2  # explicit wins
 
 
 def test_build_tiers_without_memory_omits_memory(tmp_path: Path) -> None:
@@ -288,10 +295,10 @@ def paged(fill: str = "randn", shape: tuple[int, ...] = (10, 2, 4, 8)) -> PagedK
     return PagedKV({f"l{i}": getattr(torch, fill)(*shape, dtype=torch.bfloat16) for i in range(3)})
 
 
-def test_paged_kv_gather_copies_and_scatter_writes() -> None:
+def test_copy_out_copies_and_scatter_writes() -> None:
     kv = paged()
-    rows, done = kv.gather([3, 7])
-    assert done is None and [tuple(r.shape) for r in rows] == [(2, 2, 4, 8)] * 3
+    _, rows, done = copy_out(kv, [SaveSpec(1, [1], [3, 7])])[0]
+    assert done.event is None and [tuple(r.shape) for r in rows] == [(2, 2, 4, 8)] * 3
     expect = [torch.stack([layer[3], layer[7]]).clone() for layer in kv.layers]
     for layer in kv.layers:
         layer.fill_(0)
@@ -318,7 +325,7 @@ def save(store: ChunkStore, kv: PagedKV, specs: list[SaveSpec]) -> list[SaveSpec
     saver = Saver(store, 4, Counters(), stored.append)
     try:
         for spec in specs:
-            assert saver.submit(spec, *kv.gather(spec.block_ids))
+            assert saver.submit(*copy_out(kv, [spec])[0])
         saver.drain()
     finally:
         saver.close()
@@ -376,10 +383,10 @@ def test_saver_drops_saves_when_its_queue_is_full() -> None:
     kv, blocking, counters, stored = paged(), BlockingStore(), Counters(), []
     saver = Saver(blocking, 1, counters, stored.append)
     try:
-        assert saver.submit(SaveSpec(1, [1], [0]), *kv.gather([0]))
+        assert saver.submit(*copy_out(kv, [SaveSpec(1, [1], [0])])[0])
         assert blocking.entered.wait(10)  # the writer holds chunk 1; the queue is empty again
-        assert saver.submit(SaveSpec(2, [2], [1]), *kv.gather([1]))
-        assert not saver.submit(SaveSpec(3, [3], [2]), *kv.gather([2]))
+        assert saver.submit(*copy_out(kv, [SaveSpec(2, [2], [1])])[0])
+        assert not saver.submit(*copy_out(kv, [SaveSpec(3, [3], [2])])[0])
         assert counters.dropped_saves == 1
     finally:
         blocking.release.set()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from kvgate.tools.bench.kv_gpu_breakdown import bus_gbps
 from kvgate.tools.bench.kv_gpu_cells import Plan, gbps, run_shape
 from kvgate.tools.bench.kv_gpu_model import SHAPES, quick
 from kvgate.tools.bench.pagecache import PageCache
@@ -53,8 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--chunk-blocks",
         type=int,
         default=None,
-        help="engine blocks per chunk (default: the connector's auto rule, 1 MiB chunks; quick 2)",
+        help="engine blocks per chunk (default: the connector's auto rule, at least 128 tokens and 1 MiB; quick 2)",
     )
+    p.add_argument("--staging-mb", type=int, default=2048, help="the staging pool (the connector's staging_mb)")
     p.add_argument("--budget-s", type=float, default=420.0, help="cells that would start later are skipped, and listed")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dir", type=Path, default=None, help="where the disk tier's temporary directory goes")
@@ -80,13 +82,13 @@ def raw_disk_read_gbps(directory: Path, nbytes: int, cache: PageCache) -> float:
 
 
 def chunk_blocks_for(shape: Any, asked: int | None, is_quick: bool) -> int:
-    """The connector's own auto rule unless asked: the fewest 16-token blocks reaching 1 MiB."""
+    """The connector's own auto rule unless asked (16-token blocks: at least 128 tokens and 1 MiB)."""
     from kvgate.engines.vllm.kv_connector.settings import chunk_blocks, parse
 
     if asked or is_quick:
         return asked or 2
     settings = parse({"tiers": {"disk": {"path": "/unused"}}})
-    return chunk_blocks(settings, shape.kv_bytes_per_token * 16)
+    return chunk_blocks(settings, shape.kv_bytes_per_token * 16, 16)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,10 +105,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cells": [],
         "skipped": [],
     }
+    bus = bus_gbps(device)
+    out.update(bus)
     with tempfile.TemporaryDirectory(prefix="kvgate-kv-gpu-", dir=args.dir) as tmp:
         work = Path(tmp)
         out["raw_disk_read_gbps"] = raw_disk_read_gbps(work, (16 << 20) if args.quick else (2 << 30), cache)
-        allocs, fraction, fraction_at, exact = 0, None, None, True
+        allocs, exact, save_paths = 0, True, {}
         for name in args.shapes.split(","):
             shape = quick(SHAPES[name]) if args.quick else SHAPES[name]
             plan = Plan(
@@ -118,20 +122,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 work,
                 cache,
                 started + args.budget_s,
+                staging_bytes=args.staging_mb << 20,
+                h2d_gbps=bus.get("h2d_pinned_gbps"),
             )
-            res = run_shape(shape, device, plan)
+            try:
+                res = run_shape(shape, device, plan)
+            except Exception as e:  # the other shape's figures still count
+                out["skipped"].append(f"{name}: {type(e).__name__}: {e}")
+                continue
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
             out["cells"] += res.cells
             out["skipped"] += res.skipped
             allocs += res.steady_allocs
             exact &= res.raw_exact
-            if fraction is None:
-                fraction, fraction_at = res.save_path_fraction_8k, res.save_fraction_history
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            save_paths[name] = res.save_path
+    first = next((v for v in save_paths.values() if v), None)
     out.update(
         pinned_allocs_steady=allocs,
-        save_path_fraction_8k=fraction,
-        save_path_fraction_history=fraction_at,
+        save_path_fraction_8k=first["fraction"] if first else None,
+        save_path_fraction_history=first["history_tokens"] if first else None,
+        save_path=save_paths,
         raw_loads_exact=exact,
         page_cache=cache.report(),
         seconds=round(time.monotonic() - started, 1),
@@ -152,7 +164,9 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(
-        f"raw disk {result['raw_disk_read_gbps']} GB/s; steady pinned allocations {result['pinned_allocs_steady']}; {result['seconds']} s",
+        f"raw disk {result['raw_disk_read_gbps']} GB/s; pinned h2d {result.get('h2d_pinned_gbps')} GB/s; "
+        f"save path {result['save_path_fraction_8k']} of a {result['save_path_fraction_history']}-token prefill; "
+        f"steady pinned allocations {result['pinned_allocs_steady']}; {result['seconds']} s",
         file=sys.stderr,
     )
     return 0

@@ -19,10 +19,12 @@ import torch
 from kvgate.engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading
 from kvgate.engines.vllm.kv_connector.paged import PagedKV
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
-from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, Saver, SaveSpec
+from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
+from kvgate.tools.bench.kv_gpu_breakdown import load_breakdown
 from kvgate.tools.bench.kv_gpu_model import Model, Shape, kv_caches
+from kvgate.tools.bench.kv_gpu_save import save_path_cost, store_history
 from kvgate.tools.bench.pagecache import PageCache, files_under
 
 BLOCK = 16  # vLLM's GPU block size
@@ -38,15 +40,16 @@ class Plan:
     workdir: Path
     page_cache: PageCache
     deadline: float  # time.monotonic() after which remaining cells are skipped
-    staging_bytes: int = 256 << 20
+    staging_bytes: int = 2048 << 20  # the connector's default staging_mb
+    save_queue: int = 64  # the connector's default
+    h2d_gbps: float | None = None  # pinned host-to-device speed measured in this run
 
 
 @dataclass
 class ShapeResult:
     cells: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    save_path_fraction_8k: float | None = None
-    save_fraction_history: int | None = None  # 8192, or the longest history below it in a short run
+    save_path: dict[str, Any] | None = None  # at 8192 tokens, or the longest history below it in a short run
     steady_allocs: int = 0
     raw_exact: bool = True
 
@@ -86,12 +89,41 @@ def run_shape(shape: Shape, device: torch.device, plan: Plan) -> ShapeResult:
     model = Model(shape, device, dtype)
     tokens = torch.randint(0, 1 << 15, (total,), device=device)
     slots = torch.arange(total, device=device)
+    pool = StagingPool(plan.staging_bytes, pinned=device.type == "cuda")
+    save_stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+    group_bytes = plan.staging_bytes // 4  # as the connector sizes its groups
+    n_chunks = longest // (BLOCK * cb)
+    specs = [SaveSpec(c + 1, [c + 1], list(range(c * cb, (c + 1) * cb))) for c in range(n_chunks)]
+    # the connector's queue rule on CUDA: the pool bounds it
+    depth = (
+        max(plan.save_queue, plan.staging_bytes // (kv.block_bytes * cb)) if device.type == "cuda" else plan.save_queue
+    )
 
-    # cold prefill of each history + suffix; the longest run's KV stays in the caches (blocks 0..)
+    # cold prefill of each history + suffix
     prefill: dict[int, float] = {}
     for h in plan.histories:
         prefill[h], _ = timed(lambda: model.forward(tokens[: h + plan.suffix]), device, plan.reps)
-    past = model.forward(tokens, kv_out=kv.layers, slots=slots)
+    at = max([h for h in plan.histories if h <= 8192] or [min(plan.histories)])  # 8k, or the nearest below
+    scratch = ChunkStore(
+        [MemoryTier(1 << 40), DiskTier(plan.workdir / "save-path", 1 << 40)], shape.name, LayerCodec("int8")
+    )
+    try:  # before the longest prefill below: that one leaves the KV the loads compare against
+        res.save_path = save_path_cost(
+            model,
+            kv,
+            scratch,
+            pool,
+            save_stream,
+            tokens[:at],
+            specs[: at // (BLOCK * cb)],
+            plan.reps,
+            group_bytes,
+            depth,
+        )
+    finally:
+        scratch.close()
+        shutil.rmtree(plan.workdir / "save-path", ignore_errors=True)
+    past = model.forward(tokens, kv_out=kv.layers, slots=slots)  # blocks 0.. hold the longest history
     sync(device)
     suffix_s = {
         h: timed(
@@ -103,12 +135,6 @@ def run_shape(shape: Shape, device: torch.device, plan: Plan) -> ShapeResult:
     }
     past = None  # freed before the loads
 
-    pool = StagingPool(plan.staging_bytes, pinned=device.type == "cuda")
-    save_stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
-    n_chunks = longest // (BLOCK * cb)
-    hashes = list(range(1, n_chunks + 1))
-    chunk_ids = [list(range(c * cb, (c + 1) * cb)) for c in range(n_chunks)]
-    warm = None
     for codec in plan.codecs:
         if time.monotonic() > plan.deadline:
             res.skipped.append(f"{shape.name} {codec}: over the time budget")
@@ -116,56 +142,31 @@ def run_shape(shape: Shape, device: torch.device, plan: Plan) -> ShapeResult:
         disk_dir = plan.workdir / f"{shape.name}-{codec}"
         memory, disk = MemoryTier(1 << 40), DiskTier(disk_dir, 1 << 40)
         both = ChunkStore([memory, disk], f"{shape.name}:{codec}", LayerCodec(codec))  # type: ignore[arg-type]
-        at = max([h for h in plan.histories if h <= 8192] or [min(plan.histories)])  # 8k, or the nearest below
-        launch_s = save_chunks(kv, both, pool, save_stream, hashes, chunk_ids, at // (BLOCK * cb))
-        if codec == plan.codecs[0]:
-            res.save_path_fraction_8k, res.save_fraction_history = round(launch_s / prefill[at], 4), at
+        store_history(kv, both, pool, save_stream, specs, group_bytes)
         for tier, store in (
             ("memory", ChunkStore([memory], f"{shape.name}:{codec}", LayerCodec(codec))),  # type: ignore
             ("disk", ChunkStore([disk], f"{shape.name}:{codec}", LayerCodec(codec))),
         ):  # type: ignore
+            # the engine measured its prefill on the steps that computed what it stored
             est = Estimates()
+            est.observe_prefill(total, prefill[longest])
             for h in plan.histories:
                 if time.monotonic() > plan.deadline:
                     res.skipped.append(f"{shape.name} {tier} {codec} {h}: over the time budget")
                     continue
-                cell = load_cell(shape, kv, store, pool, plan, tier, codec, h, prefill[h], suffix_s[h], est, disk_dir)
+                try:
+                    cell = load_cell(
+                        shape, kv, store, pool, plan, tier, codec, h, prefill[h], suffix_s[h], est, disk_dir
+                    )
+                except Exception as e:  # one broken cell must not cost the run's other figures
+                    res.skipped.append(f"{shape.name} {tier} {codec} {h}: {type(e).__name__}: {e}")
+                    continue
                 res.raw_exact &= cell.pop("exact", True)
+                res.steady_allocs += cell["steady_allocs"]
                 res.cells.append(cell)
-                if warm is None:
-                    warm = pool.allocs  # after the first load: later loads must not allocate
         both.close()
         shutil.rmtree(disk_dir, ignore_errors=True)
-    res.steady_allocs = pool.allocs - (warm if warm is not None else pool.allocs)
     return res
-
-
-def save_chunks(
-    kv: PagedKV,
-    store: ChunkStore,
-    pool: StagingPool,
-    stream: Any,
-    hashes: list[int],
-    chunk_ids: list[list[int]],
-    timed_chunks: int,
-) -> float:
-    """Save every chunk through the connector's Saver; returns the forward path's share (the
-    gathers' host time) for the first `timed_chunks` chunks."""
-    depth = 64
-    saver = Saver(store, depth, Counters(), lambda spec: None)
-    launch = 0.0
-    try:
-        for i in range(0, len(hashes), depth):
-            for h, ids in zip(hashes[i : i + depth], chunk_ids[i : i + depth]):
-                t0 = time.perf_counter()
-                rows, done = kv.gather(ids, pool, stream)
-                if h <= timed_chunks:
-                    launch += time.perf_counter() - t0
-                assert saver.submit(SaveSpec(h, [h], ids), rows, done)
-            saver.drain()
-    finally:
-        saver.close()
-    return launch
 
 
 def load_cell(
@@ -190,8 +191,13 @@ def load_cell(
     )
     counters = Counters()
     loader = Loader(store, kv, counters, pool, group_bytes=plan.staging_bytes // 4)
+    gate_estimate = est.costs(tier)  # what the gate knew before this cell
     chunk_bytes = 0.0
     times = []
+    assert loader.load(spec) == n, "a stored chunk did not load"  # warm-up, untimed
+    loader.finish_step()
+    sync(kv.device)
+    allocs_after_first = pool.allocs  # the repeats of a warm load must allocate nothing
     for _ in range(plan.reps):
         if tier == "disk":
             plan.page_cache.drop(files_under(disk_dir))
@@ -206,10 +212,20 @@ def load_cell(
     load_s = statistics.median(times)
     moved = chunk_bytes * n
     exact, err = compare(kv, n * cb, base)
-    choice = "load" if chunks_worth_loading(n, BLOCK * cb, chunk_bytes, est.costs(tier)) == n else "prefill"
+    choice = "load" if chunks_worth_loading(n, BLOCK * cb, chunk_bytes, gate_estimate) == n else "prefill"
     est.observe_load(moved, n, load_s, tier)
     est.observe_prefill(h + plan.suffix, prefill_s)
     with_load = load_s + suffix_s
+    stages = load_breakdown(
+        store,
+        kv,
+        spec,
+        pool,
+        plan.staging_bytes // 4,
+        plan.h2d_gbps,
+        plan.page_cache,
+        disk_dir if tier == "disk" else None,
+    )
     return {
         "shape": shape.name,
         "tier": tier,
@@ -225,6 +241,12 @@ def load_cell(
         "gate_s": round(with_load if choice == "load" else prefill_s, 5),
         "best_s": round(min(prefill_s, with_load), 5),
         "max_abs_err": err,
+        "gate_estimate": {
+            "load_gbps": round(gate_estimate.load_bytes_per_s / 1e9, 3),
+            "prefill_tokens_per_s": round(gate_estimate.prefill_tokens_per_s),
+        },
+        "breakdown_s": stages,
+        "steady_allocs": pool.allocs - allocs_after_first,
         "exact": exact if codec == "raw" else True,
     }
 

@@ -11,6 +11,7 @@ little next to the matmuls and does not change the KV's size).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +65,11 @@ class Model:
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         kv_out: list[torch.Tensor] | None = None,
         slots: torch.Tensor | None = None,
+        after_layer: Callable[[int], None] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Prefill `tokens` after `past` (per layer K, V of [heads, T0, head]); returns this call's K, V
-        per layer, and writes them into `kv_out`'s [B, H, N, C] views at token `slots` when given."""
+        per layer, and writes them into `kv_out`'s [B, H, N, C] views at token `slots` when given.
+        `after_layer(i)` is called after layer i's attention, where vLLM calls save_kv_layer."""
         s = self.shape
         n = tokens.numel()
         x = self.embed[tokens % self.embed.shape[0]]
@@ -80,18 +83,20 @@ class Model:
             if kv_out is not None and slots is not None:
                 write_kv(kv_out[layer], slots, k, v)
             new.append((k, v))
-            group = s.q_heads // s.kv_heads  # K, V repeated per query head: SDPA's fused kernels then apply
+            # K, V repeated per query head, and a batch axis: SDPA's fused (flash, memory-efficient)
+            # kernels take only [batch, heads, tokens, head]; without them it materializes T x T scores
+            group = s.q_heads // s.kv_heads
             if past:
                 k_all, v_all = torch.cat([past[layer][0], k], dim=1), torch.cat([past[layer][1], v], dim=1)
                 t0 = past[layer][0].shape[1]
                 mask = torch.ones(n, t0 + n, dtype=torch.bool, device=self.device).tril(diagonal=t0)
-                a = F.scaled_dot_product_attention(
-                    q, k_all.repeat_interleave(group, 0), v_all.repeat_interleave(group, 0), attn_mask=mask
-                )
+                kk, vv = k_all.repeat_interleave(group, 0), v_all.repeat_interleave(group, 0)
+                a = F.scaled_dot_product_attention(q[None], kk[None], vv[None], attn_mask=mask)[0]
             else:
-                a = F.scaled_dot_product_attention(
-                    q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0), is_causal=True
-                )
+                kk, vv = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+                a = F.scaled_dot_product_attention(q[None], kk[None], vv[None], is_causal=True)[0]
+            if after_layer is not None:
+                after_layer(layer)
             x = x + a.transpose(0, 1).reshape(n, -1) @ self.o
             gate, up = (F.rms_norm(x, (s.hidden,)) @ self.up).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ self.down

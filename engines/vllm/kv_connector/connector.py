@@ -10,8 +10,8 @@ faster than prefilling it, from the worker's measurements that travel back in vL
 estimated short runs before the step's forward pass (on CUDA layer by layer, on the loader's own
 stream); a longer one runs beside the engine's steps (background.py: load_async, vLLM parks the
 request until get_finished reports it). kv_load_failure_policy "recompute" turns a failed chunk
-into a recompute either way. Saves are copied out after the forward pass and written in the
-background.
+into a recompute either way. Saves are copied out layer by layer as the forward pass ends each
+layer (step_save.py) and written in the background.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from kvgate.engines.vllm.kv_connector.request_book import RequestBook
 from kvgate.engines.vllm.kv_connector.settings import build_cipher, build_tiers, chunk_blocks, parse
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
 from kvgate.engines.vllm.kv_connector.step_clock import StepClock
+from kvgate.engines.vllm.kv_connector.step_save import StepSave
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, PagedKV, Saver, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
@@ -88,7 +89,7 @@ class KvgateConnector(KVConnectorBase_V1):
         # the scheduler has no tensors to measure: both sides size chunks from the config alike
         itemsize = 1 if str(parts["kv_dtype"]).startswith("fp8") else vllm_config.model_config.dtype.itemsize
         block_bytes = 2 * parts["kv_heads"] * parts["head_size"] * self.block_size * parts["layers"] * itemsize
-        self.chunk_blocks = chunk_blocks(self.settings, block_bytes)
+        self.chunk_blocks = chunk_blocks(self.settings, block_bytes, self.block_size)
         self.chunk_stored_bytes = block_bytes * self.chunk_blocks * STORED_RATIO[self.settings.codec]
         self.num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self.estimates = Estimates()
@@ -114,6 +115,8 @@ class KvgateConnector(KVConnectorBase_V1):
         self._saver: Saver | None = None
         self._pool: StagingPool | None = None
         self._save_stream: Any = None
+        self._group_bytes = 64 << 20
+        self._step_save: StepSave | bool | None = None  # this step's copies out; False: nothing to save
         self._clock: StepClock | None = None
         self._worker_events = EventBuffer()
         if self.is_worker:
@@ -226,11 +229,16 @@ class KvgateConnector(KVConnectorBase_V1):
         cuda = self._kv.device.type == "cuda"
         staging = self.settings.staging_mb << 20
         self._pool = StagingPool(staging, pinned=cuda)
-        self._loader = Loader(self.store, self._kv, self.counters, self._pool, group_bytes=staging // 4)
+        self._group_bytes = staging // 4
+        self._loader = Loader(self.store, self._kv, self.counters, self._pool, group_bytes=self._group_bytes)
         self._background = BackgroundLoads(
-            Loader(self.store, self._kv, self.counters, self._pool, layerwise=False, group_bytes=staging // 4)
+            Loader(self.store, self._kv, self.counters, self._pool, layerwise=False, group_bytes=self._group_bytes)
         )
-        self._saver = Saver(self.store, self.settings.save_queue, self.counters, self._stored)
+        # on CUDA each queued chunk holds staging, so the pool bounds the queue (save_queue at least)
+        depth = max(
+            self.settings.save_queue, staging // max(1, self._kv.block_bytes * self.chunk_blocks) if cuda else 0
+        )
+        self._saver = Saver(self.store, depth, self.counters, self._stored)
         self._save_stream = torch.cuda.Stream(device=self._kv.device) if cuda else None
         self._clock = StepClock(self._kv.device)
         log.info(
@@ -245,6 +253,9 @@ class KvgateConnector(KVConnectorBase_V1):
         """Worker, each step, before the forward pass: this step's KvgateMetadata. Starts the step's
         clock; must not block."""
         super().bind_connector_metadata(connector_metadata)
+        if self._step_save:  # a step that ended without wait_for_save: its copies are not saved
+            self._step_save.abandon()
+        self._step_save = None
         if self._clock is not None and isinstance(connector_metadata, KvgateMetadata):
             self._clock.start(connector_metadata.step_tokens, self.counters)
 
@@ -274,29 +285,55 @@ class KvgateConnector(KVConnectorBase_V1):
             self._loader.wait_for_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        """Worker, in each attention layer's forward, after it wrote its KV. Nothing: a chunk is copied
-        out whole in wait_for_save, once per step rather than once per layer."""
-        return None
+        """Worker, in each attention layer's forward, after it wrote its KV: starts copying that
+        layer's rows of the step's chunks to save (on CUDA on the save stream, so the copy overlaps
+        the next layers). Must not block or raise: a failure drops the step's saves."""
+        if self._step_save is None:
+            self._step_save = self._start_step_save()
+        if self._step_save:
+            t0 = time.perf_counter()
+            try:
+                self._step_save.layer(layer_name)
+            except Exception:
+                log.exception("copying KV out for saving failed")
+                self._step_save.abandon()
+                self._step_save = False
+            self.counters.save_copy_s += time.perf_counter() - t0
+
+    def _start_step_save(self) -> StepSave | bool:
+        """The step's StepSave, or False when it has nothing to save (asked once per step)."""
+        meta = self._get_connector_metadata()
+        if self._kv is None or not isinstance(meta, KvgateMetadata) or not meta.saves:
+            return False
+        try:
+            return StepSave(self._kv, meta.saves, self._pool, self._save_stream, self._group_bytes)
+        except Exception:
+            log.exception("copying KV out for saving failed")
+            return False
 
     def wait_for_save(self) -> None:
         """Worker, each step after the forward pass (and the draft model's), metadata still bound:
-        closes the step's loads and clock, copies the chunks to save out of the paged cache (on CUDA the
-        engine's stream then waits for the copies, so no freed block is rewritten first). Never writes to
-        a tier here: the background writer does, or drops the save when behind."""
+        closes the step's loads and clock, copies out what save_kv_layer did not, hands each chunk to
+        the background writer (on CUDA the engine's stream then waits for the copies, so no freed block
+        is rewritten first). Never writes to a tier here: the writer does, or drops the save when behind."""
         if self._loader is not None:
             self._loader.finish_step()
         if self._clock is not None:
             self._clock.stop(self.counters)
-        meta = self._get_connector_metadata()
-        if self._kv is None or self._saver is None or not isinstance(meta, KvgateMetadata) or not meta.saves:
+        step, self._step_save = self._step_save, None
+        if step is None:
+            step = self._start_step_save()
+        if not step or self._saver is None:
             return
         t0 = time.perf_counter()
-        for spec in meta.saves:
-            try:
-                rows, done = self._kv.gather(spec.block_ids, self._pool, self._save_stream)
-            except Exception:
-                log.exception("copying KV out for saving failed")
-                continue
+        try:
+            chunks = step.finish()
+        except Exception:
+            log.exception("copying KV out for saving failed")
+            step.abandon()
+            chunks = []
+        self.counters.dropped_saves += step.dropped
+        for spec, rows, done in chunks:
             self._saver.submit(spec, rows, done)
         if self._save_stream is not None:  # a block freed after this step is rewritten only once copied out
             torch.cuda.current_stream(self._kv.device).wait_stream(self._save_stream)

@@ -5,8 +5,10 @@ Load time of k chunks = k x (per-chunk cost + stored bytes per chunk / tier band
 it saves = the chunks' tokens / this engine's prefill rate. Both estimates are exponentially
 weighted averages of what the engine measured (bytes, chunks and seconds of its loads; tokens
 and seconds of its prefill-heavy steps), starting from cold-start defaults that favour loading
-(a fresh engine loads, measures, and corrects). The pure functions decide; `Estimates` keeps the
-averages.
+(a fresh engine loads, measures, and corrects). A measurement's weight is max(ALPHA, 1/n) for the
+n-th measurement of that estimate: the first replaces the cold default outright and the first few
+are averaged evenly, so one wrong default costs one decision, not ten. The pure functions decide;
+`Estimates` keeps the averages.
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ def ewma(old: float, new: float, alpha: float = ALPHA) -> float:
     return old + alpha * (new - old)
 
 
+def weight(seen: int, alpha: float = ALPHA) -> float:
+    """The weight of the next measurement after `seen` earlier ones: 1 for the first (the cold
+    default is not a measurement), then 1/n until that falls under `alpha`. Invariant: in
+    [alpha, 1], non-increasing in `seen`."""
+    return max(alpha, 1.0 / (max(0, seen) + 1))
+
+
 def slowest(tiers: list[str], order: list[str]) -> str:
     """The tier of `tiers` latest in lookup `order` (the one a load waits for); "" when none.
     Invariant: the answer is one of `tiers`, or "" exactly when `tiers` is empty."""
@@ -77,6 +86,7 @@ class Estimates:
     def __init__(self, cold: Costs = COLD) -> None:
         self.cold = cold
         self._tiers: dict[str, Costs] = {}
+        self._seen: dict[str, int] = {}  # measured loads per tier
         self.prefill_tokens_per_s = cold.prefill_tokens_per_s
         self.measured_loads = 0
         self.measured_prefills = 0
@@ -92,15 +102,17 @@ class Estimates:
             return
         c = self._tiers.get(tier, self.cold)
         moving = max(seconds - chunks * c.per_chunk_s, seconds * 0.1)
+        seen = self._seen.get(tier, 0)
         self._tiers[tier] = Costs(
-            ewma(c.load_bytes_per_s, stored_bytes / moving), c.per_chunk_s, c.prefill_tokens_per_s
+            ewma(c.load_bytes_per_s, stored_bytes / moving, weight(seen)), c.per_chunk_s, c.prefill_tokens_per_s
         )
+        self._seen[tier] = seen + 1
         self.measured_loads += 1
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return
-        self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, tokens / seconds)
+        self.prefill_tokens_per_s = ewma(self.prefill_tokens_per_s, tokens / seconds, weight(self.measured_prefills))
         self.measured_prefills += 1
 
     def gauges(self, tiers: list[str]) -> dict[str, float]:

@@ -15,11 +15,9 @@ then hold each block as [2, block_size, heads, head_size]. Any other shape is re
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
-
-from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
 
 
 def block_axis(shape: Sequence[int], num_blocks: int | None) -> tuple[int, int]:
@@ -84,53 +82,7 @@ class PagedKV:
     def write(self, layer: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor) -> None:
         layer.index_copy_(self.axis, idx, rows if self.axis == 0 else rows.movedim(0, self.axis))
 
-    def gather(
-        self, block_ids: Sequence[int], pool: StagingPool | None = None, stream: Any = None
-    ) -> tuple[list[torch.Tensor], Any]:
-        """Copies of the blocks' rows, per layer, on the host; and what to wait on before reading
-        them: None on the CPU, else a `Copied` (the device-to-host copies on `stream`, into one
-        leased buffer of `pool` when it has room). The caller hands `done` to the Saver, which
-        waits on it and gives the buffer back."""
-        idx = self.index(block_ids)
-        shape = self.chunk_shape(len(block_ids))
-        if self.device.type == "cpu":
-            return [self.read(kv, idx).contiguous() for kv in self.layers], None
-        nbytes = math.prod(shape) * self.dtype.itemsize
-        offsets, total = packed_offsets([nbytes] * len(self.layers))
-        lease = pool.lease(total) if pool is not None else None
-        outer = torch.cuda.current_stream(self.device)
-        stream = stream or outer
-        stream.wait_stream(outer)  # the forward pass wrote these blocks on the engine's stream
-        out = []
-        with torch.cuda.stream(stream):
-            for kv, off in zip(self.layers, offsets):
-                rows = self.read(kv, idx)
-                host = (
-                    lease.view(off, shape, self.dtype)
-                    if lease
-                    else torch.empty(shape, dtype=self.dtype, pin_memory=True)
-                )
-                host.copy_(rows, non_blocking=True)
-                out.append(host)
-            event = torch.cuda.Event()
-            event.record(stream)
-        return out, Copied(event, lease)
-
     def scatter(self, rows: list[torch.Tensor], block_ids: Sequence[int]) -> None:
         idx = self.index(block_ids)
         for kv, r in zip(self.layers, rows):
             self.write(kv, idx, r)
-
-
-class Copied:
-    """Device-to-host copies in flight: `wait` before reading them, `release` after."""
-
-    def __init__(self, event: Any, lease: Any) -> None:
-        self.event, self.lease = event, lease
-
-    def wait(self) -> None:
-        self.event.synchronize()
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()

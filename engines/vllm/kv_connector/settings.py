@@ -10,7 +10,7 @@ Reads try them in that order; writes go to all of them. Example:
                "remote": {"url": "rediss://kv.internal:6380/0", "password_env": "KVGATE_REDIS_PASSWORD",
                           "key_prefix": "kvgate", "timeout_s": 0.5, "ttl_s": 0}},
      "codec": "int8", "entropy": "none", "chunk_blocks": "auto", "min_chunk_mb": 1,
-     "gate": "on", "background_load_ms": 10, "staging_mb": 256, "encryption_key_env": "KVGATE_MASTER_KEY"}
+     "min_chunk_tokens": 128, "gate": "on", "background_load_ms": 10, "staging_mb": 2048, "encryption_key_env": "KVGATE_MASTER_KEY"}
 
 `encryption_key_env` names the environment variable of the engine that holds the master key
 (never the key itself): chunks on disk and in Redis are then sealed with AES-GCM under a key
@@ -63,12 +63,13 @@ class ConnectorSettings:
     remote: RemoteSettings | None
     codec: str
     entropy: str
-    chunk_blocks: int | None  # None = auto: the fewest blocks that make min_chunk_mb
+    chunk_blocks: int | None  # None = auto: the fewest blocks that make min_chunk_mb and min_chunk_tokens
     min_chunk_mb: float
     save_queue: int  # chunks waiting for the background writer before new saves are dropped
+    min_chunk_tokens: int = 128
     gate: bool = True  # load only what is estimated faster than prefilling it (gate.py)
     background_load_ms: float = 10.0  # loads estimated slower than this run beside the engine's steps
-    staging_mb: int = 256  # host staging buffers (pinned on CUDA) shared by loads and saves
+    staging_mb: int = 2048  # host staging buffers (pinned on CUDA, allocated as used) shared by loads and saves
     encryption_key_env: str | None = None  # NAME of the variable holding the master key; None: no encryption
 
     @property
@@ -121,6 +122,7 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
             "entropy",
             "chunk_blocks",
             "min_chunk_mb",
+            "min_chunk_tokens",
             "save_queue",
             "gate",
             "background_load_ms",
@@ -191,23 +193,30 @@ def parse(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         entropy=_choice(extra, "entropy", FIELD, "none", ENTROPY),
         chunk_blocks=None if blocks == "auto" else blocks,
         min_chunk_mb=_num(extra, "min_chunk_mb", FIELD, 1.0, 0),
+        min_chunk_tokens=_int(extra, "min_chunk_tokens", FIELD, 128, 1),
         save_queue=_int(extra, "save_queue", FIELD, 64, 1),
         gate=_choice(extra, "gate", FIELD, "on", ("on", "off")) == "on",
         background_load_ms=0.0
         if extra.get("background_load_ms") is not False and extra.get("background_load_ms") == 0
         else _num(extra, "background_load_ms", FIELD, 10.0, 0),
-        staging_mb=_int(extra, "staging_mb", FIELD, 256, 1),
+        staging_mb=_int(extra, "staging_mb", FIELD, 2048, 1),
         encryption_key_env=key_env,
     )
 
 
-def chunk_blocks(settings: ConnectorSettings, block_bytes: int) -> int:
+def chunk_blocks(settings: ConnectorSettings, block_bytes: int, block_tokens: int | None = None) -> int:
     """Blocks per chunk: the setting, or the fewest whole blocks whose raw KV reaches min_chunk_mb
-    (small objects are slow on disk and per round trip; bigger chunks match more coarsely)."""
+    and that hold at least min_chunk_tokens tokens (when `block_tokens` is known). Every chunk
+    costs a fixed amount of Python, a file and a round trip on each path, so small chunks cap
+    the bandwidth; bigger chunks match more coarsely (a prefix is used up to a chunk boundary).
+    With the CPU build's 128-token blocks both minimums give one block; with a GPU's 16-token
+    blocks, eight. Invariant: >= 1."""
     if settings.chunk_blocks:
         return settings.chunk_blocks
     want = settings.min_chunk_mb * (1 << 20)
-    return max(1, -(-int(want) // max(1, block_bytes)))
+    by_bytes = -(-int(want) // max(1, block_bytes))
+    by_tokens = -(-settings.min_chunk_tokens // block_tokens) if block_tokens else 1
+    return max(1, by_bytes, by_tokens)
 
 
 def build_tiers(settings: ConnectorSettings, *, with_memory: bool = True) -> list[Any]:

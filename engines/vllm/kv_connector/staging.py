@@ -8,8 +8,9 @@ and hand it to the background writer, which gives it back after encoding.
 
 Invariants: a buffer is leased to one user at a time; a buffer given back with an event (the
 last asynchronous copy that touches it) is not leased again before that event completes; the
-pool allocates only when no free buffer is big enough, never beyond `capacity` bytes, and counts
-every allocation (`allocs`), so steady traffic shows zero new allocations once warm.
+pool allocates only when no free buffer big enough has finished its last copy (so packing the
+next group overlaps the copy of the last), never beyond `capacity` bytes, and counts every
+allocation (`allocs`), so steady traffic shows zero new allocations once warm.
 """
 
 from __future__ import annotations
@@ -67,10 +68,12 @@ class StagingPool:
         (the caller then copies without staging: slower, never wrong)."""
         with self._lock:
             fits = [i for i, (b, _) in enumerate(self._free) if b.numel() >= nbytes]
-            if fits:
-                buf, event = self._free.pop(min(fits, key=lambda i: self._free[i][0].numel()))
-            else:
-                size = max(MIN_BUFFER, 1 << max(0, nbytes - 1).bit_length())
+            ready = [i for i in fits if self._free[i][1] is None or self._free[i][1].query()]
+            size = max(MIN_BUFFER, 1 << max(0, nbytes - 1).bit_length())
+            if ready or (fits and self.allocated + size > self.capacity):
+                # a buffer whose last copy is done; else, at capacity, one still in flight (waited on below)
+                buf, event = self._free.pop(min(ready or fits, key=lambda i: self._free[i][0].numel()))
+            else:  # none free, or all still in flight with room for one more: double-buffer
                 while self._free and self.allocated + size > self.capacity:  # make room: drop small ones
                     dropped, _ = self._free.pop(0)
                     self.allocated -= dropped.numel()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -131,10 +132,12 @@ class LayerCodec:
         }
         return frame(header, payload, LAYER_FORMAT_VERSION)
 
-    def decode(self, data: bytes | bytearray, key: str) -> LayerChunk:
+    def decode(self, data: bytes | bytearray, key: str, verify: bool = True) -> LayerChunk:
         """Verify and parse; a bytearray is taken over (the tensors view it: the caller must not
-        change it afterwards; DiskTier.get returns fresh ones), bytes are copied once."""
-        header, start, end = unframe(data, key, LAYER_FORMAT_VERSION)
+        change it afterwards; DiskTier.get returns fresh ones), bytes are copied once. With
+        `verify=False` (bytes this process encoded and kept: the RAM tier) the checksum is skipped
+        and bytes are viewed, not copied: the parts are then read-only, as the loader uses them."""
+        header, start, end = unframe(data, key, LAYER_FORMAT_VERSION, verify)
         try:
             codec, entropy, group = header["codec"], header["entropy"], int(header["group"])
             dtype = DTYPES[header["dtype"]]
@@ -155,20 +158,21 @@ class LayerCodec:
         scale = scale_dtype(dtype)
         parts_layout = [((layers, *shp), dt or dtype) for shp, dt in _part_shapes(codec, shape, group, scale)]
         sizes = [math.prod(shp) * dt.itemsize for shp, dt in parts_layout]
-        buf, base = self._payload(data, key, start, end, entropy, sum(sizes))
+        buf, base = self._payload(data, key, start, end, entropy, sum(sizes), copy=verify)
         parts, offset = [], base
         for (shp, dt), n in zip(parts_layout, sizes):
             count = n // dt.itemsize
-            t = torch.frombuffer(buf, dtype=dt, count=count, offset=offset) if count else torch.empty(0, dtype=dt)
+            t = _view(buf, dt, count, offset) if count else torch.empty(0, dtype=dt)
             parts.append(t.view(shp))
             offset += n
         return LayerChunk(codec, dtype, layers, shape, tuple(parts), group, len(data))
 
     @staticmethod
     def _payload(
-        data: bytes | bytearray, key: str, start: int, end: int, entropy: str, total: int
-    ) -> tuple[bytearray, int]:
-        """A writable buffer holding exactly `total` payload bytes, and where they start in it."""
+        data: bytes | bytearray, key: str, start: int, end: int, entropy: str, total: int, copy: bool = True
+    ) -> tuple[bytes | bytearray, int]:
+        """A buffer holding exactly `total` payload bytes, and where they start in it: writable,
+        unless `copy` is False and `data` is bytes (then `data` itself, read-only)."""
         if entropy == "zstd":
             import zstandard
 
@@ -179,10 +183,20 @@ class LayerCodec:
             except zstandard.ZstdError as e:
                 raise CorruptChunk(f"chunk {key!r}: zstd frame unreadable ({e})") from None
             buf, base, n = bytearray(raw), 0, len(raw)
-        elif isinstance(data, bytearray) and start % PAYLOAD_ALIGN == 0:
+        elif (isinstance(data, bytearray) or not copy) and start % PAYLOAD_ALIGN == 0:
             buf, base, n = data, start, end - start
         else:
             buf, base, n = bytearray(memoryview(data)[start:end]), 0, end - start
         if n != total:
             raise CorruptChunk(f"chunk {key!r}: payload of {n} bytes, header says {total}")
         return buf, base
+
+
+def _view(buf: bytes | bytearray, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:
+    """`count` values of `buf` from byte `offset`, without a copy. torch warns once that a view
+    of bytes is not write-protected; the RAM tier's parts are only read."""
+    if isinstance(buf, bytearray):
+        return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset)

@@ -11,11 +11,14 @@ from kvgate.index.kv.chunks.codec import KVChunk, decode_chunk, encode_chunk
 
 class ChunkCodec(Protocol):
     """Chunk ⇄ bytes under a key. `decode` raises CorruptChunk for bytes `encode` did not make
-    under the same key (the store then drops the chunk everywhere and reports a miss)."""
+    under the same key (the store then drops the chunk everywhere and reports a miss).
+    `verify=False` says the bytes never left this process (an in-process tier, filled by this
+    codec's own `encode`): a codec may then skip the checksum and return read-only views of
+    `data`; the framing and the key are still checked."""
 
     def encode(self, chunk: Any, key: str) -> bytes: ...
 
-    def decode(self, data: bytes | bytearray, key: str) -> Any: ...
+    def decode(self, data: bytes | bytearray, key: str, verify: bool = True) -> Any: ...
 
 
 class PairCodec:
@@ -24,5 +27,6 @@ class PairCodec:
     def encode(self, chunk: KVChunk, key: str) -> bytes:
         return encode_chunk(chunk, key)
 
-    def decode(self, data: bytes | bytearray, key: str) -> KVChunk:
+    def decode(self, data: bytes | bytearray, key: str, verify: bool = True) -> KVChunk:
+        """Always verified and writable: the reference replica's chunks are few and small."""
         return decode_chunk(data, key)

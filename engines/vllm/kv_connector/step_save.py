@@ -1,0 +1,174 @@
+"""Copying one step's chunks to save out of the paged KV, layer by layer, as the forward pass ends
+each layer.
+
+vLLM calls save_kv_layer right after an attention layer wrote its KV. On CUDA the copy of that
+layer's rows starts there, on the save stream (which first waits for the engine's stream): one
+gather and one device-to-host copy per layer per group of chunks, into one staging buffer per
+group. The copies then overlap the later layers' compute, and when the forward pass ends only the
+last layer's copy is outstanding. `finish` copies any layer that was not copied yet (a mode or
+backend that skips save_kv_layer) and hands back, per chunk, its rows per layer (views of the
+group's buffer) and what to wait on before reading them. On the CPU the copies are plain
+index_selects, one per layer per group.
+
+On CUDA a group that finds no free staging buffer is not saved (its chunks are counted dropped):
+pinning fresh memory on the forward path would cost more than the copy, and a full pool means the
+background writer is behind anyway.
+
+Invariants: a chunk's rows are copies of its blocks as the forward pass left them (each layer is
+copied after that layer's own write); a group's chunks share one staging buffer, which goes back
+to the pool when the last of them is released; a group never needs more than `group_bytes` of
+staging (a chunk larger than that is a group of its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from kvgate.engines.vllm.kv_connector.paged import PagedKV
+from kvgate.engines.vllm.kv_connector.specs import SaveSpec
+from kvgate.engines.vllm.kv_connector.staging import Lease, StagingPool, packed_offsets
+
+
+class SharedCopy:
+    """Device-to-host copies of one group in flight, shared by its chunks: `wait` before reading
+    a chunk's rows, `release` once per chunk after; the buffer goes back with the last release."""
+
+    def __init__(self, lease: Lease | None, users: int) -> None:
+        self.event: Any = None
+        self.lease, self._users = lease, users
+        self._lock = threading.Lock()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last and self.lease is not None:
+            self.lease.release(self.event)
+
+
+@dataclass
+class _Group:
+    specs: list[SaveSpec]
+    starts: list[int]  # first row of each chunk in the group's rows
+    idx: torch.Tensor
+    lease: Lease | None
+    offsets: list[int]  # of each layer's rows in the lease
+    host: list[torch.Tensor | None] = field(default_factory=list)  # per layer, once copied
+
+
+def groups_of(sizes: Sequence[int], limit: int) -> list[list[int]]:
+    """Indices of `sizes` in runs, in order, each run's sum at most `limit` unless one item alone
+    exceeds it. Invariant: every index appears once, in order; no run is empty."""
+    runs: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if not runs or (runs[-1] and total + n > limit):
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += n
+    return runs
+
+
+class StepSave:
+    """One step's saves: `layer(name)` after each layer's forward, then `finish()`."""
+
+    def __init__(
+        self,
+        kv: PagedKV,
+        specs: Sequence[SaveSpec],
+        pool: StagingPool | None = None,
+        stream: Any = None,
+        group_bytes: int = 64 << 20,
+    ) -> None:
+        self.kv, self.pool, self.stream = kv, pool, stream
+        self.cuda = kv.device.type == "cuda"
+        self.dropped = 0  # chunks not saved: no staging buffer was free for their group
+        self._index = {name: i for i, name in enumerate(kv.names)}
+        row_bytes = math.prod(kv.row_shape) * kv.dtype.itemsize
+        rows = [len(kv.rows(s.block_ids)) for s in specs]
+        self._groups: list[_Group] = []
+        for run in groups_of([r * row_bytes * len(kv.layers) for r in rows], group_bytes):
+            chosen = [specs[i] for i in run]
+            starts = [0]
+            for i in run:
+                starts.append(starts[-1] + rows[i])
+            offsets, total = packed_offsets([starts[-1] * row_bytes] * len(kv.layers))
+            with self._on_stream():
+                idx = kv.index([b for s in chosen for b in s.block_ids])
+            lease = pool.lease(total) if self.cuda and pool is not None else None
+            if self.cuda and lease is None:
+                self.dropped += len(chosen)
+                continue
+            self._groups.append(_Group(chosen, starts, idx, lease, offsets, [None] * len(kv.layers)))
+
+    def _on_stream(self) -> Any:
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def layer(self, name: str) -> None:
+        """Start copying layer `name` out (after its forward wrote it). Unknown names are ignored."""
+        i = self._index.get(name)
+        if i is not None:
+            self._copy(i)
+
+    def _copy(self, i: int) -> None:
+        kv, layer = self.kv, self.kv.layers[i]
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(kv.device))  # the forward wrote this layer there
+        with self._on_stream():
+            for g in self._groups:
+                if g.host[i] is not None:
+                    continue
+                rows = kv.read(layer, g.idx)
+                if not self.cuda:
+                    g.host[i] = rows.contiguous()
+                    continue
+                assert g.lease is not None  # a CUDA group without one was dropped
+                dest = g.lease.view(g.offsets[i], (g.starts[-1], *kv.row_shape), kv.dtype)
+                dest.copy_(rows, non_blocking=True)
+                g.host[i] = dest
+
+    def finish(self) -> list[tuple[SaveSpec, list[torch.Tensor], SharedCopy]]:
+        """Copy what is left; per chunk its spec, rows per layer, and the shared copy to wait on."""
+        for i in range(len(self.kv.layers)):
+            if any(g.host[i] is None for g in self._groups):
+                self._copy(i)
+        out = []
+        for g in self._groups:
+            share = SharedCopy(g.lease, len(g.specs))
+            if self.cuda:
+                share.event = torch.cuda.Event()
+                share.event.record(self.stream or torch.cuda.current_stream(self.kv.device))
+            for k, spec in enumerate(g.specs):
+                a, b = g.starts[k], g.starts[k + 1]
+                out.append((spec, [h[a:b] for h in g.host if h is not None], share))
+        return out
+
+    def abandon(self) -> None:
+        """Give every staging buffer back (a failed step: nothing of it is saved), once the copies
+        already started into it are done."""
+        event = None
+        if self.cuda and any(g.lease is not None for g in self._groups):
+            event = torch.cuda.Event()
+            event.record(self.stream or torch.cuda.current_stream(self.kv.device))
+        for g in self._groups:
+            if g.lease is not None:
+                g.lease.release(event)
+                g.lease = None
+
+
+def copy_out(
+    kv: PagedKV, specs: Sequence[SaveSpec], pool: StagingPool | None = None, stream: Any = None
+) -> list[tuple[SaveSpec, list[torch.Tensor], SharedCopy]]:
+    """All layers of `specs` at once (what a step whose layers were not announced does)."""
+    return StepSave(kv, specs, pool, stream).finish()

@@ -126,6 +126,34 @@ def test_a_shared_copy_gives_its_buffer_back_with_the_last_chunk() -> None:
     assert pool.lease(1 << 20) is not None and pool.allocs == 1
 
 
+def test_saves_store_each_step_and_a_failure_drops_only_that_step() -> None:
+    from kvgate.engines.vllm.kv_connector.step_save import Saves
+    from kvgate.engines.vllm.kv_connector.worker import Saver
+
+    kv, counters, stored = PagedKV(strided_views((0, 1, 2, 3, 4)), BLOCKS), Counters(), []
+    store = ChunkStore([MemoryTier(1 << 26)], "ns", LayerCodec("raw"))
+    saver = Saver(store, 8, counters, stored.append)
+    saves = Saves(kv, None, None, 1 << 20, saver, counters)
+    try:
+        step = [SaveSpec(1, [1], [2]), SaveSpec(2, [2], [3])]
+        saves.begin()
+        for name in kv.names[:2]:  # the last layer is left to end()
+            saves.layer(name, step)
+        saves.end(step)
+        saves.begin()
+        saves.layer(kv.names[0], [SaveSpec(3, [3], [BLOCKS + 5])])  # no such block: this step is dropped
+        saves.end([SaveSpec(3, [3], [BLOCKS + 5])])
+        saves.begin()
+        saves.end([])  # nothing to save
+        saver.drain()
+        assert [s.chunk_hash for s in stored] == [1, 2]
+        got = store.get_many([1, 2])
+        assert all(torch.equal(c.parts[0][i][0], kv.layers[i][b]) for c, b in zip(got, [2, 3]) for i in range(LAYERS))
+    finally:
+        saver.close()
+        store.close()
+
+
 # -- staging -----------------------------------------------------------------------------------------
 def test_staging_pool_reuses_buffers_and_respects_capacity() -> None:
     pool = StagingPool(4 << 20, pinned=False)

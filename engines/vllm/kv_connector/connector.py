@@ -17,7 +17,6 @@ layer (step_save.py) and written in the background.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
@@ -35,7 +34,7 @@ from kvgate.engines.vllm.kv_connector.request_book import RequestBook
 from kvgate.engines.vllm.kv_connector.settings import build_cipher, build_tiers, chunk_blocks, parse
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
 from kvgate.engines.vllm.kv_connector.step_clock import StepClock
-from kvgate.engines.vllm.kv_connector.step_save import StepSave
+from kvgate.engines.vllm.kv_connector.step_save import Saves
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, PagedKV, Saver, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
@@ -115,8 +114,7 @@ class KvgateConnector(KVConnectorBase_V1):
         self._saver: Saver | None = None
         self._pool: StagingPool | None = None
         self._save_stream: Any = None
-        self._group_bytes = 64 << 20
-        self._step_save: StepSave | bool | None = None  # this step's copies out; False: nothing to save
+        self._saves: Saves | None = None
         self._clock: StepClock | None = None
         self._worker_events = EventBuffer()
         if self.is_worker:
@@ -229,10 +227,10 @@ class KvgateConnector(KVConnectorBase_V1):
         cuda = self._kv.device.type == "cuda"
         staging = self.settings.staging_mb << 20
         self._pool = StagingPool(staging, pinned=cuda)
-        self._group_bytes = staging // 4
-        self._loader = Loader(self.store, self._kv, self.counters, self._pool, group_bytes=self._group_bytes)
+        group_bytes = staging // 4
+        self._loader = Loader(self.store, self._kv, self.counters, self._pool, group_bytes=group_bytes)
         self._background = BackgroundLoads(
-            Loader(self.store, self._kv, self.counters, self._pool, layerwise=False, group_bytes=self._group_bytes)
+            Loader(self.store, self._kv, self.counters, self._pool, layerwise=False, group_bytes=group_bytes)
         )
         # on CUDA each queued chunk holds staging, so the pool bounds the queue (save_queue at least)
         depth = max(
@@ -240,6 +238,7 @@ class KvgateConnector(KVConnectorBase_V1):
         )
         self._saver = Saver(self.store, depth, self.counters, self._stored)
         self._save_stream = torch.cuda.Stream(device=self._kv.device) if cuda else None
+        self._saves = Saves(self._kv, self._pool, self._save_stream, group_bytes, self._saver, self.counters)
         self._clock = StepClock(self._kv.device)
         log.info(
             "kvgate connector: %d layers, blocks of %s on %s (%.1f MB of KV per chunk)",
@@ -253,9 +252,8 @@ class KvgateConnector(KVConnectorBase_V1):
         """Worker, each step, before the forward pass: this step's KvgateMetadata. Starts the step's
         clock; must not block."""
         super().bind_connector_metadata(connector_metadata)
-        if self._step_save:  # a step that ended without wait_for_save: its copies are not saved
-            self._step_save.abandon()
-        self._step_save = None
+        if self._saves is not None:
+            self._saves.begin()
         if self._clock is not None and isinstance(connector_metadata, KvgateMetadata):
             self._clock.start(connector_metadata.step_tokens, self.counters)
 
@@ -287,57 +285,25 @@ class KvgateConnector(KVConnectorBase_V1):
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         """Worker, in each attention layer's forward, after it wrote its KV: starts copying that
         layer's rows of the step's chunks to save (on CUDA on the save stream, so the copy overlaps
-        the next layers). Must not block or raise: a failure drops the step's saves."""
-        if self._step_save is None:
-            self._step_save = self._start_step_save()
-        if self._step_save:
-            t0 = time.perf_counter()
-            try:
-                self._step_save.layer(layer_name)
-            except Exception:
-                log.exception("copying KV out for saving failed")
-                self._step_save.abandon()
-                self._step_save = False
-            self.counters.save_copy_s += time.perf_counter() - t0
-
-    def _start_step_save(self) -> StepSave | bool:
-        """The step's StepSave, or False when it has nothing to save (asked once per step)."""
-        meta = self._get_connector_metadata()
-        if self._kv is None or not isinstance(meta, KvgateMetadata) or not meta.saves:
-            return False
-        try:
-            return StepSave(self._kv, meta.saves, self._pool, self._save_stream, self._group_bytes)
-        except Exception:
-            log.exception("copying KV out for saving failed")
-            return False
+        the next layers; step_save.py). Must not block or raise: a failure drops the step's saves."""
+        if self._saves is not None:
+            self._saves.layer(layer_name, self._step_saves())
 
     def wait_for_save(self) -> None:
         """Worker, each step after the forward pass (and the draft model's), metadata still bound:
-        closes the step's loads and clock, copies out what save_kv_layer did not, hands each chunk to
-        the background writer (on CUDA the engine's stream then waits for the copies, so no freed block
-        is rewritten first). Never writes to a tier here: the writer does, or drops the save when behind."""
+        closes the step's loads and clock, copies out what save_kv_layer did not and hands each chunk
+        to the background writer. Never writes to a tier here: the writer does, or drops the save
+        when behind."""
         if self._loader is not None:
             self._loader.finish_step()
         if self._clock is not None:
             self._clock.stop(self.counters)
-        step, self._step_save = self._step_save, None
-        if step is None:
-            step = self._start_step_save()
-        if not step or self._saver is None:
-            return
-        t0 = time.perf_counter()
-        try:
-            chunks = step.finish()
-        except Exception:
-            log.exception("copying KV out for saving failed")
-            step.abandon()
-            chunks = []
-        self.counters.dropped_saves += step.dropped
-        for spec, rows, done in chunks:
-            self._saver.submit(spec, rows, done)
-        if self._save_stream is not None:  # a block freed after this step is rewritten only once copied out
-            torch.cuda.current_stream(self._kv.device).wait_stream(self._save_stream)
-        self.counters.save_copy_s += time.perf_counter() - t0
+        if self._saves is not None:
+            self._saves.end(self._step_saves())
+
+    def _step_saves(self) -> list[SaveSpec]:
+        meta = self._get_connector_metadata()
+        return meta.saves if isinstance(meta, KvgateMetadata) else []
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Worker, each step after wait_for_save, before get_block_ids_with_load_errors: requests whose

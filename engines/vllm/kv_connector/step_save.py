@@ -23,16 +23,20 @@ staging (a chunk larger than that is a group of its own).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
 from kvgate.engines.vllm.kv_connector.paged import PagedKV
-from kvgate.engines.vllm.kv_connector.specs import SaveSpec
+from kvgate.engines.vllm.kv_connector.specs import Counters, SaveSpec
 from kvgate.engines.vllm.kv_connector.staging import Lease, StagingPool, packed_offsets
+
+log = logging.getLogger("vllm.kvgate")
 
 
 class SharedCopy:
@@ -172,3 +176,66 @@ def copy_out(
 ) -> list[tuple[SaveSpec, list[torch.Tensor], SharedCopy]]:
     """All layers of `specs` at once (what a step whose layers were not announced does)."""
     return StepSave(kv, specs, pool, stream).finish()
+
+
+class Saves:
+    """The worker's saves, step after step: a StepSave for each step with chunks to save, started
+    at the first save_kv_layer, finished in wait_for_save. Never raises into the forward pass: a
+    failure drops that step's saves (logged)."""
+
+    def __init__(
+        self, kv: PagedKV, pool: StagingPool | None, stream: Any, group_bytes: int, saver: Any, counters: Counters
+    ) -> None:
+        self.kv, self.pool, self.stream, self.group_bytes = kv, pool, stream, group_bytes
+        self.saver, self.counters = saver, counters
+        self._step: StepSave | bool | None = None  # None: not asked yet this step; False: nothing to save
+
+    def begin(self) -> None:
+        """A new step: copies of a step that ended without `end` are not saved."""
+        if self._step:
+            self._step.abandon()
+        self._step = None
+
+    def layer(self, name: str, specs: Sequence[SaveSpec]) -> None:
+        if self._step is None:
+            self._step = self._start(specs)
+        if self._step:
+            t0 = time.perf_counter()
+            try:
+                self._step.layer(name)
+            except Exception:
+                log.exception("copying KV out for saving failed")
+                self._step.abandon()
+                self._step = False
+            self.counters.save_copy_s += time.perf_counter() - t0
+
+    def end(self, specs: Sequence[SaveSpec]) -> None:
+        """Copy what is left, hand every chunk to the writer, order the engine's stream after the
+        copies (a block freed after this step is rewritten only once copied out)."""
+        step, self._step = self._step, None
+        if step is None:
+            step = self._start(specs)
+        if not step:
+            return
+        t0 = time.perf_counter()
+        try:
+            chunks = step.finish()
+        except Exception:
+            log.exception("copying KV out for saving failed")
+            step.abandon()
+            chunks = []
+        self.counters.dropped_saves += step.dropped
+        for spec, rows, done in chunks:
+            self.saver.submit(spec, rows, done)
+        if self.stream is not None:
+            torch.cuda.current_stream(self.kv.device).wait_stream(self.stream)
+        self.counters.save_copy_s += time.perf_counter() - t0
+
+    def _start(self, specs: Sequence[SaveSpec]) -> StepSave | bool:
+        if not specs:
+            return False
+        try:
+            return StepSave(self.kv, specs, self.pool, self.stream, self.group_bytes)
+        except Exception:
+            log.exception("copying KV out for saving failed")
+            return False

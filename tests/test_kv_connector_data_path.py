@@ -166,6 +166,41 @@ def test_staging_pool_reuses_buffers_and_respects_capacity() -> None:
     assert pool.lease(8 << 20) is None  # beyond capacity: the caller copies unstaged
 
 
+class Copy:
+    """A stand-in for a CUDA event: done or still in flight."""
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.waited = done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = self.done = True
+
+
+def test_staging_pool_leases_a_finished_buffer_and_double_buffers_while_one_is_in_flight() -> None:
+    pool = StagingPool(4 << 20, pinned=False)
+    first = pool.lease(1 << 20)
+    assert first is not None
+    in_flight = Copy(done=False)
+    first.release(in_flight)
+    second = pool.lease(1 << 20)  # the first is still being copied: room for another, so a new one
+    assert second is not None and second.buffer.data_ptr() != first.buffer.data_ptr() and pool.allocs == 2
+    assert not in_flight.waited
+    in_flight.done = True
+    second.release()
+    third = pool.lease(1 << 20)  # both finished now: reused, nothing allocated
+    assert third is not None and pool.allocs == 2
+    full = StagingPool(1 << 20, pinned=False)
+    only = full.lease(1 << 20)
+    assert only is not None
+    busy = Copy(done=False)
+    only.release(busy)
+    again = full.lease(1 << 20)  # at capacity: the one in flight, after waiting for its copy
+    assert again is not None and busy.waited and full.allocs == 1
+
+
 def test_packed_offsets_are_aligned() -> None:
     offsets, total = packed_offsets([3, 64, 65, 1])
     assert offsets == [0, 64, 128, 256] and total == 320

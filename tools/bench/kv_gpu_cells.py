@@ -242,7 +242,7 @@ def load_cell(
         "best_s": round(min(prefill_s, with_load), 5),
         "max_abs_err": err,
         "gate_estimate": {
-            "load_gbps": round(gate_estimate.load_bytes_per_s / 1e9, 3),
+            "load_gbps": gbps(gate_estimate.load_bytes_per_s, 1.0),
             "prefill_tokens_per_s": round(gate_estimate.prefill_tokens_per_s),
         },
         "breakdown_s": stages,

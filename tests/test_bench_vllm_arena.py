@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -238,3 +239,16 @@ def test_an_answer_that_ends_at_once_still_has_a_first_token() -> None:
     take_event(turn, {"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]}, 1.1)
     take_event(turn, {"choices": [{"delta": {}, "finish_reason": "stop"}]}, 1.5)
     assert turn.ttft == pytest.approx(0.5) and turn.finish_reason == "stop" and turn.error is None
+
+
+def test_a_lost_port_is_read_from_the_new_part_of_the_log_only(tmp_path: Path) -> None:
+    from kvgate.engines.vllm.launch import lost_a_port
+
+    log = tmp_path / "vllm-0.log"
+    assert not lost_a_port(None) and not lost_a_port(log)
+    log.write_text("INFO starting\nzmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:41019')\n")
+    seen = log.stat().st_size
+    assert lost_a_port(log)
+    with open(log, "a") as f:
+        f.write("INFO started again\nRuntimeError: Engine core initialization failed\n")
+    assert not lost_a_port(log, seen)  # this attempt failed for another reason: not started again

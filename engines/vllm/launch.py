@@ -255,29 +255,47 @@ def start_pair(
     timeout: float = 240.0,
     **options: object,
 ) -> list[VllmServer]:
-    """Two servers, one per core, started together (start-up overlaps) and waited for."""
-    servers = []
-    for i in range(2):
-        log = None if log_dir is None else Path(log_dir) / f"vllm-{i}.log"
-        servers.append(
-            VllmServer(
-                model,
-                served_name,
-                ports[i],
-                events_ports[i],
-                core=i % max(1, os.cpu_count() or 1),
-                log_path=log,
-                **options,
-            ).start()
-        )  # type: ignore[arg-type]
-    try:
-        for s in servers:
-            s.wait_ready(timeout)
-    except Exception:
-        for s in servers:
-            s.stop()
-        raise
-    return servers
+    """Two servers, one per core, started together (start-up overlaps) and waited for. Ports left
+    at 0 are picked free just before the start, so another process can take one first: a pair
+    whose engine then failed on "Address already in use" is started again on fresh ports (twice
+    at most)."""
+    auto = all(p == 0 for p in (*ports, *events_ports))
+    for attempt in range(3):
+        servers, seen = [], []
+        for i in range(2):
+            log = None if log_dir is None else Path(log_dir) / f"vllm-{i}.log"
+            seen.append(log.stat().st_size if log is not None and log.exists() else 0)  # the logs are appended to
+            servers.append(
+                VllmServer(
+                    model,
+                    served_name,
+                    ports[i],
+                    events_ports[i],
+                    core=i % max(1, os.cpu_count() or 1),
+                    log_path=log,
+                    **options,
+                ).start()
+            )  # type: ignore[arg-type]
+        try:
+            for s in servers:
+                s.wait_ready(timeout)
+            return servers
+        except Exception:
+            for s in servers:
+                s.stop()
+            if not (auto and attempt < 2 and any(lost_a_port(s.log_path, n) for s, n in zip(servers, seen))):
+                raise
+    raise AssertionError("unreachable")
+
+
+def lost_a_port(log_path: Path | None, since: int = 0) -> bool:
+    """Whether this engine's log, from byte `since` on, says a port it was given was taken before
+    it bound it."""
+    if log_path is None or not Path(log_path).exists():
+        return False
+    with open(log_path, "rb") as f:
+        f.seek(since)
+        return b"Address already in use" in f.read()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,8 @@ from kvgate.engines.vllm.kv_connector.gate import (
 )
 from kvgate.engines.vllm.kv_connector.paged import PagedKV, block_axis
 from kvgate.engines.vllm.kv_connector.settings import SettingsError, parse
-from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
-from kvgate.engines.vllm.kv_connector.step_save import StepSave, copy_out, groups_of
+from kvgate.engines.vllm.kv_connector.staging import StagingPool, groups_of, packed_offsets
+from kvgate.engines.vllm.kv_connector.step_save import StepSave, copy_out
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
@@ -136,15 +136,15 @@ def test_saves_store_each_step_and_a_failure_drops_only_that_step() -> None:
     saves = Saves(kv, None, None, 1 << 20, saver, counters)
     try:
         step = [SaveSpec(1, [1], [2]), SaveSpec(2, [2], [3])]
-        saves.begin()
+        saves.begin(step)
         for name in kv.names[:2]:  # the last layer is left to end()
-            saves.layer(name, step)
-        saves.end(step)
-        saves.begin()
-        saves.layer(kv.names[0], [SaveSpec(3, [3], [BLOCKS + 5])])  # no such block: this step is dropped
-        saves.end([SaveSpec(3, [3], [BLOCKS + 5])])
-        saves.begin()
-        saves.end([])  # nothing to save
+            saves.layer(name)
+        saves.end()
+        saves.begin([SaveSpec(3, [3], [BLOCKS + 5])])
+        saves.layer(kv.names[0])  # no such block: this step is dropped
+        saves.end()
+        saves.begin([])
+        saves.end()  # nothing to save
         saver.drain()
         assert [s.chunk_hash for s in stored] == [1, 2]
         got = store.get_many([1, 2])

@@ -22,15 +22,10 @@ from typing import Any
 
 import torch
 
-from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
-from kvgate.engines.vllm.kv_connector.step_save import groups_of
+from kvgate.engines.vllm.kv_connector.staging import StagingPool, groups_of, packed_offsets
 from kvgate.engines.vllm.kv_connector.worker import LoadSpec, PagedKV
+from kvgate.tools.bench.kv_gpu_model import sync
 from kvgate.tools.bench.pagecache import PageCache, files_under
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bus_gbps(device: torch.device, nbytes: int = 256 << 20) -> dict[str, float]:
@@ -43,10 +38,10 @@ def bus_gbps(device: torch.device, nbytes: int = 256 << 20) -> dict[str, float]:
         dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
         times = []
         for _ in range(4):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             dev.copy_(host, non_blocking=pinned)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
         out[name] = round(nbytes / sorted(times[1:])[1] / 1e9, 2)
     return out
@@ -88,12 +83,12 @@ def load_breakdown(
             out["h2d_s"] = round(sum(sizes) / h2d_gbps / 1e9, 5)
     on_device = [[p.to(device) for p in ps] for ps in parts]
     idx = kv.index([b for ids in spec.block_ids for b in ids])
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     pieces = [c.expand(ps) for c, ps in zip(chunks, on_device)]
     rows = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
     for layer, r in zip(kv.layers, rows.unbind(0)):
         kv.write(layer, idx, r)
-    _sync(device)
+    sync(device)
     out["device_s"] = round(time.perf_counter() - t0, 5)
     return out

@@ -19,11 +19,12 @@ import torch
 from kvgate.engines.vllm.kv_connector.gate import Estimates, chunks_worth_loading
 from kvgate.engines.vllm.kv_connector.paged import PagedKV
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
+from kvgate.engines.vllm.kv_connector.step_save import writer_depth
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, LoadSpec, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore, DiskTier, MemoryTier
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
 from kvgate.tools.bench.kv_gpu_breakdown import load_breakdown
-from kvgate.tools.bench.kv_gpu_model import Model, Shape, kv_caches
+from kvgate.tools.bench.kv_gpu_model import Model, Shape, kv_caches, sync
 from kvgate.tools.bench.kv_gpu_save import save_path_cost, store_history
 from kvgate.tools.bench.pagecache import PageCache, files_under
 
@@ -59,11 +60,6 @@ def gbps(nbytes: float, seconds: float) -> float:
     return float(f"{nbytes / seconds / 1e9:.4g}")
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn: Callable[[], Any], device: torch.device, reps: int) -> tuple[float, Any]:
     """Median seconds of `reps` runs after one warm-up, and the last run's result."""
     out = fn()
@@ -94,10 +90,7 @@ def run_shape(shape: Shape, device: torch.device, plan: Plan) -> ShapeResult:
     group_bytes = plan.staging_bytes // 4  # as the connector sizes its groups
     n_chunks = longest // (BLOCK * cb)
     specs = [SaveSpec(c + 1, [c + 1], list(range(c * cb, (c + 1) * cb))) for c in range(n_chunks)]
-    # the connector's queue rule on CUDA: the pool bounds it
-    depth = (
-        max(plan.save_queue, plan.staging_bytes // (kv.block_bytes * cb)) if device.type == "cuda" else plan.save_queue
-    )
+    depth = writer_depth(plan.save_queue, plan.staging_bytes, kv.block_bytes * cb, device.type == "cuda")
 
     # cold prefill of each history + suffix
     prefill: dict[int, float] = {}

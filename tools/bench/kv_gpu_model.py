@@ -44,6 +44,12 @@ def quick(shape: Shape) -> Shape:
     return Shape(shape.name, min(shape.layers, 3), min(shape.kv_heads, 2), 32, 128, 256, 2 * min(shape.kv_heads, 2))
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Model:
     def __init__(self, shape: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
         g = torch.Generator(device="cpu").manual_seed(seed)

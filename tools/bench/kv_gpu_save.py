@@ -2,10 +2,11 @@
 and Saver, and what saving costs the forward pass.
 
 The forward-path cost is measured, not inferred: the same prefill is timed plain, with the copies
-alone (no writer: what the copy-out itself costs), and with the connector's saves (StepSave's copy of each layer started right after that layer, as vLLM calls
-save_kv_layer; then finish, hand-off to the background writer, and the engine's stream waiting
-for the copies, as wait_for_save does), to the end of the device work. The saving runs go back to
-back, so the writer's work for one step overlaps the next step's forward pass, as under load.
+alone (a writer that gives each chunk back at once: what the copy-out itself costs), and with the
+connector's own `Saves` and background writer (each layer's copy started right after that layer,
+as vLLM calls save_kv_layer; then the hand-off and the engine's stream waiting for the copies, as
+wait_for_save does), to the end of the device work. The saving runs go back to back, so the
+writer's work for one step overlaps the next step's forward pass, as under load.
 """
 
 from __future__ import annotations
@@ -17,20 +18,16 @@ from typing import Any, Callable
 import torch
 
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
-from kvgate.engines.vllm.kv_connector.step_save import StepSave
+from kvgate.engines.vllm.kv_connector.step_save import Saves, StepSave
 from kvgate.engines.vllm.kv_connector.worker import Counters, PagedKV, Saver, SaveSpec
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from kvgate.tools.bench.kv_gpu_model import sync
 
 
 def _seconds(fn: Callable[[], Any], device: torch.device) -> float:
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -50,6 +47,14 @@ def store_history(
         saver.close()
 
 
+class _Discard:
+    """A writer that gives each chunk's staging back at once: the copies out alone."""
+
+    def submit(self, spec: SaveSpec, rows: list[torch.Tensor], done: Any) -> bool:
+        done.release()
+        return True
+
+
 def save_path_cost(
     model: Any,
     kv: PagedKV,
@@ -63,41 +68,26 @@ def save_path_cost(
     depth: int,
 ) -> dict[str, Any]:
     """The prefill of `tokens` (writing its KV into blocks 0..) timed plain and with the saves of
-    `specs`; the fraction is the median difference over the plain median."""
+    `specs` through the connector's own `Saves`; the fraction is the median difference over the
+    plain median."""
     device = kv.device
     slots = torch.arange(tokens.numel(), device=device)
     counters = Counters()
     saver = Saver(store, depth, counters, lambda spec: None)
-    launch = [0.0]
 
     def plain() -> None:
         model.forward(tokens, kv_out=kv.layers, slots=slots)
 
-    def copying() -> None:  # the copies alone: each chunk released at once, no writer
-        step = StepSave(kv, specs, pool, stream, group_bytes)
-        model.forward(tokens, kv_out=kv.layers, slots=slots, after_layer=lambda i: step.layer(kv.names[i]))
-        for _, _, done in step.finish():
-            done.release()
-        if stream is not None:
-            torch.cuda.current_stream(device).wait_stream(stream)
+    def step(saves: Saves) -> Callable[[], None]:
+        def run() -> None:  # what vLLM calls around one forward pass
+            saves.begin(specs)
+            model.forward(tokens, kv_out=kv.layers, slots=slots, after_layer=lambda i: saves.layer(kv.names[i]))
+            saves.end()
 
-    def saving() -> None:
-        step = StepSave(kv, specs, pool, stream, group_bytes)
+        return run
 
-        def after(i: int) -> None:
-            t0 = time.perf_counter()
-            step.layer(kv.names[i])
-            launch[0] += time.perf_counter() - t0
-
-        model.forward(tokens, kv_out=kv.layers, slots=slots, after_layer=after)
-        t0 = time.perf_counter()
-        for spec, rows, done in step.finish():
-            saver.submit(spec, rows, done)
-        counters.dropped_saves += step.dropped
-        if stream is not None:
-            torch.cuda.current_stream(device).wait_stream(stream)
-        launch[0] += time.perf_counter() - t0
-
+    copying = step(Saves(kv, pool, stream, group_bytes, _Discard(), Counters()))
+    saving = step(Saves(kv, pool, stream, group_bytes, saver, counters))
     try:
         plain()
         base = [_seconds(plain, device) for _ in range(reps)]
@@ -105,7 +95,7 @@ def save_path_cost(
         copy_only = [_seconds(copying, device) for _ in range(reps)]
         saving()
         saver.drain()
-        launch[0] = 0.0
+        launched = counters.save_copy_s
         with_save = [_seconds(saving, device) for _ in range(reps)]
         saver.drain()
     finally:
@@ -119,7 +109,7 @@ def save_path_cost(
         "fraction": round((w - b) / b, 4),
         "forward_with_copy_only_s": round(c, 5),
         "copy_only_fraction": round((c - b) / b, 4),
-        "host_launch_s_per_step": round(launch[0] / reps, 5),
+        "host_launch_s_per_step": round((counters.save_copy_s - launched) / reps, 5),
         "dropped_chunks": counters.dropped_saves,
         "saved_chunks": counters.saved_chunks,
         "writer_s_per_chunk": round(counters.save_write_s / max(1, counters.saved_chunks), 6),

@@ -34,7 +34,7 @@ from kvgate.engines.vllm.kv_connector.request_book import RequestBook
 from kvgate.engines.vllm.kv_connector.settings import build_cipher, build_tiers, chunk_blocks, parse
 from kvgate.engines.vllm.kv_connector.staging import StagingPool
 from kvgate.engines.vllm.kv_connector.step_clock import StepClock
-from kvgate.engines.vllm.kv_connector.step_save import Saves
+from kvgate.engines.vllm.kv_connector.step_save import Saves, writer_depth
 from kvgate.engines.vllm.kv_connector.worker import Counters, Loader, PagedKV, Saver, SaveSpec
 from kvgate.index.kv.chunks import ChunkStore
 from kvgate.index.kv.chunks.layer_codec import LayerCodec
@@ -232,10 +232,7 @@ class KvgateConnector(KVConnectorBase_V1):
         self._background = BackgroundLoads(
             Loader(self.store, self._kv, self.counters, self._pool, layerwise=False, group_bytes=group_bytes)
         )
-        # on CUDA each queued chunk holds staging, so the pool bounds the queue (save_queue at least)
-        depth = max(
-            self.settings.save_queue, staging // max(1, self._kv.block_bytes * self.chunk_blocks) if cuda else 0
-        )
+        depth = writer_depth(self.settings.save_queue, staging, self._kv.block_bytes * self.chunk_blocks, cuda)
         self._saver = Saver(self.store, depth, self.counters, self._stored)
         self._save_stream = torch.cuda.Stream(device=self._kv.device) if cuda else None
         self._saves = Saves(self._kv, self._pool, self._save_stream, group_bytes, self._saver, self.counters)
@@ -253,7 +250,7 @@ class KvgateConnector(KVConnectorBase_V1):
         clock; must not block."""
         super().bind_connector_metadata(connector_metadata)
         if self._saves is not None:
-            self._saves.begin()
+            self._saves.begin(connector_metadata.saves if isinstance(connector_metadata, KvgateMetadata) else ())
         if self._clock is not None and isinstance(connector_metadata, KvgateMetadata):
             self._clock.start(connector_metadata.step_tokens, self.counters)
 
@@ -287,7 +284,7 @@ class KvgateConnector(KVConnectorBase_V1):
         layer's rows of the step's chunks to save (on CUDA on the save stream, so the copy overlaps
         the next layers; step_save.py). Must not block or raise: a failure drops the step's saves."""
         if self._saves is not None:
-            self._saves.layer(layer_name, self._step_saves())
+            self._saves.layer(layer_name)
 
     def wait_for_save(self) -> None:
         """Worker, each step after the forward pass (and the draft model's), metadata still bound:
@@ -299,11 +296,7 @@ class KvgateConnector(KVConnectorBase_V1):
         if self._clock is not None:
             self._clock.stop(self.counters)
         if self._saves is not None:
-            self._saves.end(self._step_saves())
-
-    def _step_saves(self) -> list[SaveSpec]:
-        meta = self._get_connector_metadata()
-        return meta.saves if isinstance(meta, KvgateMetadata) else []
+            self._saves.end()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Worker, each step after wait_for_save, before get_block_ids_with_load_errors: requests whose

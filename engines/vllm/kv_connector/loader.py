@@ -31,7 +31,7 @@ import torch
 from kvgate.engines.vllm.kv_connector.gate import slowest
 from kvgate.engines.vllm.kv_connector.paged import PagedKV
 from kvgate.engines.vllm.kv_connector.specs import Counters, LoadSpec
-from kvgate.engines.vllm.kv_connector.staging import StagingPool, packed_offsets
+from kvgate.engines.vllm.kv_connector.staging import StagingPool, groups_of, packed_offsets
 
 log = logging.getLogger("vllm.kvgate")
 
@@ -164,16 +164,7 @@ class Loader:
         """Chunk indices in runs whose stored bytes fit one staging copy (all at once on the CPU)."""
         if self.stream is None:
             return [list(range(len(good)))]
-        groups: list[list[int]] = [[]]
-        size = 0
-        for i, chunk in enumerate(good):
-            n = sum(p.numel() * p.element_size() for p in chunk.parts)
-            if groups[-1] and size + n > self.group_bytes:
-                groups.append([])
-                size = 0
-            groups[-1].append(i)
-            size += n
-        return groups
+        return groups_of([sum(p.numel() * p.element_size() for p in chunk.parts) for chunk in good], self.group_bytes)
 
     def _on_device(self, good: list[Any], group: list[int]) -> list[tuple[int, list[torch.Tensor]]]:
         """Each chunk's stored parts on the KV's device: one staged copy for the whole group."""

@@ -34,6 +34,20 @@ def packed_offsets(nbytes: Sequence[int]) -> tuple[list[int], int]:
     return offsets, end
 
 
+def groups_of(sizes: Sequence[int], limit: int) -> list[list[int]]:
+    """Indices of `sizes` in runs, in order, each run's sum at most `limit` unless one item alone
+    exceeds it. Invariant: every index appears once, in order; no run is empty."""
+    runs: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if not runs or (runs[-1] and total + n > limit):
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += n
+    return runs
+
+
 @dataclass
 class Lease:
     """One buffer of the pool, `nbytes` of it in use, until `release`."""

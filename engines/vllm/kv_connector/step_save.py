@@ -34,9 +34,16 @@ import torch
 
 from kvgate.engines.vllm.kv_connector.paged import PagedKV
 from kvgate.engines.vllm.kv_connector.specs import Counters, SaveSpec
-from kvgate.engines.vllm.kv_connector.staging import Lease, StagingPool, packed_offsets
+from kvgate.engines.vllm.kv_connector.staging import Lease, StagingPool, groups_of, packed_offsets
 
 log = logging.getLogger("vllm.kvgate")
+
+
+def writer_depth(save_queue: int, staging_bytes: int, chunk_bytes: int, cuda: bool) -> int:
+    """Chunks the background writer may hold queued: `save_queue`, and on CUDA at least as many as
+    the staging pool holds (each queued chunk keeps its staging there, so the pool bounds the
+    queue). Invariant: >= save_queue."""
+    return max(save_queue, staging_bytes // max(1, chunk_bytes) if cuda else 0)
 
 
 class SharedCopy:
@@ -70,20 +77,6 @@ class _Group:
     host: list[torch.Tensor | None] = field(default_factory=list)  # per layer, once copied
 
 
-def groups_of(sizes: Sequence[int], limit: int) -> list[list[int]]:
-    """Indices of `sizes` in runs, in order, each run's sum at most `limit` unless one item alone
-    exceeds it. Invariant: every index appears once, in order; no run is empty."""
-    runs: list[list[int]] = []
-    total = 0
-    for i, n in enumerate(sizes):
-        if not runs or (runs[-1] and total + n > limit):
-            runs.append([])
-            total = 0
-        runs[-1].append(i)
-        total += n
-    return runs
-
-
 class StepSave:
     """One step's saves: `layer(name)` after each layer's forward, then `finish()`."""
 
@@ -108,12 +101,12 @@ class StepSave:
             for i in run:
                 starts.append(starts[-1] + rows[i])
             offsets, total = packed_offsets([starts[-1] * row_bytes] * len(kv.layers))
-            with self._on_stream():
-                idx = kv.index([b for s in chosen for b in s.block_ids])
             lease = pool.lease(total) if self.cuda and pool is not None else None
             if self.cuda and lease is None:
                 self.dropped += len(chosen)
                 continue
+            with self._on_stream():
+                idx = kv.index([b for s in chosen for b in s.block_ids])
             self._groups.append(_Group(chosen, starts, idx, lease, offsets, [None] * len(kv.layers)))
 
     def _on_stream(self) -> Any:
@@ -188,17 +181,18 @@ class Saves:
     ) -> None:
         self.kv, self.pool, self.stream, self.group_bytes = kv, pool, stream, group_bytes
         self.saver, self.counters = saver, counters
-        self._step: StepSave | bool | None = None  # None: not asked yet this step; False: nothing to save
+        self._specs: Sequence[SaveSpec] = ()  # this step's chunks to save
+        self._step: StepSave | bool | None = None  # None: not started this step; False: nothing to save
 
-    def begin(self) -> None:
-        """A new step: copies of a step that ended without `end` are not saved."""
+    def begin(self, specs: Sequence[SaveSpec]) -> None:
+        """A new step, saving `specs`: copies of a step that ended without `end` are not saved."""
         if self._step:
             self._step.abandon()
-        self._step = None
+        self._specs, self._step = specs, None
 
-    def layer(self, name: str, specs: Sequence[SaveSpec]) -> None:
+    def layer(self, name: str) -> None:
         if self._step is None:
-            self._step = self._start(specs)
+            self._step = self._start()
         if self._step:
             t0 = time.perf_counter()
             try:
@@ -209,12 +203,12 @@ class Saves:
                 self._step = False
             self.counters.save_copy_s += time.perf_counter() - t0
 
-    def end(self, specs: Sequence[SaveSpec]) -> None:
+    def end(self) -> None:
         """Copy what is left, hand every chunk to the writer, order the engine's stream after the
         copies (a block freed after this step is rewritten only once copied out)."""
         step, self._step = self._step, None
         if step is None:
-            step = self._start(specs)
+            step = self._start()
         if not step:
             return
         t0 = time.perf_counter()
@@ -231,11 +225,11 @@ class Saves:
             torch.cuda.current_stream(self.kv.device).wait_stream(self.stream)
         self.counters.save_copy_s += time.perf_counter() - t0
 
-    def _start(self, specs: Sequence[SaveSpec]) -> StepSave | bool:
-        if not specs:
+    def _start(self) -> StepSave | bool:
+        if not self._specs:
             return False
         try:
-            return StepSave(self.kv, specs, self.pool, self.stream, self.group_bytes)
+            return StepSave(self.kv, self._specs, self.pool, self.stream, self.group_bytes)
         except Exception:
             log.exception("copying KV out for saving failed")
             return False

@@ -6,8 +6,11 @@ Pure helpers over LiteLLM's objects and plain dicts; no I/O, no pipeline state.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, AsyncIterator, Iterable, Iterator
+
+import orjson
 
 from kvgate.middleware.litellm_env import litellm  # before any import from litellm
 
@@ -19,6 +22,8 @@ from litellm.types.utils import ModelResponseStream
 from kvgate.middleware.replay import replay_chunks
 
 log = logging.getLogger("kvgate.answers")
+# LiteLLM's own bookkeeping in its objects' dumps: never on the wire
+LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "moderation"})
 # An answer cut short or withheld is not an answer worth serving again.
 UNCACHEABLE_FINISH = frozenset({"length", "content_filter"})
 
@@ -129,6 +134,26 @@ class Replay:
 
     async def aclose(self) -> None:
         self.close()
+
+
+def openai_json(value: Any) -> Any:
+    """Drop LiteLLM's own bookkeeping fields so clients see OpenAI's wire format."""
+    if isinstance(value, dict):
+        return {k: openai_json(v) for k, v in value.items() if k not in LITELLM_ONLY_FIELDS}
+    if isinstance(value, list):
+        return [openai_json(v) for v in value]
+    return value
+
+
+def wire_body(stored: dict[str, Any]) -> bytes:
+    """A stored chat answer as the proxy's JSON body: the answer as it was stored (the replica's
+    own JSON for a relayed miss), without our bookkeeping or LiteLLM's. json writes what orjson
+    refuses (an integer past 64 bits)."""
+    body = openai_json(_public(stored))
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _public(stored: dict[str, Any]) -> dict[str, Any]:

@@ -62,5 +62,5 @@ class Result:
     response: ModelResponse | None = None
     stream: Any = None  # async iterator of ModelResponseStream; from `complete`, a sync one
     raw: Any = (
-        None  # a relayed miss (`acomplete(raw=True)`): the replica's JSON bytes, or an async iterator of SSE bytes
+        None  # `acomplete(raw=True)`: a relayed miss's JSON bytes or async iterator of SSE bytes, a hit's JSON bytes
     )

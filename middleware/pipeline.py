@@ -82,7 +82,7 @@ class Pipeline:
         if not self._engines_known:  # the steady state: one read per request
             self._engines_known = await know_engines(self.forwarders, forwarder)
         inline = self._inline(route, kwargs, endpoint, forwarder)
-        step = (self.cache, forwarder, route, kwargs, tenant, control, endpoint, started, inline)
+        step = (self.cache, forwarder, route, kwargs, tenant, control, endpoint, started, inline, raw)
         looked = look_up(*step) if inline else await asyncio.to_thread(look_up, *step)
         if looked.result is not None:
             return looked.result

@@ -33,12 +33,14 @@ def look_up(
     endpoint: str,
     started: float,
     inline: bool,
+    raw: bool = False,
 ) -> Looked:
-    """The request view, the cache's tiers (a hit is served from here) and, on a miss, the
-    forwarder's prepare: the prompt hashed and matched for the router's plan. Inline, the plan
-    hashes the small prompt itself, on the loop, where `prepare` would only add a copy."""
+    """The request view, the cache's tiers (a hit is served from here; `raw`: as bytes, for the
+    proxy) and, on a miss, the forwarder's prepare: the prompt hashed and matched for the
+    router's plan. Inline, the plan hashes the small prompt itself, on the loop, where `prepare`
+    would only add a copy."""
     view = cache.view(route, kwargs, tenant, control, endpoint)
-    looked = cache.look_up(view, started, inline)
+    looked = cache.look_up(view, started, inline, raw)
     if looked.result is None and not inline:
         forwarder.prepare(view)
     return looked

@@ -60,7 +60,7 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert result["bench"] == "throughput" and result["schema"] == throughput.SCHEMA
     assert set(result["targets"]) == set(throughput.TARGETS)
     ran = {t for t, state in result["targets"].items() if state == "ran"}
-    assert {"kvgate_relay", "kvgate_relay_w2", "kvgate_litellm", "direct"} <= ran
+    assert {"kvgate_relay", "kvgate_relay_w2", "kvgate_backend", "kvgate_litellm", "direct"} <= ran
     for state in result["targets"].values():
         assert state == "ran" or state.startswith("skipped: "), state
     rows = result["rows"]
@@ -76,7 +76,12 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert all(r["proxy_cpu_ms_per_req"] > 0 for r in rows if r["target"].startswith("kvgate"))
     assert "proxy_cpu_ms_per_req" not in by[("all_miss", "direct")]
     assert "kvgate_relay/direct" in result["ratios"]["all_miss"]["4"]
+    assert by[("hit_heavy", "kvgate_backend")]["hit_ratio"] > 0.3  # the one-backend route caches too
+    if "sglang_router" in ran:
+        assert result["ratios"]["all_miss"]["4"]["kvgate_relay/sglang_router_cpu"] > 0
     assert set(result["goals"]) == {
+        "relay_all_miss_c32_at_least_sglang_router",
+        "relay_all_miss_c32_cpu_at_most_1_5x_sglang_router",
         "relay_at_least_2x_litellm_proxy",
         "relay_all_miss_at_least_half_sglang_router",
         "relay_w2_all_miss_at_least_half_sglang_router",

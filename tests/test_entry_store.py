@@ -358,3 +358,10 @@ def test_redis_log_trimmed_past_or_reset_is_a_gap(redis_server: RedisServer) -> 
         store.read_log(fresh)
     assert store.allocate(1)[0] > 10**15
     store.close()
+
+
+def test_an_entry_orjson_cannot_write_is_written_by_json(tmp_path: Path) -> None:
+    """An answer with an integer past 64 bits or a non-string key still stores and reads back."""
+    entry = CacheEntry(1, "s", {"seed": 2**70, "bias": {5: 1.0}}, exact_key="k", text="q")
+    back = CacheEntry.from_bytes(entry.to_bytes())
+    assert back.response == {"seed": 2**70, "bias": {"5": 1.0}} and back.exact_key == "k"

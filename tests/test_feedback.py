@@ -129,3 +129,15 @@ def test_give_feedback_rules(tmp_path) -> None:
     assert 'kvgate_feedback_entries_removed_total{route="chat"} 1.0' in text
     index.close()
     log.close()
+
+
+def test_a_request_record_reads_back_whole() -> None:
+    """Every field of a record survives its stored form, hit or miss."""
+    from dataclasses import asdict
+
+    for record in (
+        RequestRecord("t", "chat", "semantic", "s", 7, 0.93125),
+        RequestRecord("t", "chat", "miss", "s", None),
+    ):
+        back = RequestRecord.from_bytes(record.to_bytes())
+        assert back == record and asdict(back) == asdict(record)

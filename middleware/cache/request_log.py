@@ -21,11 +21,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import diskcache
+import orjson
 
 from kvgate.index.storage.disk_sql import SECURE_DELETE, scrub
 from kvgate.index.storage.recover import open_cache
@@ -51,7 +52,17 @@ class RequestRecord:
     created: float = field(default_factory=time.time)
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return orjson.dumps(
+            {
+                "tenant": self.tenant,
+                "route": self.route,
+                "tier": self.tier,
+                "scope": self.scope,
+                "entry_id": self.entry_id,
+                "similarity": self.similarity,
+                "created": self.created,
+            }
+        )
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "RequestRecord":

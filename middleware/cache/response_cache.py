@@ -24,7 +24,7 @@ import numpy as np
 
 from kvgate.index.responses.semantic import CacheEntry, SemanticIndex
 from kvgate.index.storage.softfail import Batch
-from kvgate.middleware.answers import Replay, cacheable, cost, replayed, served_response, tag
+from kvgate.middleware.answers import Replay, cacheable, cost, replayed, served_response, tag, wire_body
 from kvgate.middleware.cache.feedback import FeedbackOutcome, give_feedback
 from kvgate.middleware.cache.group_commit import GroupCommit, Settle
 from kvgate.middleware.cache.request_log import RequestLog, RequestRecord
@@ -89,14 +89,14 @@ class ResponseCache:
         build = build_text_view if endpoint == "completions" else build_view
         return build(self.config, kwargs, tenant, control or CacheControl(), route)
 
-    def look_up(self, view: RequestView, started: float, inline: bool) -> Looked:
+    def look_up(self, view: RequestView, started: float, inline: bool, raw: bool = False) -> Looked:
         """The exact tier, then the semantic tier; a hit is served from here (`Looked.result`).
         `inline`: the caller runs this step on the event loop (and so the record step, when the
-        answer is small too)."""
+        answer is small too). `raw`: the caller (the proxy) sends a hit's bytes as they are."""
         hit = self.lookup_exact(view)
         found = Lookup(hit) if hit else self.semantic.look_up(view)
         if found.hit:
-            return Looked(view, found, inline, started, self.served(view, found.hit, started))
+            return Looked(view, found, inline, started, self.served(view, found.hit, started, raw))
         return Looked(view, found, inline, started)
 
     def lookup_exact(self, view: RequestView) -> Hit | None:
@@ -107,7 +107,9 @@ class ResponseCache:
         count_lookup(self.metrics, view, "exact", started, entry is not None)
         return Hit(entry, "exact") if entry else None
 
-    def served(self, view: RequestView, hit: Hit, started: float) -> Result:
+    def served(self, view: RequestView, hit: Hit, started: float, raw: bool = False) -> Result:
+        """A hit as the caller takes it; with `raw` (the proxy), a non-streamed chat answer is its
+        stored JSON (the miss's own body for a relayed one), not LiteLLM's object."""
         info = CacheInfo(
             hit.tier,
             view.route.name,
@@ -128,6 +130,8 @@ class ResponseCache:
         if view.completions:
             return self._served_text(view, info, stored, started)
         if not view.stream:
+            if raw:
+                return Result(info, raw=wire_body(stored))
             return Result(info, response=served_response(stored, info))
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
         # the replay is in memory: its first chunk goes out as soon as the lookup is done

@@ -39,6 +39,7 @@ class Attempts:
     base: dict[str, Any]  # the call's arguments, the same on every replica
     tried: set[str] = field(default_factory=set)
     ticket: Ticket | None = None  # the replica answering now; None before an attempt and after a failure
+    retries: int = 0  # a route's one backend asked again after a retryable failure (a transport without its own)
 
     @property
     def replica(self) -> str | None:
@@ -80,10 +81,12 @@ class Failover:
             return None
         return self.router.salt(view.tenant if self.route.scope == "tenant" else None, view.params.get("cache_salt"))
 
-    def begin(self, view: RequestView, base: dict[str, Any]) -> Attempts:
-        """The request's plan; no replica is chosen yet (`next` does)."""
+    def begin(self, view: RequestView, base: dict[str, Any], retries: int = 0) -> Attempts:
+        """The request's plan; no replica is chosen yet (`next` does). `retries`: how often a
+        route's one backend (no router) is asked again after a retryable failure, for a
+        transport that does not retry by itself (LiteLLM does, inside its call)."""
         if self.router is None:
-            return Attempts(None, base)
+            return Attempts(None, base, retries=retries)
         user = view.forwarded.get("user")
         plan = self.router.plan(
             view.routing_prompt, session=user if isinstance(user, str) else None, salt=self.salt(view)
@@ -164,6 +167,10 @@ class Failover:
     def _failed(self, attempts: Attempts, exc: Exception, when: str = "before_first_byte") -> bool:
         """Book the open attempt's failure; True when another replica should be tried."""
         ticket, attempts.ticket = attempts.ticket, None
+        if self.router is None and attempts.retries > 0 and retryable(exc) and when == "before_first_byte":
+            attempts.retries -= 1
+            log.info("route %s: asking its backend again after %s", self.route.name, error_message(exc))
+            return True
         if ticket is None or self.router is None:
             return False
         self.router.finished(ticket, ok=False)

@@ -71,15 +71,16 @@ class Forwarder:
         """The wire model when this request can be relayed, else None (LiteLLM takes it)."""
         if self.route.routing.forward != "relay":
             return None
-        # a completions request also takes the relay to a route's one OpenAI-compatible backend:
-        # LiteLLM's text-completion stream rewrites the chunks, which a byte-exact replay cannot keep
-        if self.router is None and not (view.completions and self.route.backend.api_base):
+        # a route's one backend is relayed when it names its server (`api_base`): without one,
+        # LiteLLM knows where the provider lives and which environment variable holds its key
+        if self.router is None and not self.route.backend.api_base:
             return None
         return wire_model(self.model_for(view))
 
     async def _relayed(self, view: RequestView, wire: str) -> Relayed:
         backend = self.route.backend
-        attempts = self.failover.begin(view, self.relay.base(backend, self.router is not None))
+        routed = self.router is not None
+        attempts = self.failover.begin(view, self.relay.base(backend, routed), 0 if routed else backend.num_retries)
         salt = attempts.plan.salt if attempts.plan is not None else None
         request = self.relay.request(view, wire, salt, backend.timeout)
         relayed = await self.failover.answer(attempts, self.relay.open, view, attempts, request)

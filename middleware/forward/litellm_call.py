@@ -4,7 +4,8 @@ Failover is kvgate.middleware.forward.failover's, shared with the relay. Timeout
 bounds every wait on a replica (connect, time to the first byte of a non-streamed answer, the gap
 between two stream chunks); a replica that exceeds it counts as failed like a dead one.
 `backend.num_retries` retries the same server inside LiteLLM (0 by default: on routes with
-replicas, another replica is the better retry).
+replicas, another replica is the better retry); the relay honours it for a route's one backend
+(kvgate.middleware.forward.failover).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ LiteLLM (`routing.forward: litellm` turns it off for a route).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, ClassVar
 
@@ -38,6 +40,8 @@ from kvgate.middleware.request import RequestView
 
 # LiteLLM providers whose wire format is OpenAI's own: `openai/<served name>` sends `<served name>`.
 OPENAI_COMPATIBLE = frozenset({"openai", "hosted_vllm", "custom_openai", "openai_like"})
+# where LiteLLM looks for a provider's key when its call names none
+KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "custom_openai": "OPENAI_API_KEY", "hosted_vllm": "HOSTED_VLLM_API_KEY"}
 # Idle pooled connections are dropped before uvicorn-based replicas (vLLM, ours) drop them (5 s).
 KEEPALIVE_S = 3.0
 # headers the relay writes itself (the body's framing, the replica's key): a caller's are dropped
@@ -51,6 +55,14 @@ def wire_model(model: str) -> str | None:
     when the provider is not one the relay can speak for."""
     provider, _, name = model.partition("/")
     return name if name and provider in OPENAI_COMPATIBLE else None
+
+
+def env_key(model: str | None) -> str | None:
+    """The key LiteLLM would send for this model string when the config names none: its
+    provider's environment variable (read, never set)."""
+    provider = (model or "").partition("/")[0]
+    name = KEY_VARIABLES.get(provider)
+    return os.environ.get(name) if name is not None else None
 
 
 def _replica_error(status: int, body: bytes) -> ReplicaError:
@@ -128,7 +140,7 @@ class Relay:
     def base(backend: BackendConfig, routed: bool) -> dict[str, Any]:
         """The arguments every attempt shares (`routed`: a router adds each replica's own)."""
         if not routed:  # the route's one backend (Failover hands back `base` as the attempt)
-            return {"api_key": backend.api_key or "none", "api_base": backend.api_base}
+            return {"api_key": backend.api_key or env_key(backend.model) or "none", "api_base": backend.api_base}
         return {"api_key": backend.api_key} if backend.api_key else {}
 
     @staticmethod
@@ -138,7 +150,7 @@ class Relay:
         if salt is not None:
             body["cache_salt"] = salt  # the tenant's, never the client's alone (routing.salt)
         path = "/completions" if view.completions else "/chat/completions"
-        return orjson.dumps(body), _headers(view), timeout, path
+        return _dumps(body), _headers(view), timeout, path
 
     async def open(self, view: RequestView, attempts: Attempts, request: Request, attempt: dict[str, Any]) -> Relayed:
         """One attempt (Failover.answer drives them): send `request` to `attempt`'s replica and
@@ -241,6 +253,15 @@ class Relay:
             {**headers, "authorization": f"Bearer {attempt['api_key']}"},
             timeout,
         )
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    """The request's JSON: orjson's, or json's for what orjson refuses (an integer past 64 bits,
+    which a client may send and the replica is the one to judge)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _options(view: RequestView) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from kvgate.middleware.answers import openai_json
 from kvgate.middleware.config import Config
 from kvgate.middleware.errors import KvgateError
 from kvgate.middleware.outcome import CacheInfo
@@ -39,19 +40,9 @@ CONTROL_HEADER = b"x-kvgate-cache-control"
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 LEAN_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
-LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "moderation"})
 
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
-
-
-def openai_json(value: Any) -> Any:
-    """Drop LiteLLM's own bookkeeping fields so clients see OpenAI's wire format."""
-    if isinstance(value, dict):
-        return {k: openai_json(v) for k, v in value.items() if k not in LITELLM_ONLY_FIELDS}
-    if isinstance(value, list):
-        return [openai_json(v) for v in value]
-    return value
 
 
 def cache_headers(info: CacheInfo) -> dict[str, str]:

@@ -8,6 +8,8 @@ same run, one target at a time:
   replica (cache_aware routing, exact tier on, semantic tier off), misses forwarded by the relay
   (`routing.forward: relay`) or by litellm.acompletion (`routing.forward: litellm`);
 - `kvgate_relay_w2`: the relay with `kvgate serve --workers 2` (one port, routing state shared);
+- `kvgate_backend`: one `kvgate serve` process with the backend as the route's one `backend`
+  (`api_base`, no replicas, so no routing; README's config), relayed;
 - `litellm_proxy`: LiteLLM's own proxy (`litellm --config`, one worker, its in-memory cache on);
 - `sglang_router`: `sglang-router launch` (cache_aware), all-miss mix only: it has no cache;
 - `direct`: the backend itself, all-miss mix only: the ceiling of the machine.
@@ -44,43 +46,21 @@ from kvgate.tools.bench.throughput_servers import MASTER_KEY, MODEL, start, wait
 from kvgate.tools.bench.workdir import tidied
 
 SCHEMA = 1
-TARGETS = ("kvgate_relay", "kvgate_relay_w2", "kvgate_litellm", "litellm_proxy", "sglang_router", "direct")
+TARGETS = (
+    "kvgate_relay",
+    "kvgate_relay_w2",
+    "kvgate_backend",
+    "kvgate_litellm",
+    "litellm_proxy",
+    "sglang_router",
+    "direct",
+)
 MISS_ONLY = frozenset({"sglang_router", "direct"})  # no cache: a hit-heavy mix is an all-miss mix to them
 MIXES = ("hit_heavy", "all_miss")
 SYSTEM_PROMPTS = 8
-WORDS = (
-    "amber",
-    "basalt",
-    "cinder",
-    "delta",
-    "ember",
-    "fjord",
-    "garnet",
-    "harbor",
-    "indigo",
-    "juniper",
-    "kelp",
-    "lagoon",
-    "meadow",
-    "nectar",
-    "onyx",
-    "prairie",
-    "quartz",
-    "russet",
-    "sierra",
-    "tundra",
-    "umber",
-    "valley",
-    "willow",
-    "xylem",
-    "yarrow",
-    "zephyr",
-    "acorn",
-    "bramble",
-    "cobalt",
-    "dune",
-    "estuary",
-    "flint",
+WORDS = tuple(
+    "amber basalt cinder delta ember fjord garnet harbor indigo juniper kelp lagoon meadow nectar onyx prairie"
+    " quartz russet sierra tundra umber valley willow xylem yarrow zephyr acorn bramble cobalt dune estuary flint".split()
 )
 
 
@@ -264,6 +244,9 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
             )
             if other is not None:
                 cell[f"{row['target']}/{anchor}"] = round(row["rps"] / other["rps"], 2)
+                cpu, other_cpu = row.get("proxy_cpu_ms_per_req"), other.get("proxy_cpu_ms_per_req")
+                if cpu and other_cpu:  # the proxies' CPU per request (`direct` has no proxy)
+                    cell[f"{row['target']}/{anchor}_cpu"] = round(cpu / other_cpu, 2)
     return out
 
 
@@ -274,7 +257,12 @@ def goals(table: dict[str, Any]) -> dict[str, bool | None]:
     w2_sglang = [c.get("kvgate_relay_w2/sglang_router") for c in table.get("all_miss", {}).values()]
     vs_litellm, vs_sglang = [x for x in vs_litellm if x is not None], [x for x in vs_sglang if x is not None]
     w2_sglang = [x for x in w2_sglang if x is not None]
+    c32 = table.get("all_miss", {}).get("32", {})
+    rps_32, cpu_32 = c32.get("kvgate_relay/sglang_router"), c32.get("kvgate_relay/sglang_router_cpu")
     return {
+        # all-miss at C=32: at least sglang-router's req/s, at most 1.5x its CPU per request
+        "relay_all_miss_c32_at_least_sglang_router": rps_32 >= 1 if rps_32 is not None else None,
+        "relay_all_miss_c32_cpu_at_most_1_5x_sglang_router": cpu_32 <= 1.5 if cpu_32 is not None else None,
         "relay_at_least_2x_litellm_proxy": all(x >= 2 for x in vs_litellm) if vs_litellm else None,
         "relay_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in vs_sglang) if vs_sglang else None,
         "relay_w2_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in w2_sglang) if w2_sglang else None,

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -22,20 +23,21 @@ WORKERS = {"kvgate_relay_w2": 2}  # kvgate targets served by `kvgate serve --wor
 
 
 def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str, name: str) -> Path:
-    config = {
-        "cache_dir": str(work / f"cache-{name}"),
-        "routes": [
-            {
-                "name": "bench",
-                "model": "bench-*",
-                "scope": "shared",
-                "backend": {"model": "openai/fake", "api_key": "none", "timeout": 60},
-                "semantic": {"enabled": False},
-                "replicas": [{"name": "r0", "api_base": f"{backend}/v1"}],
-                "routing": {"policy": "cache_aware", "prefix": {"tokenizer": tokenizer}, "forward": forward},
-            }
-        ],
+    """`forward` relay | litellm: the backend as the route's one replica, routed; backend: as
+    the route's one `backend` (no replicas, no routing), relayed."""
+    route: dict[str, Any] = {
+        "name": "bench",
+        "model": "bench-*",
+        "scope": "shared",
+        "backend": {"model": "openai/fake", "api_key": "none", "timeout": 60},
+        "semantic": {"enabled": False},
     }
+    if forward == "backend":
+        route["backend"]["api_base"] = f"{backend}/v1"
+    else:
+        route["replicas"] = [{"name": "r0", "api_base": f"{backend}/v1"}]
+        route["routing"] = {"policy": "cache_aware", "prefix": {"tokenizer": tokenizer}, "forward": forward}
+    config = {"cache_dir": str(work / f"cache-{name}"), "routes": [route]}
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

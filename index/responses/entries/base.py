@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import orjson
 
 from kvgate.index.responses.tighten import Mark
 
@@ -65,8 +66,12 @@ class CacheEntry:
     )
 
     def to_bytes(self) -> bytes:
-        """Compact JSON (no pickle): the stored form of the entry."""
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+        """Compact JSON (no pickle): the stored form of the entry. orjson writes it; what orjson
+        refuses (an integer past 64 bits, a key that is not a string) json writes as before."""
+        try:
+            return orjson.dumps(self.__dict__)
+        except TypeError:  # orjson.JSONEncodeError is one
+            return json.dumps(self.__dict__, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> CacheEntry:

@@ -145,15 +145,27 @@ def openai_json(value: Any) -> Any:
     return value
 
 
+def wire_events(stored: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """A stored chat answer as the proxy's SSE events, [DONE] last: the chunks `replayed` makes,
+    written as the wire has them (OpenAI's `finish_reason: null` included) without a trip through
+    LiteLLM's objects."""
+    events = [b"data: " + _dumps(openai_json(c)) + b"\n\n" for c in replay_chunks(_public(stored), include_usage)]
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def _dumps(value: Any) -> bytes:
+    """orjson's JSON; json's for what orjson refuses (an integer past 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def wire_body(stored: dict[str, Any]) -> bytes:
     """A stored chat answer as the proxy's JSON body: the answer as it was stored (the replica's
     own JSON for a relayed miss), without our bookkeeping or LiteLLM's. json writes what orjson
     refuses (an integer past 64 bits)."""
-    body = openai_json(_public(stored))
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # orjson.JSONEncodeError is one
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    return _dumps(openai_json(_public(stored)))
 
 
 def _public(stored: dict[str, Any]) -> dict[str, Any]:

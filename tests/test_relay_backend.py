@@ -139,3 +139,27 @@ def test_the_key_comes_from_the_providers_variable_when_the_config_names_none(
     started += [pipeline, proxy]
     assert _chat(proxy.url, "hello").status_code == 200
     assert headers[-1]["authorization"] == "Bearer sk-from-env"
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_streamed_hit_is_the_stored_answer_in_chunks(started, tmp_path: Path, include_usage: bool) -> None:
+    """A streamed exact hit: OpenAI chunks whose deltas join to the stored answer, the usage
+    chunk only when asked for, no LiteLLM bookkeeping, [DONE] last."""
+    backend = ServerThread(create_fake_app(Calls())).start()
+    started.append(backend)
+    pipeline, proxy = _proxy(tmp_path, backend.url, api_key="sk-backend")
+    started += [pipeline, proxy]
+    options = {"stream_options": {"include_usage": True}} if include_usage else {}
+    question = "[[fixed]] Tell me about foxes, at some length please."
+    miss = _chat(proxy.url, question, stream=True, **options)
+    hit = _chat(proxy.url, question, stream=True, **options)
+    assert (miss.headers["x-kvgate-cache"], hit.headers["x-kvgate-cache"]) == ("miss", "exact")
+    assert hit.headers["content-type"].startswith("text/event-stream")
+    lines = [line for line in hit.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert _content(hit) == _content(miss) == f"Answer: {question}"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert any("usage" in c for c in chunks) == include_usage
+    assert "provider_specific_fields" not in hit.text

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvgate.index.responses.semantic import CacheEntry, SemanticIndex
 from kvgate.index.storage.softfail import Batch
-from kvgate.middleware.answers import Replay, cacheable, cost, replayed, served_response, tag, wire_body
+from kvgate.middleware.answers import Replay, cacheable, cost, replayed, served_response, tag, wire_body, wire_events
 from kvgate.middleware.cache.feedback import FeedbackOutcome, give_feedback
 from kvgate.middleware.cache.group_commit import GroupCommit, Settle
 from kvgate.middleware.cache.request_log import RequestLog, RequestRecord
@@ -108,8 +108,9 @@ class ResponseCache:
         return Hit(entry, "exact") if entry else None
 
     def served(self, view: RequestView, hit: Hit, started: float, raw: bool = False) -> Result:
-        """A hit as the caller takes it; with `raw` (the proxy), a non-streamed chat answer is its
-        stored JSON (the miss's own body for a relayed one), not LiteLLM's object."""
+        """A hit as the caller takes it; with `raw` (the proxy), a chat answer is its stored JSON
+        (the miss's own body for a relayed one), or that answer's chunks as SSE bytes, rather
+        than LiteLLM's objects."""
         info = CacheInfo(
             hit.tier,
             view.route.name,
@@ -136,6 +137,8 @@ class ResponseCache:
         include_usage = bool((view.forwarded.get("stream_options") or {}).get("include_usage"))
         # the replay is in memory: its first chunk goes out as soon as the lookup is done
         self.metrics.ttft.labels(route, hit.tier).observe(time.perf_counter() - started)
+        if raw:
+            return Result(info, raw=_events(wire_events(stored, include_usage)))
         return Result(info, stream=replayed(stored, info, include_usage))
 
     def _served_text(self, view: RequestView, info: CacheInfo, stored: dict[str, Any], started: float) -> Result:

@@ -149,23 +149,28 @@ def wire_events(stored: dict[str, Any], include_usage: bool) -> list[bytes]:
     """A stored chat answer as the proxy's SSE events, [DONE] last: the chunks `replayed` makes,
     written as the wire has them (OpenAI's `finish_reason: null` included) without a trip through
     LiteLLM's objects."""
-    events = [b"data: " + _dumps(openai_json(c)) + b"\n\n" for c in replay_chunks(_public(stored), include_usage)]
+    events = [b"data: " + json_bytes(c) + b"\n\n" for c in replay_chunks(_on_wire(stored), include_usage)]
     return [*events, b"data: [DONE]\n\n"]
-
-
-def _dumps(value: Any) -> bytes:
-    """orjson's JSON; json's for what orjson refuses (an integer past 64 bits)."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # orjson.JSONEncodeError is one
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def wire_body(stored: dict[str, Any]) -> bytes:
     """A stored chat answer as the proxy's JSON body: the answer as it was stored (the replica's
-    own JSON for a relayed miss), without our bookkeeping or LiteLLM's. json writes what orjson
-    refuses (an integer past 64 bits)."""
-    return _dumps(openai_json(_public(stored)))
+    own JSON for a relayed miss), without our bookkeeping or LiteLLM's."""
+    return json_bytes(_on_wire(stored))
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact JSON: orjson's, or json's for what orjson refuses (an integer past 64 bits, which a
+    client may send and an engine is the one to judge; a lone surrogate, escaped)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _on_wire(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored answer without our bookkeeping or LiteLLM's."""
+    return openai_json(_public(stored))
 
 
 def _public(stored: dict[str, Any]) -> dict[str, Any]:

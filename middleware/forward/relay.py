@@ -22,14 +22,13 @@ LiteLLM (`routing.forward: litellm` turns it off for a route).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, ClassVar
 
 import orjson
 
-from kvgate.middleware.answers import answer_text
+from kvgate.middleware.answers import answer_text, json_bytes
 from kvgate.middleware.config import BackendConfig
 from kvgate.middleware.forward.failover import Attempts, Failover
 from kvgate.middleware.forward.forwarded import Forwarded
@@ -150,7 +149,7 @@ class Relay:
         if salt is not None:
             body["cache_salt"] = salt  # the tenant's, never the client's alone (routing.salt)
         path = "/completions" if view.completions else "/chat/completions"
-        return _dumps(body), _headers(view), timeout, path
+        return json_bytes(body), _headers(view), timeout, path
 
     async def open(self, view: RequestView, attempts: Attempts, request: Request, attempt: dict[str, Any]) -> Relayed:
         """One attempt (Failover.answer drives them): send `request` to `attempt`'s replica and
@@ -253,15 +252,6 @@ class Relay:
             {**headers, "authorization": f"Bearer {attempt['api_key']}"},
             timeout,
         )
-
-
-def _dumps(body: dict[str, Any]) -> bytes:
-    """The request's JSON: orjson's, or json's for what orjson refuses (an integer past 64 bits,
-    which a client may send and the replica is the one to judge)."""
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # orjson.JSONEncodeError is one
-        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _options(view: RequestView) -> dict[str, Any]:

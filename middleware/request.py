@@ -152,6 +152,11 @@ def canonical_json(value: Any) -> str:
     stay valid). orjson writes it when every leaf is a str, bool, None or 64-bit int, where the two
     agree (much faster on long conversations); floats (whose text differs: 1e-05 vs 0.00001) and
     anything else go through json.dumps."""
+    if type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
+        try:  # the usual message: string keys and values, nothing to clean
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONEncodeError:
+            pass
     clean, plain = _drop_none(value)
     if plain:
         try:

@@ -171,8 +171,7 @@ class PrefixIndex:
         with self._lock:
             rep = self._get(replica)
             self._link(hashes)
-            self._insert(rep, reversed(hashes))
-            return self._evict_over_capacity(rep)
+            return self._evict_over_capacity(rep, self._insert(rep, reversed(hashes)))
 
     # -- precise mode (engine events) -------------------------------------------------------
 
@@ -188,8 +187,7 @@ class PrefixIndex:
             rep = self._get(replica)
             held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
             self._link([parent, *hashes] if held_parent else hashes)  # type: ignore[list-item]
-            self._insert(rep, reversed(hashes))
-            return self._evict_over_capacity(rep)
+            return self._evict_over_capacity(rep, self._insert(rep, reversed(hashes)))
 
     def removed(self, replica: str, hashes: Iterable[BlockHash]) -> None:
         """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
@@ -309,17 +307,23 @@ class PrefixIndex:
             elif seen is not _FORKED and seen != h:
                 table[prev] = _FORKED
 
-    def _insert(self, rep: _Replica, hashes: Iterable[BlockHash]) -> None:
+    def _insert(self, rep: _Replica, hashes: Iterable[BlockHash]) -> set[int]:
+        """Insert or touch `hashes`; the LRU shards that gained a block (only those can be over
+        their capacity now, since eviction leaves every shard within it)."""
         holders, bit, shards = self._holders, rep.bit, rep.shards
         smask, hmask = len(shards) - 1, HOLDER_SHARDS - 1
+        grown = set()
         for h in hashes:
-            lru = shards[(h >> 6) & smask]
+            slot = (h >> 6) & smask
+            lru = shards[slot]
             if h in lru:
                 lru.move_to_end(h)
             else:
                 lru[h] = None
+                grown.add(slot)
                 table = holders[h & hmask]
                 table[h] = table.get(h, 0) | bit
+        return grown
 
     def _touch(self, matched: dict[str, int], hashes: Sequence[BlockHash]) -> None:
         """Mark each replica's first matched[name] hashes most recently used, last to first."""
@@ -329,12 +333,14 @@ class PrefixIndex:
                 for i in range(n - 1, -1, -1):
                     rep.shard(hashes[i]).move_to_end(hashes[i])
 
-    def _evict_over_capacity(self, rep: _Replica) -> list[BlockHash]:
-        if rep.capacity is None:
+    def _evict_over_capacity(self, rep: _Replica, grown: set[int]) -> list[BlockHash]:
+        """Evict least recently used blocks from the shards in `grown` while over their share."""
+        if rep.capacity is None or not grown:
             return []
         keep = ~rep.bit
         evicted: list[BlockHash] = []
-        for lru, cap in zip(rep.shards, rep.caps):
+        for slot in sorted(grown):
+            lru, cap = rep.shards[slot], rep.caps[slot]
             over = len(lru) - cap  # type: ignore[operator]  # bounded replicas have int caps
             for _ in range(over):
                 h, _ = lru.popitem(last=False)

@@ -27,7 +27,8 @@ _PUT_INT = (
     "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, mode, filename, value)"
     " VALUES (?, 1, ?, ?, ?, 0, NULL, 0, 1, NULL, ?)"
     " ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time, expire_time = excluded.expire_time,"
-    " access_time = excluded.access_time, value = excluded.value"
+    " access_time = excluded.access_time, access_count = 0, tag = NULL, size = 0, mode = 1, filename = NULL,"
+    " value = excluded.value"
 )
 SCRUB_WAIT_S = 5.0  # a reader in another process may hold the log for a moment
 SECURE_DELETE = {"sqlite_secure_delete": 1}  # open_cache(..., **SECURE_DELETE): deleted content is zeroed
@@ -42,11 +43,17 @@ def keys_between(cache: diskcache.Cache, low: str, high: str) -> list[str]:
     return [key for (key,) in rows if isinstance(key, str)]
 
 
-def put_ints(cache: diskcache.Cache, items: dict[str, int], expire: float | None) -> None:
-    """Write string keys with integer values (pointers, index rows) in one statement, as `set`
-    would store them (an int is kept raw in the row: mode 1, no file, size 0). Call it inside the
-    cache's `transact()` with the rows it belongs with. Expired rows are still culled by the
-    `set` calls around it, which is why it writes only small rows beside one."""
+def put_ints(cache: diskcache.Cache, items: dict[str, int | bytes], expire: float | None) -> None:
+    """Write string keys with integer values (pointers, index rows), or bytes values shorter
+    than the cache's `min_file_size`, in one statement, as `set` would store them (kept raw in
+    the row: mode 1, no file, size 0; a longer bytes value is a ValueError, since `set` would
+    give it a file of its own). Call it inside the cache's `transact()` with the rows it belongs
+    with. Its keys are new or hold rows of this kind (a row whose value is a file of its own
+    would leave the file behind: `set` replaces those). It culls nothing: the caller culls
+    expired rows (`set` calls around it, `cache.expire()` or `cache.cull()`)."""
+    limit = cache.disk.min_file_size
+    if any(type(value) is bytes and len(value) >= limit for value in items.values()):
+        raise ValueError(f"put_ints writes bytes values shorter than {limit} bytes")
     now = time.time()
     expire_time = None if expire is None else now + expire
     cache._con.executemany(  # noqa: SLF001  (the batched write diskcache has no public call for)

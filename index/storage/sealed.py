@@ -24,6 +24,7 @@ log = logging.getLogger("kvgate.sealed")
 
 MAGIC = b"KVS1"
 _HEAD = len(MAGIC) + 32
+SEAL_BYTES = _HEAD  # what `seal` adds to a payload
 
 
 class Damaged(ValueError):

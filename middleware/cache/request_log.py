@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import diskcache
 import orjson
 
-from kvgate.index.storage.disk_sql import SECURE_DELETE, scrub
+from kvgate.index.storage.disk_sql import SECURE_DELETE, put_ints, scrub
 from kvgate.index.storage.recover import open_cache
 from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
 from kvgate.index.storage.wal import WalCheckpointer
@@ -37,6 +37,9 @@ from kvgate.middleware.outcome import REQUEST_ID_PREFIX, new_request_id  # noqa:
 log = logging.getLogger("kvgate.request_log")
 
 STORAGE_FAILURES = (sqlite3.Error, OSError, diskcache.Timeout)
+# records written by a batch's one statement between two culls (which `set` would do per record):
+# the log may pass `max_bytes` by this many records for a moment, never for long
+CULL_EVERY = 64
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,17 @@ class DiskRequestLog:
         # Writers of this process take turns here: threads that met in SQLite's write lock would
         # back off in sleeps of up to 100 ms (its busy handler) while holding a worker thread.
         self._write = threading.RLock()  # reentrant: `record` inside `batch`
+        # a batch's records, written in one statement at its end (None outside a batch; only the
+        # thread holding `_write` sees it set)
+        self._held: dict[str, bytes] | None = None
+        self._unculled = 0  # records written without a cull since the last one
 
     def record(self, request_id: str, record: RequestRecord) -> None:
         try:
             with self._write:
+                if self._held is not None:
+                    self._held[request_id] = record.to_bytes()
+                    return  # its outcome is the batch's
                 self._disk.set(request_id, record.to_bytes(), expire=self.ttl)
         except STORAGE_FAILURES as exc:
             self._soft.failed("record", exc)
@@ -125,10 +135,42 @@ class DiskRequestLog:
     @contextlib.contextmanager
     def batch(self) -> Iterator[Batch]:
         with self._write, soft_transaction(self._disk.transact, self._soft, "record", STORAGE_FAILURES) as batch:
-            yield batch
+            outer, self._held = self._held, self._held if self._held is not None else {}
+            try:
+                yield batch
+                if outer is None and self._held:
+                    self._write_held(self._held)
+            finally:
+                self._held = outer
+        if outer is None and self._unculled >= CULL_EVERY:
+            self._cull()
+
+    def _write_held(self, held: dict[str, bytes]) -> None:
+        """A batch's records in one statement (inside its transaction: the commit reports them);
+        a failure loses these records only, never the batch's other writes."""
+        try:
+            put_ints(self._disk, held, self.ttl)  # type: ignore[arg-type]
+        except STORAGE_FAILURES as exc:
+            self._soft.failed("record", exc)
+            return
+        self._unculled += len(held)
+
+    def _cull(self) -> None:
+        """Expired records out, then the least recently stored while over `max_bytes`."""
+        try:
+            with self._write:
+                self._disk.cull()
+                self._unculled = 0
+        except STORAGE_FAILURES as exc:
+            self._soft.failed("record", exc)
 
     def get(self, request_id: str) -> RequestRecord | None:
         """The record of a request id, or None when unknown, expired or culled."""
+        if self._held is not None:  # a batch is open: its thread reads its own records
+            with self._write:  # (another thread waits for the batch's end, then reads the disk)
+                held = self._held.get(request_id) if self._held is not None else None
+            if held is not None:
+                return RequestRecord.from_bytes(held)
         try:
             raw = self._disk.get(request_id) if request_id.startswith(REQUEST_ID_PREFIX) else None
         except STORAGE_FAILURES as exc:

@@ -43,11 +43,12 @@ from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
 from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
 from kvgate.index.storage.disk_sql import SECURE_DELETE, keys_between, put_ints, scrub
 from kvgate.index.storage.recover import open_cache
-from kvgate.index.storage.sealed import SealedDisk
+from kvgate.index.storage.sealed import SEAL_BYTES, SealedDisk, seal
 from kvgate.index.storage.wal import WalCheckpointer
 
 log = logging.getLogger("kvgate.semantic")
 DELETE_LOG_TTL_S = 3600.0
+CULL_EVERY = 64  # entries written as rows between two culls of expired rows (`set` culls per write)
 
 
 def _exact_key_of(raw: bytes | None) -> str | None:
@@ -86,6 +87,7 @@ class DiskEntryStore:
         )  # a deleted answer leaves no bytes behind (kvgate.index.storage.disk_sql)
         # answers are stored before a stream's [DONE]: the WAL's checkpoints happen off that path
         self._wal = WalCheckpointer(self.directory / diskcache.core.DBNAME, log)
+        self._unculled = 0  # entries written as rows since the last cull of expired rows
 
     @property
     def damaged(self) -> int:
@@ -117,14 +119,23 @@ class DiskEntryStore:
             vec = np.ascontiguousarray(vector, dtype=np.float32).reshape(self.dim).tobytes()
             self.cache.set(f"v:{entry.id}", seal_with(self.cipher, vec, entry.scope, f"v:{entry.id}"), expire=ttl)
         raw = entry.to_bytes()
-        self.cache.set(f"e:{entry.id}", seal_with(self.cipher, raw, entry.scope, f"e:{entry.id}"), expire=ttl)
-        # index rows and the exact pointer in one statement, in the entry's transaction: no reader
-        # sees an id listed before its entry is there
-        rows = {f"g:{term}|{entry.id}": 1 for term in index_terms(entry.tags, entry.tenant)}
+        key = f"e:{entry.id}"
+        value = seal_with(self.cipher, raw, entry.scope, key)
+        rows: dict[str, int | bytes] = {}
+        if len(value) + SEAL_BYTES < self.cache.disk.min_file_size:  # the usual answer: a row, as `set` writes it
+            rows[key] = seal(value)
+        else:  # a value file of its own: diskcache's `set` writes it (and seals it)
+            self.cache.set(key, value, expire=ttl)
+        # the entry, its index rows and its exact pointer in one statement, in that order, in the
+        # entry's transaction: no reader sees an id listed before its entry is there
+        rows.update({f"g:{term}|{entry.id}": 1 for term in index_terms(entry.tags, entry.tenant)})
         if entry.exact_key is not None:
             rows[f"x:{entry.exact_key}"] = entry.id
-        if rows:
-            put_ints(self.cache, rows, ttl)
+        put_ints(self.cache, rows, ttl)
+        self._unculled += 1
+        if self._unculled >= CULL_EVERY:  # the expired rows `set` would have culled as it went
+            self._unculled = 0
+            self.cache.expire()
         return self._size(len(raw), vector is not None)
 
     def rewrite(self, entry: CacheEntry) -> bool:

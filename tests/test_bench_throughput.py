@@ -86,3 +86,18 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
         "relay_all_miss_at_least_half_sglang_router",
         "relay_w2_all_miss_at_least_half_sglang_router",
     }
+
+
+def test_hot_parts_times_every_piece() -> None:
+    """The micro timings of a relayed miss's pieces run end to end on the real stores and parser."""
+    from kvgate.tools.bench.hot_parts import measure
+
+    out = measure(rounds=1, scale=0.02)
+    assert set(out) == {
+        "sse_stream_18_events_us",
+        "build_view_us",
+        "request_log_per_record_us",
+        "entry_put_per_entry_us",
+        "prefix_record_40_blocks_us",
+    }
+    assert all(v >= 0 for v in out.values())

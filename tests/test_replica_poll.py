@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kvgate.middleware.config import ReplicaConfig, RoutingConfig
+from kvgate.middleware.forward.http_gets import PooledGets
 from kvgate.middleware.routing.router import Router
 from kvgate.middleware.telemetry.engine_metrics import replica_reading
 from kvgate.middleware.telemetry.replica_poll import ReplicaPoller, engine_report, polled_routes
@@ -80,7 +81,8 @@ class FakeEngine:
         await send({"type": "http.response.body", "body": page.encode()})
 
 
-def test_one_poller_feeds_the_router_over_one_connection_per_replica() -> None:
+@pytest.mark.parametrize("client", [None, PooledGets], ids=["httpx", "pooled"])  # the proxy passes PooledGets
+def test_one_poller_feeds_the_router_over_one_connection_per_replica(client) -> None:
     engines = {"a": FakeEngine(waiting=3), "b": FakeEngine(waiting=0)}
     replicas = [ReplicaConfig(name=n, api_base=f"{e.server.url}/v1") for n, e in engines.items()]
     router = Router(replicas, RoutingConfig(policy="prefill_time", engine_poll_s=0.1))
@@ -90,7 +92,7 @@ def test_one_poller_feeds_the_router_over_one_connection_per_replica() -> None:
         poller = ReplicaPoller({"r": router}, polled_routes({"r": router}, dashboard=False))
 
         async def run() -> None:
-            task = asyncio.create_task(poller.run(pool))
+            task = asyncio.create_task(poller.run(pool, client))
             while poller.reads < 4:
                 await asyncio.sleep(0.02)
             task.cancel()

@@ -42,8 +42,13 @@ def target_of(url: str) -> Target:
     return parts.scheme, parts.hostname, port, path
 
 
-def request_head(target: Target, body_len: int, headers: dict[str, str]) -> bytes:
-    """The request line and headers of a POST with a body of `body_len` bytes.
+class ConnectFailed(ConnectionError):
+    """No connection could be opened (refused, unreachable): nothing listens there."""
+
+
+def request_head(target: Target, body_len: int, headers: dict[str, str], method: str = "POST") -> bytes:
+    """The request line and headers of a `method` request with a body of `body_len` bytes (a
+    GET without a body says no length).
 
     Invariant: the result is one well-framed HTTP/1.1 head (ValueError for a header name or
     value holding CR, LF or NUL, or a name holding ':', which would end or split it)."""
@@ -52,7 +57,9 @@ def request_head(target: Target, body_len: int, headers: dict[str, str]) -> byte
     authority = host if port == default else f"{host}:{port}"
     if ":" in host and not host.startswith("["):  # an IPv6 literal
         authority = f"[{host}]" if port == default else f"[{host}]:{port}"
-    lines = [f"POST {path} HTTP/1.1", f"host: {authority}", f"content-length: {body_len}"]
+    lines = [f"{method} {path} HTTP/1.1", f"host: {authority}"]
+    if body_len or method != "GET":
+        lines.append(f"content-length: {body_len}")
     for name, value in headers.items():
         if any(c in name for c in "\r\n\0:") or any(c in value for c in "\r\n\0"):
             raise ValueError(f"header {name!r} holds a character that would break the request")
@@ -237,13 +244,17 @@ class Pool:
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Response:
         """POST `body`; the response once its head is in. See the module's docstring for errors."""
+        return await self.send("POST", url, body, headers, timeout)
+
+    async def send(self, method: str, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Response:
+        """A `method` request; the response once its head is in."""
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = target_of(url)
             if len(self._targets) > 1024:  # replicas come from the config: this never grows for long
                 self._targets.pop(next(iter(self._targets)))
         key = target[:3]
-        message = request_head(target, len(body), headers) + body
+        message = request_head(target, len(body), headers, method) + body
         conn = self._idle_connection(key)
         if conn is not None:
             try:
@@ -296,5 +307,5 @@ class Pool:
                 loop.create_connection(lambda: Connection(self._keep), host, port, ssl=tls), timeout
             )
         except OSError as exc:
-            raise ConnectionError(f"cannot connect to {host}:{port}: {exc}") from exc
+            raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from exc
         return conn

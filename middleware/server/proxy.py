@@ -14,7 +14,6 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -25,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.config import Config
 from kvgate.middleware.errors import KvgateError, Unauthorized
+from kvgate.middleware.forward.http_gets import PooledGets
 from kvgate.middleware.pipeline import Pipeline
 from kvgate.middleware.routing.router import Router
 from kvgate.middleware.server.admin import add_admin, admin_check
@@ -90,7 +90,7 @@ def create_app(
         app.state.replica_poller = poller = ReplicaPoller(
             pipe.routers, polled_routes(pipe.routers, config.stats.scrape_replicas)
         )
-        tasks.append(asyncio.create_task(poller.run(app.state.probes)))
+        tasks.append(asyncio.create_task(poller.run(app.state.probes, PooledGets)))
         app.state.stats = make_recorder(pipe, config.stats)  # the dashboard's history (middleware/server/ui.py)
         tasks.append(
             asyncio.create_task(
@@ -218,7 +218,7 @@ def _metrics(app: FastAPI) -> Metrics:
 async def _probe_loop(router: Router, interval: float) -> None:
     """Learn what engine each replica runs (and its model revision, asked again every round);
     re-admit replicas marked down once they answer."""
-    async with httpx.AsyncClient() as client:
+    async with PooledGets() as client:  # httpx's interface, at the relay client's cost per GET
         while True:
             try:
                 await router.recheck_engines(client)  # restarted with other weights: described anew below

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import httpx
 
@@ -66,21 +66,22 @@ class ReplicaPoller:
         self.latest: Mapping[ReplicaId, Samples | None] = {}
         self.reads = 0  # rounds done (tests, logs)
 
-    async def run(self, pool: Executor) -> None:
-        """Read each route when it is due, until cancelled; a failed round is logged and skipped."""
+    async def run(self, pool: Executor, client: Callable[[float], Any] | None = None) -> None:
+        """Read each route when it is due, until cancelled; a failed round is logged and skipped.
+        `client(timeout)`: the HTTP client the rounds share (httpx's interface: `get`, `async with`)."""
         if not self.routes:
             return
         # a replica that does not answer delays its round by at most this, and a loaded machine's
         # slow answer still counts at the shortest intervals
         timeout = min(2.0, max(0.5, min(self.routes.values())))
         due = {route: self._clock() for route in self.routes}
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with client(timeout) if client is not None else httpx.AsyncClient(timeout=timeout) as http:
             while True:
                 now = self._clock()
                 todo = [route for route, at in due.items() if at <= now]
                 if todo:
                     try:
-                        await self.read(client, todo, pool)
+                        await self.read(http, todo, pool)
                     except Exception:  # routing and the dashboard go on without engine numbers
                         log.exception("reading the replicas' /metrics failed")
                     for route in todo:

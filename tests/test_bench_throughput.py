@@ -101,3 +101,14 @@ def test_hot_parts_times_every_piece() -> None:
         "prefix_record_40_blocks_us",
     }
     assert all(v >= 0 for v in out.values())
+
+
+def test_hot_parts_times_the_background_gets() -> None:
+    from pathlib import Path
+
+    from kvgate.tools.bench.hot_parts import measure_gets
+
+    page = Path(__file__).parent / "data" / "vllm-0.32-metrics.txt"
+    out = measure_gets(str(page), rounds=1, scale=0.05)
+    assert set(out) == {f"get_{p}_{c}_us" for p in ("metrics_page", "models") for c in ("httpx", "pooled")}
+    assert all(v > 0 for v in out.values())

@@ -4,16 +4,23 @@ a group commit's request records, an answer's entry with its pointer and tenant 
 prefix record. For comparing two trees of the code on the same machine (run it under each with
 PYTHONPATH, alternately), where the end-to-end bench's spread hides a few percent.
 
-    python -m kvgate.tools.bench.hot_parts [--rounds N] [--scale F]
+    python -m kvgate.tools.bench.hot_parts [--rounds N] [--scale F] [--gets PAGE]
+
+`--gets PAGE`: also the proxy's background GET of a replica's /metrics page (the file PAGE, served
+by a server in a child process, so only the client's CPU is counted) and of /v1/models, through
+httpx's client and through the pooled client the proxy uses (`PooledGets`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing
 import random
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import orjson
@@ -120,12 +127,74 @@ def measure(rounds: int = 7, scale: float = 1.0) -> dict[str, float]:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def _serve_page(page: str, port: int) -> None:  # the child process
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    text = Path(page).read_text()
+    app = FastAPI()
+    app.get("/metrics")(lambda: PlainTextResponse(text))
+    app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": "m", "root": "m"}]})
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def measure_gets(page: str, rounds: int = 7, scale: float = 1.0) -> dict[str, float]:
+    """CPU µs per GET of the client, httpx's and PooledGets, of `page` as /metrics and of /v1/models."""
+    import httpx
+
+    from kvgate.middleware.forward.http_gets import PooledGets
+    from kvgate.tools.bench.procs import free_port
+
+    port = free_port()
+    server = multiprocessing.get_context("spawn").Process(target=_serve_page, args=(page, port), daemon=True)
+    server.start()
+    base = f"http://127.0.0.1:{port}"
+    calls = max(1, int(200 * scale))
+
+    async def timed(make: Callable[[], Any], path: str) -> float:
+        out = []
+        async with make() as client:
+            for _ in range(5):  # connected, warm
+                await client.get(base + path)
+            for _ in range(rounds):
+                started = time.process_time()
+                for _ in range(calls):
+                    await client.get(base + path)
+                out.append((time.process_time() - started) / calls * 1e6)
+        return sorted(out)[len(out) // 2]
+
+    async def run() -> dict[str, float]:
+        for _ in range(100):  # the server's start
+            try:
+                async with httpx.AsyncClient() as probe:
+                    await probe.get(f"{base}/v1/models")
+                break
+            except httpx.HTTPError:
+                await asyncio.sleep(0.1)
+        res = {}
+        for path, name in (("/metrics", "metrics_page"), ("/v1/models", "models")):
+            res[f"get_{name}_httpx_us"] = await timed(httpx.AsyncClient, path)
+            res[f"get_{name}_pooled_us"] = await timed(PooledGets, path)
+        return res
+
+    try:
+        return {k: round(v, 2) for k, v in asyncio.run(run()).items()}
+    finally:
+        server.terminate()
+        server.join(5)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m kvgate.tools.bench.hot_parts", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7, help="rounds per piece (the median is reported)")
     p.add_argument("--scale", type=float, default=1.0, help="calls per round, relative to the defaults")
+    p.add_argument("--gets", metavar="PAGE", help="also time the background GETs of this /metrics page")
     args = p.parse_args(argv)
-    print(json.dumps(measure(args.rounds, args.scale)))
+    out = measure(args.rounds, args.scale)
+    if args.gets:
+        out.update(measure_gets(args.gets, args.rounds, args.scale))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ _PUT_INT = (
     " access_time = excluded.access_time, access_count = 0, tag = NULL, size = 0, mode = 1, filename = NULL,"
     " value = excluded.value"
 )
+# rows written by `put_ints` between two culls of expired rows (diskcache's `set` culls on every
+# write): a store's expired rows and size bound lag by at most this many writes
+CULL_EVERY = 64
 SCRUB_WAIT_S = 5.0  # a reader in another process may hold the log for a moment
 SECURE_DELETE = {"sqlite_secure_delete": 1}  # open_cache(..., **SECURE_DELETE): deleted content is zeroed
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import diskcache
 import orjson
 
-from kvgate.index.storage.disk_sql import SECURE_DELETE, put_ints, scrub
+from kvgate.index.storage.disk_sql import CULL_EVERY, SECURE_DELETE, put_ints, scrub
 from kvgate.index.storage.recover import open_cache
 from kvgate.index.storage.softfail import Batch, SoftFailures, soft_transaction
 from kvgate.index.storage.wal import WalCheckpointer
@@ -37,9 +37,6 @@ from kvgate.middleware.outcome import REQUEST_ID_PREFIX, new_request_id  # noqa:
 log = logging.getLogger("kvgate.request_log")
 
 STORAGE_FAILURES = (sqlite3.Error, OSError, diskcache.Timeout)
-# records written by a batch's one statement between two culls (which `set` would do per record):
-# the log may pass `max_bytes` by this many records for a moment, never for long
-CULL_EVERY = 64
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,10 @@ def _events() -> list[bytes]:
 
 def measure(rounds: int = 7, scale: float = 1.0) -> dict[str, float]:
     """Each piece's CPU µs per call (per record / entry where they come in batches of 8)."""
-    n = lambda calls: max(1, int(calls * scale))  # noqa: E731
+
+    def n(calls: int) -> int:
+        return max(1, int(calls * scale))
+
     out: dict[str, float] = {}
     events = _events()
 

@@ -41,14 +41,13 @@ from kvgate.index.responses.entries.base import CacheEntry, Stored
 from kvgate.index.responses.tags import index_terms
 from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
 from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
-from kvgate.index.storage.disk_sql import SECURE_DELETE, keys_between, put_ints, scrub
+from kvgate.index.storage.disk_sql import CULL_EVERY, SECURE_DELETE, keys_between, put_ints, scrub
 from kvgate.index.storage.recover import open_cache
 from kvgate.index.storage.sealed import SEAL_BYTES, SealedDisk, seal
 from kvgate.index.storage.wal import WalCheckpointer
 
 log = logging.getLogger("kvgate.semantic")
 DELETE_LOG_TTL_S = 3600.0
-CULL_EVERY = 64  # entries written as rows between two culls of expired rows (`set` culls per write)
 
 
 def _exact_key_of(raw: bytes | None) -> str | None:

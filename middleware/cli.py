@@ -15,11 +15,10 @@ from kvgate.middleware.errors import ConfigError
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from kvgate.middleware.config import load_config
     from kvgate.middleware.server.auth import bind_warning
     from kvgate.middleware.server.proxy import create_app
+    from kvgate.middleware.server.quiet_server import serve
 
     config = load_config(args.config)
     from kvgate.middleware.cache.store import preflight
@@ -55,8 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         from kvgate.middleware.server.workers import Supervisor
 
         return Supervisor(args.config, config, host, port, args.workers, options).run()
-    uvicorn.run(create_app(config, server_process=True), host=host, port=port, **options)
-    return 0
+    return serve(create_app(config, server_process=True), host=host, port=port, **options)
 
 
 def _positive(text: str) -> int:

@@ -80,10 +80,49 @@ def test_max_in_flight_is_validated_and_named():
 
 def test_event_loop_lag_is_on_metrics(make_proxy):
     proxy = make_proxy()
-    time.sleep(0.3)  # a few 50 ms samples
+    assert proxy.chat("the watcher samples every 50 ms after a request").status_code == 200
+    time.sleep(0.3)
     metrics = _samples(proxy.http.get("/metrics").text)
     assert metrics[("kvgate_event_loop_lag_seconds_count", ())] >= 2
     assert ("kvgate_event_loop_lag_seconds_bucket", (("le", "0.005"),)) in metrics
+
+
+def test_loop_lag_watcher_naps_longer_while_idle():
+    """Short naps while requests are in flight or were admitted within IDLE_AFTER_S, long ones
+    after; a request admitted again brings the short naps back at the next wake-up."""
+    now = [0.0]
+    naps: list[float] = []
+    state = {"in_flight": 1, "admitted": 1}
+
+    async def fake_sleep(seconds: float) -> None:
+        naps.append(seconds)
+        now[0] += seconds
+        if len(naps) == 3:  # the request ends
+            state["in_flight"] = 0
+        if len(naps) == 40:  # a new one comes while the watcher naps
+            state["admitted"] += 1
+        if len(naps) >= 45:
+            raise asyncio.CancelledError
+
+    async def main() -> None:
+        try:
+            await watch_loop_lag(
+                lambda lag: None,
+                interval=0.05,
+                clock=lambda: now[0],
+                activity=lambda: (state["in_flight"], state["admitted"]),
+                idle_interval=1.0,
+                sleep=fake_sleep,
+            )
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(main())
+    assert naps[:3] == [0.05] * 3  # in flight
+    idle_from = naps.index(1.0)
+    assert abs(sum(naps[:idle_from]) - 0.15 - 1.0) < 0.051  # short naps for IDLE_AFTER_S after the last request
+    assert set(naps[idle_from:40]) == {1.0}
+    assert naps[40:] == [0.05] * 5  # admitted again: short naps at once
 
 
 def test_loop_lag_watcher_sees_a_blocked_loop():

@@ -20,6 +20,8 @@ from kvgate.tools.bench.vllm_arena_stats import (
     counters,
     metric_labels,
     oracle_cached,
+    paired_ratio,
+    paired_ratios,
     router_summary,
     run_summary,
 )
@@ -174,6 +176,30 @@ def test_json_shape_from_fake_runs():
     assert s["ttft_p50_s"] == 0.2 and s["ttft_p90_s"] == 0.4
     one = router_summary(runs[:1])
     assert one["ttft_mean_ci_s"] is None and math.isclose(one["ttft_mean_s"], 0.2)
+
+
+def test_paired_ratios_run_by_run():
+    """A ratio per run, their geometric mean, and Student's t interval on the log ratios."""
+    runs = {
+        "kvgate_precise": [
+            {"run": 1, "ttft_mean_s": 0.9},
+            {"run": 2, "ttft_mean_s": 2.0},
+            {"run": 3, "ttft_mean_s": 1.1},
+        ],
+        "sglang": [{"run": 1, "ttft_mean_s": 1.0}, {"run": 2, "ttft_mean_s": 2.0}, {"run": 3, "ttft_mean_s": 1.0}],
+        "vllm_router": [{"run": 2, "ttft_mean_s": 1.0}],
+    }
+    out = paired_ratios(runs, ["kvgate_precise", "kvgate_approximate"], ["sglang", "vllm_router"])
+    assert set(out) == {"kvgate_precise/sglang", "kvgate_precise/vllm_router"}
+    logs = [math.log(0.9), 0.0, math.log(1.1)]
+    assert out["kvgate_precise/sglang"]["ratio"] == round(math.exp(statistics.fmean(logs)), 4)
+    half = 4.303 * statistics.stdev(logs) / math.sqrt(3)
+    low, high = out["kvgate_precise/sglang"]["ci95"]
+    assert math.isclose(low, math.exp(statistics.fmean(logs) - half), abs_tol=1e-4)
+    assert math.isclose(high, math.exp(statistics.fmean(logs) + half), abs_tol=1e-4)
+    # one common run (run 2): its ratio, no interval
+    assert out["kvgate_precise/vllm_router"] == {"ratio": 2.0, "runs": 1}
+    assert paired_ratio([1.0], [0.0]) is None and paired_ratio([], []) is None
 
 
 class _Server:

@@ -16,8 +16,10 @@ from kvgate.tools.bench.vllm_arena_cpu import (
     CpuWindow,
     arm_cpu,
     cpu_fields,
+    idle_cpu_ms_per_s,
     replica_summary,
     request_records,
+    tree_on_cpu_s,
     tree_pids,
 )
 
@@ -109,6 +111,44 @@ def test_cpu_fields_and_arm_means():
     arm = arm_cpu([{**run, "requests": 100}, other])
     assert arm == {"router_cpu_s": 1.0, "engines_cpu_s": 50.0, "client_cpu_s": 1.5, "router_cpu_ms_per_request": 10.0}
     assert arm_cpu([]) == {}
+
+
+def test_the_idle_window_reads_a_threads_cpu_to_below_a_tick():
+    """A process whose one extra thread burns ~40% of a core: the idle rate sees it, from the
+    scheduler's nanosecond counts of every thread."""
+    burner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import threading, time\n"
+            "def duty():\n"
+            "    while True:\n"
+            "        end = time.thread_time() + 0.004\n"
+            "        while time.thread_time() < end: pass\n"
+            "        time.sleep(0.006)\n"
+            "threading.Thread(target=duty, daemon=True).start()\n"
+            "time.sleep(60)\n",
+        ],
+        start_new_session=True,
+    )
+    try:
+        assert tree_on_cpu_s([burner.pid]) >= 0.0
+        rate = idle_cpu_ms_per_s([burner.pid], 1.0)
+        assert rate is not None and 150 <= rate <= 450, rate  # 4 ms of every ~10 (the CPU may be shared)
+        assert idle_cpu_ms_per_s([], 1.0) is None and idle_cpu_ms_per_s([burner.pid], 0) is None
+    finally:
+        burner.kill()
+        burner.wait()
+
+
+def test_busy_cpu_per_request_is_what_is_left_after_the_idle_rate():
+    run = cpu_fields({"router": 1.0, "engines": 40.0, "client": 1.0}, 100, wall_s=50.0, idle_ms_per_s=8.0)
+    # 1000 ms in all, 8 ms/s x 50 s of it idle: 600 ms over 100 requests
+    assert run["router_idle_cpu_ms_per_s"] == 8.0 and run["router_busy_cpu_ms_per_request"] == 6.0
+    other = {**cpu_fields({"router": 1.0, "engines": 40.0, "client": 1.0}, 100, 50.0, 4.0), "requests": 100}
+    arm = arm_cpu([{**run, "requests": 100}, other])
+    assert arm["router_idle_cpu_ms_per_s"] == 6.0 and arm["router_busy_cpu_ms_per_request"] == 7.0
+    assert "router_idle_cpu_ms_per_s" not in cpu_fields({"router": 1.0, "engines": 1.0, "client": 1.0}, 10)
 
 
 def test_request_records_count_the_clients_own_in_flight_requests_per_replica():

@@ -40,6 +40,7 @@ import msgspec
 import numpy as np
 import zmq
 
+from kvgate.index.kv.kv_events.waker import Waker
 from kvgate.middleware.routing.fleet_workers import CHECK_S, SPARE_SLOTS, SharedFleet, spare_key
 from kvgate.middleware.routing.state import ApplyRecord
 
@@ -95,8 +96,6 @@ class WorkerHub:
     """One worker's end of the sharing: its row of the load table, its PUB socket, and the
     subscriber thread that hands the other workers' records to each route's callback."""
 
-    POLL_MS = 100
-
     def __init__(self, layout: WorkersLayout, worker: int) -> None:
         if not 0 <= worker < layout.workers:
             raise ValueError(f"worker {worker} outside 0..{layout.workers - 1}")
@@ -113,6 +112,7 @@ class WorkerHub:
         self.on_fleet: Callable[[], None] | None = None  # the replica lists changed (any thread may call)
         self._encoder = msgspec.msgpack.Encoder()
         self._stop = threading.Event()
+        self._waker = Waker()  # close() wakes the thread out of its poll
         self._thread = threading.Thread(target=self._follow, name="kvgate-peers", daemon=True)
         self._thread.start()
         self.received = 0  # records applied from other workers (tests, logs)
@@ -149,6 +149,9 @@ class WorkerHub:
                 if peer != self.worker:
                     sub.connect(self.layout.endpoint(peer))
             decoder = msgspec.msgpack.Decoder(tuple[str, str, list[int]])
+            poller = zmq.Poller()
+            poller.register(sub, zmq.POLLIN)
+            poller.register(self._waker.fd, zmq.POLLIN)
             token, checked = self.fleet.token(), time.monotonic()
             while not self._stop.is_set():
                 if time.monotonic() - checked >= CHECK_S:  # a nudge may have been lost
@@ -156,7 +159,8 @@ class WorkerHub:
                     if (now := self.fleet.token()) != token:
                         token = now
                         self._fleet_changed()
-                if not sub.poll(self.POLL_MS):
+                wait_ms = max(0, int((checked + CHECK_S - time.monotonic()) * 1000))
+                if sub not in dict(poller.poll(wait_ms)):
                     continue
                 while True:
                     try:
@@ -182,7 +186,10 @@ class WorkerHub:
 
     def close(self) -> None:
         self._stop.set()
+        self._waker.wake()
         self._thread.join(1.0)
+        if not self._thread.is_alive():
+            self._waker.close()
         with self._pub_lock:
             self._pub.close(linger=0)
         self.table = None  # the mapping goes when the last view of it does

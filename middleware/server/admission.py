@@ -33,6 +33,7 @@ class AdmissionGate:
         self.app = app
         self.limit = limit
         self.in_flight = 0  # read by the in-flight gauge when scraped: nothing to do per request
+        self.admitted = 0  # requests let in so far (the loop-lag watcher samples faster while it moves)
         self.paths = paths
         self._on_reject = on_reject or (lambda: None)
 
@@ -48,6 +49,7 @@ class AdmissionGate:
             await error_response(err, {"retry-after": str(RETRY_AFTER_S)})(scope, receive, send)
             return
         self.in_flight += 1
+        self.admitted += 1
         try:
             await self.app(scope, receive, send)
         finally:

@@ -82,7 +82,13 @@ def create_app(
         if server_process:
             settle_heap()
         tasks = [asyncio.create_task(_probe_loop(r, r.cfg.probe_interval_s)) for r in pipe.routers.values()]
-        tasks.append(asyncio.create_task(watch_loop_lag(pipe.metrics.loop_lag.observe)))
+        tasks.append(
+            asyncio.create_task(
+                watch_loop_lag(
+                    pipe.metrics.loop_lag.observe, activity=lambda: (admission.in_flight, admission.admitted)
+                )
+            )
+        )
         # /health and /metrics read the disk (the index catches up with other processes): in a
         # thread of their own, so a probe never queues behind request work in the default pool
         app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")

@@ -57,6 +57,7 @@ def run_worker(
     from kvgate.middleware.config import load_config
     from kvgate.middleware.litellm_env import litellm
     from kvgate.middleware.server.proxy import create_app
+    from kvgate.middleware.server.quiet_server import QuietServer
 
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(name)s [worker {worker}]: %(message)s")
     litellm.disable_streaming_logging = True  # see middleware/cli.py's _serve
@@ -64,7 +65,7 @@ def run_worker(
     hub = WorkerHub(layout, worker)
     try:
         app = create_app(config, routing_state=hub.state, worker=worker, server_process=True, workers_hub=hub)
-        server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options))
+        server = QuietServer(uvicorn.Config(app, **uvicorn_options))
         server.run(sockets=[sock])
     finally:
         hub.close()

@@ -75,7 +75,7 @@ from kvgate.tools.bench.vllm_arena_setup import (
     placements,
     preflight,
 )
-from kvgate.tools.bench.vllm_arena_stats import router_summary
+from kvgate.tools.bench.vllm_arena_stats import paired_ratios, router_summary
 from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
 DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
@@ -121,6 +121,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="every router process (kvgate and the anchors alike) runs at this nice value; negative puts it "
         "ahead of the engines for a core, as a router on CPUs of its own would be (needs root)",
+    )
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=5.0,
+        help="seconds of each run's router CPU read before the run, with nothing sent (0: none): the "
+        "JSON then splits the router's CPU into what it spends idle and per request beyond that",
     )
     p.add_argument(
         "--kv-connector",
@@ -280,6 +287,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             result["routers"][arm] = router_summary(
                 runs[arm], router=runs[arm][0]["router"], params=runs[arm][0]["params"], **arm_cpu(runs[arm])
             )
+    kvgate_arms = [a for a in arms if a.startswith("kvgate")]
+    result["paired"] = paired_ratios(runs, kvgate_arms, [a for a in arms if a in ANCHOR_OF])
     done = [r for rs in runs.values() for r in rs]
     oracle_prompt = sum(r["oracle_prompt_tokens"] for r in done)
     result["oracle_cached_fraction"] = (
@@ -307,6 +316,10 @@ def print_table(result: dict[str, Any]) -> None:
             f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s} "
             f"{ms(s.get('engine_ttft_mean_s')):>14s} {'–' if wall is None else f'{wall:.1f}':>6s}"
         )
+    for pair, ratio in result.get("paired", {}).items():
+        ci = ratio.get("ci95")
+        interval = f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
+        print(f"mean TTFT {pair}, run by run: {ratio['ratio']:.3f}x over {ratio['runs']} runs{interval}")
     if result["oracle_cached_fraction"] is not None:
         print(
             f"oracle cached fraction {result['oracle_cached_fraction']:.3f}; kv cache {result['kv_cache_tokens']} tokens "

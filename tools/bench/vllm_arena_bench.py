@@ -20,7 +20,7 @@ from kvgate.middleware.progress import Progress, say
 from kvgate.tools.bench.arena_routers import anchor_launch
 from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
 from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
-from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, cpu_fields, replica_summary, request_records
+from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, cpu_fields, idle_cpu_ms_per_s, replica_summary, request_records
 from kvgate.tools.bench.vllm_arena_setup import (
     ANCHOR_OF,
     MODEL,
@@ -185,6 +185,7 @@ class Bench:
             before_pages = self.pages()
             total = sum(len(t) for t in texts)
             router_pids = [proc.proc.pid] if proc is not None else []
+            idle = idle_cpu_ms_per_s(router_pids, self.args.idle_s)
             cpu = CpuWindow({"router": router_pids, "engines": [s.proc.pid for s in self.servers if s.proc]})
             t0 = time.perf_counter()
             cpu.start()
@@ -232,7 +233,7 @@ class Bench:
             total_mean_s=round(statistics.fmean(t.done - t.sent for t in ok), 4) if ok else None,
             **engine_latency(before_pages, after_pages),
             **oracle,
-            **cpu_fields(spent, len(turns)),
+            **cpu_fields(spent, len(turns), wall, idle),
             request_records=(records := request_records(turns)),
             per_replica=replica_summary(records),
         )

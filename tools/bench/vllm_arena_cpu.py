@@ -89,14 +89,50 @@ class CpuWindow:
         return self.spent
 
 
-def cpu_fields(spent: dict[str, float], requests: int) -> dict[str, Any]:
-    """One run's CPU figures from CpuWindow.stop() of the groups "router" and "engines"."""
-    return {
+def tree_on_cpu_s(roots: Iterable[int]) -> float:
+    """Seconds on a CPU of every thread of the trees under `roots`, to the nanosecond (the
+    scheduler's own count, /proc/<pid>/task/<tid>/schedstat): an idle window of a few seconds
+    is resolved where whole clock ticks (10 ms) are not."""
+    ns = 0
+    for pid in tree_pids(roots):
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                ns += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return ns / 1e9
+
+
+def idle_cpu_ms_per_s(roots: Sequence[int], seconds: float) -> float | None:
+    """CPU ms per second the trees under `roots` spend over `seconds` with nothing sent to them
+    (None: no router process, or no window asked for)."""
+    if not roots or seconds <= 0:
+        return None
+    before, t0 = tree_on_cpu_s(roots), time.perf_counter()
+    time.sleep(seconds)
+    return round((tree_on_cpu_s(roots) - before) * 1000 / (time.perf_counter() - t0), 3)
+
+
+def cpu_fields(
+    spent: dict[str, float], requests: int, wall_s: float | None = None, idle_ms_per_s: float | None = None
+) -> dict[str, Any]:
+    """One run's CPU figures from CpuWindow.stop() of the groups "router" and "engines"; with the
+    router's idle rate (`idle_ms_per_s`, measured before the run), also its CPU per request
+    beyond what it spends idle over the run's wall time (`router_busy_cpu_ms_per_request`)."""
+    out = {
         "router_cpu_s": round(spent["router"], 3),
         "router_cpu_ms_per_request": round(spent["router"] * 1000 / requests, 3) if requests else None,
         "engines_cpu_s": round(spent["engines"], 3),
         "client_cpu_s": round(spent["client"], 3),
     }
+    if idle_ms_per_s is not None and wall_s is not None and requests:
+        out["router_idle_cpu_ms_per_s"] = idle_ms_per_s
+        out["router_busy_cpu_ms_per_request"] = round((spent["router"] * 1000 - idle_ms_per_s * wall_s) / requests, 3)
+    return out
 
 
 def request_records(turns: Sequence[Turn]) -> list[dict[str, Any]]:
@@ -148,7 +184,7 @@ def arm_cpu(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def mean(key: str) -> float:
         return round(statistics.fmean(r[key] for r in measured), 3)
 
-    return {
+    out = {
         "router_cpu_s": mean("router_cpu_s"),
         "engines_cpu_s": mean("engines_cpu_s"),
         "client_cpu_s": mean("client_cpu_s"),
@@ -156,3 +192,12 @@ def arm_cpu(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if requests
         else None,
     }
+    idle = [r for r in measured if r.get("router_idle_cpu_ms_per_s") is not None]
+    if idle:
+        out["router_idle_cpu_ms_per_s"] = mean_of(idle, "router_idle_cpu_ms_per_s")
+        out["router_busy_cpu_ms_per_request"] = mean_of(idle, "router_busy_cpu_ms_per_request")
+    return out
+
+
+def mean_of(runs: Sequence[dict[str, Any]], key: str) -> float:
+    return round(statistics.fmean(r[key] for r in runs), 3)

@@ -12,6 +12,7 @@ of every request that had finished by then.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -184,3 +185,41 @@ def _mean_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
     """The mean of a per-run figure over the runs that have it (None if none has)."""
     values = [r[key] for r in runs if r.get(key) is not None]
     return round(statistics.fmean(values), 4) if values else None
+
+
+# two-sided 95% quantiles of Student's t by degrees of freedom (the paired ratio's interval)
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+T_975_LARGE = 2.0  # beyond the table (df > 10): within 0.09 of the exact quantile
+
+
+def paired_ratio(arm: Sequence[float], anchor: Sequence[float]) -> dict[str, Any] | None:
+    """An arm's mean TTFT against an anchor's, run by run: every run sends both the same turns
+    back to back, so a run's ratio cancels what the machine did during that run. The geometric
+    mean of the per-run ratios and its 95% interval (Student's t on the log ratios); None
+    without a run both have."""
+    logs = [math.log(a / b) for a, b in zip(arm, anchor) if a and b and a > 0 and b > 0]
+    if not logs:
+        return None
+    mean = statistics.fmean(logs)
+    out: dict[str, Any] = {"ratio": round(math.exp(mean), 4), "runs": len(logs)}
+    if len(logs) > 1:
+        half = T_975.get(len(logs) - 1, T_975_LARGE) * statistics.stdev(logs) / math.sqrt(len(logs))
+        out["ci95"] = [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]
+    return out
+
+
+def paired_ratios(runs: dict[str, Sequence[dict[str, Any]]], arms: Sequence[str], anchors: Sequence[str]) -> dict:
+    """`{"<arm>/<anchor>": paired_ratio}` for every arm and anchor that both ran, matched by run
+    number."""
+    out = {}
+    for arm in arms:
+        for anchor in anchors:
+            if arm not in runs or anchor not in runs:
+                continue
+            mine = {r["run"]: r.get("ttft_mean_s") for r in runs[arm]}
+            theirs = {r["run"]: r.get("ttft_mean_s") for r in runs[anchor]}
+            common = sorted(set(mine) & set(theirs))
+            ratio = paired_ratio([mine[n] for n in common], [theirs[n] for n in common])
+            if ratio is not None:
+                out[f"{arm}/{anchor}"] = ratio
+    return out

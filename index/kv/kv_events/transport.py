@@ -25,6 +25,7 @@ import zmq
 from kvgate.index.kv.kv_events.applier import EventApplier
 from kvgate.index.kv.kv_events.codec import KVEvent, KVEventBatch, encode_batch
 from kvgate.index.kv.kv_events.feed import EventFeed
+from kvgate.index.kv.kv_events.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ class ZmqEventSubscriber:
     sequence gaps (the index may then be stale until the engine stores/evicts those blocks
     again), duplicates, restarts, lag, and what the applier did.
     """
-
-    POLL_MS = 100  # stop() latency bound
 
     def __init__(
         self,
@@ -58,6 +57,7 @@ class ZmqEventSubscriber:
         self.feed = EventFeed(applier, source=f"{applier.replica} ({endpoint})")
         self._ctx = context or zmq.Context.instance()
         self._stop = threading.Event()
+        self._waker = Waker()  # the thread sleeps in its poll until a message or stop() comes
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -72,8 +72,11 @@ class ZmqEventSubscriber:
 
     def stop(self, timeout: float = 1.0) -> None:
         self._stop.set()
+        self._waker.wake()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._waker.close()
 
     def stats(self) -> dict[str, Any]:
         return self.feed.stats().as_dict()
@@ -99,9 +102,10 @@ class ZmqEventSubscriber:
                 return
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
+            poller.register(self._waker.fd, zmq.POLLIN)
             self._ready.set()
             while not self._stop.is_set():
-                if not poller.poll(self.POLL_MS):
+                if sock not in dict(poller.poll()):
                     continue
                 while True:  # drain what is queued before polling again
                     try:

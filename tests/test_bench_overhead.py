@@ -19,9 +19,9 @@ def test_overhead_run_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         "bench",
         "loop-load",
         "--rate",
-        "20",
+        "5",
         "--duration-s",
-        "0.5",
+        "2",  # the proxy samples its loop lag every 250 ms under load: a few samples
         "--prompt-words",
         "60",
         "--tokenizers",

@@ -128,10 +128,10 @@ class Metrics:
             registry=r,
         )
         # the proxy's asyncio loop (kvgate.middleware.telemetry.loop_lag): how late a sleeping task wakes up
-        # (50 ms naps while requests come, 1 s naps while idle)
+        # (250 ms naps while requests come, 1 s naps while idle)
         self.loop_lag = Histogram(
             "kvgate_event_loop_lag_seconds",
-            "Event-loop lag: oversleep of a timer (50 ms while requests come, 1 s while idle)",
+            "Event-loop lag: oversleep of a timer (250 ms while requests come, 1 s while idle)",
             buckets=LAG_BUCKETS,
             registry=r,
         )

@@ -26,12 +26,19 @@ def free_port() -> int:
 class Proc:
     """A child process with its output in a log file; `wait_http` blocks until it answers."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            cwd=cwd,
         )
 
     def wait_http(self, url: str, timeout: float = 120.0) -> None:

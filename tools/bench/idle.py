@@ -28,7 +28,7 @@ import yaml
 
 from kvgate.middleware.progress import say
 from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
-from kvgate.tools.bench.vllm_arena_cpu import tree_on_cpu_s, tree_pids
+from kvgate.tools.bench.vllm_arena_cpu import tree_on_cpu_s, tree_task_files
 
 SETTLE_S = 4.0  # after the warm-up requests: longer than the loop-lag watcher's busy second
 
@@ -44,16 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def switches(pids: list[int]) -> int:
     """Voluntary context switches of every thread of the trees under `pids` (a thread that
     sleeps and wakes counts one per wake-up)."""
-    total = 0
-    for pid in tree_pids(pids):
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                for line in (task / "status").read_text().splitlines():
-                    if line.startswith("voluntary_ctxt_switches"):
-                        total += int(line.split()[1])
-            except OSError:
-                continue
-    return total
+    return sum(
+        int(line.split()[1])
+        for text in tree_task_files(pids, "status")
+        for line in text.splitlines()
+        if line.startswith("voluntary_ctxt_switches")
+    )
 
 
 def proxy_config(work: Path, bases: list[str]) -> dict[str, Any]:
@@ -125,14 +121,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for backend in backends:
             backend.stop()
-    summary = {
-        tree or "installed": {
+    summary = {}
+    for label in dict.fromkeys(w["tree"] for w in windows):  # every tree ran `rounds` windows
+        mine = [w for w in windows if w["tree"] == label]
+        summary[label] = {
             "cpu_ms_per_s_mean": round(statistics.fmean(w["cpu_ms_per_s"] for w in mine), 3),
             "wakeups_per_s_mean": round(statistics.fmean(w["wakeups_per_s"] for w in mine), 1),
         }
-        for tree in trees
-        if (mine := [w for w in windows if w["tree"] == (tree or "installed")])
-    }
     return {"replicas": args.replicas, "seconds": args.seconds, "windows": windows, "summary": summary}
 
 

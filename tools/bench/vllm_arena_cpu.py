@@ -23,7 +23,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from kvgate.tools.bench.vllm_arena_client import Turn
 
@@ -89,11 +89,9 @@ class CpuWindow:
         return self.spent
 
 
-def tree_on_cpu_s(roots: Iterable[int]) -> float:
-    """Seconds on a CPU of every thread of the trees under `roots`, to the nanosecond (the
-    scheduler's own count, /proc/<pid>/task/<tid>/schedstat): an idle window of a few seconds
-    is resolved where whole clock ticks (10 ms) are not."""
-    ns = 0
+def tree_task_files(roots: Iterable[int], name: str) -> Iterator[str]:
+    """The text of /proc/<pid>/task/<tid>/<name> of every thread of the trees under `roots`
+    (threads that end meanwhile are skipped)."""
     for pid in tree_pids(roots):
         try:
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -101,10 +99,16 @@ def tree_on_cpu_s(roots: Iterable[int]) -> float:
             continue
         for task in tasks:
             try:
-                ns += int((task / "schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
+                yield (task / name).read_text()
+            except OSError:
                 continue
-    return ns / 1e9
+
+
+def tree_on_cpu_s(roots: Iterable[int]) -> float:
+    """Seconds on a CPU of every thread of the trees under `roots`, to the nanosecond (the
+    scheduler's own count, schedstat's first field): an idle window of a few seconds is resolved
+    where whole clock ticks (10 ms) are not."""
+    return sum(int(text.split()[0]) for text in tree_task_files(roots, "schedstat") if text.strip()) / 1e9
 
 
 def idle_cpu_ms_per_s(roots: Sequence[int], seconds: float) -> float | None:
@@ -181,23 +185,20 @@ def arm_cpu(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {}
     requests = sum(r["requests"] for r in measured)
 
-    def mean(key: str) -> float:
-        return round(statistics.fmean(r[key] for r in measured), 3)
-
     out = {
-        "router_cpu_s": mean("router_cpu_s"),
-        "engines_cpu_s": mean("engines_cpu_s"),
-        "client_cpu_s": mean("client_cpu_s"),
+        "router_cpu_s": _mean_of(measured, "router_cpu_s"),
+        "engines_cpu_s": _mean_of(measured, "engines_cpu_s"),
+        "client_cpu_s": _mean_of(measured, "client_cpu_s"),
         "router_cpu_ms_per_request": round(sum(r["router_cpu_s"] for r in measured) * 1000 / requests, 3)
         if requests
         else None,
     }
     idle = [r for r in measured if r.get("router_idle_cpu_ms_per_s") is not None]
     if idle:
-        out["router_idle_cpu_ms_per_s"] = mean_of(idle, "router_idle_cpu_ms_per_s")
-        out["router_busy_cpu_ms_per_request"] = mean_of(idle, "router_busy_cpu_ms_per_request")
+        out["router_idle_cpu_ms_per_s"] = _mean_of(idle, "router_idle_cpu_ms_per_s")
+        out["router_busy_cpu_ms_per_request"] = _mean_of(idle, "router_busy_cpu_ms_per_request")
     return out
 
 
-def mean_of(runs: Sequence[dict[str, Any]], key: str) -> float:
+def _mean_of(runs: Sequence[dict[str, Any]], key: str) -> float:
     return round(statistics.fmean(r[key] for r in runs), 3)

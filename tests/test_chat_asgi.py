@@ -65,3 +65,46 @@ def test_chat_skips_the_fastapi_stack_and_the_mounted_route_delegates(backend, e
         mounted.stop()
         server.stop()
         pipeline.close()
+
+
+class Sends:
+    """Wraps the whole app and keeps the body messages each chat completion sent."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.bodies = app, []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/chat/completions"):
+            await self.app(scope, receive, send)
+            return
+        mine: list[tuple[bytes, bool]] = []
+        self.bodies.append(mine)
+
+        async def keep(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                mine.append((message.get("body", b""), message.get("more_body", False)))
+            await send(message)
+
+        await self.app(scope, receive, keep)
+
+
+def test_a_stream_ends_with_its_done_event_in_one_send(backend, embedder, tmp_path) -> None:
+    """[DONE] closes the body in the same message (one write), for a relayed miss and a stored hit;
+    nothing is sent after it."""
+    config = parse_config(route_config(backend.api_base, tmp_path / "c"))
+    pipeline = build_pipeline(config, embedder=embedder)
+    app = Sends(create_app(config, pipeline))
+    server = ServerThread(app).start()
+    body = {"model": "demo-1", "messages": [{"role": "user", "content": "one write at the end"}], "stream": True}
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            miss = client.post("/v1/chat/completions", json=body)
+            hit = client.post("/v1/chat/completions", json=body)
+        assert [miss.headers["x-kvgate-cache"], hit.headers["x-kvgate-cache"]] == ["miss", "exact"]
+        for response, sent in zip((miss, hit), app.bodies):
+            assert sent[-1] == (b"data: [DONE]\n\n", False)
+            assert all(more for _, more in sent[:-1]) and len(sent) >= 2
+            assert b"".join(chunk for chunk, _ in sent) == response.content
+    finally:
+        server.stop()
+        pipeline.close()

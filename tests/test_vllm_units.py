@@ -157,15 +157,45 @@ def test_precise_checks_count_unmatched_requests_and_drop_a_silent_replica() -> 
         assert hashers and hashers[-1].block_size == BS
         applier = precise.subscribers["a"].applier
         ours = hashers[-1].prompt(MESSAGES).hashes
-        precise.sent("a", ours)  # the engine stores other tokens than we hashed: unmatched
-        applier.apply(BlockStored([7], None, [1, 2, 3, 4], BS))
+        long = precise.sent("a", ours)  # a long prefill: judged only once it finished
+        for _ in range(6):  # others finish meanwhile, long after it was sent
+            now[0] += 2
+            precise.finished(precise.sent("a", []), True)
+        assert precise.counts["a"] == {"matched": 0, "unmatched": 0, "stale_drops": 0}
+        applier.apply(BlockStored([7], None, [1, 2, 3, 4], BS))  # other tokens than we hashed
+        precise.finished(long, True)
+        precise.check()
+        assert precise.counts["a"]["unmatched"] == 0  # its events get CHECK_AFTER_S to arrive
         now[0] += 2
         precise.check()
         assert precise.counts["a"]["unmatched"] == 1
-        for _ in range(5):  # routed, and the engine says nothing at all: its events stopped
-            precise.sent("a", ours)
+        precise.finished(precise.sent("a", ours), False)  # failed: it may have stored nothing
+        now[0] += 2
+        precise.check()
+        assert precise.counts["a"] == {"matched": 0, "unmatched": 1, "stale_drops": 0}
+        for _ in range(5):  # answered, and the engine says nothing at all: its events stopped
+            precise.finished(precise.sent("a", ours), True)
             now[0] += 2
             precise.check()
         assert precise.counts["a"]["stale_drops"] == 1 and index.blocks("a") == 0
     finally:
         precise.close()
+
+
+def test_the_launcher_asks_for_float32_only_on_an_x86_cpu_without_native_bfloat16(tmp_path: Path) -> None:
+    from kvgate.engines.vllm.host_dtype import dtype_for, host_dtype
+    from kvgate.engines.vllm.launch import VllmServer
+
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\nmodel name\t: AMD EPYC\n"
+    amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+    assert dtype_for(avx2) == "float32"
+    assert dtype_for(amx) == "auto" and dtype_for(amx.replace(" avx512_bf16", "")) == "auto"
+    assert dtype_for("processor\t: 0\nFeatures\t: fp asimd bf16\n") == "auto"  # not x86: the engine's choice
+    assert dtype_for("") == "auto" and host_dtype(tmp_path / "absent") == "auto"
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(avx2)
+    assert host_dtype(cpuinfo) == "float32"
+    server = VllmServer(model="m", dtype="bfloat16")
+    assert server.argv()[server.argv().index("--dtype") + 1] == "bfloat16"
+    chosen = VllmServer(model="m").argv()
+    assert ("--dtype" in chosen) == (host_dtype() != "auto")

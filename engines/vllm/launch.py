@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvgate.engines.vllm.host_dtype import host_dtype
 from kvgate.index.storage.env import model_cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +107,8 @@ class VllmServer:
     `extra_env`: more environment variables for it (e.g. VLLM_SERVER_DEV_MODE=1, which serves
     `POST /reset_prefix_cache`); named so because `env()` is the method that builds the whole environment.
     `kv_connector`: kvgate's KV connector settings (`tier_settings(...)`), or None for none.
+    `dtype`: vLLM's `--dtype`; None: this host's (kvgate.engines.vllm.host_dtype: float32 where
+    the CPU has no native bfloat16, else the engine's own choice).
     `events_endpoint`: where the events go instead of the loopback port: vLLM connects to a
     concrete tcp address (one subscriber binds it) but binds an `ipc://PATH`, which any number of
     proxies can then connect to (several proxies in precise mode on one engine).
@@ -125,6 +128,7 @@ class VllmServer:
     extra_env: dict[str, str] = field(default_factory=dict)
     kv_connector: dict[str, object] | None = None
     events_endpoint: str | None = None
+    dtype: str | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
@@ -168,6 +172,9 @@ class VllmServer:
         ]
         if self.enforce_eager:
             args.append("--enforce-eager")
+        dtype = self.dtype or host_dtype()
+        if dtype != "auto":
+            args += ["--dtype", dtype]
         if self.kv_connector is not None:
             args += ["--kv-transfer-config", json.dumps(connector_config(self.kv_connector))]
         return args + list(self.extra_args)

@@ -38,7 +38,7 @@ log = logging.getLogger("kvgate.router")
 
 CHECK_AFTER_S = 1.0  # a routed request is judged this long after it finished (events arrive meanwhile)
 STALE_REQUESTS = 5  # routed requests in a row with no event at all: the replica's events stopped
-WATCHED_MAX = 256  # requests awaiting their verdict (bounded)
+WATCHED_MAX = 256  # finished requests awaiting their verdict (bounded)
 WINDOW = 20  # verdicts looked at when deciding to warn
 
 
@@ -48,7 +48,7 @@ class _Watch:
     first: int  # the request's first block hash, in the router's space
     stored_before: int  # blocks the replica's feed had stored when the request was sent
     batches_before: int
-    due: float
+    due: float = 0.0  # when it is judged: set as the request finishes
 
 
 class PreciseRouting:
@@ -238,18 +238,27 @@ class PreciseRouting:
         return "waiting for an engine to describe itself (its tokenizer and block size)"
 
     # ------------------------------------------------------------------ disagreement
-    def sent(self, replica: str, hashes: list[int]) -> None:
-        """A request with these prompt hashes went to `replica`."""
+    def sent(self, replica: str, hashes: list[int]) -> _Watch | None:
+        """A request with these prompt hashes went to `replica`: what the replica's feed had
+        applied by then, to judge the request by once it finished (None: nothing to judge)."""
         sub = self.subscribers.get(replica)
         if not hashes or sub is None:
-            return
-        with self._lock:
-            self._watch.append(
-                _Watch(replica, hashes[0], sub.applier.stored, sub.feed.batches, self._clock() + CHECK_AFTER_S)
-            )
+            return None
+        return _Watch(replica, hashes[0], sub.applier.stored, sub.feed.batches)
+
+    def finished(self, watch: _Watch | None, ok: bool) -> None:
+        """The request `sent` returned `watch` for ended (`ok`: it was answered): it is judged
+        CHECK_AFTER_S from now, however long it ran (a long prefill stores its blocks late, and
+        their events arrive after the answer). A failed request is not judged: it may have
+        stored nothing. Then judge whatever is due."""
+        if watch is not None and ok:
+            watch.due = self._clock() + CHECK_AFTER_S
+            with self._lock:
+                self._watch.append(watch)  # in order of finishing, so in order of `due`
+        self.check()
 
     def check(self) -> None:
-        """Judge the requests whose time has come (cheap; called as requests finish)."""
+        """Judge the finished requests whose time has come (cheap; called as requests finish)."""
         now = self._clock()
         due: list[_Watch] = []
         with self._lock:

@@ -52,6 +52,7 @@ class Ticket:
     sent_at: float = 0.0  # the router's clock when it was sent
     queued: int = 0  # prefill tokens queued ahead of it on the replica then
     loaded: int = 0  # tokens the plan expected the replica to load from a KV tier
+    watch: Any = None  # precise mode: what the request is judged by once it finished (PreciseRouting.sent)
 
 
 class Router:
@@ -237,15 +238,16 @@ class Router:
             replica.in_flight += 1
             replica.requests += 1
             replica.pending_prefill_tokens += pending
+        watch = None
         if self.cfg.prefix.mode == "approximate":
             self.records.record(
                 replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes
             )
         elif self.precise is not None:
-            self.precise.sent(replica.name, plan.hashes)
+            watch = self.precise.sent(replica.name, plan.hashes)
         if self.inflight is not None:
             self.inflight.sent(replica.name, plan.hashes)
-        return Ticket(replica, plan, pending, sent_at=self._clock(), queued=queued, loaded=loaded)
+        return Ticket(replica, plan, pending, sent_at=self._clock(), queued=queued, loaded=loaded, watch=watch)
 
     def first_token(self, ticket: Ticket, measured: bool = True) -> None:
         """The attempt's first token arrived (`measured`: now, so its time is a TTFT sample)."""
@@ -268,7 +270,7 @@ class Router:
         if ok:
             self.health.mark_up(ticket.replica)
         if self.precise is not None:
-            self.precise.check()
+            self.precise.finished(ticket.watch, ok)
         if self.inflight is not None:
             self.inflight.done(ticket.replica.name, ticket.plan.hashes)
         if ok and hashes and self.planner.records_answers:

@@ -35,6 +35,7 @@ from kvgate.middleware.server.body import ClientGone, header, read_body
 from kvgate.middleware.server.input_checks import check_token_caps
 from kvgate.middleware.server.responses import error_response
 from kvgate.middleware.tags import TAGS_HEADER, parse_tags
+from kvgate.middleware.text_answers import DONE
 
 CONTROL_HEADER = b"x-kvgate-cache-control"
 CHAT_PATH = "/v1/chat/completions"
@@ -69,7 +70,7 @@ async def _sse(result: Result) -> AsyncIterator[bytes]:
             yield f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
     except KvgateError as exc:  # the backend failed mid-stream: tell the client in-band
         yield exc.sse()
-    yield b"data: [DONE]\n\n"
+    yield DONE
 
 
 class ChatHandler:
@@ -158,6 +159,9 @@ async def _stream(events: AsyncIterator[bytes], headers: list[tuple[bytes, bytes
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         async for blob in events:
+            if blob == DONE:  # always the last event: it ends the body in the same write
+                await send({"type": "http.response.body", "body": blob, "more_body": False})
+                return
             await send({"type": "http.response.body", "body": blob, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:

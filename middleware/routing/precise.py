@@ -43,7 +43,10 @@ WINDOW = 20  # verdicts looked at when deciding to warn
 
 
 @dataclass
-class _Watch:
+class Watch:
+    """A routed request as precise mode judges it: what its replica's feed had applied when it
+    was sent (`PreciseRouting.sent`), judged once it finished (`PreciseRouting.finished`)."""
+
     replica: str
     first: int  # the request's first block hash, in the router's space
     stored_before: int  # blocks the replica's feed had stored when the request was sent
@@ -79,7 +82,7 @@ class PreciseRouting:
         self.subscribers: dict[str, ZmqEventSubscriber] = {}
         self.tiers = TierMedia(index, cfg.capacity_blocks or EVENT_FED_CAPACITY)  # KV tiers the engines report
         self._configs: dict[str, ReplicaConfig] = {}
-        self._watch: deque[_Watch] = deque(maxlen=WATCHED_MAX)
+        self._watch: deque[Watch] = deque(maxlen=WATCHED_MAX)
         self._verdicts: deque[bool] = deque(maxlen=WINDOW)
         self.counts: dict[str, dict[str, int]] = {}
         self._silent: dict[str, int] = {}
@@ -238,15 +241,15 @@ class PreciseRouting:
         return "waiting for an engine to describe itself (its tokenizer and block size)"
 
     # ------------------------------------------------------------------ disagreement
-    def sent(self, replica: str, hashes: list[int]) -> _Watch | None:
+    def sent(self, replica: str, hashes: list[int]) -> Watch | None:
         """A request with these prompt hashes went to `replica`: what the replica's feed had
         applied by then, to judge the request by once it finished (None: nothing to judge)."""
         sub = self.subscribers.get(replica)
         if not hashes or sub is None:
             return None
-        return _Watch(replica, hashes[0], sub.applier.stored, sub.feed.batches)
+        return Watch(replica, hashes[0], sub.applier.stored, sub.feed.batches)
 
-    def finished(self, watch: _Watch | None, ok: bool) -> None:
+    def finished(self, watch: Watch | None, ok: bool) -> None:
         """The request `sent` returned `watch` for ended (`ok`: it was answered): it is judged
         CHECK_AFTER_S from now, however long it ran (a long prefill stores its blocks late, and
         their events arrive after the answer). A failed request is not judged: it may have
@@ -260,14 +263,14 @@ class PreciseRouting:
     def check(self) -> None:
         """Judge the finished requests whose time has come (cheap; called as requests finish)."""
         now = self._clock()
-        due: list[_Watch] = []
+        due: list[Watch] = []
         with self._lock:
             while self._watch and self._watch[0].due <= now:
                 due.append(self._watch.popleft())
         for w in due:
             self._judge(w)
 
-    def _judge(self, w: _Watch) -> None:
+    def _judge(self, w: Watch) -> None:
         sub = self.subscribers.get(w.replica)
         counts = self.counts.get(w.replica)
         if sub is None or counts is None:

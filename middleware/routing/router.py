@@ -32,7 +32,7 @@ from kvgate.middleware.routing.health import ReplicaHealth
 from kvgate.middleware.routing.inflight import InFlightPrefixes
 from kvgate.middleware.routing.load_cost import LoadCost
 from kvgate.middleware.routing.planner import Planner
-from kvgate.middleware.routing.precise import PreciseRouting
+from kvgate.middleware.routing.precise import PreciseRouting, Watch
 from kvgate.middleware.routing.records import Records
 from kvgate.middleware.routing.salt import Salter
 from kvgate.middleware.routing.state import RoutingState
@@ -52,7 +52,7 @@ class Ticket:
     sent_at: float = 0.0  # the router's clock when it was sent
     queued: int = 0  # prefill tokens queued ahead of it on the replica then
     loaded: int = 0  # tokens the plan expected the replica to load from a KV tier
-    watch: Any = None  # precise mode: what the request is judged by once it finished (PreciseRouting.sent)
+    watch: Watch | None = None  # precise mode: what the request is judged by once it finished (PreciseRouting.sent)
 
 
 class Router:

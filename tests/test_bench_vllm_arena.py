@@ -12,7 +12,7 @@ import pytest
 
 from kvgate.middleware.config import parse_config
 from kvgate.tools.bench.trace import TraceRequest
-from kvgate.tools.bench.vllm_arena import ARMS, add_arguments, validate
+from kvgate.tools.bench.vllm_arena import ARMS, add_arguments, run_order, validate
 from kvgate.tools.bench.vllm_arena_client import Turn, take_event
 from kvgate.tools.bench.vllm_arena_setup import kvgate_config
 from kvgate.tools.bench.vllm_arena_stats import (
@@ -245,6 +245,18 @@ def test_the_replay_arm_needs_the_run_it_replays_first():
     for arms in ("replay_precise", "replay_precise,kvgate_precise", "sglang,replay_precise"):
         assert any("replay_precise" in m for m in validate(p.parse_args(["--json", "x", "--arms", arms]))), arms
     assert validate(p.parse_args(["--json", "x", "--arms", "kvgate_precise,sglang,replay_precise"])) == []
+
+
+def test_each_arm_takes_every_position_equally_often_and_the_replay_stays_after_its_run():
+    arms = ["kvgate_precise", "kvgate_approximate", "sglang", "replay_precise"]
+    orders = [run_order(arms, r) for r in range(6)]
+    assert orders[0] == arms
+    for order in orders:
+        assert sorted(order) == sorted(arms) and order[-1] == "replay_precise"
+    rotating = arms[:-1]
+    for arm in rotating:  # over 6 runs (twice the 3 rotating arms) each position twice
+        assert sorted(o.index(arm) for o in orders) == [0, 0, 1, 1, 2, 2]
+    assert run_order(["sglang"], 4) == ["sglang"]
 
 
 def test_router_nice_is_checked_and_wraps_every_router(tmp_path):

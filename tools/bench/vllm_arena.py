@@ -28,12 +28,13 @@ Every run (tools/bench/vllm_arena_bench.py) starts with both engines' prefix cac
 the router's warm-up requests) and reads vLLM's own counters before and after it
 (tools/bench/vllm_arena_stats.py): cached_fraction = Δ prompt_tokens_cached / Δ prompt_tokens, both
 servers together. Runs interleave the arms (run 1 of every arm, then run 2, ...), so slow drift on
-the machine hits all.
+the machine hits all, and each run rotates the arms' order by one place (`run_order`; each run's
+record says its `position`), so no arm always goes first or last.
 
 JSON (`--json`): `endpoint` (chat or completions); `routers.<arm>`: ttft_mean_s (mean over runs of each run's mean TTFT),
 ttft_mean_ci_s (its 95% normal half-width, arena_table.mean_interval; null with one run),
 ttft_p50_s / ttft_p90_s (every TTFT pooled), cached_fraction (all runs' tokens), errors, requests,
-runs (each run: its TTFTs, engine counters, requests per server, render_requests: the engines'
+runs (each run: its position in the run's order, its TTFTs, engine counters, requests per server, render_requests: the engines'
 `.../render` calls, vllm-router's tokenization; its oracle; router_cpu_s, router_cpu_ms_per_request,
 engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/bench/vllm_arena_cpu.py;
 request_records: one small dict per request, with per_replica where a kvgate router named the replica;
@@ -168,6 +169,17 @@ def parse_arms(text: str) -> list[str]:
     return [a.strip() for a in text.split(",") if a.strip()]
 
 
+def run_order(arms: Sequence[str], run: int) -> list[str]:
+    """The arms in the order run `run` (0-based) sends them: rotated by one place per run, so
+    each arm goes first, second, ... equally often over a multiple of len(arms) runs, and what a
+    position costs (an engine still settling, a neighbour's load growing through a run) falls on
+    every arm alike. The replay arm stays after the arm it replays (pure)."""
+    rotating = [a for a in arms if a != REPLAY_ARM]
+    k = run % len(rotating) if rotating else 0
+    order = rotating[k:] + rotating[:k]
+    return order + [REPLAY_ARM] if REPLAY_ARM in arms else order
+
+
 def tune(bench: Bench, arms: Sequence[str], texts: list[list[str]], block_size: int) -> dict[str, Any]:
     """Every ANCHOR_GRID candidate of every anchor arm on the tuning conversations; the pick."""
     out: dict[str, Any] = {"candidates": {}, "chosen": {}}
@@ -271,11 +283,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             result["tuning"] = {"tuned": False, "note": f"anchors at the arena's defaults {ANCHOR_DEFAULTS}, no tuning"}
         chosen = result["tuning"].get("chosen", {})
         for r in range(args.runs):
-            for arm in arms:
+            order = run_order(arms, r)
+            for position, arm in enumerate(order):
                 params = chosen.get(arm, dict(ANCHOR_DEFAULTS)) if arm in ANCHOR_OF else {}
                 placed = placements(runs[REPLAYED][-1]["request_records"]) if arm == REPLAY_ARM else None
                 s = bench.run(arm, params, texts, f"run {r + 1}/{args.runs}", block, placed)
-                runs[arm].append({"run": r + 1, **s})
+                runs[arm].append({"run": r + 1, "position": position, **s})
                 log(
                     f"{arm} run {r + 1}: ttft mean {s['ttft_mean_s']}, cached {s['cached_fraction']}, "
                     f"oracle {s['oracle_cached_fraction']}, errors {s['errors']}"

@@ -60,7 +60,7 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert result["bench"] == "throughput" and result["schema"] == throughput.SCHEMA
     assert set(result["targets"]) == set(throughput.TARGETS)
     ran = {t for t, state in result["targets"].items() if state == "ran"}
-    assert {"kvgate_relay", "kvgate_relay_w2", "kvgate_backend", "kvgate_litellm", "direct"} <= ran
+    assert {"kvgate_relay", "kvgate_relay_w2", "kvgate_router", "kvgate_backend", "kvgate_litellm", "direct"} <= ran
     for state in result["targets"].values():
         assert state == "ran" or state.startswith("skipped: "), state
     rows = result["rows"]
@@ -77,6 +77,8 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert "proxy_cpu_ms_per_req" not in by[("all_miss", "direct")]
     assert "kvgate_relay/direct" in result["ratios"]["all_miss"]["4"]
     assert by[("hit_heavy", "kvgate_backend")]["hit_ratio"] > 0.3  # the one-backend route caches too
+    # routing only: the route stores nothing, so its repeats are misses too
+    assert by[("hit_heavy", "kvgate_router")]["hit_ratio"] == 0.0
     if "sglang_router" in ran:
         assert result["ratios"]["all_miss"]["4"]["kvgate_relay/sglang_router_cpu"] > 0
     assert set(result["goals"]) == {

@@ -8,6 +8,9 @@ same run, one target at a time:
   replica (cache_aware routing, exact tier on, semantic tier off), misses forwarded by the relay
   (`routing.forward: relay`) or by litellm.acompletion (`routing.forward: litellm`);
 - `kvgate_relay_w2`: the relay with `kvgate serve --workers 2` (one port, routing state shared);
+- `kvgate_router`: the relay's route with its response cache off (`exact: false`, semantic off):
+  prefix-aware routing and nothing stored, the job sglang-router does (its hit-heavy mix is
+  all misses);
 - `kvgate_backend`: one `kvgate serve` process with the backend as the route's one `backend`
   (`api_base`, no replicas, so no routing; README's config), relayed;
 - `litellm_proxy`: LiteLLM's own proxy (`litellm --config`, one worker, its in-memory cache on);
@@ -49,6 +52,7 @@ SCHEMA = 1
 TARGETS = (
     "kvgate_relay",
     "kvgate_relay_w2",
+    "kvgate_router",
     "kvgate_backend",
     "kvgate_litellm",
     "litellm_proxy",

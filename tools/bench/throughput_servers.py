@@ -24,7 +24,8 @@ WORKERS = {"kvgate_relay_w2": 2}  # kvgate targets served by `kvgate serve --wor
 
 def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str, name: str) -> Path:
     """`forward` relay | litellm: the backend as the route's one replica, routed; backend: as
-    the route's one `backend` (no replicas, no routing), relayed."""
+    the route's one `backend` (no replicas, no routing), relayed; router: relayed and routed with
+    no response cache (`exact: false`, semantic off), the job sglang-router does."""
     route: dict[str, Any] = {
         "name": "bench",
         "model": "bench-*",
@@ -32,6 +33,8 @@ def kvgate_config(work: Path, backend: str, forward: str, tokenizer: str, name: 
         "backend": {"model": "openai/fake", "api_key": "none", "timeout": 60},
         "semantic": {"enabled": False},
     }
+    if forward == "router":
+        route["exact"], forward = False, "relay"
     if forward == "backend":
         route["backend"]["api_base"] = f"{backend}/v1"
     else:

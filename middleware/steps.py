@@ -67,10 +67,9 @@ async def recorded(
     then the forwarder told it is done: also when the step fails or the client leaves meanwhile,
     since the replica's books must balance."""
     answer = forwarded.text
+    inline, writes = cache.records_inline(looked, answer), cache.keeps(looked.view.route)
     try:
-        await cache.step(
-            cache.records_inline(looked, answer), record, cache, forwarder, looked, info, forwarded, answer
-        )
+        await cache.step(inline, record, cache, forwarder, looked, info, forwarded, answer, writes=writes)
     finally:
         forwarder.done(forwarded, True)
 

@@ -157,6 +157,14 @@ class ResponseCache:
         )
 
     # ------------------------------------------------------------------ record
+    @staticmethod
+    def keeps(route: RouteConfig) -> bool:
+        """Whether `route` has a response cache (its exact tier, its semantic tier or both). A route
+        without one (a router in front of engines) has no answer to store, serve or judge: its
+        requests are not logged for feedback, and its record steps write nothing, so they need
+        no write batch."""
+        return route.exact or route.semantic.enabled
+
     def stores(self, view: RequestView) -> bool:
         """Whether this request's answer will be written anywhere."""
         return not view.control.no_store and (
@@ -251,10 +259,13 @@ class ResponseCache:
 
         return settle
 
-    async def step(self, inline: bool, fn: Callable[..., Settle], *args: Any) -> None:
+    async def step(self, inline: bool, fn: Callable[..., Settle], *args: Any, writes: bool = True) -> None:
         """`fn(*args)` on the loop, committed with the other inline steps of this turn, when the
-        request runs inline; else in a worker thread."""
-        if inline:
+        request runs inline (at once when it `writes` nothing: no batch to commit); else in a
+        worker thread."""
+        if inline and not writes:
+            fn(*args)(False)
+        elif inline:
             await self.commits.run(fn, *args)
         else:
             settle = await asyncio.to_thread(fn, *args)
@@ -266,7 +277,10 @@ class ResponseCache:
             yield batch  # a lost request-log batch is the log's to count: the answers' fate is the index's
 
     def remember(self, view: RequestView, info: CacheInfo) -> None:
-        """Log what this request id was served from / stored as, for feedback."""
+        """Log what this request id was served from / stored as, for feedback (on a route that
+        `keeps` answers: elsewhere there is nothing to judge)."""
+        if not self.keeps(view.route):
+            return
         record = RequestRecord(view.tenant, view.route.name, info.cache, view.scope, info.entry_id, info.similarity)
         self.requests.record(info.request_id, record)
 

@@ -182,6 +182,12 @@ class RouteConfig(_Strict):
     def matches(self, model: str, endpoint: str = "chat") -> bool:
         return endpoint in self.endpoints and fnmatch.fnmatchcase(model, self.model)
 
+    @property
+    def caches(self) -> bool:
+        """Whether the route has a response cache (its exact tier, its semantic tier or both).
+        A route without one (a router in front of engines) keys, stores and serves no answer."""
+        return self.exact or self.semantic.enabled
+
 
 class AuthConfig(_Strict):
     keys: list[str] = Field(default_factory=list, description="accepted bearer tokens; empty = open")

@@ -113,6 +113,8 @@ class Pipeline:
             return True
         if limit is None or total > INLINE_TOTAL_CHARS:  # decided before digesting a long prompt
             return False
+        if total <= limit:  # its new part is no longer than the whole: inline, without asking the hasher
+            return True
         new = forwarder.new_chars(messages)
         return runs_inline(total, total if new is None else new, limit)
 

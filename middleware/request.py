@@ -117,8 +117,10 @@ class RequestView:
     forwarded: dict[str, Any]  # sent to the backend, not part of any key
     stream: bool
     tenant: str
-    exact_key: str
-    scope: str
+    # the exact key and the semantic scope: None on a route that caches nothing
+    # (RouteConfig.caches false), where nothing is looked up or stored under them
+    exact_key: str | None
+    scope: str | None
     query_text: str | None  # the last user turn, when it is plain text
     control: CacheControl = field(default_factory=CacheControl)
     parents: tuple[str, ...] | None = None  # context: semantic: the earlier user turns (texts), judged per entry
@@ -269,23 +271,34 @@ def build_view(
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
 
-    rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
-    exact_key = digest("exact", route.name, model, canonical_list(rendered), params, cache_tenant)
+    exact_key, scope = _chat_keys(route, model, messages, params, cache_tenant)
     last = messages[-1]
     query = text_of(last.get("content")) if last.get("role") == "user" else None
-    earlier = list(range(len(messages) - 1))  # indexes of the earlier messages in the scope
     parents = None
     if route.semantic.context == "semantic":  # earlier user turns are judged per entry, not hashed
-        texts = [text_of(messages[i].get("content")) for i in earlier if messages[i].get("role") == "user"]
+        texts = [text_of(m.get("content")) for m in messages[:-1] if m.get("role") == "user"]
         query = query if all(t is not None for t in texts) else None  # non-text history: exact tier only
         parents = tuple(t for t in texts if t is not None)
-        earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
-    elif route.semantic.context == "last_user_only":
-        earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
-    scope = digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), cache_tenant)
     return RequestView(
         route, model, messages, params, forwarded, stream, tenant, exact_key, scope, query, control, parents
     )
+
+
+def _chat_keys(
+    route: RouteConfig, model: str, messages: list[dict[str, Any]], params: dict[str, Any], tenant: str | None
+) -> tuple[str | None, str | None]:
+    """(exact key, semantic scope) of a chat request; (None, None) on a route that caches nothing.
+    The scope covers the earlier messages its route's `semantic.context` keeps: all of them, or
+    only the system ones (earlier user turns judged per entry, or left out)."""
+    if not route.caches:
+        return None, None
+    rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
+    exact_key = digest("exact", route.name, model, canonical_list(rendered), params, tenant)
+    earlier = range(len(messages) - 1)
+    if route.semantic.context in ("semantic", "last_user_only"):
+        earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
+    scope = digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), tenant)
+    return exact_key, scope
 
 
 def uncacheable(params: Mapping[str, Any]) -> str | None:
@@ -341,9 +354,11 @@ def build_text_view(
     forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
-    keyed = ["text", prompt.text] if prompt.text is not None else ["ids", list(prompt.token_ids or ())]
-    exact_key = digest("exact-completions", route.name, model, keyed, params, cache_tenant)
-    scope = digest("scope-completions", route.name, model, params, cache_tenant)
+    exact_key = scope = None
+    if route.caches:
+        keyed = ["text", prompt.text] if prompt.text is not None else ["ids", list(prompt.token_ids or ())]
+        exact_key = digest("exact-completions", route.name, model, keyed, params, cache_tenant)
+        scope = digest("scope-completions", route.name, model, params, cache_tenant)
     skip = uncacheable(params)
     if skip is not None:
         control = CacheControl(no_cache=True, no_store=True)

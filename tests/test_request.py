@@ -226,3 +226,27 @@ def test_view_keys_are_the_digests_of_the_messages(context):
     assert view.exact_key == digest("exact", "r", "m", clean, view.params, "t")  # the tenant: scope "tenant" by default
     earlier = clean[:-1] if context == "exact" else clean[:1]
     assert view.scope == digest("scope", "r", "m", view.params, earlier, "t")
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_route_that_caches_nothing_writes_no_keys(endpoint):
+    """No key is written where nothing is stored or looked up (`exact: false`, semantic off); a
+    route with either tier keeps both keys, and the same request on a caching route still gets them."""
+    from kvgate.middleware.request import build_text_view
+
+    cfg = parse_config(
+        {
+            "routes": [
+                {"name": "router", "model": "r-*", "exact": False, "semantic": {"enabled": False}},
+                {"name": "semantic-only", "model": "s-*", "exact": False},
+                {"name": "cached", "model": "c-*", "semantic": {"enabled": False}},
+            ]
+        }
+    )
+    build = build_view if endpoint == "chat" else build_text_view
+    body = {"messages": [user("hi")]} if endpoint == "chat" else {"prompt": "hi"}
+    views = {m: build(cfg, {"model": m, **body}, "t", CacheControl()) for m in ("r-1", "s-1", "c-1")}
+    assert views["r-1"].exact_key is None and views["r-1"].scope is None
+    for model in ("s-1", "c-1"):
+        assert isinstance(views[model].exact_key, str) and isinstance(views[model].scope, str)
+    assert views["r-1"].messages == views["c-1"].messages and views["r-1"].params == views["c-1"].params

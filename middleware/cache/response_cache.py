@@ -163,7 +163,7 @@ class ResponseCache:
         without one (a router in front of engines) has no answer to store, serve or judge: its
         requests are not logged for feedback, and its record steps write nothing, so they need
         no write batch."""
-        return route.exact or route.semantic.enabled
+        return route.caches
 
     def stores(self, view: RequestView) -> bool:
         """Whether this request's answer will be written anywhere."""

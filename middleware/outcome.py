@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,8 +20,9 @@ REQUEST_ID_PREFIX = "kvg-"
 
 
 def new_request_id() -> str:
-    """An unguessable id (122 random bits), so knowing one proves having seen the response."""
-    return REQUEST_ID_PREFIX + uuid.uuid4().hex
+    """An unguessable id (128 random bits, 32 hex digits), so knowing one proves having seen the
+    response."""
+    return REQUEST_ID_PREFIX + secrets.token_hex(16)
 
 
 @dataclass

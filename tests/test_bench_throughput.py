@@ -97,6 +97,8 @@ def test_hot_parts_times_every_piece() -> None:
     out = measure(rounds=1, scale=0.02)
     assert set(out) == {
         "sse_stream_18_events_us",
+        "sse_stream_18_events_one_read_us",
+        "sse_stream_32k_events_ms",
         "build_view_us",
         "request_log_per_record_us",
         "entry_put_per_entry_us",
@@ -114,3 +116,26 @@ def test_hot_parts_times_the_background_gets() -> None:
     out = measure_gets(str(page), rounds=1, scale=0.05)
     assert set(out) == {f"get_{p}_{c}_us" for p in ("metrics_page", "models") for c in ("httpx", "pooled")}
     assert all(v > 0 for v in out.values())
+
+
+@pytest.mark.parametrize("target", ["router", "relay"])
+def test_pipeline_cpu_drives_the_served_app(target: str, tmp_path: Path) -> None:
+    """The in-process driver calls the app `kvgate serve` builds, through ASGI, in front of the
+    demo backend: every request answered, each response counted, the CPU per request measured."""
+    import argparse
+
+    from kvgate.tools.bench import pipeline_cpu
+
+    parser = argparse.ArgumentParser()
+    pipeline_cpu.add_arguments(parser)
+    out = tmp_path / "cpu.json"
+    args = parser.parse_args(
+        ["--target", target, "--requests", "40", "--warmup", "8", "--concurrency", "4", "--system-words", "40"]
+        + ["--json", str(out)]
+    )
+    assert pipeline_cpu.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["target"] == target and result["errors"] == 0 and result["requests"] == 40
+    assert sum(result["sends_per_response"].values()) == 40  # every timed request got a response
+    assert min(int(n) for n in result["sends_per_response"]) >= 2  # a start and a body at least
+    assert result["cpu_ms_per_request"] > 0

@@ -76,11 +76,22 @@ class StreamResume:
     """Follows one client stream: what was sent, and what a re-issued stream must skip."""
 
     def __init__(self) -> None:
-        self.sent_text = ""  # content of choice 0 the client has received
+        # content of choice 0 the client has received (`sent_text`): the pieces as they came,
+        # joined when read, so a long stream costs linear time, not a copy of the text per piece
+        self._text = ""
+        self._pieces: list[str] = []
         self.stream_id: str | None = None
         self.spliceable = True  # False once a chunk we cannot splice (tool calls…) was sent
         self._skip = ""  # sent text the current re-issued stream has not yet repeated
         self.resumes = 0
+
+    @property
+    def sent_text(self) -> str:
+        """Choice 0's content the client has received, in order."""
+        if self._pieces:
+            self._text += "".join(self._pieces)
+            self._pieces.clear()
+        return self._text
 
     def sent(self, chunk: Any) -> Any:
         """Record a chunk on its way to the client (and give it the stream's first id)."""
@@ -94,7 +105,7 @@ class StreamResume:
         holder, key = _text_field(chunk)
         content = _get(holder, key) if holder is not None else None
         if isinstance(content, str):
-            self.sent_text += content
+            self._pieces.append(content)
         return chunk
 
     def _sent_wire(self, chunk: dict[str, Any]) -> bool:
@@ -122,7 +133,7 @@ class StreamResume:
             self.spliceable = False
         content = delta.get("content") if delta is not None else first.get("text")
         if isinstance(content, str):
-            self.sent_text += content
+            self._pieces.append(content)
         return True
 
     def restart(self) -> None:

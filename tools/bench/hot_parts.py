@@ -1,5 +1,6 @@
 """Micro timings of pieces of a relayed miss's path, each in one process, CPU time per call
-(median of several rounds): the SSE parser over an 18-event stream, a two-message request view,
+(median of several rounds): the SSE parser over an 18-event stream (one event per read, and all
+in one read) and over a 32,768-event one, a two-message request view,
 a group commit's request records, an answer's entry with its pointer and tenant row, a 40-block
 prefix record. For comparing two trees of the code on the same machine (run it under each with
 PYTHONPATH, alternately), where the end-to-end bench's spread hides a few percent.
@@ -48,11 +49,11 @@ def median_us(fn: Callable[[], Any], calls: int, rounds: int) -> float:
     return sorted(out)[len(out) // 2]
 
 
-def _events() -> list[bytes]:
+def _events(words: list[str] = WORDS) -> list[bytes]:
     head = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     chunks = [
         {**head, "choices": [{"index": 0, "delta": {"content": w, **({"role": "assistant"} if i == 0 else {})}}]}
-        for i, w in enumerate(WORDS)
+        for i, w in enumerate(words)
     ]
     chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     chunks.append({**head, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}})
@@ -75,6 +76,23 @@ def measure(rounds: int = 7, scale: float = 1.0) -> dict[str, float]:
         parser.answer([])
 
     out["sse_stream_18_events_us"] = median_us(stream, n(2000), rounds)
+    whole = b"".join(events)
+
+    def one_read() -> None:  # a fast replica: the whole stream in one read
+        parser = SseParser(True)
+        parser.feed(whole)
+        parser.answer([])
+
+    out["sse_stream_18_events_one_read_us"] = median_us(one_read, n(2000), rounds)
+    long_events = _events(WORDS * 2048)
+
+    def long_stream() -> None:  # a long answer, one event per read as an engine sends it
+        parser = SseParser(True)
+        for event in long_events:
+            parser.feed(event)
+        parser.answer([])
+
+    out["sse_stream_32k_events_ms"] = median_us(long_stream, n(3), rounds) / 1000
     config = parse_config(
         {"routes": [{"name": "bench", "model": "bench-*", "scope": "shared", "semantic": {"enabled": False}}]}
     )

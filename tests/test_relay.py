@@ -263,6 +263,37 @@ def test_parser_errors_and_resume() -> None:
     sent = [json.loads(line[6:]) for line in out.decode().splitlines() if line.startswith("data: ")]
     assert [e["choices"][0]["delta"] for e in sent] == [{"content": "wor"}, {"content": "ld"}]
     assert {e["id"] for e in sent} == {"c1"} and parser.resume.sent_text == "Hello world"
+    # every chunk read again for an answer LiteLLM's builder makes: as read, as trimmed, one id
+    kept = parser.chunks()
+    assert [c["choices"][0]["delta"] for c in kept] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Hello "},
+        {"content": "wor"},
+        {"content": "ld"},
+    ]
+    assert {c["id"] for c in kept} == {"c1"}
+
+
+def test_parser_reads_its_chunks_again_as_they_were_on_the_way() -> None:
+    """The chunks kept for an answer that is not plain text: each one's JSON as read (usage
+    included, though the client was not sent it), and the stream's first id on every later chunk
+    that has one, as `StreamResume.sent` gave it on the way."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    events = [
+        {k: v for k, v in _chunk(role="assistant").items() if k != "id"},  # no id yet: the next one's counts
+        {**_chunk(), "id": "x1", "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
+        {**_chunk(finish="tool_calls"), "id": "x2"},
+        {"id": "x3", "choices": [], "usage": usage},
+    ]
+    parser = SseParser(True)
+    parser.feed(_sse(events))
+    assert not parser.resume.spliceable
+    kept = parser.chunks()
+    assert "id" not in kept[0] and [c["id"] for c in kept[1:]] == ["x1", "x1", "x1"]
+    assert kept[3]["usage"] == usage and [c["choices"] for c in kept[1:3]] == [e["choices"] for e in events[1:3]]
+    answer = parser.answer([{"role": "user", "content": "call f"}])
+    assert answer is not None and answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"
 
 
 def test_wire_model_and_config() -> None:

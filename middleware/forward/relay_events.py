@@ -42,7 +42,11 @@ class SseParser:
         self.completions = completions  # /v1/completions events (choice text, not deltas)
         # a completions stream's events as the replica sent them (usage included), for a byte-exact replay
         self.events_raw: list[str] | None = [] if completions else None
-        self.chunks: list[dict[str, Any]] = []  # as sent to the client (for the rare non-plain answer)
+        # each chunk's JSON as read (as trimmed, after a resume): bytes, which the garbage collector
+        # never walks however long the stream, read again only for the rare answer that is not
+        # plain text (`chunks`); the first chunk (the answer's id, model, time) is kept as read
+        self._wire: list[bytes] = []
+        self._head: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
         self.finish: str | None = None
         self.role: str | None = None
@@ -103,7 +107,9 @@ class SseParser:
                 return None
         else:
             self.resume.sent(chunk)
-        self.chunks.append(chunk)
+        if self._head is None:
+            self._head = chunk
+        self._wire.append(orjson.dumps(chunk) if resumed else data)
         rewrite = resumed
         usage = chunk.get("usage")
         if usage:
@@ -135,15 +141,15 @@ class SseParser:
     def answer(self, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The full answer as a `chat.completion` dict, for the cache; None when the stream did
         not finish (no finish reason) or cannot be rebuilt."""
-        if not self.chunks:
+        if self._head is None:
             return None
         if self.completions:
             return self._completion()
         if not (self.plain and self.resume.spliceable):  # tool calls, several choices…: LiteLLM's builder
-            return assemble([ModelResponseStream(**c) for c in self.chunks], messages)
+            return assemble([ModelResponseStream(**c) for c in self.chunks()], messages)
         if self.finish is None:
             return None
-        head = self.chunks[0]
+        head = self._head
         answer: dict[str, Any] = {
             "id": self.resume.stream_id or head.get("id"),
             "object": "chat.completion",
@@ -163,13 +169,24 @@ class SseParser:
             answer["usage"] = self.usage
         return answer
 
+    def chunks(self) -> list[dict[str, Any]]:
+        """Every chunk of the stream as it was read (usage included; as trimmed after a resume),
+        each with the stream's one id as it was given on the way (StreamResume.sent)."""
+        resume, out = StreamResume(), []
+        for raw in self._wire:
+            chunk = orjson.loads(raw)
+            resume.sent(chunk)
+            out.append(chunk)
+        return out
+
     def _completion(self) -> dict[str, Any] | None:
         """A completions stream as the `text_completion` answer it makes up, with the stream's
         own events (`_kvgate_sse`) for a replay byte for byte; None when it did not finish or
         holds what a text answer cannot (several choices, log-probabilities, a resumed splice)."""
         if self.finish is None or not self.plain or self.resume.resumes:
             return None
-        head = self.chunks[0]
+        head = self._head
+        assert head is not None
         choice: dict[str, Any] = {
             "index": 0,
             "text": self.resume.sent_text,

@@ -1,5 +1,6 @@
 """A replica's SSE stream as the relay reads it (middleware/forward/relay.py): cut into events, each
-event's JSON read once, the bytes passed on unchanged unless they must change.
+event's JSON read once (and again at the end only for an answer that is not plain text, which
+LiteLLM's builder makes from every chunk), the bytes passed on unchanged unless they must change.
 
 What is read: choice 0's text and finish reason (the answer to store, the conversation approximate
 routing records), the first content token (`Router.first_token`), the usage, and error events

@@ -67,7 +67,8 @@ async def recorded(
     then the forwarder told it is done: also when the step fails or the client leaves meanwhile,
     since the replica's books must balance."""
     answer = forwarded.text
-    inline, writes = cache.records_inline(looked, answer), cache.keeps(looked.view.route)
+    # a route that caches nothing writes nothing in its record step: no batch to join
+    inline, writes = cache.records_inline(looked, answer), looked.view.route.caches
     try:
         await cache.step(inline, record, cache, forwarder, looked, info, forwarded, answer, writes=writes)
     finally:

@@ -157,14 +157,6 @@ class ResponseCache:
         )
 
     # ------------------------------------------------------------------ record
-    @staticmethod
-    def keeps(route: RouteConfig) -> bool:
-        """Whether `route` has a response cache (its exact tier, its semantic tier or both). A route
-        without one (a router in front of engines) has no answer to store, serve or judge: its
-        requests are not logged for feedback, and its record steps write nothing, so they need
-        no write batch."""
-        return route.caches
-
     def stores(self, view: RequestView) -> bool:
         """Whether this request's answer will be written anywhere."""
         return not view.control.no_store and (
@@ -278,8 +270,8 @@ class ResponseCache:
 
     def remember(self, view: RequestView, info: CacheInfo) -> None:
         """Log what this request id was served from / stored as, for feedback (on a route that
-        `keeps` answers: elsewhere there is nothing to judge)."""
-        if not self.keeps(view.route):
+        caches answers, `RouteConfig.caches`: elsewhere there is nothing to judge)."""
+        if not view.route.caches:
             return
         record = RequestRecord(view.tenant, view.route.name, info.cache, view.scope, info.entry_id, info.similarity)
         self.requests.record(info.request_id, record)

@@ -69,29 +69,22 @@ def measure(rounds: int = 7, scale: float = 1.0) -> dict[str, float]:
     out: dict[str, float] = {}
     events = _events()
 
-    def stream() -> None:
-        parser = SseParser(True)
-        for event in events:
-            parser.feed(event)
-        parser.answer([])
+    def read(reads: list[bytes]) -> Callable[[], None]:
+        """A stream's answer from these reads of the replica's bytes."""
 
-    out["sse_stream_18_events_us"] = median_us(stream, n(2000), rounds)
-    whole = b"".join(events)
+        def stream() -> None:
+            parser = SseParser(True)
+            for data in reads:
+                parser.feed(data)
+            parser.answer([])
 
-    def one_read() -> None:  # a fast replica: the whole stream in one read
-        parser = SseParser(True)
-        parser.feed(whole)
-        parser.answer([])
+        return stream
 
-    out["sse_stream_18_events_one_read_us"] = median_us(one_read, n(2000), rounds)
-    long_events = _events(WORDS * 2048)
-
-    def long_stream() -> None:  # a long answer, one event per read as an engine sends it
-        parser = SseParser(True)
-        for event in long_events:
-            parser.feed(event)
-        parser.answer([])
-
+    out["sse_stream_18_events_us"] = median_us(read(events), n(2000), rounds)
+    # a fast replica: the whole stream in one read
+    out["sse_stream_18_events_one_read_us"] = median_us(read([b"".join(events)]), n(2000), rounds)
+    # a long answer, one event per read as an engine sends it
+    long_stream = read(_events(WORDS * 2048))
     out["sse_stream_32k_events_ms"] = median_us(long_stream, n(3), rounds) / 1000
     config = parse_config(
         {"routes": [{"name": "bench", "model": "bench-*", "scope": "shared", "semantic": {"enabled": False}}]}

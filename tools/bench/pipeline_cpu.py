@@ -118,7 +118,7 @@ async def _drive(args: argparse.Namespace, app: Any) -> dict[str, Any]:
     work = Workload("cpu", args, args.seed + 1)
     caller = Caller(app.lean)
 
-    async def run(n: int) -> None:
+    async def send(n: int) -> None:
         bodies = iter([work.body(work.new()) for _ in range(n)])
 
         async def worker() -> None:
@@ -127,13 +127,13 @@ async def _drive(args: argparse.Namespace, app: Any) -> dict[str, Any]:
 
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
 
-    await run(args.warmup)
+    await send(args.warmup)
     caller.bad, caller.sends = 0, collections.Counter()
     profile = cProfile.Profile() if args.profile else None
     cpu, wall = time.process_time(), time.perf_counter()
     if profile is not None:
         profile.enable()
-    await run(args.requests)
+    await send(args.requests)
     if profile is not None:
         profile.disable()
         profile.dump_stats(args.profile)

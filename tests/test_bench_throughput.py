@@ -103,6 +103,11 @@ def test_hot_parts_times_every_piece() -> None:
         "request_log_per_record_us",
         "entry_put_per_entry_us",
         "prefix_record_40_blocks_us",
+        "router_prompt_hash_us",
+        "router_match_us",
+        "router_record_prompt_us",
+        "router_answer_hash_us",
+        "router_record_answer_us",
     }
     assert all(v >= 0 for v in out.values())
 

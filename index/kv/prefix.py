@@ -48,16 +48,18 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Iterable, Sequence
 
 from kvgate.index.kv.hashing import BlockHash
+from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops
 
 # Default per-replica bound of an event-fed (precise mode) index, in blocks. Far above an engine's
 # cache (a vLLM replica with 50 GB of KV at 128 KiB/token holds ~25k blocks of 16 tokens; with CPU
 # offload maybe 10x), so it only matters when removal events are lost. A full replica costs about
 # 200 bytes per block here plus the EventApplier's mapping (~50 MB per replica at the bound).
 EVENT_FED_CAPACITY = 1 << 18
-HOLDER_SHARDS = 64  # holder dicts, by hash & 63: each ~1/64 of the blocks (see the module docstring)
+# HOLDER_SHARDS (kvgate.index.kv.prefix_loops): holder dicts, by hash & 63, each ~1/64 of the blocks
 LRU_SHARD_BLOCKS = 8192  # a replica's LRU is split into shards of about this many blocks
 # successor table value of a block that recorded chains have continued in two different ways
 _FORKED = object()
@@ -112,12 +114,16 @@ class PrefixIndex:
     the router matches on another).
     """
 
-    def __init__(self, capacity_blocks: int | None = None, *, touch_on_match: bool = False) -> None:
+    def __init__(
+        self, capacity_blocks: int | None = None, *, touch_on_match: bool = False, chain_loops: ModuleType | None = None
+    ) -> None:
         """capacity_blocks: default per-replica capacity in blocks; None = unlimited.
         touch_on_match: `match` marks matched blocks most recently used (precise mode; see the
         module docstring). Off for approximate mode, where only the chosen replica's blocks are
-        used, and `record` touches them."""
+        used, and `record` touches them.
+        chain_loops: the per-block loops (kvgate.index.kv.prefix_loops); default: C where built."""
         _check_capacity(capacity_blocks)
+        self._loops = chain_loops if chain_loops is not None else loops()
         self._default_capacity = capacity_blocks
         self._touch_on_match = touch_on_match
         self._replicas: dict[str, _Replica] = {}
@@ -152,6 +158,11 @@ class PrefixIndex:
             del self._by_slot[rep.bit.bit_length() - 1]
 
     @property
+    def native_loops(self) -> bool:
+        """Whether the per-block loops run in C (kvgate.index.kv.prefix_loops)."""
+        return self._loops is not python_loops()
+
+    @property
     def replicas(self) -> list[str]:
         with self._lock:
             return list(self._replicas)
@@ -170,8 +181,8 @@ class PrefixIndex:
         """
         with self._lock:
             rep = self._get(replica)
-            self._link(hashes)
-            return self._evict_over_capacity(rep, self._insert(rep, reversed(hashes)))
+            self._loops.link(self._successors, hashes, _FORKED)
+            return self._evict_over_capacity(rep, self._loops.insert(self._holders, rep.shards, rep.bit, hashes))
 
     # -- precise mode (engine events) -------------------------------------------------------
 
@@ -186,8 +197,8 @@ class PrefixIndex:
         with self._lock:
             rep = self._get(replica)
             held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
-            self._link([parent, *hashes] if held_parent else hashes)  # type: ignore[list-item]
-            return self._evict_over_capacity(rep, self._insert(rep, reversed(hashes)))
+            self._loops.link(self._successors, [parent, *hashes] if held_parent else hashes, _FORKED)
+            return self._evict_over_capacity(rep, self._loops.insert(self._holders, rep.shards, rep.bit, hashes))
 
     def removed(self, replica: str, hashes: Iterable[BlockHash]) -> None:
         """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
@@ -224,17 +235,15 @@ class PrefixIndex:
             active = 0
             for rep in self._replicas.values():
                 active |= rep.bit
-            i = 0
-            for h in hashes:
-                still = holders[h & (HOLDER_SHARDS - 1)].get(h, 0) & active
-                if still != active:
-                    self._settle(result, by_slot, active & ~still, i)
-                    active = still
-                    if not active:
-                        break
+            walk, i, n = self._loops.walk, 0, len(hashes)
+            while active:
+                i, still = walk(holders, hashes, i, active)
+                if i == n:  # every replica still in the walk holds the whole chain
+                    self._settle(result, by_slot, active, n)
+                    break
+                self._settle(result, by_slot, active & ~still, i)
+                active = still
                 i += 1
-            else:
-                self._settle(result, by_slot, active, i)
             if self._touch_on_match:
                 self._touch(result, hashes)
             return result
@@ -294,44 +303,11 @@ class PrefixIndex:
         except KeyError:
             raise KeyError(f"unknown replica {name!r}") from None
 
-    def _link(self, hashes: Sequence[BlockHash]) -> None:
-        """Note each block's successor in this chain; a second, different one marks it forked.
-        Invariant: every key of the successor tables is a held block (`_insert` follows; `_unset`
-        drops a block's entry with its last holder)."""
-        successors, hmask = self._successors, HOLDER_SHARDS - 1
-        for prev, h in zip(hashes, hashes[1:]):
-            table = successors[prev & hmask]
-            seen = table.get(prev)
-            if seen is None:
-                table[prev] = h
-            elif seen is not _FORKED and seen != h:
-                table[prev] = _FORKED
-
-    def _insert(self, rep: _Replica, hashes: Iterable[BlockHash]) -> set[int]:
-        """Insert or touch `hashes`; the LRU shards that gained a block (only those can be over
-        their capacity now, since eviction leaves every shard within it)."""
-        holders, bit, shards = self._holders, rep.bit, rep.shards
-        smask, hmask = len(shards) - 1, HOLDER_SHARDS - 1
-        grown = set()
-        for h in hashes:
-            slot = (h >> 6) & smask
-            lru = shards[slot]
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-                grown.add(slot)
-                table = holders[h & hmask]
-                table[h] = table.get(h, 0) | bit
-        return grown
-
     def _touch(self, matched: dict[str, int], hashes: Sequence[BlockHash]) -> None:
         """Mark each replica's first matched[name] hashes most recently used, last to first."""
         for name, n in matched.items():
             if n:
-                rep = self._replicas[name]
-                for i in range(n - 1, -1, -1):
-                    rep.shard(hashes[i]).move_to_end(hashes[i])
+                self._loops.touch(self._replicas[name].shards, hashes, n)
 
     def _evict_over_capacity(self, rep: _Replica, grown: set[int]) -> list[BlockHash]:
         """Evict least recently used blocks from the shards in `grown` while over their share."""

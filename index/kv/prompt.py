@@ -9,7 +9,7 @@ Two caches, both keyed by content digests (never by object identity):
 
 A third, lighter memory serves a caller deciding *where* to hash (kvgate.middleware.cache.offload):
 `uncached_chars(messages)` says how many characters follow the longest leading run of messages
-this hasher has hashed before, from digests of the raw messages (no rendering, no tokenising).
+this hasher has hashed before, from hashes of the raw messages (no rendering, no tokenising).
 
 A router only needs a prompt's hashes up to the first block no replica holds (a prefix match
 stops there), so `prompt(until=...)` may stop hashing early and leave the rest to
@@ -89,9 +89,10 @@ class _LRU(OrderedDict):
         return value
 
     def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.size:
+        if key in self:
+            self.move_to_end(key)
+        self[key] = value  # a new key goes last: one over the size at most, the oldest goes
+        if len(self) > self.size:
             self.popitem(last=False)
 
 
@@ -113,7 +114,7 @@ class _Rest:
     chain: bytes
     tail: bytes
     segments: list[tuple[bytes, bytes]]
-    runs: list[bytes]
+    runs: list[int]
 
 
 class PromptHashes:
@@ -180,7 +181,7 @@ class PromptHasher:
         self.extra = tuple(extra)
         self._segments = _LRU(cache_size)
         self._chains = _LRU(cache_size)
-        self._seen = _LRU(cache_size)  # running digests of leading message runs hashed so far
+        self._seen = _LRU(cache_size)  # keys of leading message runs hashed so far (message_runs)
         self._lock = threading.Lock()
 
     def tokens(self, messages: Prompt) -> list[int]:
@@ -284,7 +285,7 @@ class PromptHasher:
         self._mark_seen(rest.runs)
         return digests_to_hashes(chain)
 
-    def _mark_seen(self, runs: list[bytes]) -> None:
+    def _mark_seen(self, runs: list[int]) -> None:
         with self._lock:
             for run in runs:
                 self._seen.put(run, True)
@@ -332,17 +333,17 @@ class PromptHasher:
         return ids
 
 
-def message_runs(messages: Sequence[dict[str, Any]]) -> list[bytes]:
-    """Running digests of the leading runs of raw messages: entry k covers messages[:k+1].
+def message_runs(messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Running keys of the leading runs of raw messages: entry k covers messages[:k+1].
 
-    Invariant: two message lists share entry k exactly when (barring a hash collision) their
-    first k+1 messages have the same roles and content texts; O(characters) at C speed."""
-    out: list[bytes] = []
-    d = b""
+    Invariant: two message lists share entry k when their first k+1 messages have the same roles
+    and content texts; lists that differ there share it only when Python's 64-bit hash collides,
+    which can cost no more than `uncached_chars`' estimate (where a prompt is hashed, never its
+    hashes). Keys are this process's own (str hashes are salted per process): never stored or
+    sent. O(characters), at C speed."""
+    out: list[int] = []
+    d = 0
     for m in messages:
-        h = hashlib.sha256(d)
-        h.update(f"{m.get('role', 'user')}\0".encode("utf-8", "surrogatepass"))
-        h.update(content_text(m.get("content")).encode("utf-8", "surrogatepass"))
-        d = h.digest()
+        d = hash((d, m.get("role", "user"), content_text(m.get("content"))))
         out.append(d)
     return out

@@ -80,6 +80,13 @@ class Router:
         if hasher is None and prefix.mode == "approximate":
             hasher = PromptHasher(load_tokenizer(prefix.tokenizer), prefix.block_size or 16, seed=prefix.seed)
         self.index = index or PrefixIndex(prefix.capacity_blocks, touch_on_match=prefix.mode == "precise")
+        if not self.index.native_loops:
+            log.warning(
+                "route %s: the prefix index walks chains in Python: kvgate's C extension "
+                "(kvgate.index.kv._prefix_loops) was not built here. Routing is the same; each request "
+                "costs more CPU. Install again where a C compiler and Python's headers are (docs/routing.md)",
+                name,
+            )
         for r in replicas:
             if r.name not in self.index.replicas:
                 self.index.add_replica(r.name, r.capacity_blocks or prefix.capacity_blocks)

@@ -2,7 +2,8 @@
 (median of several rounds): the SSE parser over an 18-event stream (one event per read, and all
 in one read) and over a 32,768-event one, a two-message request view,
 a group commit's request records, an answer's entry with its pointer and tenant row, a 40-block
-prefix record. For comparing two trees of the code on the same machine (run it under each with
+prefix record, and an approximate-mode router's hashing, match and records of one all-miss
+request of the throughput bench (per call, over a batch of new requests a step at a time). For comparing two trees of the code on the same machine (run it under each with
 PYTHONPATH, alternately), where the end-to-end bench's spread hides a few percent.
 
     python -m kvgate.tools.bench.hot_parts [--rounds N] [--scale F] [--gets PAGE]
@@ -27,12 +28,15 @@ from typing import Any, Callable
 import orjson
 
 from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import PromptHasher
+from kvgate.index.kv.tokenizer import load_tokenizer
 from kvgate.index.responses.entries.base import CacheEntry
 from kvgate.index.responses.entries.disk import DiskEntryStore
 from kvgate.middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.forward.relay_events import SseParser
 from kvgate.middleware.request import CacheControl, build_view
+from kvgate.tools.bench.throughput import Workload
 
 WORDS = [f"w{i} " for i in range(16)]
 CAPACITY = 262144  # the prefix index's default per replica
@@ -138,7 +142,39 @@ def measure(rounds: int = 7, scale: float = 1.0) -> dict[str, float]:
     out["prefix_record_40_blocks_us"] = median_us(
         lambda: index.record("r0", chains[next(turn) % len(chains)]), n(5000), rounds
     )
+    out.update(_routing_parts(n(3000), rounds))
     return {k: round(v, 2) for k, v in out.items()}
+
+
+def _routing_parts(calls: int, rounds: int) -> dict[str, float]:
+    """An approximate-mode router's own work on the throughput bench's all-miss requests (a
+    400-word system prompt out of 8, a new question; `text` blocks of 64 characters): the plan's
+    hashing, the match, the prompt's record, the prompt + answer's hashing and its record."""
+    args = argparse.Namespace(question_words=16, stream_share=0.5, system_words=400, seed=0)
+    work = Workload("parts", args, 1)
+    hasher = PromptHasher(load_tokenizer("text"), 64)
+    index = PrefixIndex()
+    index.add_replica("r0", CAPACITY)
+    prompts = [orjson.loads(work.body(work.new()))["messages"] for _ in range(calls * (rounds + 1))]
+    for messages in prompts[:calls]:  # the system prompts' chains, as a running router has them
+        index.record("r0", hasher.prompt(messages).hashes)
+    answer = {"role": "assistant", "content": "An answer of a few words, as the demo backend gives."}
+    laps: dict[str, list[float]] = {}
+
+    def lap(name: str, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        started = time.process_time()
+        out = [fn(item) for item in items]
+        laps.setdefault(name, []).append((time.process_time() - started) / len(items))
+        return out
+
+    for r in range(1, rounds + 1):  # each round a batch of new requests, one step at a time
+        batch = prompts[calls * r : calls * (r + 1)]
+        plans = lap("router_prompt_hash_us", hasher.prompt, batch)
+        lap("router_match_us", lambda plan: index.match(plan.hashes), plans)
+        lap("router_record_prompt_us", lambda plan: index.record("r0", plan.hashes), plans)
+        done = lap("router_answer_hash_us", lambda mp: hasher.prompt([*mp[0], answer], mp[1]), list(zip(batch, plans)))
+        lap("router_record_answer_us", lambda hashed: index.record("r0", hashed.hashes), done)
+    return {name: sorted(ts)[len(ts) // 2] * 1e6 for name, ts in laps.items()}
 
 
 def _serve_page(page: str, port: int) -> None:  # the child process

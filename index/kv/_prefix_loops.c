@@ -1,0 +1,284 @@
+/* The prefix index's loops over one chain of block hashes, in C: the same names, arguments and
+ * results as kvgate/index/kv/prefix_loops.py, whose docstrings are the contracts (the tables'
+ * layout included). The tables stay Python objects, read and changed through the same operations
+ * the Python loops use (an LRU shard is an OrderedDict: it is changed only through its own
+ * methods, never through PyDict_SetItem, which would bypass its order). Callers hold the index's
+ * lock; with the GIL held throughout, each call is one uninterrupted step for other threads too.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define HOLDER_SHARDS 64
+#define HOLDER_MASK (HOLDER_SHARDS - 1)
+
+typedef struct {
+    PyObject *move_to_end; /* interned method name */
+} loops_state;
+
+static loops_state *state_of(PyObject *module) { return (loops_state *)PyModule_GetState(module); }
+
+/* the low 64 bits of an int hash; -1 with an error set when it is not an int */
+static int hash_bits(PyObject *h, unsigned long long *out) {
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(h);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+static int check_tables(PyObject *tables, const char *what) {
+    if (!PyList_CheckExact(tables) || PyList_GET_SIZE(tables) != HOLDER_SHARDS) {
+        PyErr_Format(PyExc_TypeError, "%s must be a list of %d dicts", what, HOLDER_SHARDS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < HOLDER_SHARDS; i++) {
+        if (!PyDict_CheckExact(PyList_GET_ITEM(tables, i))) {
+            PyErr_Format(PyExc_TypeError, "%s must be a list of %d dicts", what, HOLDER_SHARDS);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* len(shards) - 1 for a non-empty list whose length is a power of two; -1 with an error else */
+static Py_ssize_t shard_mask(PyObject *shards) {
+    if (!PyList_CheckExact(shards)) {
+        PyErr_SetString(PyExc_TypeError, "shards must be a list");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(shards);
+    if (n <= 0 || (n & (n - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "shards must be a power of two of LRUs");
+        return -1;
+    }
+    return n - 1;
+}
+
+static PyObject *loops_insert(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "insert(holders, shards, bit, hashes)");
+        return NULL;
+    }
+    PyObject *holders = args[0], *shards = args[1], *bit = args[2];
+    if (check_tables(holders, "holders") < 0) return NULL;
+    Py_ssize_t smask = shard_mask(shards);
+    if (smask < 0) return NULL;
+    PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *grown = PySet_New(NULL);
+    if (grown == NULL) goto fail;
+    PyObject *move_to_end = state_of(module)->move_to_end;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = n - 1; k >= 0; k--) {
+        PyObject *h = items[k];
+        unsigned long long v;
+        if (hash_bits(h, &v) < 0) goto fail;
+        Py_ssize_t slot = (Py_ssize_t)((v >> 6) & (unsigned long long)smask);
+        PyObject *lru = PyList_GET_ITEM(shards, slot);
+        int held = PySequence_Contains(lru, h);
+        if (held < 0) goto fail;
+        if (held) {
+            PyObject *r = PyObject_CallMethodOneArg(lru, move_to_end, h);
+            if (r == NULL) goto fail;
+            Py_DECREF(r);
+            continue;
+        }
+        if (PyObject_SetItem(lru, h, Py_None) < 0) goto fail;
+        PyObject *s = PyLong_FromSsize_t(slot);
+        if (s == NULL) goto fail;
+        int added = PySet_Add(grown, s);
+        Py_DECREF(s);
+        if (added < 0) goto fail;
+        PyObject *table = PyList_GET_ITEM(holders, v & HOLDER_MASK);
+        PyObject *mask = PyDict_GetItemWithError(table, h); /* borrowed */
+        if (mask == NULL && PyErr_Occurred()) goto fail;
+        PyObject *merged = mask == NULL ? Py_NewRef(bit) : PyNumber_Or(mask, bit);
+        if (merged == NULL) goto fail;
+        int set = PyDict_SetItem(table, h, merged);
+        Py_DECREF(merged);
+        if (set < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    return grown;
+fail:
+    Py_XDECREF(grown);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *loops_link(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "link(successors, hashes, forked)");
+        return NULL;
+    }
+    PyObject *successors = args[0], *forked = args[2];
+    if (check_tables(successors, "successors") < 0) return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 1; k < n; k++) {
+        PyObject *prev = items[k - 1], *h = items[k];
+        unsigned long long v;
+        if (hash_bits(prev, &v) < 0) goto fail;
+        PyObject *table = PyList_GET_ITEM(successors, v & HOLDER_MASK);
+        PyObject *seen = PyDict_GetItemWithError(table, prev); /* borrowed */
+        if (seen == NULL) {
+            if (PyErr_Occurred() || PyDict_SetItem(table, prev, h) < 0) goto fail;
+            continue;
+        }
+        if (seen == forked) continue;
+        int differs = PyObject_RichCompareBool(seen, h, Py_NE);
+        if (differs < 0) goto fail;
+        if (differs && PyDict_SetItem(table, prev, forked) < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *loops_walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "walk(holders, hashes, start, active)");
+        return NULL;
+    }
+    PyObject *holders = args[0], *active = args[3];
+    if (check_tables(holders, "holders") < 0) return NULL;
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    if (!PyLong_Check(active)) {
+        PyErr_SetString(PyExc_TypeError, "active must be an int");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (start < 0) start = 0;
+    /* masks of up to 64 replicas in C integers; wider ones as Python ints */
+    int overflow = 0;
+    long long signed_active = PyLong_AsLongLongAndOverflow(active, &overflow);
+    if (signed_active == -1 && PyErr_Occurred()) goto fail;
+    int narrow = overflow == 0 && signed_active >= 0;
+    unsigned long long a = (unsigned long long)signed_active;
+    for (Py_ssize_t i = start; i < n; i++) {
+        PyObject *h = items[i];
+        unsigned long long v;
+        if (hash_bits(h, &v) < 0) goto fail;
+        PyObject *mask = PyDict_GetItemWithError(PyList_GET_ITEM(holders, v & HOLDER_MASK), h); /* borrowed */
+        if (mask == NULL && PyErr_Occurred()) goto fail;
+        if (narrow) {
+            unsigned long long m = 0;
+            if (mask != NULL && hash_bits(mask, &m) < 0) goto fail;
+            unsigned long long still = m & a;
+            if (still != a) {
+                Py_DECREF(seq);
+                return Py_BuildValue("(nK)", i, still);
+            }
+            continue;
+        }
+        PyObject *still = mask == NULL ? PyLong_FromLong(0) : PyNumber_And(mask, active);
+        if (still == NULL) goto fail;
+        int same = PyObject_RichCompareBool(still, active, Py_EQ);
+        if (same < 0) {
+            Py_DECREF(still);
+            goto fail;
+        }
+        if (!same) {
+            Py_DECREF(seq);
+            PyObject *out = Py_BuildValue("(nO)", i, still);
+            Py_DECREF(still);
+            return out;
+        }
+        Py_DECREF(still);
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(nO)", n, active);
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *loops_touch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "touch(shards, hashes, n)");
+        return NULL;
+    }
+    PyObject *shards = args[0];
+    Py_ssize_t smask = shard_mask(shards);
+    if (smask < 0) return NULL;
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (count > n) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_IndexError, "touch: n is longer than the chain");
+        return NULL;
+    }
+    PyObject *move_to_end = state_of(module)->move_to_end;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = count - 1; i >= 0; i--) {
+        unsigned long long v;
+        if (hash_bits(items[i], &v) < 0) goto fail;
+        PyObject *lru = PyList_GET_ITEM(shards, (Py_ssize_t)((v >> 6) & (unsigned long long)smask));
+        PyObject *r = PyObject_CallMethodOneArg(lru, move_to_end, items[i]);
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"insert", (PyCFunction)(void (*)(void))loops_insert, METH_FASTCALL,
+     "insert(holders, shards, bit, hashes) -> set of grown shards (see prefix_loops.insert)"},
+    {"link", (PyCFunction)(void (*)(void))loops_link, METH_FASTCALL,
+     "link(successors, hashes, forked) (see prefix_loops.link)"},
+    {"walk", (PyCFunction)(void (*)(void))loops_walk, METH_FASTCALL,
+     "walk(holders, hashes, start, active) -> (index, still) (see prefix_loops.walk)"},
+    {"touch", (PyCFunction)(void (*)(void))loops_touch, METH_FASTCALL,
+     "touch(shards, hashes, n) (see prefix_loops.touch)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int exec_module(PyObject *module) {
+    loops_state *st = state_of(module);
+    st->move_to_end = PyUnicode_InternFromString("move_to_end");
+    if (st->move_to_end == NULL) return -1;
+    return PyModule_AddIntConstant(module, "HOLDER_SHARDS", HOLDER_SHARDS);
+}
+
+static int traverse(PyObject *module, visitproc visit, void *arg) {
+    Py_VISIT(state_of(module)->move_to_end);
+    return 0;
+}
+
+static int clear(PyObject *module) {
+    Py_CLEAR(state_of(module)->move_to_end);
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "kvgate.index.kv._prefix_loops",
+    .m_doc = "The prefix index's loops over a chain of block hashes, in C (kvgate.index.kv.prefix_loops).",
+    .m_size = sizeof(loops_state),
+    .m_methods = methods,
+    .m_slots = slots,
+    .m_traverse = traverse,
+    .m_clear = clear,
+};
+
+PyMODINIT_FUNC PyInit__prefix_loops(void) { return PyModuleDef_Init(&module_def); }

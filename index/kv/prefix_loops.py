@@ -1,0 +1,101 @@
+"""The prefix index's loops over one chain of block hashes, as functions over its tables.
+
+`PrefixIndex` (kvgate.index.kv.prefix) owns the tables and the lock; these functions only walk a
+chain through them, under that lock. They run once or twice per routed request over every block
+of the prompt, so they exist twice: here in Python, and in `_prefix_loops.c`, a C extension with
+the same names and contracts that `pip install` builds where a C compiler is found (setup.py; the
+build is optional and a failed one leaves this module in use). `loops()` gives the C one when it
+is importable. tests/test_prefix_loops.py holds both to the same results, call for call and over
+random sequences of index operations.
+
+The tables, as PrefixIndex keeps them:
+- `holders`: HOLDER_SHARDS dicts, hash → int bitmask of the replicas holding it, picked by
+  `h & (HOLDER_SHARDS - 1)`; a hash held by nobody is absent;
+- `successors`: the same sharding, hash → the one hash recorded after it, or `forked` once two
+  different ones were;
+- `shards`: one replica's LRU as a power of two of OrderedDicts (first = least recently used),
+  picked by `(h >> 6) & (len(shards) - 1)`.
+
+May import: nothing of kvgate's (the C module neither).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from types import ModuleType
+from typing import Any, Sequence
+
+HOLDER_SHARDS = 64  # the C module hard-codes the same count: kvgate.index.kv.prefix re-exports this one
+
+
+def insert(
+    holders: list[dict[int, int]], shards: list[OrderedDict[int, None]], bit: int, hashes: Sequence[int]
+) -> set[int]:
+    """Insert or touch `hashes` in one replica's LRU, from the LAST to the FIRST (so the chain's
+    first block ends most recently used), setting `bit` in a new block's holder mask. Returns the
+    LRU shards that gained a block (only those can be over their capacity now)."""
+    smask, hmask = len(shards) - 1, HOLDER_SHARDS - 1
+    grown = set()
+    for k in range(len(hashes) - 1, -1, -1):
+        h = hashes[k]
+        slot = (h >> 6) & smask
+        lru = shards[slot]
+        if h in lru:
+            lru.move_to_end(h)
+        else:
+            lru[h] = None
+            grown.add(slot)
+            table = holders[h & hmask]
+            table[h] = table.get(h, 0) | bit
+    return grown
+
+
+def link(successors: list[dict[int, Any]], hashes: Sequence[int], forked: object) -> None:
+    """Note each hash's successor in this chain; a second, different one makes it `forked`."""
+    hmask = HOLDER_SHARDS - 1
+    for k in range(1, len(hashes)):
+        prev, h = hashes[k - 1], hashes[k]
+        table = successors[prev & hmask]
+        seen = table.get(prev)
+        if seen is None:
+            table[prev] = h
+        elif seen is not forked and seen != h:
+            table[prev] = forked
+
+
+def walk(holders: list[dict[int, int]], hashes: Sequence[int], start: int, active: int) -> tuple[int, int]:
+    """From `start`, the first index i whose holders do not include every bit of `active`, with
+    the bits of `active` that do hold hashes[i]: (i, held & active). (len(hashes), active) when
+    every hash from `start` on is held by all of `active`."""
+    hmask = HOLDER_SHARDS - 1
+    for i in range(start, len(hashes)):
+        h = hashes[i]
+        still = holders[h & hmask].get(h, 0) & active
+        if still != active:
+            return i, still
+    return len(hashes), active
+
+
+def touch(shards: list[OrderedDict[int, None]], hashes: Sequence[int], n: int) -> None:
+    """Mark the first `n` hashes most recently used in one replica's LRU, last to first (every
+    one of them must be in it)."""
+    smask = len(shards) - 1
+    for i in range(n - 1, -1, -1):
+        h = hashes[i]
+        shards[(h >> 6) & smask].move_to_end(h)
+
+
+def python_loops() -> ModuleType:
+    """This module: the loops in Python."""
+    import sys
+
+    return sys.modules[__name__]
+
+
+def loops() -> ModuleType:
+    """The C loops when the extension was built, else the Python ones."""
+    try:
+        from kvgate.index.kv import _prefix_loops
+    except ImportError:
+        return python_loops()
+    return _prefix_loops

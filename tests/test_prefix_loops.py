@@ -173,3 +173,20 @@ def test_an_index_on_either_loops_answers_the_same(
         assert a.match(chain) == b.match(chain)
         assert a.stats() == b.stats()
         assert [a.forked(h) for h in chain] == [b.forked(h) for h in chain]
+
+
+def test_a_router_on_the_python_loops_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from kvgate.middleware.config import ReplicaConfig, RoutingConfig
+    from kvgate.middleware.routing.router import Router
+
+    reps = [ReplicaConfig(name="a", api_base="http://a/v1")]
+    with caplog.at_level(logging.WARNING, logger="kvgate.router"):
+        Router(reps, RoutingConfig(), index=PrefixIndex(chain_loops=PY), name="slow").close()
+        said = [r.getMessage() for r in caplog.records if "walks chains in Python" in r.getMessage()]
+        assert len(said) == 1 and "route slow" in said[0]
+        caplog.clear()
+        if loops() is not PY:
+            Router(reps, RoutingConfig(), name="fast").close()
+            assert not [r for r in caplog.records if "walks chains in Python" in r.getMessage()]

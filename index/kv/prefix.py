@@ -109,6 +109,8 @@ class PrefixIndex:
     Invariant: `self._holders[h & (HOLDER_SHARDS - 1)][h]` has bit b set exactly when `h` is in
     the LRU of the replica owning bit b; hashes held by no replica are absent (no zero masks are
     stored). Every LRU shard holds at most its share of the replica's capacity after each call.
+    Every key of the successor tables is a held block (a record links its chain, then inserts it;
+    `_unset` drops a block's entry with its last holder).
 
     Thread-safe: every public method takes one lock (events arrive on a subscriber thread while
     the router matches on another).

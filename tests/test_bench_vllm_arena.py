@@ -17,6 +17,7 @@ from kvgate.tools.bench.vllm_arena_client import Turn, take_event
 from kvgate.tools.bench.vllm_arena_setup import kvgate_config
 from kvgate.tools.bench.vllm_arena_stats import (
     Computed,
+    computed_per_server,
     counters,
     metric_labels,
     oracle_cached,
@@ -135,6 +136,19 @@ def test_metrics_read():
     info = metric_labels(METRICS, "vllm:cache_config_info")
     assert info["kv_cache_size_tokens"] == "46592" and info["block_size"] == "128"
     assert metric_labels(METRICS, "vllm:nothing") == {}
+
+
+def test_computed_tokens_per_server_from_vllms_own_page():
+    """A real vLLM 0.32 page: prompt tokens less prefix-cache hits is what vLLM itself counts as
+    computed locally (its by-source counter), per server and between two reads."""
+    page = (Path(__file__).parent / "data" / "vllm-0.32-metrics.txt").read_text()
+    local = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("vllm:prompt_tokens_by_source_total") and 'source="local_compute"' in line
+    )
+    assert local > 0
+    assert computed_per_server(["", page], [page, page]) == [int(local), 0]
 
 
 def test_stream_events_folded():

@@ -34,7 +34,8 @@ record says its `position`), so no arm always goes first or last.
 JSON (`--json`): `endpoint` (chat or completions); `routers.<arm>`: ttft_mean_s (mean over runs of each run's mean TTFT),
 ttft_mean_ci_s (its 95% normal half-width, arena_table.mean_interval; null with one run),
 ttft_p50_s / ttft_p90_s (every TTFT pooled), cached_fraction (all runs' tokens), errors, requests,
-runs (each run: its position in the run's order, its TTFTs, engine counters, requests per server, render_requests: the engines'
+runs (each run: its position in the run's order, its TTFTs, engine counters, requests per server, computed_tokens_per_server
+(the prompt tokens each engine prefilled: where the router put the work, for every arm), render_requests: the engines'
 `.../render` calls, vllm-router's tokenization; its oracle; router_cpu_s, router_cpu_ms_per_request,
 engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/bench/vllm_arena_cpu.py;
 request_records: one small dict per request, with per_replica where a kvgate router named the replica;

@@ -33,6 +33,7 @@ from kvgate.tools.bench.vllm_arena_setup import (
 )
 from kvgate.tools.bench.vllm_arena_stats import (
     Computed,
+    computed_per_server,
     counters,
     engine_latency,
     metric_labels,
@@ -226,6 +227,7 @@ class Bench:
             not_sent=total - len(turns),
             wall_s=round(wall, 2),
             requests_per_server=per_server,
+            computed_tokens_per_server=computed_per_server(before_pages, after_pages),
             other_vllm_servers=others,
             render_requests=None if rendered is None else int(rendered - (before_rendered or 0)),
             usage_prompt_tokens=sum(t.prompt_tokens or 0 for t in ok),

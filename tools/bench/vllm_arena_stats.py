@@ -32,6 +32,20 @@ def metric_sum(text: str, name: str) -> float:
     return sum(float(v) for n, _, v in _SAMPLE.findall(text) if n == name)
 
 
+def computed_per_server(before: Sequence[str], after: Sequence[str]) -> list[int]:
+    """Prompt tokens each server prefilled between two reads of its /metrics: its prompt tokens
+    less those its prefix cache held (vLLM counts both; with no KV connector the rest is what it
+    computed). Where a router put the prefill work, for anchors and kvgate alike."""
+    return [
+        int(
+            metric_sum(a, "vllm:prompt_tokens_total")
+            - metric_sum(b, "vllm:prompt_tokens_total")
+            - (metric_sum(a, "vllm:prefix_cache_hits_total") - metric_sum(b, "vllm:prefix_cache_hits_total"))
+        )
+        for b, a in zip(before, after)
+    ]
+
+
 # vLLM's own request-latency histograms: from the request's arrival in its engine (after its API
 # server rendered and tokenized the prompt) to the first token / to the end / waiting for a slot
 ENGINE_LATENCY = {

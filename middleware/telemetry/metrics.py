@@ -47,6 +47,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        seconds: dict[str, Any] = {"buckets": LATENCY_BUCKETS, "registry": r}  # every latency histogram's
         self.lookups = Counter("kvgate_cache_lookups", "Cache lookups by tier", ["route", "tier"], registry=r)
         self.hits = Counter("kvgate_cache_hits", "Cache hits by tier", ["route", "tier"], registry=r)
         self.requests = Children(Counter("kvgate_requests", "Requests by outcome", ["route", "cache"], registry=r))
@@ -57,13 +58,7 @@ class Metrics:
             Counter("kvgate_cache_stores", "Answers written / skipped", ["route", "result"], registry=r)
         )
         self.latency = Children(
-            Histogram(
-                "kvgate_request_seconds",
-                "Request latency in the pipeline",
-                ["route", "cache"],
-                buckets=LATENCY_BUCKETS,
-                registry=r,
-            )
+            Histogram("kvgate_request_seconds", "Request latency in the pipeline", ["route", "cache"], **seconds)
         )
         # vLLM's convention: TTFT as a histogram; here from the request's arrival to the first chunk
         # a streamed answer sends (a replayed hit's first chunk, or the backend's)
@@ -72,13 +67,10 @@ class Metrics:
                 "kvgate_time_to_first_token_seconds",
                 "Streamed requests: arrival to first chunk",
                 ["route", "cache"],
-                buckets=LATENCY_BUCKETS,
-                registry=r,
+                **seconds,
             )
         )
-        self.lookup_latency = Histogram(
-            "kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], buckets=LATENCY_BUCKETS, registry=r
-        )
+        self.lookup_latency = Histogram("kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], **seconds)
         self.tokens_saved = Counter(
             "kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r
         )

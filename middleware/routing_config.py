@@ -118,6 +118,12 @@ class CacheAwareConfig(_Policy):
         "conversation's own history (no other request continued "
         "that prefix differently); .inf (default): not bounded",
     )
+    new_sessions: Literal["load", "resident"] = Field(
+        "load",
+        description="where a conversation's first turn goes (a prompt mostly held nowhere): load, the "
+        "lowest cost now; resident, among the replicas within the wait bound, the one whose engine "
+        "holds the fewest tokens, so the turns that follow spread as the conversations do",
+    )
 
 
 class PrefillTimeConfig(_Policy):

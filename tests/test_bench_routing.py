@@ -252,6 +252,8 @@ def test_routing_model_is_deterministic_and_ranks_the_rules(tmp_path):
     rr = simulate(reqs, make_policy("round_robin"))
     assert a["hit_rate"] > rr["hit_rate"] and 0 < a["ttft_p50_s"] <= a["ttft_p99_s"]
     assert 0 < simulate(reqs, SglangRule())["hit_rate"] <= 1
+    resident = simulate(reqs, make_policy("cache_aware", new_sessions="resident"))
+    assert resident["hit_rate"] > rr["hit_rate"]  # starts placed by residents, histories kept
     out = tmp_path / "m.json"
     assert (
         main(

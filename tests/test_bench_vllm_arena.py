@@ -240,6 +240,9 @@ def test_kvgate_configs_are_valid(tmp_path):
         route = parse_config(kvgate_config(arm, servers, tmp_path / arm, "/m")).routes[0]
         assert (route.routing.policy.name, route.routing.prefix.mode) == ("prefill_time", mode)
         assert all(r.events for r in route.replicas) == (mode == "precise")
+    resident = parse_config(kvgate_config("kvgate_precise_resident", servers, tmp_path / "res", "/m")).routes[0]
+    assert (resident.routing.policy.name, resident.routing.policy.new_sessions) == ("cache_aware", "resident")
+    assert resident.routing.prefix.mode == "precise" and all(r.events for r in resident.replicas)
 
 
 def test_options_checked():

@@ -182,3 +182,32 @@ def test_affinity_moves_few_sessions_when_a_replica_leaves():
 def test_unknown_policy():
     with pytest.raises(ValueError, match="cache_aware"):
         make_policy("random")
+
+
+def test_new_sessions_resident_places_a_first_turn_where_fewest_tokens_live():
+    rs, policy = replicas(2), make_policy("cache_aware", new_sessions="resident")
+    rs[0].resident_tokens, rs[1].resident_tokens = 9000, 3000
+    rs[1].pending_prefill_tokens = 500
+    assert policy.choose(rs, plan()).name == "r1"
+    assert make_policy("cache_aware").choose(rs, plan()).name == "r0"  # load: the emptier queue now
+    rs = replicas(3)
+    rs[0].resident_tokens, rs[1].resident_tokens, rs[2].resident_tokens = 9000, 3000, 9000
+    rs[1].pending_prefill_tokens = 5000  # past the bound (2.5 × the mean queue): the queue decides
+    assert policy.choose(rs, plan()).name in ("r0", "r2")
+    assert ttft_estimate(rs[1], plan()) > wait_bound(1600, 5000 / 3, 1600)
+
+
+def test_new_sessions_resident_leaves_a_later_turn_with_its_history():
+    rs, policy = replicas(2), make_policy("cache_aware", new_sessions="resident")
+    rs[0].resident_tokens, rs[1].resident_tokens = 9000, 0
+    for blocks in (60, 10):  # 960 or 160 of 1600 tokens held there: a history, long or short
+        history = plan({"r0": blocks})
+        history.shared_prefix = False  # no other request continued those blocks differently
+        assert policy.choose(rs, history).name == "r0"
+    shared = plan({"r0": 10})  # other conversations continued those 10 blocks differently
+    assert shared.shared_prefix and policy.choose(rs, shared).name == "r1"  # a start, placed by residents
+
+
+def test_new_sessions_is_checked_by_the_config():
+    with pytest.raises(ValueError, match="new_sessions"):
+        make_policy("cache_aware", new_sessions="fewest")

@@ -134,3 +134,32 @@ def test_spare_columns_run_out_and_the_last_replica_stays() -> None:
     finally:
         hub.close()
         layout.remove()
+
+
+def test_a_resident_policy_reads_what_each_replica_holds() -> None:
+    cfg = RoutingConfig(
+        policy={"name": "cache_aware", "new_sessions": "resident"}, prefix={"tokenizer": "text", "block_size": 4}
+    )
+    router = Router(REPLICAS, cfg)
+    system = {"role": "system", "content": "You answer questions about caching, briefly."}
+
+    def talk(opening: str) -> list[dict[str, str]]:
+        return [system, {"role": "user", "content": opening * 8}]
+
+    held = 0
+    for messages in (talk("alpha says hello "), talk("bravo asks a question ")):
+        plan = router.plan(messages)
+        router.finished(router.started(router.replicas[0], plan), ok=True)
+        router.settle(5)
+        held += len(plan.hashes) - plan.matched_blocks.get("r0", 0)
+    third = router.plan(talk("charlie starts anew "))
+    # r0 holds the system prompt, which two conversations continued differently: a start
+    assert third.shared_prefix and third.matched_blocks["r0"] > 0 and third.matched_blocks["r1"] == 0
+    assert router.choose(third).name == "r1"  # r0 holds two conversations, r1 none
+    follow_up = router.plan(talk("alpha says hello ") + [{"role": "assistant", "content": "hi"}])
+    assert not follow_up.shared_prefix and router.choose(follow_up).name == "r0"  # its own history
+    assert router.replicas[0].resident_tokens == held * 4 > 0
+    assert router.replicas[1].resident_tokens == 0
+    plain = Router(REPLICAS, RoutingConfig(policy="cache_aware", prefix={"tokenizer": "text", "block_size": 4}))
+    plain.choose(plain.plan(talk("alpha says hello ")))
+    assert all(r.resident_tokens == 0 for r in plain.replicas)  # read only by a policy that asks

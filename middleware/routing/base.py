@@ -24,6 +24,11 @@ class ReplicaState:
     # waiting in it, from its last report, aged by the time since
     prefill_rate: float | None = None
     engine_waiting_tokens: float = 0.0
+    # prompt tokens of the conversations the replica's engine holds as far as the router knows (its
+    # blocks in the prefix index, plus the uncached tokens on their way in); filled in by the Router
+    # before each decision for a policy that places new conversations by it (cache_aware's
+    # new_sessions: resident)
+    resident_tokens: int = 0
     healthy: bool = True
     down_until: float = 0.0  # circuit open until then (monotonic clock)
     failures: int = 0  # in a row; 0 again after a success

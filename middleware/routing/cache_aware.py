@@ -52,6 +52,17 @@ request has continued differently (`RoutePlan.shared_prefix` false: PrefixIndex.
 bound uses session_slack as its queue slack instead; .inf (the default) leaves such a match
 unbounded, and the cost (ttft estimate + duplicate charge) alone decides.
 
+Where a conversation starts (`new_sessions`): a request that matches nothing, or only a prefix
+other conversations share (`shared_prefix`: a system prompt, a document), starts a conversation
+as far as routing can tell, and where it lands its next turns follow. `load` (the default)
+treats it as any request: the lowest cost now. `resident` chooses, among the admissible
+replicas, the one whose engine holds the fewest tokens (`resident_tokens`: its blocks in the
+index plus what is queued to go in), then the lowest cost: the conversations, and with them the
+prefill their later turns bring, spread over the replicas as they arrive rather than by a queue
+that is gone a second later. A match that is one conversation's own history is never moved by
+it; the wait bound still caps the queueing it may buy (with two replicas and equal own prefill
+that bound admits both: 2.5 × the mean queue is at least the larger queue).
+
 Defaults (miss_weight 64, queue_slack 2.5, prompt_slack 0.5, session_slack ∞) were chosen on
 tuning slices only (requests 0–800 of the arena's traces, `kvgate bench routing-model` and
 `kvgate bench routing --tune-slice`), never on reported ones, so the reported figures are not
@@ -154,13 +165,26 @@ class CacheAware:
         self.queue_slack = self.settings.queue_slack
         self.prompt_slack = self.settings.prompt_slack
         self.session_slack = self.settings.session_slack
+        # the Router fills in ReplicaState.resident_tokens before each decision only when this is set
+        self.reads_resident = self.settings.new_sessions == "resident"
         self._ties = Rotation()
 
     def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
         rotated = self._ties.rotated(candidates)
         best_match = max(plan.held_tokens(r.name) for r in rotated)
-        queue_slack = self.queue_slack if plan.shared_prefix or best_match == 0 else self.session_slack
-        allowed = admissible(rotated, plan, self.decode_weight, queue_slack, self.prompt_slack)
+        starts = plan.shared_prefix or best_match == 0  # a conversation's start, not its own history
+        allowed = admissible(
+            rotated, plan, self.decode_weight, self.queue_slack if starts else self.session_slack, self.prompt_slack
+        )
+        if self.reads_resident and starts:
+            return min(
+                allowed,
+                key=lambda r: (
+                    r.resident_tokens,
+                    expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match),
+                    r.in_flight,
+                ),
+            )
         return min(
             allowed,
             key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match), r.in_flight),

@@ -92,12 +92,12 @@ class Router:
                 self.index.add_replica(r.name, r.capacity_blocks or prefix.capacity_blocks)
         self.policy = policy or make_policy(cfg.policy)
         self._reads_engine_load = bool(getattr(self.policy, "reads_engine_load", False))
+        self._reads_resident = bool(getattr(self.policy, "reads_resident", False))
         self._clock = clock
         self._lock = threading.Lock()  # replica list and load bookkeeping
         self._names = frozenset(r.name for r in self.replicas)
         self.state: RoutingState = state or LocalState([r.name for r in replicas])
-        self.health = ReplicaHealth(cfg.down_for_s, clock)
-        # approximate mode's records, off the caller's thread (records.py)
+        self.health = ReplicaHealth(cfg.down_for_s, clock)  # below: approximate mode's records (records.py)
         self.records = Records(self.index, self.state, deferred=defer_records and prefix.mode == "approximate")
         self.planner = Planner(
             hasher,
@@ -195,6 +195,8 @@ class Router:
             r.in_flight, r.pending_prefill_tokens = self.state.load(r.name)
             if engines:
                 r.prefill_rate, r.engine_waiting_tokens = self.engine_load.view(r.name, now)
+            if self._reads_resident:
+                r.resident_tokens = self.index.blocks(r.name) * self.block_size + r.pending_prefill_tokens
 
     @property
     def reads_engine_load(self) -> bool:

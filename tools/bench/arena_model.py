@@ -128,6 +128,7 @@ def simulate(
     ttfts: list[float] = []
     cached = prompt = 0
     counts = [0] * replicas
+    resident = bool(getattr(policy, "reads_resident", False))
     for req in requests:
         now = req.arrival_s / speed
         while events and events[0][0] <= now:
@@ -140,6 +141,9 @@ def simulate(
         plan = RoutePlan(
             list(req.hashes), req.prompt_tokens, BLOCK, matched, shared_prefix=index.shared_match(req.hashes, matched)
         )  # as Router.plan
+        if resident:  # as Router.refresh_load
+            for s in states:
+                s.resident_tokens = index.blocks(s.name) * BLOCK + s.pending_prefill_tokens
         i = int(policy.choose(states, plan).name[1:])
         pending = max(0, req.prompt_tokens - plan.matched_tokens(f"r{i}"))
         states[i].pending_prefill_tokens += pending

@@ -7,8 +7,8 @@ VLLM_SERVER_DEV_MODE=1 for `POST /reset_prefix_cache`), and in front of them, on
 nor tokenizer given, the router finds them from the engine), `kvgate_approximate` (cache_aware,
 approximate, tokenizer = the model dir), `round_robin` (kvgate serve), `sglang` (sglang-router
 cache_aware) and `vllm_router` (vllm-router cache_aware); on request (--arms) the two kvgate arms with
-policy prefill_time instead (`kvgate_precise_prefill_time`, `kvgate_approximate_prefill_time`), and
-the ablation `replay_precise`: no router at all, each turn sent straight to the engine kvgate precise
+policy prefill_time instead (`kvgate_precise_prefill_time`, `kvgate_approximate_prefill_time`),
+`kvgate_precise_resident` (cache_aware with `new_sessions: resident`), and the ablation `replay_precise`: no router at all, each turn sent straight to the engine kvgate precise
 chose for it in the same run (listed after kvgate_precise), which separates where kvgate places
 requests from what its proxy costs them. kvgate arms run with both response-cache
 tiers off (every turn is routed) and a fresh cache_dir; every router is a fresh process per run.
@@ -81,7 +81,13 @@ from kvgate.tools.bench.vllm_arena_stats import paired_ratios, router_summary
 from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
 DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
-ARMS = (*DEFAULT_ARMS, "kvgate_precise_prefill_time", "kvgate_approximate_prefill_time", REPLAY_ARM)
+ARMS = (
+    *DEFAULT_ARMS,
+    "kvgate_precise_prefill_time",
+    "kvgate_approximate_prefill_time",
+    "kvgate_precise_resident",
+    REPLAY_ARM,
+)
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 
 

@@ -50,7 +50,10 @@ KVGATE_ARMS = {
     "kvgate_approximate": ("approximate", "cache_aware"),
     "kvgate_precise_prefill_time": ("precise", "prefill_time"),
     "kvgate_approximate_prefill_time": ("approximate", "prefill_time"),
+    "kvgate_precise_resident": ("precise", "cache_aware"),
 }
+# an arm's policy knobs beside the defaults
+KVGATE_ARM_KNOBS = {"kvgate_precise_resident": {"new_sessions": "resident"}}
 
 
 # the ablation arm: the turns sent straight to the engines kvgate precise chose for them in the same
@@ -69,7 +72,8 @@ def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, toke
     replicas: list[dict[str, Any]] = [{"name": f"v{i}", "api_base": s.api_base} for i, s in enumerate(servers)]
     if arm in KVGATE_ARMS:
         mode, policy = KVGATE_ARMS[arm]
-        routing: dict[str, Any] = {"policy": policy, "prefix": {"mode": mode}}
+        knobs = KVGATE_ARM_KNOBS.get(arm)
+        routing: dict[str, Any] = {"policy": {"name": policy, **knobs} if knobs else policy, "prefix": {"mode": mode}}
         if mode == "precise":
             for r, s in zip(replicas, servers):
                 r["events"] = s.events

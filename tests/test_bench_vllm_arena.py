@@ -243,6 +243,9 @@ def test_kvgate_configs_are_valid(tmp_path):
     resident = parse_config(kvgate_config("kvgate_precise_resident", servers, tmp_path / "res", "/m")).routes[0]
     assert (resident.routing.policy.name, resident.routing.policy.new_sessions) == ("cache_aware", "resident")
     assert resident.routing.prefix.mode == "precise" and all(r.events for r in resident.replicas)
+    unpolled = parse_config(kvgate_config("kvgate_precise_unpolled", servers, tmp_path / "unp", "/m"))
+    assert not unpolled.stats.scrape_replicas and unpolled.routes[0].routing.prefix.mode == "precise"
+    assert parse_config(kvgate_config("kvgate_precise", servers, tmp_path / "p", "/m")).stats.scrape_replicas
 
 
 def test_options_checked():

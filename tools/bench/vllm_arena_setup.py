@@ -51,9 +51,13 @@ KVGATE_ARMS = {
     "kvgate_precise_prefill_time": ("precise", "prefill_time"),
     "kvgate_approximate_prefill_time": ("approximate", "prefill_time"),
     "kvgate_precise_resident": ("precise", "cache_aware"),
+    "kvgate_precise_unpolled": ("precise", "cache_aware"),
 }
 # an arm's policy knobs beside the defaults
 KVGATE_ARM_KNOBS = {"kvgate_precise_resident": {"new_sessions": "resident"}}
+# arms whose proxy reads no replica's /metrics (the dashboard's engine numbers off; cache_aware
+# reads none itself), to see what the reads cost the engines
+UNPOLLED_ARMS = {"kvgate_precise_unpolled"}
 
 
 # the ablation arm: the turns sent straight to the engines kvgate precise chose for them in the same
@@ -83,6 +87,7 @@ def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, toke
         routing = {"policy": "round_robin"}
     return {
         "cache_dir": str(cache_dir),
+        **({"stats": {"scrape_replicas": False}} if arm in UNPOLLED_ARMS else {}),
         "routes": [
             {
                 "name": "vllm",

@@ -120,9 +120,10 @@ class CacheAwareConfig(_Policy):
     )
     new_sessions: Literal["load", "resident"] = Field(
         "load",
-        description="where a conversation's first turn goes (a prompt mostly held nowhere): load, the "
-        "lowest cost now; resident, among the replicas within the wait bound, the one whose engine "
-        "holds the fewest tokens, so the turns that follow spread as the conversations do",
+        description="where a conversation's start goes (a prompt matching nothing, or only a prefix other "
+        "conversations share): load, the lowest cost now; resident, among the replicas within the wait "
+        "bound, the one whose engine holds the fewest tokens, so the turns that follow spread as the "
+        "conversations do",
     )
 
 

@@ -97,7 +97,7 @@ class Router:
         self._lock = threading.Lock()  # replica list and load bookkeeping
         self._names = frozenset(r.name for r in self.replicas)
         self.state: RoutingState = state or LocalState([r.name for r in replicas])
-        self.health = ReplicaHealth(cfg.down_for_s, clock)  # below: approximate mode's records (records.py)
+        self.health = ReplicaHealth(cfg.down_for_s, clock)
         self.records = Records(self.index, self.state, deferred=defer_records and prefix.mode == "approximate")
         self.planner = Planner(
             hasher,

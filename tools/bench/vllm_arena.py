@@ -9,7 +9,8 @@ approximate, tokenizer = the model dir), `round_robin` (kvgate serve), `sglang` 
 cache_aware) and `vllm_router` (vllm-router cache_aware); on request (--arms) the two kvgate arms with
 policy prefill_time instead (`kvgate_precise_prefill_time`, `kvgate_approximate_prefill_time`),
 `kvgate_precise_resident` (cache_aware with `new_sessions: resident`), `kvgate_precise_unpolled`
-(kvgate precise whose proxy reads no replica's /metrics: `stats.scrape_replicas: false`), and the ablation `replay_precise`: no router at all, each turn sent straight to the engine kvgate precise
+(kvgate precise whose proxy reads no replica's /metrics: `stats.scrape_replicas: false`), and the
+ablation `replay_precise`: no router at all, each turn sent straight to the engine kvgate precise
 chose for it in the same run (listed after kvgate_precise), which separates where kvgate places
 requests from what its proxy costs them. kvgate arms run with both response-cache
 tiers off (every turn is routed) and a fresh cache_dir; every router is a fresh process per run.

@@ -239,6 +239,11 @@ class ServerConfig(_Strict):
         gt=0,
         description="chat completions served at once; more get 429 with Retry-After (middleware/server/admission.py)",
     )
+    timing_header: bool = Field(
+        False,
+        description="answer chat and completions requests with a Server-Timing header: where the proxy's "
+        "time went before the first bytes (middleware/server/timing.py)",
+    )
 
 
 class FeedbackConfig(_Strict):

@@ -39,6 +39,9 @@ class CacheInfo:
     request_id: str = field(default_factory=new_request_id)  # for POST /v1/cache/feedback
     skipped: str | None = None  # why the cache was neither read nor written (an answer not a function of the key)
     entry_age_s: float | None = None  # a hit: how long ago the entry that served it was stored
+    # perf_counter stamps: the pipeline's start, then on a relayed miss the request sent to the
+    # answering replica and its first bytes read (the proxy's Server-Timing header)
+    timing: tuple[float, ...] = field(default=(), repr=False, compare=False)
     # max_error_rate routes: the candidate this miss explores (compared with the answer once in)
     exploration: Any = field(default=None, repr=False, compare=False)
 

@@ -89,6 +89,7 @@ class Pipeline:
         forwarded = await forwarder.forward(looked.view, raw=raw)
         attempts = forwarded.attempts
         info = self.cache.miss(looked, attempts.replica, attempts.expected_cached_tokens())
+        info.timing = (started, forwarded.sent_at, forwarded.first_at) if forwarded.first_at else (started,)
         if looked.view.stream:  # recorded once read to its end, before the end reaches the client
             stream = ending(self.cache, forwarder, looked, info, forwarded)
             return Result(info, raw=stream) if forwarded.raw else Result(info, stream=stream)

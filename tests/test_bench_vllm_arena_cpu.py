@@ -19,6 +19,7 @@ from kvgate.tools.bench.vllm_arena_cpu import (
     idle_cpu_ms_per_s,
     replica_summary,
     request_records,
+    timing_steps,
     tree_on_cpu_s,
     tree_pids,
 )
@@ -173,7 +174,20 @@ def test_request_records_count_the_clients_own_in_flight_requests_per_replica():
     }
     anchor = request_records([turn(0, 0.0, 1.0, None, 10, 0)])
     assert "replica" not in anchor[0] and "queue" not in anchor[0]
+    assert "proxy_ms" not in anchor[0] and "head_s" not in anchor[0]
     assert replica_summary(anchor) is None
+
+
+def test_request_records_keep_kvgates_steps_and_the_heads_wait():
+    t = Turn(0, 1, [], "p", sent=10.0, done=12.0, ttft=0.9)
+    t.timing, t.head = "read;dur=0.20, plan;dur=1.50, engine;dur=850.00, relay;dur=0.30", 10.8625
+    (rec,) = request_records([t])
+    assert rec["head_s"] == 0.8625
+    assert rec["proxy_ms"] == {"read": 0.2, "plan": 1.5, "engine": 850.0, "relay": 0.3}
+
+
+def test_timing_steps_reads_what_the_format_allows():
+    assert timing_steps('cache;desc="hit";dur=1.5, edge, db;dur=x, total;dur=2') == {"cache": 1.5, "total": 2.0}
 
 
 def test_a_connection_keeps_only_the_headers_asked_for():
@@ -185,7 +199,7 @@ def test_a_connection_keeps_only_the_headers_asked_for():
     assert plain.kept == {}
 
 
-@pytest.mark.parametrize("header", [b"x-kvgate-replica: v0\r\n", b""])
+@pytest.mark.parametrize("header", [b"x-kvgate-replica: v0\r\nserver-timing: read;dur=0.10, engine;dur=5.00\r\n", b""])
 def test_send_turn_records_the_replica_a_router_names(header):
     body = b'data: {"choices":[{"text":"hi","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
 
@@ -198,7 +212,7 @@ def test_send_turn_records_the_replica_a_router_names(header):
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        pool = Pool(keepalive_s=3.0, keep_headers=frozenset({"x-kvgate-replica"}))
+        pool = Pool(keepalive_s=3.0, keep_headers=frozenset({"x-kvgate-replica", "server-timing"}))
         turn = Turn(0, 0, [], "User: x\nAssistant:")
         try:
             await send_turn(pool, f"http://127.0.0.1:{port}/v1/completions", turn, "m", 4, 10.0)
@@ -210,3 +224,5 @@ def test_send_turn_records_the_replica_a_router_names(header):
     turn = asyncio.run(main())
     assert turn.error is None and turn.answer == "hi"
     assert turn.replica == ("v0" if header else None)
+    assert turn.timing == ("read;dur=0.10, engine;dur=5.00" if header else None)
+    assert turn.sent <= turn.head <= turn.done

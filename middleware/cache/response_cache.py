@@ -117,6 +117,7 @@ class ResponseCache:
             hit.similarity,
             hit.entry.id,
             entry_age_s=max(0.0, time.time() - hit.entry.created),
+            timing=(started,),
         )
         self.remember(view, info)
         stored = hit.entry.response

@@ -23,6 +23,10 @@ class Forwarded:
     reply: Any = None
     ok: bool = False  # the answer is complete (a stream reached its end)
     hashes: list[int] | None = None  # prompt + answer's routing hashes, once the record step made them
+    # perf_counter when the request went to the answering replica and when its first bytes were
+    # read (a stream: its first event); 0.0 where the transport does not stamp them
+    sent_at: float = 0.0
+    first_at: float = 0.0
     raw: ClassVar[bool] = False  # `reply` is the replica's own bytes (a stream then ends with [DONE])
 
     @property

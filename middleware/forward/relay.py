@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, ClassVar
 
@@ -154,7 +155,7 @@ class Relay:
     async def open(self, view: RequestView, attempts: Attempts, request: Request, attempt: dict[str, Any]) -> Relayed:
         """One attempt (Failover.answer drives them): send `request` to `attempt`'s replica and
         read its JSON body, or a stream's first event. Raises what the replica did wrong."""
-        relayed = Relayed(view, attempts, request=request)
+        relayed = Relayed(view, attempts, request=request, sent_at=time.perf_counter())
         try:
             if view.stream:
                 relayed.parser = SseParser(not _options(view).get("include_usage"), completions=view.completions)
@@ -162,6 +163,7 @@ class Relay:
             else:
                 relayed.reply, relayed.parsed = await self._post(request, attempt)
                 relayed.ok = True
+            relayed.first_at = time.perf_counter()
             return relayed
         except Exception:
             await relayed.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
@@ -34,6 +35,8 @@ from kvgate.middleware.server.auth import bearer_text
 from kvgate.middleware.server.body import ClientGone, header, read_body
 from kvgate.middleware.server.input_checks import check_token_caps
 from kvgate.middleware.server.responses import error_response
+from kvgate.middleware.server.timing import HEADER as TIMING_HEADER
+from kvgate.middleware.server.timing import server_timing
 from kvgate.middleware.tags import TAGS_HEADER, parse_tags
 from kvgate.middleware.text_answers import DONE
 
@@ -119,10 +122,18 @@ class ChatHandler:
         return tenant, body, control
 
     async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
+        arrived = time.perf_counter()
         tenant, body, control = await self.request(scope, receive)
         pipeline: Pipeline = self.app.state.pipeline
         result = await pipeline.acomplete(body, tenant, control, raw=True)
-        await self.respond(result, cache_headers(result.info), scope, receive, send)
+        await self.respond(result, self.headers(result.info, arrived), scope, receive, send)
+
+    def headers(self, info: CacheInfo, arrived: float) -> dict[str, str]:
+        """One request's kvgate headers, and its Server-Timing when the config asks for it."""
+        headers = cache_headers(info)
+        if self.config.server.timing_header:
+            headers[TIMING_HEADER] = server_timing(arrived, info.timing, time.perf_counter(), info.cache != "miss")
+        return headers
 
     async def respond(self, result: Result, extra: dict[str, str], scope: Scope, receive: Any, send: Any) -> None:
         """Send a pipeline result: the replica's or the store's bytes as they are, else the JSON

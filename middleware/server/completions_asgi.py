@@ -5,12 +5,14 @@ stored on its own, and answered as the chat path answers (the replica's or the s
 A batch (a list of strings or of token-id lists) is split: each prompt is its own request, in
 parallel, and the answers are joined in prompt order as vLLM joins them (choice `index` =
 prompt position x n + choice; usage summed). The kvgate headers of a batch list each prompt's
-value, comma separated, in prompt order.
+value, comma separated, in prompt order; a batch has no Server-Timing header (its prompts run side
+by side, so their steps do not add up).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,12 +38,13 @@ class CompletionsHandler(ChatHandler):
     """POST /v1/completions as an ASGI app (behind the gates: the caller has a key)."""
 
     async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
+        arrived = time.perf_counter()
         tenant, body, control = await self.request(scope, receive)
         pipeline: Pipeline = self.app.state.pipeline
         batch = prompts_of(body.get("prompt"))
         if batch is None:
             result = await pipeline.acomplete(body, tenant, control, raw=True, endpoint="completions")
-            await self.respond(result, cache_headers(result.info), scope, receive, send)
+            await self.respond(result, self.headers(result.info, arrived), scope, receive, send)
             return
         # every prompt is checked before any is sent: a bad one refuses the whole batch
         for i, prompt in enumerate(batch):

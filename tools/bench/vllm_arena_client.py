@@ -7,8 +7,9 @@ measures the arena). Turn k's messages are the earlier user texts, the answers t
 and the new text: later turns extend earlier prompts as a real chat does. With the completions
 endpoint turn k's prompt is turn k-1's prompt, its answer and the new text
 (vllm_arena_workload.next_prompt). After a failed turn the rest of that conversation is not sent.
-Each turn keeps the replica a kvgate router names in its `x-kvgate-replica` response header; the
-anchors name none, so theirs stays None. With `place`, each turn goes straight to the engine it
+Each turn keeps the replica a kvgate router names in its `x-kvgate-replica` response header, and
+kvgate's `server-timing` (its steps before the first bytes, kvgate.middleware.server.timing), with
+the time its response head arrived; the anchors send neither, so theirs stay None. With `place`, each turn goes straight to the engine it
 names (the replay arm: no router in the path) and keeps that engine's name as its replica.
 """
 
@@ -45,6 +46,8 @@ class Turn:
     cached_tokens: int | None = None
     finish_reason: str | None = None
     replica: str | None = None  # x-kvgate-replica: where kvgate sent it (None through the anchors)
+    timing: str | None = None  # kvgate's server-timing header
+    head: float = 0.0  # perf_counter when the response head arrived
     pieces: list[str] = field(default_factory=list, repr=False)
 
 
@@ -88,7 +91,9 @@ async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: 
         resp = await client.post(
             url, body, {"content-type": "application/json", "authorization": "Bearer bench"}, timeout
         )
+        turn.head = time.perf_counter()
         turn.replica = resp.headers.get("x-kvgate-replica")
+        turn.timing = resp.headers.get("server-timing")
         try:
             if resp.status != 200:
                 turn.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
@@ -137,7 +142,7 @@ async def converse(
     queue: asyncio.Queue[int] = asyncio.Queue()
     for c in range(len(texts)):
         queue.put_nowait(c)
-    client = Pool(keepalive_s=3.0, keep_headers=frozenset({"x-kvgate-replica"}))
+    client = Pool(keepalive_s=3.0, keep_headers=frozenset({"x-kvgate-replica", "server-timing"}))
 
     async def worker() -> None:
         while not queue.empty():

@@ -13,7 +13,11 @@ Per request (`request_records`): conversation and turn, TTFT, the replica a kvga
 (x-kvgate-replica; None through the anchors, which name none), the uncached prompt tokens sent
 (the engine's usage: prompt tokens minus cached tokens), the requests the bench client itself had
 in flight when it sent this one (`inflight`: all replicas; `queue`: those to the same replica, only
-where the replica is known: the client's view, not the engine's scheduler queue).
+where the replica is known: the client's view, not the engine's scheduler queue). Through kvgate,
+also `head_s` (the client's wait for the response head, which kvgate sends once the engine's first
+event is in) and `proxy_ms` (its Server-Timing steps: read, plan, engine, relay), so `head_s` less
+their sum is the time outside the proxy's handler: the server's parsing, the loop's wait before
+the handler ran, and the loopback on either side.
 """
 
 from __future__ import annotations
@@ -155,9 +159,27 @@ def request_records(turns: Sequence[Turn]) -> list[dict[str, Any]]:
         if t.replica is not None:
             rec["replica"] = t.replica
             rec["queue"] = sum(u.replica == t.replica for u in busy)
+        if t.timing is not None:
+            rec["head_s"] = round(t.head - t.sent, 4)
+            rec["proxy_ms"] = timing_steps(t.timing)
         if t.error is not None:
             rec["error"] = True
         out.append(rec)
+    return out
+
+
+def timing_steps(header: str) -> dict[str, float]:
+    """A Server-Timing value's steps, {name: ms} (entries without a duration are left out)."""
+    out = {}
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";")
+        for param in rest.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    pass
     return out
 
 

@@ -88,6 +88,7 @@ def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, toke
     return {
         "cache_dir": str(cache_dir),
         **({"stats": {"scrape_replicas": False}} if arm in UNPOLLED_ARMS else {}),
+        "server": {"timing_header": True},  # each turn's steps through the proxy (request_records' proxy_ms)
         "routes": [
             {
                 "name": "vllm",

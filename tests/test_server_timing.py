@@ -1,0 +1,123 @@
+"""The proxy's Server-Timing header (`server.timing_header`): the pure formatter, and through the
+real proxy and pipeline in front of a fake replica (kvgate.engines.demo) that waits before it
+answers, so the replica's own time must land in `engine` and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from kvgate.engines.demo import Calls, create_fake_app
+from kvgate.middleware.build import build_pipeline
+from kvgate.middleware.config import parse_config
+from kvgate.middleware.server.proxy import create_app
+from kvgate.middleware.server.timing import server_timing
+from kvgate.tools.bench.procs import ServerThread
+
+WAIT_S = 0.3  # the fake replica's wait before it answers ([[sleep=S]])
+
+
+def steps(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, dur = part.strip().split(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+def test_the_steps_add_up_to_the_handlers_time() -> None:
+    relayed = steps(server_timing(10.0, (10.002, 10.005, 10.905), 10.906, hit=False))
+    assert list(relayed) == ["read", "plan", "engine", "relay"]
+    assert relayed == pytest.approx({"read": 2.0, "plan": 3.0, "engine": 900.0, "relay": 1.0})
+    assert sum(relayed.values()) == pytest.approx(906.0)
+    assert steps(server_timing(1.0, (1.001,), 1.004, hit=True)) == pytest.approx({"read": 1.0, "cache": 3.0})
+    assert list(steps(server_timing(1.0, (1.001,), 1.5, hit=False))) == ["read", "forward"]
+    assert list(steps(server_timing(1.0, (), 1.5, hit=False))) == ["read"]
+    # a clock read out of order never gives a negative duration
+    assert steps(server_timing(2.0, (1.9,), 2.1, hit=True))["read"] == 0.0
+
+
+class Proxy:
+    def __init__(self, tmp: Path, timing: bool) -> None:
+        self.replica = ServerThread(create_fake_app(Calls())).start()
+        route: dict[str, Any] = {
+            "name": "r",
+            "model": "fake*",
+            "backend": {"model": "openai/fake", "api_key": "none", "timeout": 30},
+            "semantic": {"enabled": False},
+            "replicas": [{"name": "r0", "api_base": f"{self.replica.url}/v1"}],
+            "routing": {"policy": "cache_aware", "prefix": {"tokenizer": "text"}},
+        }
+        config = parse_config({"cache_dir": str(tmp / "cache"), "routes": [route], "server": {"timing_header": timing}})
+        self.pipeline = build_pipeline(config)
+        self.proxy = ServerThread(create_app(config, self.pipeline)).start()
+        self.http = httpx.Client(base_url=self.proxy.url, timeout=60)
+
+    def stop(self) -> None:
+        self.http.close()
+        self.proxy.stop()
+        self.pipeline.close()
+        self.replica.stop()
+
+
+@pytest.fixture
+def proxy(tmp_path: Path) -> Iterator[Proxy]:
+    p = Proxy(tmp_path, timing=True)
+    yield p
+    p.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_relayed_miss_then_its_hit(proxy: Proxy, stream: bool) -> None:
+    body = {
+        "model": "fake",
+        "messages": [{"role": "user", "content": f"where does the time go, stream={stream}? [[sleep={WAIT_S}]]"}],
+        "stream": stream,
+        "temperature": 0,
+    }
+    begun = time.perf_counter()
+    miss = proxy.http.post("/v1/chat/completions", json=body)
+    elapsed_ms = (time.perf_counter() - begun) * 1000
+    assert miss.status_code == 200, miss.text
+    assert miss.headers["x-kvgate-cache"] == "miss"
+    timing = steps(miss.headers["server-timing"])
+    assert list(timing) == ["read", "plan", "engine", "relay"]
+    assert timing["engine"] >= WAIT_S * 1000  # the replica's wait is the engine's step
+    assert timing["read"] + timing["plan"] + timing["relay"] < WAIT_S * 1000  # and no other step's
+    assert sum(timing.values()) <= elapsed_ms  # the header only sees time the client waited
+    if stream:
+        assert miss.text.rstrip().endswith("data: [DONE]")
+
+    hit = proxy.http.post("/v1/chat/completions", json=body)
+    assert hit.headers["x-kvgate-cache"] == "exact"
+    timing = steps(hit.headers["server-timing"])
+    assert list(timing) == ["read", "cache"]
+    assert sum(timing.values()) < WAIT_S * 1000
+
+
+def test_completions_carry_it_and_a_batch_does_not(proxy: Proxy) -> None:
+    one = proxy.http.post("/v1/completions", json={"model": "fake", "prompt": "a prompt"})
+    assert one.status_code == 200, one.text
+    assert list(steps(one.headers["server-timing"])) == ["read", "plan", "engine", "relay"]
+    batch = proxy.http.post("/v1/completions", json={"model": "fake", "prompt": ["one prompt", "another"]})
+    assert batch.status_code == 200, batch.text
+    assert len(batch.json()["choices"]) == 2
+    assert "server-timing" not in batch.headers
+
+
+def test_off_by_default(tmp_path: Path) -> None:
+    p = Proxy(tmp_path, timing=False)
+    try:
+        resp = p.http.post(
+            "/v1/chat/completions", json={"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert resp.status_code == 200, resp.text
+        assert "server-timing" not in resp.headers
+        assert json.loads(resp.text)["choices"]
+    finally:
+        p.stop()

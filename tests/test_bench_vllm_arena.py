@@ -19,6 +19,7 @@ from kvgate.tools.bench.vllm_arena_stats import (
     Computed,
     computed_per_server,
     counters,
+    loop_lag,
     metric_labels,
     oracle_cached,
     paired_ratio,
@@ -310,3 +311,19 @@ def test_a_lost_port_is_read_from_the_new_part_of_the_log_only(tmp_path: Path) -
     with open(log, "a") as f:
         f.write("INFO started again\nRuntimeError: Engine core initialization failed\n")
     assert not lost_a_port(log, seen)  # this attempt failed for another reason: not started again
+
+
+def test_loop_lag_reads_the_routers_histogram_between_two_pages():
+    def page(counts: list[int], total: float) -> str:
+        edges = ["0.005", "0.01", "0.05", "0.1", "+Inf"]
+        lines = [f'kvgate_event_loop_lag_seconds_bucket{{le="{e}"}} {c}' for e, c in zip(edges, counts)]
+        return "\n".join(
+            [*lines, f"kvgate_event_loop_lag_seconds_count {counts[-1]}", f"kvgate_event_loop_lag_seconds_sum {total}"]
+        )
+
+    before = page([10, 10, 10, 10, 10], 0.01)
+    after = page([50, 80, 95, 98, 110], 3.01)  # 100 samples in between, 3 s of lag in all
+    lag = loop_lag(before, after)
+    assert lag == {"samples": 100, "mean_ms": 30.0, "over_10ms": 0.3, "over_50ms": 0.15, "over_100ms": 0.12}
+    assert loop_lag(after, after) is None
+    assert loop_lag("", "") is None

@@ -40,7 +40,9 @@ runs (each run: its position in the run's order, its TTFTs, engine counters, req
 (the prompt tokens each engine prefilled: where the router put the work, for every arm), render_requests: the engines'
 `.../render` calls, vllm-router's tokenization; its oracle; router_cpu_s, router_cpu_ms_per_request,
 engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/bench/vllm_arena_cpu.py;
-request_records: one small dict per request, with per_replica where a kvgate router named the replica;
+request_records: one small dict per request, with per_replica where a kvgate router named the replica
+(through kvgate also each turn's Server-Timing steps, proxy_ms, and its head's wait, head_s);
+a kvgate arm's runs add router_loop_lag, its event loop's lateness over the run (vllm_arena_stats.loop_lag);
 the replay arm's runs add unplaced_turns, the turns the replayed run did not place);
 the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs; top level:
 router_nice (the routers' nice value), oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's

@@ -36,6 +36,7 @@ from kvgate.tools.bench.vllm_arena_stats import (
     computed_per_server,
     counters,
     engine_latency,
+    loop_lag,
     metric_labels,
     metric_sum,
     oracle_cached,
@@ -177,6 +178,7 @@ class Bench:
             proc, label = None, "no router: kvgate precise's placements replayed"
         else:
             proc, url, label = self.router(arm, params)
+        kvgate_arm = arm != REPLAY_ARM and arm not in ANCHOR_OF
         try:
             asyncio.run(warm_up(url, endpoint=self.args.endpoint))
             self.reset()
@@ -184,6 +186,8 @@ class Bench:
             if others:
                 self.log(f"warning: {others} other vLLM server(s) running: this run's timings share the cores")
             before_pages = self.pages()
+            own = url.removesuffix(ENDPOINTS[self.args.endpoint]) + "/metrics" if kvgate_arm else None
+            own_before = httpx.get(own, timeout=30).text if own else ""
             total = sum(len(t) for t in texts)
             router_pids = [proc.proc.pid] if proc is not None else []
             idle = idle_cpu_ms_per_s(router_pids, self.args.idle_s)
@@ -207,6 +211,7 @@ class Bench:
             wall = time.perf_counter() - t0
             time.sleep(1.0)  # the engines' last stats reach /metrics
             after_pages = self.pages()
+            lag = loop_lag(own_before, httpx.get(own, timeout=30).text) if own else None
         finally:
             if proc is not None:
                 proc.stop()
@@ -240,6 +245,8 @@ class Bench:
             per_replica=replica_summary(records),
         )
         summary.update(router=label, params=params)
+        if lag is not None:
+            summary["router_loop_lag"] = lag
         if arm == REPLAY_ARM:
             summary["unplaced_turns"] = len(unplaced)
         return summary

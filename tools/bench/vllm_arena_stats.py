@@ -68,6 +68,37 @@ def engine_latency(before: Sequence[str], after: Sequence[str]) -> dict[str, flo
     return out
 
 
+LOOP_LAG = "kvgate_event_loop_lag_seconds"  # kvgate's own loop-lag sampler (telemetry/loop_lag.py)
+LAG_OVER_MS = (10, 50, 100)
+
+
+def loop_lag(before: str, after: str) -> dict[str, Any] | None:
+    """A kvgate router's event-loop lag between two reads of its /metrics: the samples taken, their
+    mean (ms) and the share later than each of LAG_OVER_MS (from the histogram's buckets; a bound
+    that is not a bucket edge is left out). None when the page has no samples of it."""
+
+    def buckets(text: str) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for n, labels, v in _SAMPLE.findall(text):
+            if n == f"{LOOP_LAG}_bucket":
+                le = dict(_LABEL.findall(labels or "")).get("le", "")
+                edge = math.inf if le == "+Inf" else float(le)
+                out[edge] = out.get(edge, 0.0) + float(v)
+        return out
+
+    samples = metric_sum(after, f"{LOOP_LAG}_count") - metric_sum(before, f"{LOOP_LAG}_count")
+    if samples <= 0:
+        return None
+    total = metric_sum(after, f"{LOOP_LAG}_sum") - metric_sum(before, f"{LOOP_LAG}_sum")
+    b, a = buckets(before), buckets(after)
+    out: dict[str, Any] = {"samples": int(samples), "mean_ms": round(total * 1000 / samples, 3)}
+    for ms in LAG_OVER_MS:
+        edge = ms / 1000
+        if edge in a:
+            out[f"over_{ms}ms"] = round(1 - (a[edge] - b.get(edge, 0.0)) / samples, 4)
+    return out
+
+
 def render_requests(pages: Iterable[str]) -> float | None:
     """Requests vLLM's API server answered on a `.../render` path (vllm-router asks for the token
     ids of a prompt there), summed over the pages; None when no page counts requests per handler."""

@@ -17,6 +17,7 @@ from kvgate.tools.bench.vllm_arena_cpu import (
     arm_cpu,
     cpu_fields,
     idle_cpu_ms_per_s,
+    proxy_steps,
     replica_summary,
     request_records,
     timing_steps,
@@ -226,3 +227,25 @@ def test_send_turn_records_the_replica_a_router_names(header):
     assert turn.replica == ("v0" if header else None)
     assert turn.timing == ("read;dur=0.10, engine;dur=5.00" if header else None)
     assert turn.sent <= turn.head <= turn.done
+
+
+def test_proxy_steps_split_kvgates_turns_by_kind_and_step():
+    def rec(t: int, ttft: float, head: float, steps: dict[str, float]) -> dict:
+        return {"c": 0, "t": t, "ttft_s": ttft, "head_s": head, "proxy_ms": steps}
+
+    steps = {"read": 0.2, "plan": 1.0, "engine": 900.0, "relay": 0.1}
+    runs = [
+        {"request_records": [rec(0, 1.0, 0.9995, steps), rec(1, 0.5, 0.4, {**steps, "engine": 390.0})]},
+        {"request_records": [{"c": 1, "t": 0, "ttft_s": 2.0}, rec(0, 1.0, 0.9013, steps)]},  # an anchor-like record
+    ]
+    out = proxy_steps(runs)["proxy_steps_ms"]
+    assert out["first_turns"]["turns"] == 2 and out["later_turns"]["turns"] == 1
+    first = out["first_turns"]
+    assert first["engine"] == {"mean": 900.0, "p50": 900.0, "p99": 900.0}
+    assert first["outside"]["mean"] == pytest.approx(
+        (98.2 + 0.0) / 2, abs=0.01
+    )  # heads 999.5 and 901.3 ms, steps 901.3
+    later = out["later_turns"]
+    assert later["outside"]["p50"] == pytest.approx(400.0 - 391.3, abs=0.01)
+    assert later["after"]["p50"] == pytest.approx(100.0)
+    assert proxy_steps([{"request_records": [{"c": 0, "t": 0, "ttft_s": 1.0}]}]) == {}

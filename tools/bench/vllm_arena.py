@@ -42,7 +42,8 @@ runs (each run: its position in the run's order, its TTFTs, engine counters, req
 engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/bench/vllm_arena_cpu.py;
 request_records: one small dict per request, with per_replica where a kvgate router named the replica
 (through kvgate also each turn's Server-Timing steps, proxy_ms, and its head's wait, head_s);
-a kvgate arm's runs add router_loop_lag, its event loop's lateness over the run (vllm_arena_stats.loop_lag);
+a kvgate arm's runs add router_loop_lag, its event loop's lateness over the run (vllm_arena_stats.loop_lag),
+and the arm its proxy_steps_ms, those steps over its runs by first and later turns;
 the replay arm's runs add unplaced_turns, the turns the replayed run did not place);
 the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs; top level:
 router_nice (the routers' nice value), oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
@@ -72,7 +73,7 @@ from kvgate.tools.bench.stats import pct, write_json
 from kvgate.tools.bench.trace import load_trace
 from kvgate.tools.bench.vllm_arena_bench import Bench
 from kvgate.tools.bench.vllm_arena_client import ENDPOINTS
-from kvgate.tools.bench.vllm_arena_cpu import arm_cpu
+from kvgate.tools.bench.vllm_arena_cpu import arm_cpu, proxy_steps
 from kvgate.tools.bench.vllm_arena_setup import (
     ANCHOR_OF,
     REPLAY_ARM,
@@ -310,7 +311,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     for arm in arms:
         if runs[arm]:
             result["routers"][arm] = router_summary(
-                runs[arm], router=runs[arm][0]["router"], params=runs[arm][0]["params"], **arm_cpu(runs[arm])
+                runs[arm],
+                router=runs[arm][0]["router"],
+                params=runs[arm][0]["params"],
+                **arm_cpu(runs[arm]),
+                **proxy_steps(runs[arm]),
             )
     kvgate_arms = [a for a in arms if a.startswith("kvgate")]
     result["paired"] = paired_ratios(runs, kvgate_arms, [a for a in arms if a in ANCHOR_OF])

@@ -183,6 +183,39 @@ def timing_steps(header: str) -> dict[str, float]:
     return out
 
 
+STEPS = ("read", "plan", "engine", "relay", "outside", "after")
+
+
+def proxy_steps(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Where kvgate's turns spent their time, over every run's request_records that carry its
+    steps: per turn kind (a conversation's first turn, its later ones) and step, the mean, median
+    and 99th percentile in ms. `outside` is the head's wait less the steps (the server's parsing,
+    the loop's wait before the handler, the loopback both ways), `after` the first token's wait
+    after the head. {} for an arm whose records carry none (the anchors, the replay)."""
+    out: dict[str, Any] = {}
+    for kind, later in (("first_turns", False), ("later_turns", True)):
+        recs = [r for rs in runs for r in rs.get("request_records", []) if "proxy_ms" in r and (r["t"] > 0) == later]
+        recs = [r for r in recs if r.get("ttft_s") is not None]
+        if not recs:
+            continue
+        values: dict[str, list[float]] = {step: [] for step in STEPS}
+        for r in recs:
+            steps = r["proxy_ms"]
+            for step in STEPS[:4]:
+                values[step].append(steps.get(step, 0.0))
+            values["outside"].append(r["head_s"] * 1000 - sum(steps.values()))
+            values["after"].append((r["ttft_s"] - r["head_s"]) * 1000)
+        out[kind] = {"turns": len(recs)} | {
+            step: {
+                "mean": round(statistics.fmean(xs), 2),
+                "p50": round(statistics.median(xs), 2),
+                "p99": round(sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))], 2),
+            }
+            for step, xs in values.items()
+        }
+    return {"proxy_steps_ms": out} if out else {}
+
+
 def replica_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Per replica (where the router named it): requests, uncached tokens sent, mean client queue."""
     named = [r for r in records if "replica" in r]

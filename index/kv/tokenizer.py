@@ -23,6 +23,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from kvgate.index.kv.chat_template import boundary_token, chat_messages, content_text, split_segments
 from kvgate.index.kv.hashing import pack_tokens, unpack_tokens
+from kvgate.index.kv.tokenizer_light import encode_ids
 from kvgate.index.storage.env import model_cache_dir
 from kvgate.index.storage.tokenizer_files import have_transformers
 
@@ -111,7 +112,7 @@ class HFChatTokenizer:
 
     def encode(self, segment: str) -> list[int]:
         if self._rust is not None:  # the fast tokenizer's own encode: the same ids, half the time per call
-            return self._rust.encode(segment, add_special_tokens=False).ids
+            return encode_ids(self._rust, segment, False)
         return list(self._tok(segment, add_special_tokens=False)["input_ids"])
 
     def packed(self, segment: str) -> bytes:
@@ -123,7 +124,7 @@ class HFChatTokenizer:
 
     def packed_text(self, text: str) -> bytes:
         if self._rust is not None:
-            return pack_tokens(self._rust.encode(text, add_special_tokens=True).ids)
+            return pack_tokens(encode_ids(self._rust, text, True))
         return pack_tokens(list(self._tok(text, add_special_tokens=True)["input_ids"]))
 
     def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:

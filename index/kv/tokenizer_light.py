@@ -25,6 +25,16 @@ from kvgate.index.kv.hashing import pack_tokens
 from kvgate.index.storage.tokenizer_files import load_tokenizer_files
 
 
+def encode_ids(rust: Any, text: str, add_special_tokens: bool) -> list[int]:
+    """A fast tokenizer's (`tokenizers.Tokenizer`) ids for `text`, as its own `encode` gives them.
+
+    Through `encode_batch`, which lets other threads run while it works: `encode` holds the GIL
+    for its whole call, so a long prompt hashed on a worker thread would stop the proxy's event
+    loop (every other request's stream) for as long as it took
+    (tests/test_tokenizer_gil.py, tools/bench/tokenizer_gil.py)."""
+    return rust.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+
 class LightChatTokenizer:
     backend = "tokenizers"
 
@@ -49,7 +59,7 @@ class LightChatTokenizer:
         return split_segments(self.render(messages), self._boundary)
 
     def encode(self, segment: str) -> list[int]:
-        return self._rust.encode(segment, add_special_tokens=False).ids
+        return encode_ids(self._rust, segment, False)
 
     def packed(self, segment: str) -> bytes:
         return pack_tokens(self.encode(segment))
@@ -59,7 +69,7 @@ class LightChatTokenizer:
         return self._rust.get_vocab_size(with_added_tokens=True)
 
     def packed_text(self, text: str) -> bytes:
-        return pack_tokens(self._rust.encode(text, add_special_tokens=True).ids)
+        return pack_tokens(encode_ids(self._rust, text, True))
 
     def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         return self.encode(self.render(messages))

@@ -15,7 +15,7 @@ from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import TextTokenizer
 from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.cache.offload import INLINE_NEW_CHARS_TEXT, prompt_chars
+from kvgate.middleware.cache.offload import INLINE_NEW_CHARS, prompt_chars
 from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
 from kvgate.middleware.routing.records import INLINE_RECORD_BLOCKS
 from kvgate.middleware.routing.router import Router
@@ -307,13 +307,10 @@ def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
         with httpx.Client(base_url=server.url, timeout=30) as client:
             for stream in (False, True):
                 msgs = [*chat(3), {"role": "assistant", "content": "hm"}, {"role": "user", "content": f"{stream}?"}]
-                assert prompt_chars(msgs) < INLINE_NEW_CHARS_TEXT
+                assert prompt_chars(msgs) < INLINE_NEW_CHARS
                 big = [*msgs[:-1], {"role": "user", "content": f"long {stream} " + "y" * OFF_LOOP_BODY_BYTES}]
                 # under the total bound, but a new turn past the text tokenizer's new-characters bound
-                new_turn = [
-                    *msgs[:-1],
-                    {"role": "user", "content": f"new {stream} " + "z" * (2 * INLINE_NEW_CHARS_TEXT)},
-                ]
+                new_turn = [*msgs[:-1], {"role": "user", "content": f"new {stream} " + "z" * (2 * INLINE_NEW_CHARS)}]
                 for body, on_loop in (
                     ({"model": "smollm2", "messages": msgs, "stream": stream}, True),
                     ({"model": "smollm2", "messages": big, "stream": stream}, False),

@@ -13,8 +13,7 @@ from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import TextTokenizer
 from kvgate.middleware.build import build_pipeline
 from kvgate.middleware.cache.offload import (
-    INLINE_NEW_CHARS_HF,
-    INLINE_NEW_CHARS_TEXT,
+    INLINE_NEW_CHARS,
     INLINE_TOTAL_CHARS,
     new_chars_limit,
     prompt_chars,
@@ -40,12 +39,12 @@ def test_limits_never_inline_what_may_wait_on_the_network_or_embed():
     assert new_chars_limit(local_stores=False, semantic=False, tokenizer="text") is None
     assert new_chars_limit(local_stores=True, semantic=True, tokenizer=None) is None
     assert new_chars_limit(local_stores=True, semantic=False, tokenizer=None) == INLINE_TOTAL_CHARS
-    assert new_chars_limit(local_stores=True, semantic=False, tokenizer="text") == INLINE_NEW_CHARS_TEXT
-    assert new_chars_limit(local_stores=True, semantic=False, tokenizer="smollm2") == INLINE_NEW_CHARS_HF
-    assert runs_inline(100, 100, INLINE_NEW_CHARS_TEXT) and not runs_inline(100, 100, None)
+    assert new_chars_limit(local_stores=True, semantic=False, tokenizer="text") == INLINE_NEW_CHARS
+    assert new_chars_limit(local_stores=True, semantic=False, tokenizer="smollm2") == INLINE_NEW_CHARS
+    assert runs_inline(100, 100, INLINE_NEW_CHARS) and not runs_inline(100, 100, None)
     # a long prompt hops even when almost all of it was hashed before
-    assert not runs_inline(INLINE_TOTAL_CHARS + 1, 10, INLINE_NEW_CHARS_TEXT)
-    assert not runs_inline(9000, INLINE_NEW_CHARS_TEXT + 1, INLINE_NEW_CHARS_TEXT)
+    assert not runs_inline(INLINE_TOTAL_CHARS + 1, 10, INLINE_NEW_CHARS)
+    assert not runs_inline(9000, INLINE_NEW_CHARS + 1, INLINE_NEW_CHARS)
 
 
 def test_uncached_chars_counts_only_what_follows_the_longest_run_hashed_before():
@@ -105,7 +104,7 @@ def test_inline_and_offloaded_requests_give_the_same_cache_behaviour(embedder, t
             # hashed already, so only a prompt past the total bound hops twice
             cases = (
                 ("a small question?", True, True),
-                ("a long new turn " + "x" * (2 * INLINE_NEW_CHARS_TEXT), False, True),
+                ("a long new turn " + "x" * (2 * INLINE_NEW_CHARS), False, True),
                 ("a prompt past the total bound " + "y" * INLINE_TOTAL_CHARS, False, False),
             )
             for content, first_inline, again_inline in cases:
@@ -159,7 +158,7 @@ def test_a_long_answer_to_a_small_prompt_is_recorded_off_the_loop(embedder, tmp_
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             for stream in (False, True):
-                for size, record_inline in ((0, True), (3 * INLINE_NEW_CHARS_TEXT, False)):
+                for size, record_inline in ((0, True), (3 * INLINE_NEW_CHARS, False)):
                     steps.clear()
                     body = {
                         "model": "smollm2",

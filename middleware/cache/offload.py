@@ -5,8 +5,7 @@ the lookup and the record of each miss cost more CPU per request in worker threa
 (the threads and the event loop contend for the GIL on every hand-off). Work that grows with the prompt
 must still stay off the loop. So a request runs its cache steps inline only when they are cheap
 *and bounded*: local stores (no network round trip), no embedding (no semantic tier), and a prompt
-small enough that tokenising and hashing it stays short with its route's tokenizer (or whose
-tokenising a worker thread would not take off the loop anyway); the step after the answer also
+small enough that tokenising and hashing it stays short; the step after the answer also
 needs the answer (hashed after the prompt for the router's records) within the same bound.
 Everything else hops.
 
@@ -22,18 +21,16 @@ from typing import Any
 # conversation's earlier turns, a shared system prompt): only its new characters are tokenised.
 # A hop is not free: two thread wake-ups and GIL hand-offs, and when engines keep every core busy
 # each wake-up first waits for a core. What a hop buys is a loop that serves other requests
-# meanwhile, and that depends on the tokenizer:
-# - `text` / `codepoints` tokenise in Python, so a worker thread yields the GIL to the loop every
-#   switch interval: long new turns hop (INLINE_NEW_CHARS_TEXT);
-# - an HF fast tokenizer's encode is one native call that holds the GIL to its end, so the loop
-#   waits for it wherever it runs: a hop only adds its wake-ups, and every prompt within
-#   INLINE_TOTAL_CHARS is hashed inline.
+# meanwhile: `text` / `codepoints` tokenise in Python, so a worker thread yields the GIL to the
+# loop every switch interval, and an HF fast tokenizer's encode runs with the GIL released
+# (kvgate.index.kv.tokenizer_light.encode_ids). So with either tokenizer a turn with more new text
+# than INLINE_NEW_CHARS hops; an HF tokenizer's characters cost more than the `text` one's, so
+# the bound errs towards hopping for it.
 # The whole prompt (what is digested at C speed for the keys and the hash resume) is bounded by
 # INLINE_TOTAL_CHARS. Long continuations run inline add more to the tail of every other request's
 # time to first token than their hops cost, so long prompts keep hopping.
 INLINE_TOTAL_CHARS = 16 * 1024
-INLINE_NEW_CHARS_TEXT = 4096
-INLINE_NEW_CHARS_HF = INLINE_TOTAL_CHARS
+INLINE_NEW_CHARS = 4096
 
 
 def prompt_chars(messages: Any) -> int:
@@ -63,12 +60,12 @@ def new_chars_limit(*, local_stores: bool, semantic: bool, tokenizer: str | None
 
     `tokenizer`: the route's routing tokenizer (None: the route has no replicas, hashes nothing
     but its keys). Invariant: None when a step could wait on the network (a Redis store) or
-    embed (a semantic tier); otherwise the limit of the route's tokenizer."""
+    embed (a semantic tier); otherwise INLINE_NEW_CHARS, whichever tokenizer the route hashes with."""
     if not local_stores or semantic:
         return None
     if tokenizer is None:
         return INLINE_TOTAL_CHARS
-    return INLINE_NEW_CHARS_TEXT if tokenizer in ("text", "codepoints") else INLINE_NEW_CHARS_HF
+    return INLINE_NEW_CHARS
 
 
 def runs_inline(total_chars: int, new_chars: int, limit: int | None) -> bool:

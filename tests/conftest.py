@@ -58,6 +58,25 @@ def backend() -> Iterator[Backend]:
     b.server.stop()
 
 
+class ServedProxy:
+    """A fake replica (kvgate.engines.demo) with the real proxy and pipeline in front of it, each
+    in a thread; `config_of(replica_api_base)` is the proxy's config as a dict."""
+
+    def __init__(self, config_of: Callable[[str], dict[str, Any]]) -> None:
+        self.calls = Calls()
+        self.replica = ServerThread(create_fake_app(self.calls)).start()
+        config = parse_config(config_of(f"{self.replica.url}/v1"))
+        self.pipeline = build_pipeline(config)
+        self.proxy = ServerThread(create_app(config, self.pipeline)).start()
+        self.http = httpx.Client(base_url=self.proxy.url, timeout=60)
+
+    def stop(self) -> None:
+        self.http.close()
+        self.proxy.stop()
+        self.pipeline.close()
+        self.replica.stop()
+
+
 def route_config(api_base: str, cache_dir: Path, **semantic: Any) -> dict[str, Any]:
     """The issue's example config, pointed at a test backend. `ttl` is the route's; the other
     keywords go into its `semantic:` block."""

@@ -14,48 +14,34 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from kvgate.engines.demo import Calls, create_fake_app
-from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.config import parse_config
-from kvgate.middleware.server.proxy import create_app
-from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import ServedProxy
 
 # long enough for several routing blocks of the text tokenizer
 QUESTION = "Explain, step by step and with an example for each step, how a radix tree stores prefixes " * 3
 
 
-class Proxy:
+class Proxy(ServedProxy):
     def __init__(self, tmp: Path) -> None:
-        self.calls = Calls()
-        self.replica = ServerThread(create_fake_app(self.calls)).start()
-        route: dict[str, Any] = {
-            "backend": {"model": "openai/fake", "api_key": "none", "timeout": 30},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": "r0", "api_base": f"{self.replica.url}/v1"}],
-            "routing": {"policy": "cache_aware", "prefix": {"tokenizer": "text"}},
-        }
-        config = parse_config(
-            {
+        def config(api_base: str) -> dict[str, Any]:
+            route: dict[str, Any] = {
+                "backend": {"model": "openai/fake", "api_key": "none", "timeout": 30},
+                "semantic": {"enabled": False},
+                "replicas": [{"name": "r0", "api_base": api_base}],
+                "routing": {"policy": "cache_aware", "prefix": {"tokenizer": "text"}},
+            }
+            return {
                 "cache_dir": str(tmp / "cache"),
                 "routes": [
                     {**route, "name": "router", "model": "fake-r*", "exact": False},
                     {**route, "name": "cached", "model": "fake-c*"},
                 ],
             }
-        )
-        self.pipeline = build_pipeline(config)
-        self.proxy = ServerThread(create_app(config, self.pipeline)).start()
-        self.http = httpx.Client(base_url=self.proxy.url, timeout=60)
+
+        super().__init__(config)
 
     def chat(self, model: str, messages: list[dict[str, str]], stream: bool = False) -> httpx.Response:
         body = {"model": model, "messages": messages, "stream": stream, "temperature": 0}
         return self.http.post("/v1/chat/completions", json=body)
-
-    def stop(self) -> None:
-        self.http.close()
-        self.proxy.stop()
-        self.pipeline.close()
-        self.replica.stop()
 
 
 @pytest.fixture

@@ -9,15 +9,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import httpx
 import pytest
 
-from kvgate.engines.demo import Calls, create_fake_app
-from kvgate.middleware.build import build_pipeline
-from kvgate.middleware.config import parse_config
-from kvgate.middleware.server.proxy import create_app
 from kvgate.middleware.server.timing import server_timing
-from kvgate.tools.bench.procs import ServerThread
+from tests.conftest import ServedProxy
 
 WAIT_S = 0.3  # the fake replica's wait before it answers ([[sleep=S]])
 
@@ -42,27 +37,20 @@ def test_the_steps_add_up_to_the_handlers_time() -> None:
     assert steps(server_timing(2.0, (1.9,), 2.1, hit=True))["read"] == 0.0
 
 
-class Proxy:
+class Proxy(ServedProxy):
     def __init__(self, tmp: Path, timing: bool) -> None:
-        self.replica = ServerThread(create_fake_app(Calls())).start()
-        route: dict[str, Any] = {
-            "name": "r",
-            "model": "fake*",
-            "backend": {"model": "openai/fake", "api_key": "none", "timeout": 30},
-            "semantic": {"enabled": False},
-            "replicas": [{"name": "r0", "api_base": f"{self.replica.url}/v1"}],
-            "routing": {"policy": "cache_aware", "prefix": {"tokenizer": "text"}},
-        }
-        config = parse_config({"cache_dir": str(tmp / "cache"), "routes": [route], "server": {"timing_header": timing}})
-        self.pipeline = build_pipeline(config)
-        self.proxy = ServerThread(create_app(config, self.pipeline)).start()
-        self.http = httpx.Client(base_url=self.proxy.url, timeout=60)
+        def config(api_base: str) -> dict[str, Any]:
+            route: dict[str, Any] = {
+                "name": "r",
+                "model": "fake*",
+                "backend": {"model": "openai/fake", "api_key": "none", "timeout": 30},
+                "semantic": {"enabled": False},
+                "replicas": [{"name": "r0", "api_base": api_base}],
+                "routing": {"policy": "cache_aware", "prefix": {"tokenizer": "text"}},
+            }
+            return {"cache_dir": str(tmp / "cache"), "routes": [route], "server": {"timing_header": timing}}
 
-    def stop(self) -> None:
-        self.http.close()
-        self.proxy.stop()
-        self.pipeline.close()
-        self.replica.stop()
+        super().__init__(config)
 
 
 @pytest.fixture

@@ -12,17 +12,10 @@ from typing import Any, Iterator
 import pytest
 
 from kvgate.middleware.server.timing import server_timing
+from kvgate.tools.bench.vllm_arena_cpu import timing_steps as steps  # the bench's reader of the header
 from tests.conftest import ServedProxy
 
 WAIT_S = 0.3  # the fake replica's wait before it answers ([[sleep=S]])
-
-
-def steps(value: str) -> dict[str, float]:
-    out = {}
-    for part in value.split(","):
-        name, dur = part.strip().split(";dur=")
-        out[name] = float(dur)
-    return out
 
 
 def test_the_steps_add_up_to_the_handlers_time() -> None:

@@ -194,8 +194,12 @@ def proxy_steps(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     after the head. {} for an arm whose records carry none (the anchors, the replay)."""
     out: dict[str, Any] = {}
     for kind, later in (("first_turns", False), ("later_turns", True)):
-        recs = [r for rs in runs for r in rs.get("request_records", []) if "proxy_ms" in r and (r["t"] > 0) == later]
-        recs = [r for r in recs if r.get("ttft_s") is not None]
+        recs = [
+            r
+            for rs in runs
+            for r in rs.get("request_records", [])
+            if "proxy_ms" in r and r.get("ttft_s") is not None and (r["t"] > 0) == later
+        ]
         if not recs:
             continue
         values: dict[str, list[float]] = {step: [] for step in STEPS}

@@ -23,6 +23,7 @@ from kvgate.tools.bench.vllm_arena_cpu import (
     timing_steps,
     tree_on_cpu_s,
     tree_pids,
+    tree_sched,
 )
 
 # Waits for a line on stdin, then burns CPU (by its own CPU clock, so a busy machine makes it slower,
@@ -106,6 +107,35 @@ def test_cpu_window_counts_the_tree_it_watches_and_nothing_else():
         _end(other)
 
 
+def test_the_window_sees_a_tree_wait_for_a_core_it_shares():
+    """Two burners pinned to one core, burning at once: each waits for the core about as long as
+    the other burns, and is switched out against its will; the figures per request follow."""
+    import os
+
+    a, b = _burner(0.4, 0.0, 0.0), _burner(0.4, 0.0, 0.0)
+    try:
+        core = min(os.sched_getaffinity(0))
+        for p in (a, b):
+            os.sched_setaffinity(p.pid, {core})
+        window = CpuWindow({"router": [a.pid], "engines": [b.pid]}).start()
+        _go(a)
+        _go(b)
+        _finish(a)
+        _finish(b)
+        window.stop()
+        wait_s, switches = window.waited["router"]
+        assert 0.15 <= wait_s <= 5 and switches >= 1, window.waited
+        assert tree_sched([a.pid])[0] >= wait_s
+        assert 0.15 <= window.main_waited["router"] <= wait_s + 1e-6  # the burner is one thread
+        fields = cpu_fields(window.spent, 10, waited=window.waited, main_waited=window.main_waited)
+        assert fields["router_core_wait_ms_per_request"] == round(wait_s * 100, 3)
+        assert fields["router_involuntary_switches_per_request"] == round(switches / 10, 2)
+        assert fields["router_main_core_wait_ms_per_request"] == round(window.main_waited["router"] * 100, 3)
+    finally:
+        _end(a)
+        _end(b)
+
+
 def test_cpu_fields_and_arm_means():
     run = cpu_fields({"router": 0.5, "engines": 40.0, "client": 1.0}, 100)
     assert run == {"router_cpu_s": 0.5, "router_cpu_ms_per_request": 5.0, "engines_cpu_s": 40.0, "client_cpu_s": 1.0}
@@ -151,6 +181,11 @@ def test_busy_cpu_per_request_is_what_is_left_after_the_idle_rate():
     arm = arm_cpu([{**run, "requests": 100}, other])
     assert arm["router_idle_cpu_ms_per_s"] == 6.0 and arm["router_busy_cpu_ms_per_request"] == 7.0
     assert "router_idle_cpu_ms_per_s" not in cpu_fields({"router": 1.0, "engines": 1.0, "client": 1.0}, 10)
+    spent = {"router": 1.0, "engines": 1.0, "client": 1.0}
+    waits = [cpu_fields(spent, 100, waited={"router": (w, n)}) for w, n in ((0.2, 50), (0.4, 150))]
+    arm = arm_cpu([{**w, "requests": 100} for w in waits])
+    assert arm["router_core_wait_ms_per_request"] == 3.0 and arm["router_involuntary_switches_per_request"] == 1.0
+    assert "router_core_wait_ms_per_request" not in arm_cpu([{**run, "requests": 100}])
 
 
 def test_request_records_count_the_clients_own_in_flight_requests_per_replica():

@@ -240,7 +240,7 @@ class Bench:
             total_mean_s=round(statistics.fmean(t.done - t.sent for t in ok), 4) if ok else None,
             **engine_latency(before_pages, after_pages),
             **oracle,
-            **cpu_fields(spent, len(turns), wall, idle),
+            **cpu_fields(spent, len(turns), wall, idle, cpu.waited, cpu.main_waited),
             request_records=(records := request_records(turns)),
             per_replica=replica_summary(records),
         )

@@ -7,7 +7,13 @@ core. A process tree's CPU is utime + stime + cutime + cstime of every live proc
 root and its descendants, found by their parent ids): a child that exits and is reaped inside the
 window moves its time into its parent's c-fields, so it is counted once either way. Time of a
 descendant reaped by someone outside the tree (an orphan adopted by init) is lost; none of these
-routers or servers leaves one behind while it serves.
+routers or servers leaves one behind while it serves. Beside its CPU, each run reports how long the
+router's threads were ready to run but waited for a core (`router_core_wait_ms_per_request`, the
+scheduler's own count) and how often one lost its core against its will
+(`router_involuntary_switches_per_request`), and the first of the two for the router process's
+main thread alone (`router_main_core_wait_ms_per_request`: kvgate's event loop; an anchor's main
+thread may do none of its serving): on cores the engines keep busy, a router's work is delayed by
+that wait as well as by its own length.
 
 Per request (`request_records`): conversation and turn, TTFT, the replica a kvgate router named
 (x-kvgate-replica; None through the anchors, which name none), the uncached prompt tokens sent
@@ -76,13 +82,22 @@ def tree_cpu_s(roots: Iterable[int]) -> float:
 @dataclass
 class CpuWindow:
     """CPU seconds of named process trees between `start()` and `stop()`, and of this process (the
-    bench client: its load generator shares the same cores)."""
+    bench client: its load generator shares the same cores); also how long each tree's threads
+    were ready to run but waited for a core, and how often one was taken off a core it still
+    wanted (`waited`: {group: (seconds, involuntary switches)}; threads that end inside the
+    window take theirs with them)."""
 
     groups: dict[str, list[int]]
     before: dict[str, float] = field(default_factory=dict)
     spent: dict[str, float] = field(default_factory=dict)
+    sched_before: dict[str, tuple[float, int]] = field(default_factory=dict)
+    waited: dict[str, tuple[float, int]] = field(default_factory=dict)
+    main_before: dict[str, float] = field(default_factory=dict)
+    main_waited: dict[str, float] = field(default_factory=dict)  # the roots' main threads only
 
     def start(self) -> "CpuWindow":
+        self.main_before = {name: main_thread_wait_s(pids) for name, pids in self.groups.items()}
+        self.sched_before = {name: tree_sched(pids) for name, pids in self.groups.items()}
         self.before = {name: tree_cpu_s(pids) for name, pids in self.groups.items()}
         self.before["client"] = time.process_time()
         return self
@@ -90,6 +105,10 @@ class CpuWindow:
     def stop(self) -> dict[str, float]:
         self.spent = {name: tree_cpu_s(pids) - self.before[name] for name, pids in self.groups.items()}
         self.spent["client"] = time.process_time() - self.before["client"]
+        for name, pids in self.groups.items():
+            wait, switches = tree_sched(pids)
+            self.waited[name] = (wait - self.sched_before[name][0], switches - self.sched_before[name][1])
+            self.main_waited[name] = main_thread_wait_s(pids) - self.main_before[name]
         return self.spent
 
 
@@ -115,6 +134,34 @@ def tree_on_cpu_s(roots: Iterable[int]) -> float:
     return sum(int(text.split()[0]) for text in tree_task_files(roots, "schedstat") if text.strip()) / 1e9
 
 
+def tree_sched(roots: Iterable[int]) -> tuple[float, int]:
+    """(seconds the threads of the trees under `roots` have been runnable but waiting for a core
+    (schedstat's second field), their involuntary context switches) so far."""
+    wait = 0
+    for text in tree_task_files(roots, "schedstat"):
+        parts = text.split()
+        wait += int(parts[1]) if len(parts) > 1 else 0
+    switches = 0
+    for text in tree_task_files(roots, "status"):
+        for line in text.splitlines():
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                switches += int(line.split()[1])
+    return wait / 1e9, switches
+
+
+def main_thread_wait_s(pids: Iterable[int]) -> float:
+    """Seconds the main threads of `pids` (not their other threads or children) have waited for a
+    core while runnable: for kvgate's proxy, its event loop."""
+    wait = 0
+    for pid in pids:
+        try:
+            parts = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+        except OSError:
+            continue
+        wait += int(parts[1]) if len(parts) > 1 else 0
+    return wait / 1e9
+
+
 def idle_cpu_ms_per_s(roots: Sequence[int], seconds: float) -> float | None:
     """CPU ms per second the trees under `roots` spend over `seconds` with nothing sent to them
     (None: no router process, or no window asked for)."""
@@ -126,11 +173,17 @@ def idle_cpu_ms_per_s(roots: Sequence[int], seconds: float) -> float | None:
 
 
 def cpu_fields(
-    spent: dict[str, float], requests: int, wall_s: float | None = None, idle_ms_per_s: float | None = None
+    spent: dict[str, float],
+    requests: int,
+    wall_s: float | None = None,
+    idle_ms_per_s: float | None = None,
+    waited: dict[str, tuple[float, int]] | None = None,
+    main_waited: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """One run's CPU figures from CpuWindow.stop() of the groups "router" and "engines"; with the
     router's idle rate (`idle_ms_per_s`, measured before the run), also its CPU per request
-    beyond what it spends idle over the run's wall time (`router_busy_cpu_ms_per_request`)."""
+    beyond what it spends idle over the run's wall time (`router_busy_cpu_ms_per_request`); with
+    CpuWindow.waited, the router's wait for a core and its involuntary switches per request."""
     out = {
         "router_cpu_s": round(spent["router"], 3),
         "router_cpu_ms_per_request": round(spent["router"] * 1000 / requests, 3) if requests else None,
@@ -140,6 +193,12 @@ def cpu_fields(
     if idle_ms_per_s is not None and wall_s is not None and requests:
         out["router_idle_cpu_ms_per_s"] = idle_ms_per_s
         out["router_busy_cpu_ms_per_request"] = round((spent["router"] * 1000 - idle_ms_per_s * wall_s) / requests, 3)
+    if waited and "router" in waited and requests:
+        wait_s, switches = waited["router"]
+        out["router_core_wait_ms_per_request"] = round(wait_s * 1000 / requests, 3)
+        out["router_involuntary_switches_per_request"] = round(switches / requests, 2)
+    if main_waited and "router" in main_waited and requests:
+        out["router_main_core_wait_ms_per_request"] = round(main_waited["router"] * 1000 / requests, 3)
     return out
 
 
@@ -256,6 +315,13 @@ def arm_cpu(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if idle:
         out["router_idle_cpu_ms_per_s"] = _mean_of(idle, "router_idle_cpu_ms_per_s")
         out["router_busy_cpu_ms_per_request"] = _mean_of(idle, "router_busy_cpu_ms_per_request")
+    waited = [r for r in measured if r.get("router_core_wait_ms_per_request") is not None]
+    if waited:
+        out["router_core_wait_ms_per_request"] = _mean_of(waited, "router_core_wait_ms_per_request")
+        out["router_involuntary_switches_per_request"] = _mean_of(waited, "router_involuntary_switches_per_request")
+    main = [r for r in measured if r.get("router_main_core_wait_ms_per_request") is not None]
+    if main:
+        out["router_main_core_wait_ms_per_request"] = _mean_of(main, "router_main_core_wait_ms_per_request")
     return out
 
 

@@ -28,7 +28,7 @@ import yaml
 
 from kvgate.middleware.progress import say
 from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
-from kvgate.tools.bench.vllm_arena_cpu import tree_on_cpu_s, tree_task_files
+from kvgate.tools.bench.vllm_arena_cpu import status_count, tree_on_cpu_s, tree_task_files
 
 SETTLE_S = 4.0  # after the warm-up requests: longer than the loop-lag watcher's busy second
 
@@ -44,12 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def switches(pids: list[int]) -> int:
     """Voluntary context switches of every thread of the trees under `pids` (a thread that
     sleeps and wakes counts one per wake-up)."""
-    return sum(
-        int(line.split()[1])
-        for text in tree_task_files(pids, "status")
-        for line in text.splitlines()
-        if line.startswith("voluntary_ctxt_switches")
-    )
+    return sum(status_count(text, "voluntary_ctxt_switches") for (text,) in tree_task_files(pids, "status"))
 
 
 def proxy_config(work: Path, bases: list[str]) -> dict[str, Any]:

@@ -112,9 +112,9 @@ class CpuWindow:
         return self.spent
 
 
-def tree_task_files(roots: Iterable[int], name: str) -> Iterator[str]:
-    """The text of /proc/<pid>/task/<tid>/<name> of every thread of the trees under `roots`
-    (threads that end meanwhile are skipped)."""
+def tree_task_files(roots: Iterable[int], *names: str) -> Iterator[tuple[str, ...]]:
+    """The texts of /proc/<pid>/task/<tid>/<name>, one per name, of every thread of the trees
+    under `roots`, from one walk of the trees (threads that end meanwhile are skipped)."""
     for pid in tree_pids(roots):
         try:
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -122,7 +122,7 @@ def tree_task_files(roots: Iterable[int], name: str) -> Iterator[str]:
             continue
         for task in tasks:
             try:
-                yield (task / name).read_text()
+                yield tuple((task / name).read_text() for name in names)
             except OSError:
                 continue
 
@@ -131,21 +131,28 @@ def tree_on_cpu_s(roots: Iterable[int]) -> float:
     """Seconds on a CPU of every thread of the trees under `roots`, to the nanosecond (the
     scheduler's own count, schedstat's first field): an idle window of a few seconds is resolved
     where whole clock ticks (10 ms) are not."""
-    return sum(int(text.split()[0]) for text in tree_task_files(roots, "schedstat") if text.strip()) / 1e9
+    return sum(int(text.split()[0]) for (text,) in tree_task_files(roots, "schedstat") if text.strip()) / 1e9
+
+
+def _runnable_wait_ns(schedstat: str) -> int:
+    """schedstat's second field: nanoseconds a thread was runnable but waited for a core."""
+    parts = schedstat.split()
+    return int(parts[1]) if len(parts) > 1 else 0
+
+
+def status_count(status: str, key: str) -> int:
+    """One count of a thread's /proc status text (e.g. "nonvoluntary_ctxt_switches"; 0 if absent)."""
+    prefix = key + ":"
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith(prefix)), 0)
 
 
 def tree_sched(roots: Iterable[int]) -> tuple[float, int]:
-    """(seconds the threads of the trees under `roots` have been runnable but waiting for a core
-    (schedstat's second field), their involuntary context switches) so far."""
-    wait = 0
-    for text in tree_task_files(roots, "schedstat"):
-        parts = text.split()
-        wait += int(parts[1]) if len(parts) > 1 else 0
-    switches = 0
-    for text in tree_task_files(roots, "status"):
-        for line in text.splitlines():
-            if line.startswith("nonvoluntary_ctxt_switches:"):
-                switches += int(line.split()[1])
+    """(seconds the threads of the trees under `roots` have been runnable but waiting for a core,
+    their involuntary context switches) so far."""
+    wait = switches = 0
+    for schedstat, status in tree_task_files(roots, "schedstat", "status"):
+        wait += _runnable_wait_ns(schedstat)
+        switches += status_count(status, "nonvoluntary_ctxt_switches")
     return wait / 1e9, switches
 
 
@@ -155,10 +162,9 @@ def main_thread_wait_s(pids: Iterable[int]) -> float:
     wait = 0
     for pid in pids:
         try:
-            parts = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+            wait += _runnable_wait_ns(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text())
         except OSError:
             continue
-        wait += int(parts[1]) if len(parts) > 1 else 0
     return wait / 1e9
 
 

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
+import orjson
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvgate.engines.demo import Calls, create_fake_app
 from kvgate.middleware.build import build_pipeline
@@ -232,6 +235,51 @@ def test_parser_framing_any_split(sep: bytes) -> None:
     assert b"".join(sent[: seen.index(True) + 1]).endswith(_sse(events[1:2], sep))
     assert parser.resume.sent_text == "Hello world" and parser.finish == "stop"
     assert parser.answer([])["choices"][0]["message"] == {"role": "assistant", "content": "Hello world"}
+
+
+_USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+# (the event as the replica writes it, before its separator; what the client gets for it when the
+# parser strips usage, and when it does not; None: nothing)
+_EVENTS: list[tuple[bytes, Any, Any]] = [
+    (b"data: " + json.dumps(_chunk("Hi")).encode(), "same", "same"),
+    (b"data:" + json.dumps(_chunk(" there")).encode(), "same", "same"),  # no space after the colon
+    (b": keep-alive", "same", "same"),
+    (b"event: note\ndata: " + json.dumps(_chunk("!")).encode(), "same", "same"),  # two lines
+    (b"data: " + json.dumps({"id": "c1", "choices": [], "usage": _USAGE}).encode(), None, "same"),
+    (
+        b"data: " + json.dumps(_chunk(finish="stop", usage=_USAGE)).encode(),
+        b"data: " + orjson.dumps(_chunk(finish="stop")),
+        "same",
+    ),
+    (b"data: [DONE]", None, None),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, len(_EVENTS) - 1), min_size=1, max_size=12),
+    st.sets(st.integers(1, 4000), max_size=12),
+    st.booleans(),
+    st.sampled_from([b"\n\n", b"\r\n\r\n"]),
+)
+def test_parser_passes_each_event_on_as_it_came_unless_it_must_change(
+    picks: list[int], cuts: set[int], strip: bool, sep: bytes
+) -> None:
+    """Whatever the mix of events and wherever the network cuts them, the client gets each event's
+    own bytes in order, except [DONE] (held back) and usage it did not ask for (dropped, or the
+    chunk rewritten without it)."""
+    if sep == b"\r\n\r\n":
+        picks = [p for p in picks if b"\n" not in _EVENTS[p][0]]  # its lines would be split by CRLF
+    wire = b"".join(_EVENTS[p][0] + sep for p in picks)
+    expected = b""
+    for p in picks:
+        event, stripped, kept = _EVENTS[p]
+        out = stripped if strip else kept
+        expected += event + sep if out == "same" else (out + sep if out is not None else b"")
+    parser = SseParser(strip)
+    bounds = [0, *sorted(c for c in cuts if c < len(wire)), len(wire)]
+    sent = b"".join(parser.feed(wire[a:b]) for a, b in zip(bounds, bounds[1:]))
+    assert sent == expected
 
 
 def test_parser_strips_the_usage_it_asked_for() -> None:

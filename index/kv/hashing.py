@@ -41,7 +41,8 @@ def _extra_bytes(extra: Sequence[str | int]) -> bytes:
     return "\x1f".join(str(e) for e in extra).encode() if extra else b""
 
 
-def _extra_prefix(extra: Sequence[str | int]) -> bytes:
+def extra_prefix(extra: Sequence[str | int]) -> bytes:
+    """The extra keys as every block's hash input carries them (after the parent): length-prefixed."""
     ex = _extra_bytes(extra)
     return len(ex).to_bytes(4, "little") + ex
 
@@ -49,7 +50,7 @@ def _extra_prefix(extra: Sequence[str | int]) -> bytes:
 def hash_block(parent: BlockHash, tokens: Sequence[int], extra: Sequence[str | int] = ()) -> BlockHash:
     """H(parent, extra, tokens). Tokens are packed as uint32 little-endian; extra keys (model,
     LoRA id, …) are length-prefixed so no two (extra, tokens) pairs share an encoding."""
-    data = parent.to_bytes(8, "little") + _extra_prefix(extra) + pack_tokens(tokens)
+    data = parent.to_bytes(8, "little") + extra_prefix(extra) + pack_tokens(tokens)
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
 
 
@@ -113,13 +114,19 @@ def packed_block_digests(
     if parent is None:
         parent = seed_hash(seed)
     h = parent if isinstance(parent, bytes) else parent.to_bytes(8, "little")
-    step = 4 * block_size
+    return chain_digests(packed, 4 * block_size, h, extra_prefix(extra))
+
+
+def chain_digests(packed: bytes | memoryview, step: int, parent: bytes, prefix: bytes) -> bytes:
+    """packed_block_digests' loop, for a caller that keeps its settings encoded: `step` = 4 ×
+    block_size bytes per block, `parent` the 8-byte digest before the first block, `prefix` =
+    extra_prefix(extra). Same digests, end to end; the partial tail is not hashed."""
+    h = parent
     end = len(packed) - len(packed) % step
-    ex = _extra_prefix(extra)
     sha = hashlib.sha256
     out = []
     for off in range(0, end, step):  # the hot loop: bytes in, bytes out, no int conversions
-        h = sha(h + ex + packed[off : off + step]).digest()[:8]
+        h = sha(h + prefix + packed[off : off + step]).digest()[:8]
         out.append(h)
     return b"".join(out)
 

@@ -36,10 +36,12 @@ from typing import Any, Callable, Sequence
 from kvgate.index.kv.hashing import (
     DEFAULT_SEED,
     BlockHash,
+    chain_digests,
     digests_to_hashes,
+    extra_prefix,
     pack_tokens,
-    packed_block_digests,
     salted_seed,
+    seed_hash,
     unpack_tokens,
 )
 from kvgate.index.kv.tokenizer import ChatTokenizer, content_text
@@ -182,6 +184,10 @@ class PromptHasher:
         self._segments = _LRU(cache_size)
         self._chains = _LRU(cache_size)
         self._seen = _LRU(cache_size)  # keys of leading message runs hashed so far (message_runs)
+        # per seed (salts make many): (the segment digests' root, the chain's parent digest)
+        self._roots = _LRU(cache_size)
+        self._step = 4 * block_size  # packed bytes per block
+        self._prefix = extra_prefix(self.extra)
         self._lock = threading.Lock()
 
     def tokens(self, messages: Prompt) -> list[int]:
@@ -215,8 +221,8 @@ class PromptHasher:
             known.complete()
         seed = salted_seed(self.seed, salt)
         segments = self._parts(messages)
+        d, _ = root = self._root(seed)
         digests = []
-        d = hashlib.sha256(f"{self.block_size}:{seed}:{self.extra}".encode()).digest()
         for material, _ in segments:
             d = hashlib.sha256(d + material).digest()
             digests.append(d)
@@ -233,22 +239,40 @@ class PromptHasher:
                     states[digests[k]] = state
                     break
         left: list[tuple[bytes, bytes]] = []  # segments after a stop: hashed by complete()
+        new: list[bytes] = []  # digests of the runs this call hashed: their states go to the shared cache
         for k in range(start, len(segments)):
             if left:
                 left.append((digests[k], segments[k][1]()))
                 continue
             tail += segments[k][1]()
-            digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until, seed)
+            digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until, root[1])
             if stopped:
                 left.append((digests[k], b""))  # its unhashed blocks are in `tail`
                 continue
-            self._keep(states, digests[k], (digests_so_far, tail))
+            states[digests[k]] = (digests_so_far, tail)
+            new.append(digests[k])
         runs = message_runs(messages) if not isinstance(messages, TextPrompt) else []
-        tokens = (len(digests_so_far) // 8) * self.block_size + (len(tail) + sum(len(p) for _, p in left)) // 4
+        unhashed = len(tail) + sum(len(p) for _, p in left) if left else len(tail)
+        tokens = (len(digests_so_far) // 8) * self.block_size + unhashed // 4
         rest = _Rest(self, seed, digests_so_far, tail, left, runs) if left else None
-        if rest is None:
-            self._mark_seen(runs)
+        with self._lock:  # one hold for the shared caches' updates
+            for digest in new:
+                self._chains.put(digest, states[digest])
+            if rest is None:
+                for run in runs:
+                    self._seen.put(run, True)
         return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest)
+
+    def _root(self, seed: str) -> tuple[bytes, bytes]:
+        """(the segment digests' root, the chain's parent digest) under `seed`."""
+        with self._lock:
+            root = self._roots.get_touch(seed)
+        if root is None:
+            material = f"{self.block_size}:{seed}:{self.extra}".encode()
+            root = (hashlib.sha256(material).digest(), seed_hash(seed).to_bytes(8, "little"))
+            with self._lock:
+                self._roots.put(seed, root)
+        return root
 
     def _keep(self, states: dict[bytes, ChainState], digest: bytes, state: ChainState) -> None:
         """The chain state after a segment run: in this prompt's states and the shared cache."""
@@ -257,30 +281,33 @@ class PromptHasher:
             self._chains.put(digest, state)
 
     def _advance(
-        self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None, seed: str
+        self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None, parent: bytes
     ) -> tuple[bytes, bytes, bool]:
-        """Hash the full blocks of `tail` onto `chain`: (chain, the unhashed rest of `tail`,
-        whether `until` stopped it early)."""
-        step = 4 * self.block_size
+        """Hash the full blocks of `tail` onto `chain` (`parent`: the seed's digest, the parent of
+        a chain's first block): (chain, the unhashed rest of `tail`, whether `until` stopped it early)."""
+        step = self._step
         full = len(tail) - len(tail) % step
-        stretch = full if until is None else step * STOP_CHECK_BLOCKS
+        if until is None:
+            if full:
+                chain += chain_digests(memoryview(tail)[:full], step, chain[-8:] if chain else parent, self._prefix)
+            return chain, tail[full:], False
+        stretch = step * STOP_CHECK_BLOCKS
         view = memoryview(tail)
         done = 0
         while done < full:
             end = min(full, done + stretch)
-            chain += packed_block_digests(
-                view[done:end], self.block_size, chain[-8:] if chain else None, self.extra, seed
-            )
+            chain += chain_digests(view[done:end], step, chain[-8:] if chain else parent, self._prefix)
             done = end
-            if until is not None and done < full and not until(int.from_bytes(chain[-8:], "little")):
+            if done < full and not until(int.from_bytes(chain[-8:], "little")):
                 return chain, tail[done:], True
         return chain, tail[done:], False
 
     def _finish(self, rest: _Rest, states: dict[bytes, ChainState]) -> list[BlockHash]:
         """complete()'s work: hash the segments a stop left, as the eager loop would have."""
         chain, tail = rest.chain, rest.tail
+        parent = self._root(rest.seed)[1]
         for digest, packed in rest.segments:
-            chain, tail, _ = self._advance(chain, tail + packed, None, rest.seed)
+            chain, tail, _ = self._advance(chain, tail + packed, None, parent)
             self._keep(states, digest, (chain, tail))
         self._mark_seen(rest.runs)
         return digests_to_hashes(chain)

@@ -23,6 +23,10 @@ from litellm.types.utils import ModelResponseStream
 from kvgate.middleware.answers import assemble
 from kvgate.middleware.forward.resume import StreamResume
 
+# what SseParser's event handling returns for "this event goes on exactly as the replica sent it";
+# made at run time so no other bytes object is this one (it is compared by identity)
+_AS_IS = b"".join([b"as ", b"is"])
+
 
 class ReplicaError(Exception):
     """A replica answered with an error (status_code None: no usable HTTP status)."""
@@ -71,26 +75,51 @@ class SseParser:
                 self._buffer = buffer
                 return b""
             self._sep = b"\r\n\r\n" if newline and buffer[newline - 1 : newline] == b"\r" else b"\n\n"
-        sep, out, start = self._sep, [], 0
-        while (end := buffer.find(sep, start)) >= 0:
-            kept = self._event(buffer[start : end + len(sep)])
-            start = end + len(sep)
-            if kept:
-                out.append(kept)
-        self._buffer = buffer[start:]
+        sep = self._sep
+        bodies = buffer.split(sep)
+        self._buffer = bodies.pop()  # after the last separator: an incomplete event, or b""
+        if not bodies:
+            return b""
+        # events passed on as they came (the usual case) are one slice of the read, not a join
+        out: list[bytes] = []
+        start = kept_from = 0
+        for body in bodies:
+            end = start + len(body) + len(sep)
+            if body[:6] == b"data: " and b"\n" not in body:  # the usual one-line event
+                kept = self._chunk(body[6:].strip(), buffer[start:end] if self.events_raw is not None else None)
+            else:
+                kept = self._event(buffer[start:end])
+            if kept is not _AS_IS:
+                if start > kept_from:
+                    out.append(buffer[kept_from:start])
+                if kept:
+                    out.append(kept)
+                kept_from = end
+            start = end
+        if not out:
+            return buffer[kept_from:start]
+        if start > kept_from:
+            out.append(buffer[kept_from:start])
         return b"".join(out)
 
     def _event(self, event: bytes) -> bytes | None:
+        """Any event other than a one-line `data: ` one: what to send for it (_AS_IS: itself)."""
         data = _data(event)
         if data is None:  # a comment (keep-alive) or a field we do not read: passed on as is
-            return event
+            return _AS_IS
+        return self._chunk(data, event)
+
+    def _chunk(self, data: bytes, event: bytes | None) -> bytes | None:
+        """One event's data → _AS_IS (send the event as it came), None (send nothing) or the
+        bytes to send instead. `event`: the whole event, needed only for a completions stream's
+        byte-exact replay (`events_raw`)."""
         if data == b"[DONE]":
             return None
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
             raise ReplicaError("replica sent a stream event that is not JSON") from None
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:  # orjson gives a JSON object as exactly a dict
             raise ReplicaError("replica sent a stream event that is not a JSON object")
         if "error" in chunk:  # vLLM / SGLang report a failure inside the stream
             error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
@@ -100,7 +129,7 @@ class SseParser:
             )
         self.events += 1
         resumed = self.resume.resumes > 0
-        if self.events_raw is not None and not resumed:
+        if self.events_raw is not None and not resumed and event is not None:
             self.events_raw.append(event.decode("utf-8", "surrogatepass"))
         if resumed:
             chunk = self.resume.trim(chunk)  # Diverged when the retry says something else
@@ -121,7 +150,7 @@ class SseParser:
                 chunk = {k: v for k, v in chunk.items() if k != "usage"}
                 rewrite = True
         self._read_choices(chunk.get("choices") or [])
-        return b"data: " + orjson.dumps(chunk) + self._sep if rewrite else event  # type: ignore[operator]
+        return b"data: " + orjson.dumps(chunk) + self._sep if rewrite else _AS_IS  # type: ignore[operator]
 
     def _read_choices(self, choices: list[Any]) -> None:
         if not choices:

@@ -37,6 +37,16 @@ def _serve(args: argparse.Namespace) -> int:
     warning = bind_warning(host, config.auth.keys)
     if warning:
         logging.getLogger("kvgate").warning(warning)
+    if config.server.cpu_slice_us is not None:  # before any thread or worker starts: they inherit it
+        from kvgate.middleware.server.cpu_slice import set_process_cpu_slice
+
+        refused = set_process_cpu_slice(config.server.cpu_slice_us)
+        if refused:
+            logging.getLogger("kvgate").warning(
+                "server.cpu_slice_us: %d µs not applied, the kernel's default slice stays: %s",
+                config.server.cpu_slice_us,
+                refused,
+            )
     print(
         f"kvgate: serving {len(config.routes)} route(s) on http://{host}:{port}/v1 (cache: {config.cache_dir})\n"
         f"  try: curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "

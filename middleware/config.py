@@ -244,6 +244,14 @@ class ServerConfig(_Strict):
         description="answer chat and completions requests with a Server-Timing header: where the proxy's "
         "time went before the first bytes (middleware/server/timing.py)",
     )
+    cpu_slice_us: int | None = Field(
+        None,
+        ge=100,
+        le=100_000,
+        description="ask Linux (6.12+) for this short a CPU slice for the proxy's threads, so they get a core "
+        "soon after waking where engines keep every core busy; their CPU share is unchanged "
+        "(middleware/server/cpu_slice.py). Unset: the kernel's default",
+    )
 
 
 class FeedbackConfig(_Strict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -290,6 +291,10 @@ def test_router_nice_is_checked_and_wraps_every_router(tmp_path):
     assert validate(args) == []
     assert Bench(args, tmp_path).niced(["r", "--x"]) == ["nice", "-n", "5", "r", "--x"]
     assert Bench(p.parse_args(["--json", "x"]), tmp_path).niced(["r"]) == ["r"]
+    # a slice: every router through the launcher (which execs it), under nice when both are asked
+    assert any("--router-slice-us 20" in m for m in validate(p.parse_args(["--json", "x", "--router-slice-us", "20"])))
+    both = Bench(p.parse_args(["--json", "x", "--router-nice", "5", "--router-slice-us", "300"]), tmp_path)
+    assert both.niced(["r"]) == ["nice", "-n", "5", sys.executable, "-m", "kvgate.tools.bench.sliced", "300", "--", "r"]
 
 
 def test_an_answer_that_ends_at_once_still_has_a_first_token() -> None:

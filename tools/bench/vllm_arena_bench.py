@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -108,8 +109,11 @@ class Bench:
         }
 
     def niced(self, argv: list[str]) -> list[str]:
-        """A router's command at --router-nice (nice execs it: the pid, and its CPU, are the router's)."""
-        nice = getattr(self.args, "router_nice", 0)
+        """A router's command at --router-nice and --router-slice-us (nice and the slice's launcher
+        exec it: the pid, and its CPU, are the router's)."""
+        nice, slice_us = getattr(self.args, "router_nice", 0), getattr(self.args, "router_slice_us", 0)
+        if slice_us:
+            argv = [sys.executable, "-m", "kvgate.tools.bench.sliced", str(slice_us), "--", *argv]
         return ["nice", "-n", str(nice), *argv] if nice else argv
 
     def router(self, arm: str, params: dict[str, Any]) -> tuple[Proc, str, str]:

@@ -255,12 +255,7 @@ class PromptHasher:
         unhashed = len(tail) + sum(len(p) for _, p in left) if left else len(tail)
         tokens = (len(digests_so_far) // 8) * self.block_size + unhashed // 4
         rest = _Rest(self, seed, digests_so_far, tail, left, runs) if left else None
-        with self._lock:  # one hold for the shared caches' updates
-            for digest in new:
-                self._chains.put(digest, states[digest])
-            if rest is None:
-                for run in runs:
-                    self._seen.put(run, True)
+        self._remember(states, new, runs if rest is None else [])  # a partial prompt's runs: at complete()
         return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest)
 
     def _root(self, seed: str) -> tuple[bytes, bytes]:
@@ -274,11 +269,14 @@ class PromptHasher:
                 self._roots.put(seed, root)
         return root
 
-    def _keep(self, states: dict[bytes, ChainState], digest: bytes, state: ChainState) -> None:
-        """The chain state after a segment run: in this prompt's states and the shared cache."""
-        states[digest] = state
+    def _remember(self, states: dict[bytes, ChainState], hashed: list[bytes], runs: list[int]) -> None:
+        """Into the shared caches, under one hold of the lock: the chain states after the segment
+        runs this call hashed (`hashed`, keys of `states`) and the message runs it covered."""
         with self._lock:
-            self._chains.put(digest, state)
+            for digest in hashed:
+                self._chains.put(digest, states[digest])
+            for run in runs:
+                self._seen.put(run, True)
 
     def _advance(
         self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None, parent: bytes
@@ -287,15 +285,14 @@ class PromptHasher:
         a chain's first block): (chain, the unhashed rest of `tail`, whether `until` stopped it early)."""
         step = self._step
         full = len(tail) - len(tail) % step
-        if until is None:
+        if until is None:  # the usual call: one pass, no stretches to check
             if full:
                 chain += chain_digests(memoryview(tail)[:full], step, chain[-8:] if chain else parent, self._prefix)
             return chain, tail[full:], False
-        stretch = step * STOP_CHECK_BLOCKS
         view = memoryview(tail)
         done = 0
         while done < full:
-            end = min(full, done + stretch)
+            end = min(full, done + step * STOP_CHECK_BLOCKS)
             chain += chain_digests(view[done:end], step, chain[-8:] if chain else parent, self._prefix)
             done = end
             if done < full and not until(int.from_bytes(chain[-8:], "little")):
@@ -308,14 +305,9 @@ class PromptHasher:
         parent = self._root(rest.seed)[1]
         for digest, packed in rest.segments:
             chain, tail, _ = self._advance(chain, tail + packed, None, parent)
-            self._keep(states, digest, (chain, tail))
-        self._mark_seen(rest.runs)
+            states[digest] = (chain, tail)
+        self._remember(states, [digest for digest, _ in rest.segments], rest.runs)
         return digests_to_hashes(chain)
-
-    def _mark_seen(self, runs: list[int]) -> None:
-        with self._lock:
-            for run in runs:
-                self._seen.put(run, True)
 
     def _parts(self, prompt: Prompt) -> list[tuple[bytes, Callable[[], bytes]]]:
         """(digest material, its packed token ids on demand) per segment. Chat segments digest as

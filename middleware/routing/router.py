@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
+from kvgate.index.kv.hash_loops import native as native_hashing
 from kvgate.index.kv.kv_events import FeedStats
 from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.index.kv.prompt import Prompt, PromptHasher
@@ -38,6 +39,8 @@ from kvgate.middleware.routing.salt import Salter
 from kvgate.middleware.routing.state import RoutingState
 from kvgate.middleware.routing.state_local import LocalState
 
+# kvgate.index.kv's C extensions (_prefix_loops, _hash_loops) where they were not built
+REBUILD = "Install again where a C compiler and Python's and OpenSSL's headers are (docs/routing.md)"
 log = logging.getLogger("kvgate.router")
 
 
@@ -80,13 +83,9 @@ class Router:
         if hasher is None and prefix.mode == "approximate":
             hasher = PromptHasher(load_tokenizer(prefix.tokenizer), prefix.block_size or 16, seed=prefix.seed)
         self.index = index or PrefixIndex(prefix.capacity_blocks, touch_on_match=prefix.mode == "precise")
-        if not self.index.native_loops:
-            log.warning(
-                "route %s: the prefix index walks chains in Python: kvgate's C extension "
-                "(kvgate.index.kv._prefix_loops) was not built here. Routing is the same; each request "
-                "costs more CPU. Install again where a C compiler and Python's headers are (docs/routing.md)",
-                name,
-            )
+        built = {"_prefix_loops": self.index.native_loops, "_hash_loops": native_hashing()}
+        if slow := [m for m, native in built.items() if not native]:  # same routing, more CPU per request
+            log.warning("route %s: C loops %s not built here: they run in Python. " + REBUILD, name, slow)
         for r in replicas:
             if r.name not in self.index.replicas:
                 self.index.add_replica(r.name, r.capacity_blocks or prefix.capacity_blocks)

@@ -6,14 +6,17 @@ names and contracts that `pip install` builds where a C compiler and OpenSSL's h
 (setup.py; the build is optional and a failed one leaves this module in use). `loops()` gives the
 C one when it is importable. tests/test_hash_loops.py holds both to the same results.
 
-May import: nothing of kvgate's (the C module neither).
+May import: kvgate.index.kv.native (which of the twins runs); the C module nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from types import ModuleType
 from typing import Sequence
+
+from kvgate.index.kv.native import twin
 
 
 def segment_digests(root: bytes, materials: Sequence[str | bytes]) -> list[bytes]:
@@ -51,18 +54,12 @@ def chain_digests(packed: bytes | memoryview, step: int, parent: bytes, prefix: 
 
 def python_loops() -> ModuleType:
     """This module: the loops in Python."""
-    import sys
-
     return sys.modules[__name__]
 
 
 def loops() -> ModuleType:
     """The C loops when the extension was built, else the Python ones."""
-    try:
-        from kvgate.index.kv import _hash_loops
-    except ImportError:
-        return python_loops()
-    return _hash_loops
+    return twin("kvgate.index.kv._hash_loops", __name__)
 
 
 def native() -> bool:

@@ -16,14 +16,17 @@ The tables, as PrefixIndex keeps them:
 - `shards`: one replica's LRU as a power of two of OrderedDicts (first = least recently used),
   picked by `(h >> 6) & (len(shards) - 1)`.
 
-May import: nothing of kvgate's (the C module neither).
+May import: kvgate.index.kv.native (which of the twins runs); the C module nothing.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from types import ModuleType
 from typing import Any, Sequence
+
+from kvgate.index.kv.native import twin
 
 HOLDER_SHARDS = 64  # the C module hard-codes the same count: kvgate.index.kv.prefix re-exports this one
 
@@ -87,15 +90,9 @@ def touch(shards: list[OrderedDict[int, None]], hashes: Sequence[int], n: int) -
 
 def python_loops() -> ModuleType:
     """This module: the loops in Python."""
-    import sys
-
     return sys.modules[__name__]
 
 
 def loops() -> ModuleType:
     """The C loops when the extension was built, else the Python ones."""
-    try:
-        from kvgate.index.kv import _prefix_loops
-    except ImportError:
-        return python_loops()
-    return _prefix_loops
+    return twin("kvgate.index.kv._prefix_loops", __name__)

@@ -53,12 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
         f'-d \'{{"model": "{config.routes[0].model.replace("*", "1")}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}\' -i',
         flush=True,
     )
-    from kvgate.middleware.server.one_write import OneWriteHttp
-
     # Idle client connections stay open longer than clients keep them (httpx, the OpenAI SDK: 5 s),
     # so the proxy never closes one a client is about to reuse (uvicorn's own default is 5 s too).
     options = {
-        "http": OneWriteHttp,
         "log_level": args.log_level,
         "access_log": args.access_log,
         "timeout_keep_alive": config.server.keep_alive_s,

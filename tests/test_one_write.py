@@ -7,14 +7,14 @@ client is not held back."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 
 import httpx
 import pytest
-import uvicorn
 
 from kvgate.middleware.server.one_write import HeadHeldTransport, OneWriteHttp
-from kvgate.middleware.server.quiet_server import QuietServer
+from kvgate.middleware.server.quiet_server import QuietServer, server_config
 from kvgate.tools.bench.procs import free_port
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
@@ -147,6 +147,11 @@ async def app(scope, receive, send):
         await send({"type": "http.response.body", "body": b"late"})
 
 
+def test_kvgate_serves_and_its_workers_run_on_the_one_write_protocol():
+    assert server_config(app).http is OneWriteHttp
+    assert server_config(app, http="h11").http == "h11"  # a caller's own choice stands
+
+
 def test_a_real_server_serves_every_shape_over_one_connection():
     port = free_port()
     gate = threading.Event()
@@ -156,7 +161,7 @@ def test_a_real_server_serves_every_shape_over_one_connection():
             scope["app_gate"] = gate
         await app(scope, receive, send)
 
-    server = QuietServer(uvicorn.Config(gated, host="127.0.0.1", port=port, log_level="warning", http=OneWriteHttp))
+    server = QuietServer(server_config(gated, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -174,6 +179,10 @@ def test_a_real_server_serves_every_shape_over_one_connection():
                 assert stream.content == b"".join(b"part%d;" % k for k in range(5))
                 assert client.get("/empty").status_code == 204
                 assert client.head("/one").content == b""
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # one write: one read
+                raw.sendall(b"GET /one HTTP/1.1\r\nhost: x\r\n\r\n")
+                first = raw.recv(65536)
+                assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\nhello")
             with client.stream("GET", "/late") as late:  # the head arrives although no body has come
                 assert late.headers["x-head"] == "1"
                 gate.set()

@@ -4,6 +4,9 @@ uvicorn's main loop wakes ten times a second, busy or idle, to refresh its Date 
 changes once a second) and to notice a shutdown signal. Here the loop wakes once a second, and a
 shutdown signal (or `stop()`) wakes it at once, so shutting down is as prompt as before and an
 idle proxy wakes less often. What each tick does is uvicorn's own (`on_tick`).
+
+`server_config` is the uvicorn config both run with: uvicorn's own, except that a response's head
+goes out in one write with its first body bytes (kvgate.middleware.server.one_write).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+
+from kvgate.middleware.server.one_write import OneWriteHttp
 
 TICK_S = 1.0
 TICKS_PER_S = 10  # the counter uvicorn's on_tick reads advances ten per second
@@ -65,12 +70,17 @@ class QuietServer(uvicorn.Server):
                 pass
 
 
+def server_config(app: Any, **options: Any) -> uvicorn.Config:
+    """uvicorn's config for `app` with `options`, on the one-write protocol unless `http` is given."""
+    return uvicorn.Config(app, **{"http": OneWriteHttp, **options})
+
+
 STARTUP_FAILURE = 3  # uvicorn.run's exit status when the server never started
 
 
 def serve(app: Any, **options: Any) -> int:
     """Run `app` as uvicorn.run would (one process, no reload); the exit status."""
-    server = QuietServer(uvicorn.Config(app, **options))
+    server = QuietServer(server_config(app, **options))
     try:
         server.run()
     except KeyboardInterrupt:

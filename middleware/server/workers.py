@@ -52,12 +52,11 @@ def run_worker(
     config_path: Path, worker: int, layout: WorkersLayout, sock: socket.socket, uvicorn_options: dict[str, Any]
 ) -> None:
     """One worker process: a proxy on the shared socket, its routers on the shared state."""
-    import uvicorn
 
     from kvgate.middleware.config import load_config
     from kvgate.middleware.litellm_env import litellm
     from kvgate.middleware.server.proxy import create_app
-    from kvgate.middleware.server.quiet_server import QuietServer
+    from kvgate.middleware.server.quiet_server import QuietServer, server_config
 
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(name)s [worker {worker}]: %(message)s")
     litellm.disable_streaming_logging = True  # see middleware/cli.py's _serve
@@ -65,7 +64,7 @@ def run_worker(
     hub = WorkerHub(layout, worker)
     try:
         app = create_app(config, routing_state=hub.state, worker=worker, server_process=True, workers_hub=hub)
-        server = QuietServer(uvicorn.Config(app, **uvicorn_options))
+        server = QuietServer(server_config(app, **uvicorn_options))
         server.run(sockets=[sock])
     finally:
         hub.close()

@@ -91,14 +91,10 @@ class _LRU(OrderedDict):
         return value
 
     def put(self, key: Any, value: Any) -> None:
-        if key in self:
-            self.move_to_end(key)
-        self[key] = value  # a new key goes last: one over the size at most, the oldest goes
-        if len(self) > self.size:
-            self.popitem(last=False)
+        self.put_all(((key, value),))
 
     def put_all(self, items: Iterable[tuple[Any, Any]]) -> None:
-        """put() each (key, value) in turn, in one call."""
+        """Each (key, value) in turn becomes the most recently used; then the oldest go while over size."""
         move = self.move_to_end
         for key, value in items:
             self[key] = value  # an old key keeps its place: moved next
@@ -380,7 +376,6 @@ def message_runs(messages: Sequence[dict[str, Any]]) -> list[int]:
     out: list[int] = []
     d = 0
     for m in messages:
-        content = m.get("content")
-        d = hash((d, m.get("role", "user"), content if type(content) is str else content_text(content)))
+        d = hash((d, m.get("role", "user"), content_text(m.get("content"))))
         out.append(d)
     return out

@@ -64,10 +64,7 @@ class ChatTokenizer(Protocol):
 def render_transcript(messages: Sequence[dict[str, Any]]) -> list[str]:
     """Model-free rendering used by the `text` tokenizer and the simulated replica:
     one segment per message, `<|role|>\\ncontent\\n`, then `<|assistant|>\\n`."""
-    parts = [
-        f"<|{m.get('role', 'user')}|>\n{c if type(c := m.get('content')) is str else content_text(c)}\n"
-        for m in messages
-    ]
+    parts = [f"<|{m.get('role', 'user')}|>\n{content_text(m.get('content'))}\n" for m in messages]
     parts.append("<|assistant|>\n")
     return parts
 

@@ -52,7 +52,6 @@ def run_worker(
     config_path: Path, worker: int, layout: WorkersLayout, sock: socket.socket, uvicorn_options: dict[str, Any]
 ) -> None:
     """One worker process: a proxy on the shared socket, its routers on the shared state."""
-
     from kvgate.middleware.config import load_config
     from kvgate.middleware.litellm_env import litellm
     from kvgate.middleware.server.proxy import create_app

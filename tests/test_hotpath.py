@@ -184,9 +184,9 @@ class ThreadNoting(PrefixIndex):
         super().__init__(*args, **kwargs)
         self.threads: list[str] = []
 
-    def record(self, replica: str, hashes: Sequence[int]) -> list[int]:
+    def record(self, replica: str, hashes: Sequence[int], parent: int | None = None) -> list[int]:
         self.threads.append(threading.current_thread().name)
-        return super().record(replica, hashes)
+        return super().record(replica, hashes, parent)
 
 
 def long_chat(turns: int) -> list[dict[str, Any]]:
@@ -213,10 +213,46 @@ def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them
             r.finished(ticket, True, r.answer_hashes(plan, [*msgs, answer]))
             inline.finished(inline.started(inline.replicas[2], same), True, inline.answer_hashes(same, [*msgs, answer]))
         r.settle()
-        assert index.threads and all(name.startswith("kvgate-index") for name in index.threads)
         assert len(index.threads) == 10  # started and finished of five turns, none lost
+        # turn 1's start and every finish record a long chain: off this thread; a later turn's
+        # start records only its new turn (what r2 does not hold yet), short enough to run here
+        assert sum(name.startswith("kvgate-index") for name in index.threads) >= 6
     finally:
         r.close()
+
+
+class ArgsNoting(PrefixIndex):
+    """The real index, noting each record's length and parent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[int, int | None]] = []
+
+    def record(self, replica: str, hashes: Sequence[int], parent: int | None = None) -> list[int]:
+        self.calls.append((len(hashes), parent))
+        return super().record(replica, hashes, parent)
+
+
+@pytest.mark.parametrize("record_answers", [True, False])
+def test_a_start_records_only_what_the_replica_lacks_when_the_answer_will_record_it_all(record_answers):
+    reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
+    cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, record_answers=record_answers))
+    index = ArgsNoting(cfg.prefix.capacity_blocks)
+    r = Router(reps, cfg, index=index)
+    first = r.plan(chat(1))
+    r.finished(r.started(r.replicas[0], first), True, r.answer_hashes(first, chat(2)[:-1]))
+    plan = r.plan(chat(2))
+    held = plan.matched_blocks["r0"]
+    assert 0 < held < len(plan.hashes)
+    index.calls.clear()
+    ticket = r.started(r.replicas[0], plan)
+    if record_answers:  # the new part, linked to the last block held
+        assert index.calls == [(len(plan.hashes) - held, plan.hashes[held - 1])]
+    else:  # the start is the only record: all of it, touched
+        assert index.calls == [(len(plan.hashes), None)]
+    assert r.index.match(plan.hashes)["r0"] == len(plan.hashes)
+    r.finished(ticket, True, r.answer_hashes(plan, [*chat(2), {"role": "assistant", "content": "ok"}]))
+    assert r.index.match(plan.hashes)["r0"] == len(plan.hashes)
 
 
 def test_a_short_chain_is_recorded_on_the_callers_thread_unless_records_are_queued():
@@ -361,11 +397,11 @@ class SlowIndex(PrefixIndex):
         self.gate = threading.Event()
         self.threads: list[str] = []
 
-    def record(self, replica: str, hashes: Sequence[int]) -> list[int]:
+    def record(self, replica: str, hashes: Sequence[int], parent: int | None = None) -> list[int]:
         self.threads.append(threading.current_thread().name)
         if threading.current_thread().name.startswith("kvgate-index"):
             self.gate.wait(10)
-        return super().record(replica, hashes)
+        return super().record(replica, hashes, parent)
 
 
 def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):

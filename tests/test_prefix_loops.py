@@ -91,6 +91,10 @@ def test_each_loop_changes_the_tables_as_the_python_one(native: ModuleType, seed
         n = rng.randrange(0, len(held) + 1)
         PY.touch(a[1], held, n)
         native.touch(b[1], held, n)
+        slot = rng.randrange(n_shards)
+        over = min(rng.randrange(0, 6), len(a[1][slot]))
+        keep = ~rng.choice([1, 4, 1 << 65, 1 << 70])
+        assert PY.evict(a[0], a[2], a[1][slot], over, keep) == native.evict(b[0], b[2], b[1][slot], over, keep)
         assert snapshot(a) == snapshot(b)
 
 
@@ -122,6 +126,29 @@ def test_bad_arguments_raise(native: ModuleType) -> None:
         native.touch(shards, [1], 2)
     with pytest.raises(TypeError):
         native.insert(holders, shards, 1)  # type: ignore[call-arg]
+    with pytest.raises(KeyError):  # nothing left to evict
+        native.evict(holders, holders, OrderedDict(), 1, ~1)
+    with pytest.raises(KeyError):  # an LRU entry with no holder entry breaks the tables' invariant
+        native.evict(holders, holders, OrderedDict([(5, None)]), 1, ~1)
+    with pytest.raises(TypeError):
+        native.evict(holders, holders, OrderedDict([(5, None)]), 1, "everyone")
+    with pytest.raises(TypeError):
+        native.evict(holders[:3], holders, OrderedDict([(5, None)]), 1, ~1)
+
+
+def test_evict_pops_the_oldest_and_drops_a_block_with_its_last_holder(native: ModuleType) -> None:
+    for mod in (PY, native):
+        holders: list[dict[int, int]] = [{} for _ in range(HOLDER_SHARDS)]
+        successors: list[dict[int, Any]] = [{} for _ in range(HOLDER_SHARDS)]
+        lru: OrderedDict[int, None] = OrderedDict.fromkeys([7, 8, 9])
+        for h, mask in ((7, 0b01), (8, 0b11), (9, 0b01)):
+            holders[h & 63][h] = mask
+            successors[h & 63][h] = h + 1
+        assert mod.evict(holders, successors, lru, 2, ~0b01) == [7, 8]
+        assert list(lru) == [9]
+        assert 7 not in holders[7] and 7 not in successors[7]  # its last holder went
+        assert holders[8][8] == 0b10 and successors[8][8] == 9  # another replica still holds it
+        assert mod.evict(holders, successors, lru, 0, ~0b01) == []
 
 
 OPS = st.lists(

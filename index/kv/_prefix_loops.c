@@ -12,7 +12,8 @@
 #define HOLDER_MASK (HOLDER_SHARDS - 1)
 
 typedef struct {
-    PyObject *move_to_end; /* interned method name */
+    PyObject *move_to_end; /* interned method names */
+    PyObject *popitem;
 } loops_state;
 
 static loops_state *state_of(PyObject *module) { return (loops_state *)PyModule_GetState(module); }
@@ -65,7 +66,8 @@ static PyObject *loops_insert(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence");
     if (seq == NULL) return NULL;
     PyObject *grown = PySet_New(NULL);
-    if (grown == NULL) goto fail;
+    unsigned char *seen = PyMem_Calloc((size_t)smask + 1, 1); /* shards already in `grown` */
+    if (grown == NULL || seen == NULL) goto fail;
     PyObject *move_to_end = state_of(module)->move_to_end;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
@@ -84,11 +86,14 @@ static PyObject *loops_insert(PyObject *module, PyObject *const *args, Py_ssize_
             continue;
         }
         if (PyObject_SetItem(lru, h, Py_None) < 0) goto fail;
-        PyObject *s = PyLong_FromSsize_t(slot);
-        if (s == NULL) goto fail;
-        int added = PySet_Add(grown, s);
-        Py_DECREF(s);
-        if (added < 0) goto fail;
+        if (!seen[slot]) {
+            seen[slot] = 1;
+            PyObject *s = PyLong_FromSsize_t(slot);
+            if (s == NULL) goto fail;
+            int added = PySet_Add(grown, s);
+            Py_DECREF(s);
+            if (added < 0) goto fail;
+        }
         PyObject *table = PyList_GET_ITEM(holders, v & HOLDER_MASK);
         PyObject *mask = PyDict_GetItemWithError(table, h); /* borrowed */
         if (mask == NULL && PyErr_Occurred()) goto fail;
@@ -98,9 +103,11 @@ static PyObject *loops_insert(PyObject *module, PyObject *const *args, Py_ssize_
         Py_DECREF(merged);
         if (set < 0) goto fail;
     }
+    PyMem_Free(seen);
     Py_DECREF(seq);
     return grown;
 fail:
+    PyMem_Free(seen);
     Py_XDECREF(grown);
     Py_DECREF(seq);
     return NULL;
@@ -201,6 +208,61 @@ fail:
     return NULL;
 }
 
+static PyObject *loops_evict(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "evict(holders, successors, lru, over, keep)");
+        return NULL;
+    }
+    PyObject *holders = args[0], *successors = args[1], *lru = args[2], *keep = args[4];
+    if (check_tables(holders, "holders") < 0 || check_tables(successors, "successors") < 0) return NULL;
+    Py_ssize_t over = PyLong_AsSsize_t(args[3]);
+    if (over == -1 && PyErr_Occurred()) return NULL;
+    if (!PyLong_Check(keep)) {
+        PyErr_SetString(PyExc_TypeError, "keep must be an int");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    PyObject *popitem = state_of(module)->popitem;
+    for (Py_ssize_t i = 0; i < over; i++) {
+        PyObject *call[2] = {lru, Py_False}; /* popitem(last=False): the least recently used */
+        PyObject *item = PyObject_VectorcallMethod(popitem, call, 2, NULL);
+        if (item == NULL) goto fail;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            Py_DECREF(item);
+            PyErr_SetString(PyExc_TypeError, "lru.popitem must give (key, value)");
+            goto fail;
+        }
+        PyObject *h = Py_NewRef(PyTuple_GET_ITEM(item, 0));
+        Py_DECREF(item);
+        int appended = PyList_Append(out, h);
+        Py_DECREF(h); /* `out` holds it */
+        if (appended < 0) goto fail;
+        unsigned long long v;
+        if (hash_bits(h, &v) < 0) goto fail;
+        PyObject *table = PyList_GET_ITEM(holders, v & HOLDER_MASK);
+        PyObject *mask = PyDict_GetItemWithError(table, h); /* borrowed */
+        if (mask == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, h);
+            goto fail;
+        }
+        PyObject *left = PyNumber_And(mask, keep);
+        if (left == NULL) goto fail;
+        int held = PyObject_IsTrue(left);
+        int done = held < 0 ? -1 : held ? PyDict_SetItem(table, h, left) : PyDict_DelItem(table, h);
+        Py_DECREF(left);
+        if (done < 0) goto fail;
+        if (held) continue;
+        PyObject *next = PyList_GET_ITEM(successors, v & HOLDER_MASK);
+        int linked = PyDict_Contains(next, h);
+        if (linked < 0 || (linked && PyDict_DelItem(next, h) < 0)) goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyObject *loops_touch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "touch(shards, hashes, n)");
@@ -243,6 +305,8 @@ static PyMethodDef methods[] = {
      "link(successors, hashes, forked) (see prefix_loops.link)"},
     {"walk", (PyCFunction)(void (*)(void))loops_walk, METH_FASTCALL,
      "walk(holders, hashes, start, active) -> (index, still) (see prefix_loops.walk)"},
+    {"evict", (PyCFunction)(void (*)(void))loops_evict, METH_FASTCALL,
+     "evict(holders, successors, lru, over, keep) -> evicted hashes (see prefix_loops.evict)"},
     {"touch", (PyCFunction)(void (*)(void))loops_touch, METH_FASTCALL,
      "touch(shards, hashes, n) (see prefix_loops.touch)"},
     {NULL, NULL, 0, NULL},
@@ -252,16 +316,20 @@ static int exec_module(PyObject *module) {
     loops_state *st = state_of(module);
     st->move_to_end = PyUnicode_InternFromString("move_to_end");
     if (st->move_to_end == NULL) return -1;
+    st->popitem = PyUnicode_InternFromString("popitem");
+    if (st->popitem == NULL) return -1;
     return PyModule_AddIntConstant(module, "HOLDER_SHARDS", HOLDER_SHARDS);
 }
 
 static int traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(state_of(module)->move_to_end);
+    Py_VISIT(state_of(module)->popitem);
     return 0;
 }
 
 static int clear(PyObject *module) {
     Py_CLEAR(state_of(module)->move_to_end);
+    Py_CLEAR(state_of(module)->popitem);
     return 0;
 }
 

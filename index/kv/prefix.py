@@ -110,7 +110,7 @@ class PrefixIndex:
     the LRU of the replica owning bit b; hashes held by no replica are absent (no zero masks are
     stored). Every LRU shard holds at most its share of the replica's capacity after each call.
     Every key of the successor tables is a held block (a record links its chain, then inserts it;
-    `_unset` drops a block's entry with its last holder).
+    a block's entry goes with its last holder, evicted or removed).
 
     Thread-safe: every public method takes one lock (events arrive on a subscriber thread while
     the router matches on another).
@@ -171,8 +171,10 @@ class PrefixIndex:
 
     # -- approximate mode -------------------------------------------------------------------
 
-    def record(self, replica: str, hashes: Sequence[BlockHash]) -> list[BlockHash]:
+    def record(self, replica: str, hashes: Sequence[BlockHash], parent: BlockHash | None = None) -> list[BlockHash]:
         """A request with this block chain was served by `replica`: its blocks are now there.
+        `parent`: the block before `hashes[0]` when the chain goes on from blocks recorded
+        before (its link to `hashes[0]` is noted while it is held); None: the chain's start.
 
         Inserts missing blocks and marks all of them most recently used, then evicts least
         recently used blocks while over capacity. Returns the evicted hashes (oldest first).
@@ -183,7 +185,8 @@ class PrefixIndex:
         """
         with self._lock:
             rep = self._get(replica)
-            self._loops.link(self._successors, hashes, _FORKED)
+            held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
+            self._loops.link(self._successors, [parent, *hashes] if held_parent else hashes, _FORKED)
             return self._evict_over_capacity(rep, self._loops.insert(self._holders, rep.shards, rep.bit, hashes))
 
     # -- precise mode (engine events) -------------------------------------------------------
@@ -196,11 +199,7 @@ class PrefixIndex:
         capacity is a memory bound above the engine's size, in case removal events are lost).
         Returns hashes evicted by that bound, if any (oldest first; counted in `stats()`).
         """
-        with self._lock:
-            rep = self._get(replica)
-            held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
-            self._loops.link(self._successors, [parent, *hashes] if held_parent else hashes, _FORKED)
-            return self._evict_over_capacity(rep, self._loops.insert(self._holders, rep.shards, rep.bit, hashes))
+        return self.record(replica, hashes, parent)
 
     def removed(self, replica: str, hashes: Iterable[BlockHash]) -> None:
         """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
@@ -315,24 +314,20 @@ class PrefixIndex:
         """Evict least recently used blocks from the shards in `grown` while over their share."""
         if rep.capacity is None or not grown:
             return []
-        keep = ~rep.bit
+        keep, evict = ~rep.bit, self._loops.evict
         evicted: list[BlockHash] = []
         for slot in sorted(grown):
             lru, cap = rep.shards[slot], rep.caps[slot]
             over = len(lru) - cap  # type: ignore[operator]  # bounded replicas have int caps
-            for _ in range(over):
-                h, _ = lru.popitem(last=False)
-                self._unset(h, keep)
-                evicted.append(h)
+            if over > 0:
+                evicted += evict(self._holders, self._successors, lru, over, keep)
         rep.evictions += len(evicted)
         return evicted
 
     def _drop_all(self, rep: _Replica) -> None:
         keep = ~rep.bit
         for lru in rep.shards:
-            for h in lru:
-                self._unset(h, keep)
-            lru.clear()
+            self._loops.evict(self._holders, self._successors, lru, len(lru), keep)
 
     def _unset(self, h: BlockHash, keep: int) -> None:
         """Clear the bits outside `keep` from h's holder mask; drop h when no holder is left."""

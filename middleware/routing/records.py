@@ -43,22 +43,24 @@ class Records:
         if self._recorder is not None:
             self._recorder.shutdown(wait=True)
 
-    def record(self, replica: str, chain: list[int] | PromptHashes) -> None:
-        """`replica` now caches this chain (in order; off this thread when deferred)."""
+    def record(self, replica: str, chain: list[int] | PromptHashes, held: int = 0) -> None:
+        """`replica` now caches this chain (in order; off this thread when deferred). `held`: its
+        leading blocks the index already has there, left where they are in the LRU (a caller
+        that records the whole chain again soon, as the answer's record does, passes the match)."""
         if self._recorder is not None:
-            blocks = chain.blocks if isinstance(chain, PromptHashes) else len(chain)
+            blocks = (chain.blocks if isinstance(chain, PromptHashes) else len(chain)) - held
             with self._lock:
                 # a short chain with nothing before it in the queue stays in order applied here
                 queued = self._pending < MAX_PENDING_RECORDS and (self._pending > 0 or blocks > INLINE_RECORD_BLOCKS)
                 self._pending += queued
             if queued:
                 try:
-                    self._last = self._recorder.submit(self._deferred, replica, chain)
+                    self._last = self._recorder.submit(self._deferred, replica, chain, held)
                     return
                 except RuntimeError:  # closed: a request finishing while the proxy shuts down
                     with self._lock:
                         self._pending -= 1
-        self._apply(replica, chain)
+        self._apply(replica, chain, held)
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until the records submitted so far are in the index, at most `timeout` seconds
@@ -69,17 +71,20 @@ class Records:
         done, _ = wait([last], timeout=timeout)
         return bool(done)
 
-    def _deferred(self, replica: str, chain: list[int] | PromptHashes) -> None:
+    def _deferred(self, replica: str, chain: list[int] | PromptHashes, held: int) -> None:
         try:
-            self._apply(replica, chain)
+            self._apply(replica, chain, held)
         finally:
             with self._lock:
                 self._pending -= 1
 
-    def _apply(self, replica: str, chain: list[int] | PromptHashes) -> None:
+    def _apply(self, replica: str, chain: list[int] | PromptHashes, held: int) -> None:
         try:
             hashes = chain.complete().hashes if isinstance(chain, PromptHashes) else chain
-            self.index.record(replica, hashes)
+            if held > 0:
+                self.index.record(replica, hashes[held:], hashes[held - 1])
+            else:
+                self.index.record(replica, hashes)
             self.state.recorded(replica, hashes)
         except Exception:  # a record lost costs a worse route later, never the request
             log.exception("route record for replica %s failed", replica)

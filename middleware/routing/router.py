@@ -248,9 +248,10 @@ class Router:
             replica.pending_prefill_tokens += pending
         watch = None
         if self.cfg.prefix.mode == "approximate":
-            self.records.record(
-                replica.name, plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes
-            )
+            # with answers recorded, the finish touches the whole chain again: here only what is new there
+            held = plan.matched_blocks.get(replica.name, 0) if self.planner.records_answers else 0
+            chain = plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes
+            self.records.record(replica.name, chain, held)
         elif self.precise is not None:
             watch = self.precise.sent(replica.name, plan.hashes)
         if self.inflight is not None:

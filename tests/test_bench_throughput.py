@@ -87,6 +87,8 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
         "relay_at_least_2x_litellm_proxy",
         "relay_all_miss_at_least_half_sglang_router",
         "relay_w2_all_miss_at_least_half_sglang_router",
+        "router_all_miss_c32_at_least_sglang_router",
+        "router_all_miss_c32_cpu_at_most_1_5x_sglang_router",
     }
 
 
@@ -144,3 +146,23 @@ def test_pipeline_cpu_drives_the_served_app(target: str, tmp_path: Path) -> None
     assert sum(result["sends_per_response"].values()) == 40  # every timed request got a response
     assert min(int(n) for n in result["sends_per_response"]) >= 2  # a start and a body at least
     assert result["cpu_ms_per_request"] > 0
+
+
+def test_goals_read_the_relay_and_the_like_for_like_router_cells() -> None:
+    """The caching relay's goals and routing-only kvgate_router's, from the all-miss C=32 cell."""
+    table = {
+        "all_miss": {
+            "32": {
+                "kvgate_relay/sglang_router": 0.9,
+                "kvgate_relay/sglang_router_cpu": 2.1,
+                "kvgate_router/sglang_router": 1.1,
+                "kvgate_router/sglang_router_cpu": 1.45,
+            }
+        }
+    }
+    out = throughput.goals(table)
+    assert out["relay_all_miss_c32_at_least_sglang_router"] is False
+    assert out["relay_all_miss_c32_cpu_at_most_1_5x_sglang_router"] is False
+    assert out["router_all_miss_c32_at_least_sglang_router"] is True
+    assert out["router_all_miss_c32_cpu_at_most_1_5x_sglang_router"] is True
+    assert throughput.goals({})["router_all_miss_c32_cpu_at_most_1_5x_sglang_router"] is None  # not run

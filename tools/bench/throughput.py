@@ -264,6 +264,8 @@ def goals(table: dict[str, Any]) -> dict[str, bool | None]:
     w2_sglang = [x for x in w2_sglang if x is not None]
     c32 = table.get("all_miss", {}).get("32", {})
     rps_32, cpu_32 = c32.get("kvgate_relay/sglang_router"), c32.get("kvgate_relay/sglang_router_cpu")
+    # kvgate_router does sglang-router's job (routes, caches no response): the like-for-like cell
+    router_rps, router_cpu = c32.get("kvgate_router/sglang_router"), c32.get("kvgate_router/sglang_router_cpu")
     return {
         # all-miss at C=32: at least sglang-router's req/s, at most 1.5x its CPU per request
         "relay_all_miss_c32_at_least_sglang_router": rps_32 >= 1 if rps_32 is not None else None,
@@ -271,6 +273,8 @@ def goals(table: dict[str, Any]) -> dict[str, bool | None]:
         "relay_at_least_2x_litellm_proxy": all(x >= 2 for x in vs_litellm) if vs_litellm else None,
         "relay_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in vs_sglang) if vs_sglang else None,
         "relay_w2_all_miss_at_least_half_sglang_router": all(x >= 0.5 for x in w2_sglang) if w2_sglang else None,
+        "router_all_miss_c32_at_least_sglang_router": router_rps >= 1 if router_rps is not None else None,
+        "router_all_miss_c32_cpu_at_most_1_5x_sglang_router": router_cpu <= 1.5 if router_cpu is not None else None,
     }
 
 

@@ -52,7 +52,7 @@ from types import ModuleType
 from typing import Iterable, Sequence
 
 from kvgate.index.kv.hashing import BlockHash
-from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops
+from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops, unset
 
 # Default per-replica bound of an event-fed (precise mode) index, in blocks. Far above an engine's
 # cache (a vLLM replica with 50 GB of KV at 128 KiB/token holds ~25k blocks of 16 tokens; with CPU
@@ -210,7 +210,7 @@ class PrefixIndex:
                 lru = rep.shard(h)
                 if h in lru:
                     del lru[h]
-                    self._unset(h, keep)
+                    unset(self._holders, self._successors, h, keep)
 
     def cleared(self, replica: str) -> None:
         """The engine reports its whole prefix cache reset."""
@@ -328,16 +328,6 @@ class PrefixIndex:
         keep = ~rep.bit
         for lru in rep.shards:
             self._loops.evict(self._holders, self._successors, lru, len(lru), keep)
-
-    def _unset(self, h: BlockHash, keep: int) -> None:
-        """Clear the bits outside `keep` from h's holder mask; drop h when no holder is left."""
-        table = self._holders[h & (HOLDER_SHARDS - 1)]
-        mask = table[h] & keep
-        if mask:
-            table[h] = mask
-        else:
-            del table[h]
-            self._successors[h & (HOLDER_SHARDS - 1)].pop(h, None)
 
     @staticmethod
     def _settle(result: dict[str, int], by_slot: dict[int, _Replica], mask: int, n: int) -> None:

@@ -2,9 +2,10 @@
 
 `PrefixIndex` (kvgate.index.kv.prefix) owns the tables and the lock; these functions only walk a
 chain through them, under that lock. They run once or twice per routed request over every block
-of the prompt (and `evict` over every block a record pushes out), so they exist twice: here in Python, and in `_prefix_loops.c`, a C extension with
-the same names and contracts that `pip install` builds where a C compiler is found (setup.py; the
-build is optional and a failed one leaves this module in use). `loops()` gives the C one when it
+of the prompt (and `evict` over every block a record pushes out), so they exist twice: here in
+Python, and in `_prefix_loops.c`, a C extension with the same names and contracts that `pip
+install` builds where a C compiler is found (setup.py; the build is optional and a failed one
+leaves this module in use). `unset`, one block's step, is Python's only. `loops()` gives the C one when it
 is importable. tests/test_prefix_loops.py holds both to the same results, call for call and over
 random sequences of index operations.
 
@@ -85,19 +86,24 @@ def evict(
     """Pop the `over` least recently used hashes of one LRU shard, clearing the bits outside
     `keep` from each one's holder mask; a hash left with no holder leaves `holders` and
     `successors`. Returns the popped hashes, oldest first (each must be in `holders`)."""
-    hmask = HOLDER_SHARDS - 1
     out = []
     for _ in range(over):
         h, _ = lru.popitem(last=False)
-        table = holders[h & hmask]
-        mask = table[h] & keep
-        if mask:
-            table[h] = mask
-        else:
-            del table[h]
-            successors[h & hmask].pop(h, None)
+        unset(holders, successors, h, keep)
         out.append(h)
     return out
+
+
+def unset(holders: list[dict[int, int]], successors: list[dict[int, Any]], h: int, keep: int) -> None:
+    """Clear the bits outside `keep` from h's holder mask (h must be in `holders`); h leaves
+    `holders` and `successors` when no holder is left."""
+    table = holders[h & (HOLDER_SHARDS - 1)]
+    mask = table[h] & keep
+    if mask:
+        table[h] = mask
+    else:
+        del table[h]
+        successors[h & (HOLDER_SHARDS - 1)].pop(h, None)
 
 
 def touch(shards: list[OrderedDict[int, None]], hashes: Sequence[int], n: int) -> None:

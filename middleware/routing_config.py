@@ -28,6 +28,8 @@ log = logging.getLogger("kvgate.config")
 
 # what moved where: flat routing.<knob> → routing.policy.<knob> (of the policy named), and
 # flat routing.<field> → routing.prefix.<field>
+# approximate mode's block with a model tokenizer until an engine reports its own (vLLM's GPU block)
+APPROXIMATE_BLOCK_TOKENS = 16
 PREFIX_FIELDS = ("mode", "tokenizer", "block_size", "seed", "capacity_blocks", "record_answers")
 
 _collected: ContextVar[list[str] | None] = ContextVar("kvgate_config_deprecations", default=None)
@@ -180,17 +182,19 @@ class PrefixConfig(_Strict):
         None,
         gt=0,
         le=4096,
-        description="tokens per hashed block (characters with tokenizer: text). approximate "
-        "mode: default 16, 64 characters with tokenizer text; precise mode: "
-        "default the engine's own (its KV events and /metrics); a value that "
-        "disagrees with the engine's is reported and the engine's is used",
+        description="tokens per hashed block (characters with tokenizer: text). Default: the "
+        "engine's own (vLLM reports it), in approximate mode 16 until an engine does and 64 "
+        "characters with tokenizer text. A value that disagrees with the engine's is reported; "
+        "precise mode then uses the engine's",
     )
     seed: str = Field("kvgate", description="seed of kvgate's own block hashes (the router's hash space)")
     capacity_blocks: int | None = Field(
         None,
         gt=0,
         description="per-replica blocks the prefix index keeps (LRU). approximate: the engine's cache "
-        "size to mirror; precise: a memory bound. Default EVENT_FED_CAPACITY (262144) in both",
+        "size to mirror, by default the size the engine reports (vLLM's KV cache, in blocks); "
+        "precise, or tokenizer text: a memory bound. Default (and until an engine reports) "
+        "EVENT_FED_CAPACITY (262144)",
     )
     record_answers: bool = Field(
         True, description="approximate mode: the engine caches generated tokens too (vLLM does)"
@@ -199,8 +203,9 @@ class PrefixConfig(_Strict):
     @model_validator(mode="after")
     def _defaults_by_mode(self) -> "PrefixConfig":
         """approximate mode guesses what engines cache from what it routed: blocks of 16 tokens
-        (vLLM's GPU block) by default, 64 with the `text` tokenizer, whose blocks count
-        characters (16 characters are only ~4 tokens of English). Precise mode reads what the
+        (vLLM's GPU block) until an engine reports its own (routing/mirror.py: None here means
+        the engine's), 64 with the `text` tokenizer, whose blocks count characters (16
+        characters are only ~4 tokens of English). Precise mode reads what the
         engines report, so its hashes must cut the engine's own token ids where the engine cuts
         them: the tokenizer defaults to the served model's (`auto`) and the block size to the
         engine's (None until the engine says it); `text` cannot match an engine at all."""
@@ -221,8 +226,8 @@ class PrefixConfig(_Strict):
                         "tell the model); in approximate mode name the tokenizer or leave it out (text)"
                     )
                 self.tokenizer = "text"
-            if self.block_size is None:
-                self.block_size = 64 if self.tokenizer == "text" else 16
+            if self.block_size is None and self.tokenizer == "text":
+                self.block_size = 64
         return self
 
     @model_validator(mode="after")
@@ -231,8 +236,10 @@ class PrefixConfig(_Strict):
         evictions, but lost removal events must not pile up; approximate mode records every
         routed prompt, and fresh long prompts would add blocks forever (and an insert that grows
         a large index's tables holds the proxy's GIL long enough to stall every request). Default bound:
-        kvgate.index.kv.prefix.EVENT_FED_CAPACITY, far above what an engine caches."""
-        if self.capacity_blocks is None:
+        kvgate.index.kv.prefix.EVENT_FED_CAPACITY, far above what an engine caches; approximate
+        mode with a model tokenizer keeps None here: each replica's engine's own size once it
+        reports one, that bound until then (routing/mirror.py)."""
+        if self.capacity_blocks is None and (self.mode == "precise" or self.tokenizer == "text"):
             self.capacity_blocks = EVENT_FED_CAPACITY
         return self
 

@@ -200,7 +200,9 @@ def test_request_records_count_the_clients_own_in_flight_requests_per_replica():
         turn(2, 2.0, 4.0, "v0", 80, 16),
         turn(3, 3.5, 6.0, "v1", 10, 0),
     ]
+    turns[2].expected_cached = 32  # the router's guess (x-kvgate-expected-cached-tokens), where it told one
     recs = request_records(turns)
+    assert [r.get("expected_uncached") for r in recs] == [None, None, 48, None]
     assert [r["inflight"] for r in recs] == [0, 1, 2, 2]
     assert [r["queue"] for r in recs] == [0, 0, 1, 0]  # turn 1 ended at 3.0, before turn 3 was sent
     assert [r["uncached"] for r in recs] == [36, 50, 64, 10]

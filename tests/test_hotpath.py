@@ -373,7 +373,7 @@ def test_block_size_default_depends_on_tokenizer_and_mode():
     assert RoutingConfig().prefix.block_size == 64 and PrefixConfig(tokenizer="text").block_size == 64
     assert PrefixConfig(mode="precise").block_size is None  # precise: the engine's own, once it says
     assert PrefixConfig(mode="precise").tokenizer == "auto"
-    assert PrefixConfig(tokenizer="smollm2").block_size == 16
+    assert PrefixConfig(tokenizer="smollm2").block_size is None  # the engine's, 16 until it says (mirror.py)
     assert (
         PrefixConfig(block_size=16).block_size == 16 and PrefixConfig(block_size=256, mode="precise").block_size == 256
     )

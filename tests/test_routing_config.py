@@ -198,7 +198,11 @@ def test_prefix_defaults_and_validation_hold_under_routing_prefix():
     )
     assert cfg.prefix.capacity_blocks == EVENT_FED_CAPACITY
     assert cfg.prefix.record_answers and cfg.prefix.seed == "kvgate"
-    assert PrefixConfig(tokenizer="smollm2").block_size == 16
+    # a model tokenizer in approximate mode: the engine's block size and cache size, once it says
+    assert (PrefixConfig(tokenizer="smollm2").block_size, PrefixConfig(tokenizer="smollm2").capacity_blocks) == (
+        None,
+        None,
+    )
     precise = routing_of({"prefix": {"mode": "precise"}}, [EVENTS]).prefix
     assert (precise.tokenizer, precise.block_size, precise.capacity_blocks) == ("auto", None, EVENT_FED_CAPACITY)
     message = refused({"prefix": {"mode": "precise", "tokenizer": "text"}})

@@ -126,6 +126,29 @@ def test_precise_mode_takes_block_size_and_tokenizer_from_the_engine(
     assert stats["unmatched"] == 0 and stats["engine_hash"] == "sha256"  # vLLM's default hash, checked
 
 
+def test_approximate_mode_takes_block_size_and_cache_size_from_the_engine(vllm_pair, proxy_factory, tmp_path):
+    """Approximate mode, told only the tokenizer: it hashes in the engine's blocks and bounds each
+    replica's index at the engine's KV cache, so what it expects cached counts whole engine blocks."""
+    cfg = config(tmp_path, vllm_pair)
+    cfg["routes"][0]["routing"] = {"policy": "cache_aware", "prefix": {"tokenizer": vllm_pair[0].model}}
+    proxy = proxy_factory(cfg)
+    turn1 = [{"role": "user", "content": "Tell me about this town. " + LONG}]
+    r1, u1 = proxy.chat(turn1)
+    assert r1.status_code == 200, r1.text
+    first = r1.headers["x-kvgate-replica"]
+    engine = proxy.router.engines[first]
+    assert engine.block_size == 128 and engine.kv_cache_tokens  # what the CPU build reports
+    assert proxy.router.block_size == 128  # the route names none
+    for name, info in proxy.router.engines.items():
+        assert proxy.router.index.capacity(name) == info.kv_cache_tokens // 128
+    answer = r1.json()["choices"][0]["message"]["content"]
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "And its bridge?"}]
+    r2, u2 = proxy.chat(turn2, stream=True)
+    assert r2.headers["x-kvgate-replica"] == first
+    expected = int(r2.headers["x-kvgate-expected-cached-tokens"])
+    assert expected % 128 == 0 and (u1["prompt_tokens"] // 128) * 128 <= expected <= cached(u2)
+
+
 def test_tenants_are_salted_inside_the_engine(vllm_pair, proxy_factory, tmp_path):
     cfg = config(tmp_path, vllm_pair[:1])  # one replica: every request meets the same prefix cache
     proxy = proxy_factory(cfg)

@@ -87,9 +87,13 @@ class _Replica:
     evictions: int = 0
 
     def __post_init__(self) -> None:
-        k = lru_shards(self.capacity)
+        self.bound(self.capacity)
+
+    def bound(self, cap: int | None) -> None:
+        """Empty shards laid out for capacity `cap` (the caller moves any blocks over)."""
+        k = lru_shards(cap)
+        self.capacity = cap
         self.shards = [OrderedDict() for _ in range(k)]
-        cap = self.capacity
         self.caps = [None] * k if cap is None else [cap // k + (i < cap % k) for i in range(k)]
 
     def shard(self, h: BlockHash) -> OrderedDict[BlockHash, None]:
@@ -150,6 +154,28 @@ class PrefixIndex:
             rep = _Replica(name=name, bit=1 << slot, capacity=cap)
             self._replicas[name] = rep
             self._by_slot[slot] = rep
+
+    def resize(self, name: str, capacity_blocks: int | None) -> list[BlockHash]:
+        """Give `name` a new bound (None = unlimited), keeping what it holds up to it. Returns the
+        evicted hashes. The blocks move to the new bound's LRU shards, taken from the old shards
+        oldest first and in turn, so each shard's order is kept and the oldest go first at the new
+        bound (the order across old shards was never kept: see the module docstring)."""
+        _check_capacity(capacity_blocks)
+        with self._lock:
+            rep = self._get(name)
+            if capacity_blocks == rep.capacity:
+                return []
+            old = [iter(list(lru)) for lru in rep.shards]
+            rep.bound(capacity_blocks)
+            grown = set(range(len(rep.shards)))
+            while old:
+                for it in list(old):
+                    h = next(it, None)
+                    if h is None:
+                        old.remove(it)
+                    else:
+                        rep.shard(h)[h] = None
+            return self._evict_over_capacity(rep, grown)
 
     def remove_replica(self, name: str) -> None:
         """Forget a replica and every block it held."""

@@ -114,8 +114,11 @@ class Planner:
     def answer_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int] | None:
         """The hashes of `conversation` (the plan's prompt + its answer), resuming from the
         prompt's own chain states so only the answer is tokenised; None when this route does not
-        record answers (thread-safe; the caller's record step may run on a worker thread)."""
+        record answers, or when the plan was hashed with another block size (the engines said
+        theirs since: mirror.py) (thread-safe; the caller's record step may run on a worker thread)."""
         hasher = self.hasher
         if not (self.records_answers and conversation and hasher is not None):
+            return None
+        if plan.block_size != hasher.block_size:
             return None
         return hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes

@@ -20,7 +20,7 @@ import httpx
 
 from kvgate.index.kv.hash_loops import native as native_hashing
 from kvgate.index.kv.kv_events import FeedStats
-from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prefix import EVENT_FED_CAPACITY, PrefixIndex
 from kvgate.index.kv.prompt import Prompt, PromptHasher
 from kvgate.index.kv.tokenizer import load_tokenizer
 from kvgate.middleware.config import ReplicaConfig, RoutingConfig
@@ -32,12 +32,15 @@ from kvgate.middleware.routing.factory import make_policy
 from kvgate.middleware.routing.health import ReplicaHealth
 from kvgate.middleware.routing.inflight import InFlightPrefixes
 from kvgate.middleware.routing.load_cost import LoadCost
+from kvgate.middleware.routing.mirror import EngineMirror
 from kvgate.middleware.routing.planner import Planner
 from kvgate.middleware.routing.precise import PreciseRouting, Watch
 from kvgate.middleware.routing.records import Records
+from kvgate.middleware.routing.router_stats import replica_stats
 from kvgate.middleware.routing.salt import Salter
 from kvgate.middleware.routing.state import RoutingState
 from kvgate.middleware.routing.state_local import LocalState
+from kvgate.middleware.routing_config import APPROXIMATE_BLOCK_TOKENS
 
 # kvgate.index.kv's C extensions (_prefix_loops, _hash_loops) where they were not built
 REBUILD = "Install again where a C compiler and Python's and OpenSSL's headers are (docs/routing.md)"
@@ -81,8 +84,11 @@ class Router:
         # precise mode hashes only once the engines said how (block size, tokenizer): None until then
         prefix = cfg.prefix
         if hasher is None and prefix.mode == "approximate":
-            hasher = PromptHasher(load_tokenizer(prefix.tokenizer), prefix.block_size or 16, seed=prefix.seed)
-        self.index = index or PrefixIndex(prefix.capacity_blocks, touch_on_match=prefix.mode == "precise")
+            hasher = PromptHasher(
+                load_tokenizer(prefix.tokenizer), prefix.block_size or APPROXIMATE_BLOCK_TOKENS, seed=prefix.seed
+            )
+        bound = prefix.capacity_blocks or EVENT_FED_CAPACITY  # approximate: the engine's, once it says (mirror.py)
+        self.index = index or PrefixIndex(bound, touch_on_match=prefix.mode == "precise")
         built = {"_prefix_loops": self.index.native_loops, "_hash_loops": native_hashing()}
         if slow := [m for m, native in built.items() if not native]:  # same routing, more CPU per request
             log.warning("route %s: C loops %s not built here: they run in Python. " + REBUILD, name, slow)
@@ -105,8 +111,11 @@ class Router:
             prefix.block_size or 1,
             records_answers=prefix.mode == "approximate" and prefix.record_answers,
         )
+        self.mirror: EngineMirror | None = None
         if prefix.mode == "approximate":
             self.state.follow(self._apply_peer)
+            fixed = {r.name for r in replicas if r.capacity_blocks}
+            self.mirror = EngineMirror(name, prefix, self.index, hasher.tokenizer, fixed, self._use_hasher)
         # what each replica's engine said of itself (kvgate.middleware.engines), once it answered
         self.book = EngineBook(name, cfg.engine, cfg.cache_salt, salter, self._engine_found)
         self.precise: PreciseRouting | None = None
@@ -121,7 +130,7 @@ class Router:
             self.planner.inflight = self.inflight = InFlightPrefixes(self.index, clock)
 
     def _use_hasher(self, hasher: PromptHasher) -> None:
-        """Precise mode: the engines' block size and tokenizer are known (again): hash with them."""
+        """The engines' block size (and in precise mode tokenizer) are known (again): hash with them."""
         self.planner.hasher = hasher
 
     @property
@@ -170,6 +179,8 @@ class Router:
     def _engine_found(self, name: str, info: EngineInfo) -> None:
         if self.precise is not None and name in self._names:
             self.precise.engine_found(name, info)
+        elif self.mirror is not None and name in self._names:
+            self.mirror.engine_found(name, info)
 
     @property
     def context_limit(self) -> int | None:
@@ -318,31 +329,10 @@ class Router:
         return {name: sub.feed.stats() for name, sub in list(self.precise.subscribers.items())}
 
     def stats(self) -> dict[str, Any]:
+        """Per replica: health, load, what the index holds of it, its engine (router_stats.py)."""
         with self._lock:
             self.refresh_load()
-        precise = self.precise.stats() if self.precise is not None else {}
-        out: dict[str, Any] = {}
-        for r in self.replicas:
-            out[r.name] = {
-                "healthy": r.healthy,
-                "in_flight": r.in_flight,
-                "requests": r.requests,
-                "pending_prefill_tokens": r.pending_prefill_tokens,
-                "blocks": self.index.blocks(r.name),
-            }
-            engine = self.book.describe(r.name)
-            if engine is not None:
-                out[r.name]["engine"] = engine
-            if r.name in precise:
-                out[r.name]["precise"] = precise[r.name]
-            if (engine_load := self.engine_load.stats(r.name)) is not None:
-                out[r.name]["engine_load"] = engine_load
-            if self.precise is not None and (tiers := self.precise.tiers.readable(r.name)):
-                # the KV tiers this replica's engine can load from (blocks each holds), and what a
-                # loaded token costs in prefill tokens on this route (measured; 1 until then)
-                out[r.name]["kv_tiers"] = {t: self.index.blocks(t) for t in sorted(tiers)}
-                out[r.name]["load_cost"] = round(self.load_cost.value, 4)
-        return out
+        return replica_stats(self)
 
     # ------------------------------------------------------------------ replicas at run time
     # (the admin API, middleware/server/admin.py). Lists are replaced, never changed in place, so a
@@ -365,6 +355,8 @@ class Router:
                 raise ValueError(f"{type(self.state).__name__} cannot count a replica added at run time") from None
             if cfg.name not in self.index.replicas:
                 self.index.add_replica(cfg.name, cfg.capacity_blocks or self.cfg.prefix.capacity_blocks)
+            if self.mirror is not None:
+                self.mirror.added(cfg.name, cfg.capacity_blocks)
             self._names = self._names | {cfg.name}  # claimed: a second add of the name fails from here on
         if self.precise is not None:
             try:  # outside the lock: start() waits for the socket, and routing must not
@@ -397,4 +389,6 @@ class Router:
         self.engine_load.forget(name)
         if self.inflight is not None:
             self.inflight.forget(name)
+        if self.mirror is not None:
+            self.mirror.forget(name)
         self.index.remove_replica(name)

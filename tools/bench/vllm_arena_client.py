@@ -47,6 +47,7 @@ class Turn:
     finish_reason: str | None = None
     replica: str | None = None  # x-kvgate-replica: where kvgate sent it (None through the anchors)
     timing: str | None = None  # kvgate's server-timing header
+    expected_cached: int | None = None  # x-kvgate-expected-cached-tokens: the router's guess
     head: float = 0.0  # perf_counter when the response head arrived
     pieces: list[str] = field(default_factory=list, repr=False)
 
@@ -94,6 +95,8 @@ async def send_turn(client: Pool, url: str, turn: Turn, model: str, max_tokens: 
         turn.head = time.perf_counter()
         turn.replica = resp.headers.get("x-kvgate-replica")
         turn.timing = resp.headers.get("server-timing")
+        if (expected := resp.headers.get("x-kvgate-expected-cached-tokens")) is not None:
+            turn.expected_cached = int(expected)
         try:
             if resp.status != 200:
                 turn.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
@@ -142,7 +145,10 @@ async def converse(
     queue: asyncio.Queue[int] = asyncio.Queue()
     for c in range(len(texts)):
         queue.put_nowait(c)
-    client = Pool(keepalive_s=3.0, keep_headers=frozenset({"x-kvgate-replica", "server-timing"}))
+    client = Pool(
+        keepalive_s=3.0,
+        keep_headers=frozenset({"x-kvgate-replica", "server-timing", "x-kvgate-expected-cached-tokens"}),
+    )
 
     async def worker() -> None:
         while not queue.empty():

@@ -19,7 +19,9 @@ Per request (`request_records`): conversation and turn, TTFT, the replica a kvga
 (x-kvgate-replica; None through the anchors, which name none), the uncached prompt tokens sent
 (the engine's usage: prompt tokens minus cached tokens), the requests the bench client itself had
 in flight when it sent this one (`inflight`: all replicas; `queue`: those to the same replica, only
-where the replica is known: the client's view, not the engine's scheduler queue). Through kvgate,
+where the replica is known: the client's view, not the engine's scheduler queue), and where kvgate
+told its guess (x-kvgate-expected-cached-tokens) the uncached tokens it expected
+(`expected_uncached`, beside the engine's `uncached`). Through kvgate,
 also `head_s` (the client's wait for the response head, which kvgate sends once the engine's first
 event is in) and `proxy_ms` (its Server-Timing steps: read, plan, engine, relay), so `head_s` less
 their sum is the time outside the proxy's handler: the server's parsing, the loop's wait before
@@ -221,6 +223,8 @@ def request_records(turns: Sequence[Turn]) -> list[dict[str, Any]]:
         }
         if t.prompt_tokens is not None:
             rec["uncached"] = t.prompt_tokens - (t.cached_tokens or 0)
+            if t.expected_cached is not None:  # the router's guess of the same, where it told it
+                rec["expected_uncached"] = t.prompt_tokens - t.expected_cached
         if t.replica is not None:
             rec["replica"] = t.replica
             rec["queue"] = sum(u.replica == t.replica for u in busy)

@@ -332,7 +332,7 @@ class Router:
         """Per replica: health, load, what the index holds of it, its engine (router_stats.py)."""
         with self._lock:
             self.refresh_load()
-        return replica_stats(self)
+        return replica_stats(self.replicas, self.index, self.book, self.engine_load, self.precise, self.load_cost)
 
     # ------------------------------------------------------------------ replicas at run time
     # (the admin API, middleware/server/admin.py). Lists are replaced, never changed in place, so a

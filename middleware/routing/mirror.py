@@ -30,7 +30,7 @@ from kvgate.index.kv.prefix import PrefixIndex
 from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import ChatTokenizer
 from kvgate.middleware.engines.base import EngineInfo
-from kvgate.middleware.routing_config import APPROXIMATE_BLOCK_TOKENS, PrefixConfig
+from kvgate.middleware.routing_config import PrefixConfig
 
 log = logging.getLogger("kvgate.router")
 
@@ -41,20 +41,21 @@ class EngineMirror:
         route: str,
         prefix: PrefixConfig,
         index: PrefixIndex,
-        tokenizer: ChatTokenizer,
+        hasher: PromptHasher,
         fixed: set[str],
         on_hasher: Callable[[PromptHasher], None],
     ) -> None:
-        """fixed: replicas whose bound is configured (replicas[].capacity_blocks); on_hasher
-        receives the hasher to use from now on when the block size changes."""
+        """hasher: the one in use now; fixed: replicas whose bound is configured
+        (replicas[].capacity_blocks); on_hasher receives the hasher to use from now on when the
+        block size changes."""
         tokens = prefix.tokenizer != "text"
         self.route = route
         self.index = index
         self.seed = prefix.seed
-        self.tokenizer = tokenizer
+        self.tokenizer: ChatTokenizer = hasher.tokenizer
         self.takes_block_size = tokens and prefix.block_size is None
         self.takes_size = tokens and prefix.capacity_blocks is None
-        self.block_size = prefix.block_size or APPROXIMATE_BLOCK_TOKENS
+        self.block_size = hasher.block_size
         self.compares = tokens and prefix.block_size is not None
         self._fixed = set(fixed)
         self._cache_tokens: dict[str, int] = {}  # replica → its engine's KV cache in tokens

@@ -115,7 +115,7 @@ class Router:
         if prefix.mode == "approximate":
             self.state.follow(self._apply_peer)
             fixed = {r.name for r in replicas if r.capacity_blocks}
-            self.mirror = EngineMirror(name, prefix, self.index, hasher.tokenizer, fixed, self._use_hasher)
+            self.mirror = EngineMirror(name, prefix, self.index, hasher, fixed, self._use_hasher)
         # what each replica's engine said of itself (kvgate.middleware.engines), once it answered
         self.book = EngineBook(name, cfg.engine, cfg.cache_salt, salter, self._engine_found)
         self.precise: PreciseRouting | None = None

@@ -45,6 +45,7 @@ miss, so such an orphan costs space, never a wrong match.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ EVENT_FED_CAPACITY = 1 << 18
 LRU_SHARD_BLOCKS = 8192  # a replica's LRU is split into shards of about this many blocks
 # successor table value of a block that recorded chains have continued in two different ways
 _FORKED = object()
+_GAP = object()  # resize's filler where an old shard has run out
 
 
 def lru_shards(capacity: int | None) -> int:
@@ -165,17 +167,14 @@ class PrefixIndex:
             rep = self._get(name)
             if capacity_blocks == rep.capacity:
                 return []
-            old = [iter(list(lru)) for lru in rep.shards]
+            # each old shard's i-th oldest block, for i = 0, 1, ... (shorter shards leave gaps)
+            layers = itertools.zip_longest(*[list(lru) for lru in rep.shards], fillvalue=_GAP)
             rep.bound(capacity_blocks)
-            grown = set(range(len(rep.shards)))
-            while old:
-                for it in list(old):
-                    h = next(it, None)
-                    if h is None:
-                        old.remove(it)
-                    else:
+            for layer in layers:
+                for h in layer:
+                    if h is not _GAP:
                         rep.shard(h)[h] = None
-            return self._evict_over_capacity(rep, grown)
+            return self._evict_over_capacity(rep, set(range(len(rep.shards))))
 
     def remove_replica(self, name: str) -> None:
         """Forget a replica and every block it held."""

@@ -6,14 +6,12 @@ restarts and is shared between processes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
-
-import orjson
+from typing import Any, Mapping
 
 from kvgate.index.kv.prompt import TextPrompt
+from kvgate.middleware.canonical import canonical_json, canonical_list, digest
 from kvgate.middleware.config import Config, RouteConfig
 from kvgate.middleware.errors import BadRequest, ModelNotFound
 
@@ -53,7 +51,6 @@ NON_OUTPUT_PARAMS = frozenset(
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids are int32 in every engine we front
 # Sent on to the backend but kept out of the keys.
 FORWARDED_NON_OUTPUT = ("stream_options", "user", "metadata", "extra_headers", "headers")
-KEY_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -146,74 +143,19 @@ class RequestView:
         return [*self.messages, {"role": "assistant", "content": answer}]
 
 
-def canonical_json(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no spaces, None-valued dict keys dropped at every level.
-
-    Invariant: the text is `json.dumps(…, sort_keys=True, separators=(",", ":"),
-    ensure_ascii=False, default=str)` of the cleaned value, byte for byte (keys made before
-    stay valid). orjson writes it when every leaf is a str, bool, None or 64-bit int, where the two
-    agree (much faster on long conversations); floats (whose text differs: 1e-05 vs 0.00001) and
-    anything else go through json.dumps."""
-    if type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
-        try:  # the usual message: string keys and values, nothing to clean
-            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-        except orjson.JSONEncodeError:
-            pass
-    clean, plain = _drop_none(value)
-    if plain:
-        try:
-            return orjson.dumps(clean, option=orjson.OPT_SORT_KEYS).decode()
-        except orjson.JSONEncodeError:  # e.g. a lone surrogate, which json.dumps writes as it is
-            pass
-    return json.dumps(clean, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+_SCALAR_TYPES = (str, bool, int, float)
 
 
-_INT64 = 1 << 63
+def output_params(kwargs: Mapping[str, Any], skip: str | None = None) -> dict[str, Any]:
+    """The set parameters that shape an answer (all but NON_OUTPUT_PARAMS and `skip`), as the
+    keys see them: None dropped at every level, keys sorted, values as JSON reads them back.
 
-
-def _drop_none(value: Any) -> tuple[Any, bool]:
-    """(value without None-valued dict keys, tuples as lists, pydantic objects dumped; whether
-    orjson renders it as json.dumps does)."""
-    if isinstance(value, str) or value is None or isinstance(value, bool):
-        return value, True
-    if isinstance(value, int):
-        return value, -_INT64 <= value < _INT64
-    if isinstance(value, Mapping):
-        out, plain = {}, True
-        for k, v in value.items():
-            if v is not None:
-                out[str(k)], p = _drop_none(v)
-                plain = plain and p
-        return out, plain
-    if isinstance(value, (list, tuple)):
-        items = [_drop_none(v) for v in value]
-        return [v for v, _ in items], all(p for _, p in items)
-    if hasattr(value, "model_dump"):  # pydantic objects passed by SDK users (e.g. litellm Message)
-        return _drop_none(value.model_dump())
-    return value, False
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A part already written as canonical JSON (`canonical_list`): digest uses its text as is."""
-
-    text: str
-
-
-def canonical_list(rendered: Sequence[str]) -> Rendered:
-    """The canonical JSON of a list from its items' canonical JSON texts.
-
-    Invariant: canonical_list([canonical_json(x) for x in xs]).text == canonical_json(xs), since
-    both writers join list items with a bare comma; so a conversation's messages are written
-    once and shared by the exact key (all of them) and the scope (the earlier ones)."""
-    return Rendered("[" + ",".join(rendered) + "]")
-
-
-def digest(*parts: Any) -> str:
-    """sha256 over the canonical JSON of `parts`; equal inputs ⇔ equal digests (up to sha256).
-    Each part is written on its own (see canonical_json), joined as json.dumps joins a list."""
-    text = "[" + ",".join(p.text if isinstance(p, Rendered) else canonical_json(p) for p in (KEY_VERSION, *parts)) + "]"
-    return hashlib.sha256(text.encode()).hexdigest()
+    Invariant: equal to `json.loads(canonical_json(...))` of those parameters. Scalars (the usual
+    temperature, max_tokens, stop string) read back as they are, so they skip the round trip."""
+    params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and k != skip and v is not None}
+    if all(type(k) is str and type(v) in _SCALAR_TYPES for k, v in params.items()):
+        return dict(sorted(params.items()))
+    return json.loads(canonical_json(params))
 
 
 def text_of(content: Any) -> str | None:
@@ -265,8 +207,7 @@ def build_view(
     route = match_route(config, kwargs) if route is None else route
     model = kwargs["model"]
     messages = validate_messages(kwargs.get("messages"))
-    params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and v is not None}
-    params = json.loads(canonical_json(params))
+    params = output_params(kwargs)
     forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
@@ -346,8 +287,7 @@ def build_text_view(
     route = match_route(config, kwargs, "completions") if route is None else route
     model = kwargs["model"]
     prompt = text_prompt(kwargs.get("prompt"))
-    params = {k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and k != "prompt" and v is not None}
-    params = json.loads(canonical_json(params))
+    params = output_params(kwargs, skip="prompt")
     n = params.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise BadRequest(f"`n` must be a positive integer, got {n!r}", param="n")

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvgate.index.responses.tags import MAX_TAGS, system_tag, tag_problem
+from kvgate.middleware.canonical import canonical_json
 from kvgate.middleware.errors import BadRequest
-from kvgate.middleware.request import SYSTEM_ROLES, RequestView, canonical_json, text_of
+from kvgate.middleware.request import SYSTEM_ROLES, RequestView, text_of
 
 TAGS_HEADER = "x-kvgate-tags"
 

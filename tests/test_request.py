@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvgate.middleware.canonical import canonical_json
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import BadRequest
 from kvgate.middleware.replay import replay_chunks, split_text
-from kvgate.middleware.request import CacheControl, build_view, canonical_json
+from kvgate.middleware.request import CacheControl, build_view
 
 CONFIG = parse_config(
     {
@@ -178,7 +179,7 @@ def test_canonical_json_is_json_dumps_byte_for_byte(value):
     import hashlib
     import json
 
-    from kvgate.middleware.request import KEY_VERSION, _drop_none, canonical_json, digest
+    from kvgate.middleware.canonical import KEY_VERSION, _drop_none, canonical_json, digest
 
     clean, _ = _drop_none(value)
     want = json.dumps(clean, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -197,7 +198,7 @@ def test_canonical_json_is_json_dumps_byte_for_byte(value):
 @given(st.lists(_json_like, max_size=5))
 def test_a_list_from_its_items_texts_is_the_lists_canonical_json(items):
     """build_view writes each message once and joins them for both keys: the same text, so the same keys."""
-    from kvgate.middleware.request import canonical_list, digest
+    from kvgate.middleware.canonical import canonical_list, digest
 
     joined = canonical_list([canonical_json(x) for x in items])
     assert joined.text == canonical_json(items)
@@ -207,10 +208,36 @@ def test_a_list_from_its_items_texts_is_the_lists_canonical_json(items):
         pass
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["temperature", "max_tokens", "stop", "seed", "top_p", "model", "stream", "tools", "user"]),
+        _leaf
+        | st.floats()
+        | st.lists(_leaf, max_size=3)
+        | st.tuples(_leaf)
+        | st.dictionaries(st.text(max_size=3), _leaf),
+        max_size=6,
+    )
+)
+def test_output_params_are_what_the_json_round_trip_gives(kwargs):
+    """Scalar parameters skip the round trip through JSON: the same values, in the same order,
+    so the same keys (a NaN, which never equals itself, compared as JSON text)."""
+    import json
+
+    from kvgate.middleware.request import NON_OUTPUT_PARAMS, output_params
+
+    want = json.loads(canonical_json({k: v for k, v in kwargs.items() if k not in NON_OUTPUT_PARAMS and v is not None}))
+    got = output_params(kwargs)
+    assert list(got) == list(want)
+    assert json.dumps(got) == json.dumps(want)
+    assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in want.items()}
+
+
 @pytest.mark.parametrize("context", ["exact", "last_user_only", "semantic"])
 def test_view_keys_are_the_digests_of_the_messages(context):
     """The keys build_view writes from per-message texts equal the digests of the lists (keys made before stay valid)."""
-    from kvgate.middleware.request import digest
+    from kvgate.middleware.canonical import digest
 
     cfg = parse_config(
         {"routes": [{"name": "r", "model": "*", "backend": {"model": "openai/x"}, "semantic": {"context": context}}]}

@@ -9,8 +9,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvgate.middleware.canonical import canonical_json
 from kvgate.middleware.forward.resume import StreamResume
-from kvgate.middleware.request import canonical_json
 
 
 class _Chunk(dict):

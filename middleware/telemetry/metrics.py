@@ -48,8 +48,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         seconds: dict[str, Any] = {"buckets": LATENCY_BUCKETS, "registry": r}  # every latency histogram's
-        self.lookups = Counter("kvgate_cache_lookups", "Cache lookups by tier", ["route", "tier"], registry=r)
-        self.hits = Counter("kvgate_cache_hits", "Cache hits by tier", ["route", "tier"], registry=r)
+        self.lookups = Children(Counter("kvgate_cache_lookups", "Cache lookups by tier", ["route", "tier"], registry=r))
+        self.hits = Children(Counter("kvgate_cache_hits", "Cache hits by tier", ["route", "tier"], registry=r))
         self.requests = Children(Counter("kvgate_requests", "Requests by outcome", ["route", "cache"], registry=r))
         self.backend_calls = Children(
             Counter("kvgate_backend_calls", "Backend calls", ["route", "outcome"], registry=r)
@@ -70,15 +70,19 @@ class Metrics:
                 **seconds,
             )
         )
-        self.lookup_latency = Histogram("kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], **seconds)
-        self.tokens_saved = Counter(
-            "kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r
+        self.lookup_latency = Children(
+            Histogram("kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], **seconds)
         )
-        self.cost_saved = Counter(
-            "kvgate_cost_saved_usd",
-            "Estimated USD saved by hits (where LiteLLM knows the price)",
-            ["route"],
-            registry=r,
+        self.tokens_saved = Children(
+            Counter("kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r)
+        )
+        self.cost_saved = Children(
+            Counter(
+                "kvgate_cost_saved_usd",
+                "Estimated USD saved by hits (where LiteLLM knows the price)",
+                ["route"],
+                registry=r,
+            )
         )
         self.feedback = Counter(
             "kvgate_cache_feedback", "Feedback on served answers", ["route", "tier", "verdict"], registry=r

@@ -1,0 +1,94 @@
+"""The keys' text: deterministic JSON of a request's parts and the SHA-256 digests over it.
+
+Pure functions, no state: the same parts give the same text and the same digest in every
+process and every release that keeps KEY_VERSION, so stored answers stay findable across
+restarts and are shared between processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+KEY_VERSION = 1
+_INT64 = 1 << 63  # orjson writes integers within 64 bits; json.dumps any
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON: sorted keys, no spaces, None-valued dict keys dropped at every level.
+
+    Invariant: the text is `json.dumps(…, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False, default=str)` of the cleaned value, byte for byte (keys made before
+    stay valid). orjson writes it when every leaf is a str, bool, None or 64-bit int, where the two
+    agree (much faster on long conversations); floats (whose text differs: 1e-05 vs 0.00001) and
+    anything else go through json.dumps."""
+    kind = type(value)
+    if kind is str:  # a key's scalar parts (route, model, tenant): no cleaning to do
+        try:
+            return orjson.dumps(value).decode()
+        except orjson.JSONEncodeError:  # a lone surrogate: json.dumps below writes it as it is
+            pass
+    elif value is None or kind is bool or (kind is int and -_INT64 <= value < _INT64):
+        return orjson.dumps(value).decode()
+    if kind is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
+        try:  # the usual message: string keys and values, nothing to clean
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONEncodeError:
+            pass
+    clean, plain = _drop_none(value)
+    if plain:
+        try:
+            return orjson.dumps(clean, option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONEncodeError:  # e.g. a lone surrogate, which json.dumps writes as it is
+            pass
+    return json.dumps(clean, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _drop_none(value: Any) -> tuple[Any, bool]:
+    """(value without None-valued dict keys, tuples as lists, pydantic objects dumped; whether
+    orjson renders it as json.dumps does)."""
+    if isinstance(value, str) or value is None or isinstance(value, bool):
+        return value, True
+    if isinstance(value, int):
+        return value, -_INT64 <= value < _INT64
+    if isinstance(value, Mapping):
+        out, plain = {}, True
+        for k, v in value.items():
+            if v is not None:
+                out[str(k)], p = _drop_none(v)
+                plain = plain and p
+        return out, plain
+    if isinstance(value, (list, tuple)):
+        items = [_drop_none(v) for v in value]
+        return [v for v, _ in items], all(p for _, p in items)
+    if hasattr(value, "model_dump"):  # pydantic objects passed by SDK users (e.g. litellm Message)
+        return _drop_none(value.model_dump())
+    return value, False
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A part already written as canonical JSON (`canonical_list`): digest uses its text as is."""
+
+    text: str
+
+
+def canonical_list(rendered: Sequence[str]) -> Rendered:
+    """The canonical JSON of a list from its items' canonical JSON texts.
+
+    Invariant: canonical_list([canonical_json(x) for x in xs]).text == canonical_json(xs), since
+    both writers join list items with a bare comma; so a conversation's messages are written
+    once and shared by the exact key (all of them) and the scope (the earlier ones)."""
+    return Rendered("[" + ",".join(rendered) + "]")
+
+
+def digest(*parts: Any) -> str:
+    """sha256 over the canonical JSON of `parts`; equal inputs ⇔ equal digests (up to sha256).
+    Each part is written on its own (see canonical_json), joined as json.dumps joins a list."""
+    text = "[" + ",".join(p.text if isinstance(p, Rendered) else canonical_json(p) for p in (KEY_VERSION, *parts)) + "]"
+    return hashlib.sha256(text.encode()).hexdigest()

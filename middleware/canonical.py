@@ -31,8 +31,8 @@ def canonical_json(value: Any) -> str:
     if kind is str:  # a key's scalar parts (route, model, tenant): no cleaning to do
         try:
             return orjson.dumps(value).decode()
-        except orjson.JSONEncodeError:  # a lone surrogate: json.dumps below writes it as it is
-            pass
+        except orjson.JSONEncodeError:  # a lone surrogate, which json.dumps writes as it is
+            return json.dumps(value, ensure_ascii=False)
     elif value is None or kind is bool or (kind is int and -_INT64 <= value < _INT64):
         return orjson.dumps(value).decode()
     if kind is dict and all(type(k) is str and type(v) is str for k, v in value.items()):

@@ -20,7 +20,7 @@ from kvgate.middleware.forward.forwarded import Forwarded
 from kvgate.middleware.forward.forwarder import Forwarder
 from kvgate.middleware.outcome import CacheInfo
 from kvgate.middleware.request import CacheControl
-from kvgate.middleware.text_answers import DONE
+from kvgate.middleware.text_answers import DONE, Last
 
 
 def look_up(
@@ -81,11 +81,24 @@ async def ending(
     """A streamed miss as the client reads it: the replica's stream, then, once it ended whole,
     the record step (so the answer is stored before the stream's end reaches the client) and
     [DONE] after a relayed stream. A stream that broke or that the client left is never stored.
-    Closing this closes the replica's stream."""
+    Closing this closes the replica's stream.
+
+    A relayed stream's last bytes, when they came with the replica's own [DONE] after the client
+    has had its first ones, wait for the record step and go out with our [DONE] as one `Last`:
+    the same bytes in one write fewer. The first bytes are never held (a stream that came whole
+    in one read still goes out at once), so the time to the first token does not move."""
     cache.first_token(looked)  # its first events are in: the client's first bytes go out now
+    tail, sent = b"", False
     try:
         async with contextlib.aclosing(forwarded.reply) as stream:
             async for item in stream:
+                if tail:  # more after the replica's [DONE] (an error event): in order
+                    yield tail
+                    tail = b""
+                if sent and forwarded.raw and forwarded.ended:
+                    tail = item
+                    continue
+                sent = True
                 yield item
     finally:
         if not forwarded.ok:
@@ -93,4 +106,4 @@ async def ending(
     if forwarded.ok:
         await recorded(cache, forwarder, looked, info, forwarded)
     if forwarded.raw:
-        yield DONE
+        yield Last(tail + DONE)

@@ -28,6 +28,11 @@ SSE_KEY = "_kvgate_sse"  # the stored stream's events, as sent by the replica
 DONE = b"data: [DONE]\n\n"
 
 
+class Last(bytes):
+    """A relayed stream's final bytes, [DONE] at their end: the response body ends with them (the
+    replica's last events ride in the same write as our [DONE] when they came with its own)."""
+
+
 def public(stored: dict[str, Any]) -> dict[str, Any]:
     """Without our own bookkeeping fields."""
     return {k: v for k, v in stored.items() if not k.startswith("_kvgate")}

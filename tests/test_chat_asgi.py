@@ -4,6 +4,8 @@ when the app is mounted under a prefix, answers through the same handler."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -107,4 +109,50 @@ def test_a_stream_ends_with_its_done_event_in_one_send(backend, embedder, tmp_pa
             assert b"".join(chunk for chunk, _ in sent) == response.content
     finally:
         server.stop()
+        pipeline.close()
+
+
+async def _two_reads(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A replica whose stream comes in two reads: the first token, then the rest with its [DONE]."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    base = {"id": "chatcmpl-two", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def event(choice: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps({**base, "choices": [{"index": 0, **choice}]}).encode() + b"\n\n"
+
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    first = event({"delta": {"role": "assistant", "content": "Hello"}})
+    await send({"type": "http.response.body", "body": first, "more_body": True})
+    await asyncio.sleep(0.2)
+    rest = event({"delta": {"content": " world"}}) + event({"delta": {}, "finish_reason": "stop"})
+    await send({"type": "http.response.body", "body": rest + b"data: [DONE]\n\n", "more_body": False})
+
+
+def test_a_streams_last_read_goes_out_with_done_in_one_send(embedder, tmp_path) -> None:
+    """The replica's last events, read with its own [DONE] after the first token went out, reach the
+    client in the same message as kvgate's [DONE] (stored first: the repeat is a hit)."""
+    replica = ServerThread(_two_reads).start()
+    config = parse_config(route_config(f"{replica.url}/v1", tmp_path / "c"))
+    pipeline = build_pipeline(config, embedder=embedder)
+    app = Sends(create_app(config, pipeline))
+    server = ServerThread(app).start()
+    body = {"model": "demo-1", "messages": [{"role": "user", "content": "two reads"}], "stream": True}
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            miss = client.post("/v1/chat/completions", json=body)
+            hit = client.post("/v1/chat/completions", json={**body, "stream": False})
+        sent = app.bodies[0]
+        assert len(sent) == 2 and sent[0][1] and not sent[1][1]
+        assert sent[0][0].startswith(b"data: ") and b"Hello" in sent[0][0] and b"world" not in sent[0][0]
+        last = sent[1][0]
+        assert b"world" in last and b'"finish_reason": "stop"' in last and last.endswith(b"data: [DONE]\n\n")
+        assert last.count(b"[DONE]") == 1 and miss.content == sent[0][0] + last
+        assert hit.headers["x-kvgate-cache"] == "exact"
+        assert hit.json()["choices"][0]["message"]["content"] == "Hello world"
+    finally:
+        server.stop()
+        replica.stop()
         pipeline.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvgate.middleware.canonical import canonical_json
@@ -80,3 +80,72 @@ def test_plain_dict_chunks_leave_the_general_paths_state(chunks):
 def test_a_flat_string_message_is_json_dumps_byte_for_byte(message):
     want = json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     assert canonical_json(message) == want
+
+
+_sse_delta = st.one_of(
+    st.none(),
+    st.text(max_size=3),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "role": st.sampled_from(["assistant", None, "", 3]),
+            "content": _text,
+            "tool_calls": st.one_of(st.none(), st.just([]), st.just([{"index": 0, "id": "t", "function": {}}])),
+            "function_call": st.one_of(st.none(), st.just({"name": "f"})),
+        },
+    ),
+)
+_sse_choice = st.one_of(
+    st.just("x"),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "index": st.just(0),
+            "delta": _sse_delta,
+            "text": _text,
+            "finish_reason": st.sampled_from([None, "stop", "", 1]),
+            "logprobs": st.sampled_from([None, {"content": []}, {}]),
+        },
+    ),
+)
+_sse_chunk = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.sampled_from([None, "a", "b"]),
+        "choices": st.one_of(st.none(), st.lists(_sse_choice, max_size=2), st.just({})),
+        "usage": st.sampled_from([None, {}, {"prompt_tokens": 1, "completion_tokens": 2}]),
+    },
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(_sse_chunk, min_size=1, max_size=6), st.booleans(), st.booleans())
+@example(  # a choice's text where its delta has no content still counts as the first token
+    chunks=[{"id": "a", "choices": [{"delta": {"role": "assistant"}}]}, {"choices": [{"delta": {}, "text": "t"}]}],
+    strip_usage=True,
+    one_read=False,
+)
+def test_a_streams_usual_events_leave_the_general_paths_state(chunks, strip_usage, one_read):
+    """SseParser's one-pass reading of a chat stream's usual event gives the bytes and the state
+    (answer text, id, finish, role, first token, chunks) that its general path gives."""
+    from kvgate.middleware.forward.relay_events import SseParser
+
+    events = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+    fast, general = SseParser(strip_usage), SseParser(strip_usage)
+    general._took = lambda chunk, data: False  # this test's own parser: the general path only
+    outs = []
+    for parser in (fast, general):
+        try:
+            reads = [b"".join(events)] if one_read else events
+            for read in reads:  # the state after each read, not only at the end (first_seen sticks)
+                outs.append((parser.feed(read), parser.done, parser.events, parser.finish, parser.role, parser.plain))
+                outs.append((parser.first_seen, parser.resume.stream_id, parser.resume.spliceable))
+            outs.append((parser.first_seen, parser.usage, parser.resume.sent_text, parser.resume.stream_id))
+            answer = parser.answer([{"role": "user", "content": "q"}])
+            if answer is not None and not (parser.plain and parser.resume.spliceable):  # LiteLLM's builder
+                answer = {k: v for k, v in answer.items() if k not in ("id", "created")}  # made up per call
+            outs.append((parser.resume.spliceable, parser.chunks(), answer))
+        except Exception as exc:  # noqa: BLE001  (both paths must fail alike)
+            outs.append(type(exc))
+    half = len(outs) // 2
+    assert outs[:half] == outs[half:]

@@ -43,3 +43,9 @@ class Forwarded:
     def usage(self) -> Any:
         """The replica's own usage counts, when the transport reads them."""
         return None
+
+    @property
+    def ended(self) -> bool:
+        """The replica has sent its stream's last event: what the stream last gave is its tail.
+        False where the transport cannot tell."""
+        return False

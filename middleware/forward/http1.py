@@ -102,6 +102,7 @@ class Connection(asyncio.Protocol):
         self.got_bytes = True
         try:
             self._parser.feed_data(data)
+            self._wake()  # once per read, whatever the parser's callbacks found in it
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"replica sent a response that is not HTTP/1.1: {exc}"))
             self.close()
@@ -129,7 +130,6 @@ class Connection(asyncio.Protocol):
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
         self.headers_done = True
-        self._wake()
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
@@ -137,11 +137,9 @@ class Connection(asyncio.Protocol):
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self._wake()
 
     # ------------------------------------------------------------ the response's reader
     async def wait(self, timeout: float) -> None:

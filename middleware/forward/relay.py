@@ -107,6 +107,10 @@ class Relayed(Forwarded):
             return self.parser.usage
         return self.parsed.get("usage") if self.parsed is not None else None
 
+    @property
+    def ended(self) -> bool:
+        return self.parser is not None and self.parser.done
+
     async def close(self) -> None:
         """Release the replica's answer (one not read to its end closes its connection)."""
         response, self.response = self.response, None

@@ -58,6 +58,7 @@ class SseParser:
         self.plain = True  # one choice, text only, no logprobs: the answer is built without LiteLLM
         self.events = 0
         self.first_seen = False  # the first content token (or finish) came: the relay tells the router
+        self.done = False  # the replica's [DONE] came: the stream has nothing more to say
         self._strip_usage = strip_usage
         self._buffer = b""
         self._sep: bytes | None = None
@@ -114,6 +115,7 @@ class SseParser:
         bytes to send instead. `event`: the whole event, needed only for a completions stream's
         byte-exact replay (`events_raw`)."""
         if data == b"[DONE]":
+            self.done = True
             return None
         try:
             chunk = orjson.loads(data)
@@ -127,6 +129,8 @@ class SseParser:
             raise ReplicaError(
                 f"replica failed mid-stream: {error.get('message')}", code if isinstance(code, int) else None
             )
+        if self._head is not None and self.events_raw is None and not self.resume.resumes and self._took(chunk, data):
+            return _AS_IS
         self.events += 1
         resumed = self.resume.resumes > 0
         if self.events_raw is not None and not resumed and event is not None:
@@ -151,6 +155,33 @@ class SseParser:
                 rewrite = True
         self._read_choices(chunk.get("choices") or [])
         return b"data: " + orjson.dumps(chunk) + self._sep if rewrite else _AS_IS  # type: ignore[operator]
+
+    def _took(self, chunk: dict[str, Any], data: bytes) -> bool:
+        """A chat stream's usual event after its first (one choice, whose delta is an object without
+        tool calls, no log-probabilities, no usage), read in one pass; False, having changed
+        nothing, for any other (the general path reads it).
+        Invariant: where it returns True, this parser and its StreamResume are in the state the
+        general path (`resume.sent`, `_read_choices`) leaves for the same event."""
+        choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1 or chunk.get("usage"):
+            return False
+        first = choices[0]
+        if type(first) is not dict or first.get("logprobs"):
+            return False
+        delta = first.get("delta")
+        if type(delta) is not dict or delta.get("tool_calls") or delta.get("function_call"):
+            return False
+        content, finish = delta.get("content"), first.get("finish_reason")
+        self.events += 1
+        self.resume.took(chunk.get("id"), content if isinstance(content, str) else None)
+        self._wire.append(data)
+        if finish:
+            self.finish = finish
+        if self.role is None and delta.get("role"):
+            self.role = delta["role"]
+        if not self.first_seen and (content or finish or first.get("text")):
+            self.first_seen = True
+        return True
 
     def _read_choices(self, choices: list[Any]) -> None:
         if not choices:

@@ -108,6 +108,15 @@ class StreamResume:
             self._pieces.append(content)
         return chunk
 
+    def took(self, chunk_id: Any, content: str | None) -> None:
+        """`sent` for a chunk its reader already took apart, of the usual shape (choice 0 alone,
+        its delta an object without tool calls): the chunk's id and its content (None: no text).
+        Invariant: the state it leaves is the one `sent` leaves for that chunk."""
+        if self.stream_id is None:
+            self.stream_id = chunk_id
+        if content is not None:
+            self._pieces.append(content)
+
     def _sent_wire(self, chunk: dict[str, Any]) -> bool:
         """`sent` for the relay's chunks (JSON objects, every part a dict), read without the
         dict-or-object accessors, which cost more than the rest of an event on a long stream;

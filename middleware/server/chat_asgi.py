@@ -38,7 +38,7 @@ from kvgate.middleware.server.responses import error_response
 from kvgate.middleware.server.timing import HEADER as TIMING_HEADER
 from kvgate.middleware.server.timing import server_timing
 from kvgate.middleware.tags import TAGS_HEADER, parse_tags
-from kvgate.middleware.text_answers import DONE
+from kvgate.middleware.text_answers import DONE, Last
 
 CONTROL_HEADER = b"x-kvgate-cache-control"
 CHAT_PATH = "/v1/chat/completions"
@@ -170,7 +170,7 @@ async def _stream(events: AsyncIterator[bytes], headers: list[tuple[bytes, bytes
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         async for blob in events:
-            if blob == DONE:  # always the last event: it ends the body in the same write
+            if type(blob) is Last or blob == DONE:  # always the last bytes: they end the body in the same write
                 await send({"type": "http.response.body", "body": blob, "more_body": False})
                 return
             await send({"type": "http.response.body", "body": blob, "more_body": True})

@@ -90,13 +90,18 @@ class Sends:
         await self.app(scope, receive, keep)
 
 
+def _served(api_base: str, tmp_path: Any, embedder: Any) -> tuple[Any, Sends, ServerThread]:
+    """The test route's pipeline over `api_base`, served by uvicorn behind `Sends`."""
+    config = parse_config(route_config(api_base, tmp_path / "c"))
+    pipeline = build_pipeline(config, embedder=embedder)
+    app = Sends(create_app(config, pipeline))
+    return pipeline, app, ServerThread(app).start()
+
+
 def test_a_stream_ends_with_its_done_event_in_one_send(backend, embedder, tmp_path) -> None:
     """[DONE] closes the body in the same message (one write), for a relayed miss and a stored hit;
     nothing is sent after it."""
-    config = parse_config(route_config(backend.api_base, tmp_path / "c"))
-    pipeline = build_pipeline(config, embedder=embedder)
-    app = Sends(create_app(config, pipeline))
-    server = ServerThread(app).start()
+    pipeline, app, server = _served(backend.api_base, tmp_path, embedder)
     body = {"model": "demo-1", "messages": [{"role": "user", "content": "one write at the end"}], "stream": True}
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
@@ -135,10 +140,7 @@ def test_a_streams_last_read_goes_out_with_done_in_one_send(embedder, tmp_path) 
     """The replica's last events, read with its own [DONE] after the first token went out, reach the
     client in the same message as kvgate's [DONE] (stored first: the repeat is a hit)."""
     replica = ServerThread(_two_reads).start()
-    config = parse_config(route_config(f"{replica.url}/v1", tmp_path / "c"))
-    pipeline = build_pipeline(config, embedder=embedder)
-    app = Sends(create_app(config, pipeline))
-    server = ServerThread(app).start()
+    pipeline, app, server = _served(f"{replica.url}/v1", tmp_path, embedder)
     body = {"model": "demo-1", "messages": [{"role": "user", "content": "two reads"}], "stream": True}
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:

@@ -20,6 +20,7 @@ from litellm import ModelResponse
 from litellm.types.utils import ModelResponseStream
 
 from kvgate.middleware.replay import replay_chunks
+from kvgate.middleware.text_answers import DONE
 
 log = logging.getLogger("kvgate.answers")
 # LiteLLM's own bookkeeping in its objects' dumps: never on the wire
@@ -150,7 +151,7 @@ def wire_events(stored: dict[str, Any], include_usage: bool) -> list[bytes]:
     written as the wire has them (OpenAI's `finish_reason: null` included) without a trip through
     LiteLLM's objects."""
     events = [b"data: " + json_bytes(c) + b"\n\n" for c in replay_chunks(_on_wire(stored), include_usage)]
-    return [*events, b"data: [DONE]\n\n"]
+    return [*events, DONE]
 
 
 def wire_body(stored: dict[str, Any]) -> bytes:

@@ -25,12 +25,14 @@ from litellm.types.utils import TextCompletionResponse
 from kvgate.middleware.replay import split_text
 
 SSE_KEY = "_kvgate_sse"  # the stored stream's events, as sent by the replica
-DONE = b"data: [DONE]\n\n"
 
 
 class Last(bytes):
-    """A relayed stream's final bytes, [DONE] at their end: the response body ends with them (the
-    replica's last events ride in the same write as our [DONE] when they came with its own)."""
+    """A stream's final bytes, [DONE] at their end: the response body ends with them, in the same
+    write (a relayed stream's last events ride with our [DONE] when they came with the replica's)."""
+
+
+DONE = Last(b"data: [DONE]\n\n")
 
 
 def public(stored: dict[str, Any]) -> dict[str, Any]:

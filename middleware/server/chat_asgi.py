@@ -170,7 +170,7 @@ async def _stream(events: AsyncIterator[bytes], headers: list[tuple[bytes, bytes
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         async for blob in events:
-            if type(blob) is Last or blob == DONE:  # always the last bytes: they end the body in the same write
+            if type(blob) is Last:  # always the last bytes ([DONE] at their end): they end the body in the same write
                 await send({"type": "http.response.body", "body": blob, "more_body": False})
                 return
             await send({"type": "http.response.body", "body": blob, "more_body": True})

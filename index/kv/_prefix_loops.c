@@ -94,10 +94,15 @@ static PyObject *loops_insert(PyObject *module, PyObject *const *args, Py_ssize_
             Py_DECREF(s);
             if (added < 0) goto fail;
         }
+        /* one look-up for a block new to every replica (the usual case in a fresh chain): setdefault
+         * stores `bit` when the hash is absent, which the table's growth tells apart from a present
+         * mask that happens to be the same int */
         PyObject *table = PyList_GET_ITEM(holders, v & HOLDER_MASK);
-        PyObject *mask = PyDict_GetItemWithError(table, h); /* borrowed */
-        if (mask == NULL && PyErr_Occurred()) goto fail;
-        PyObject *merged = mask == NULL ? Py_NewRef(bit) : PyNumber_Or(mask, bit);
+        Py_ssize_t before = PyDict_GET_SIZE(table);
+        PyObject *mask = PyDict_SetDefault(table, h, bit); /* borrowed */
+        if (mask == NULL) goto fail;
+        if (PyDict_GET_SIZE(table) != before) continue;
+        PyObject *merged = PyNumber_Or(mask, bit);
         if (merged == NULL) goto fail;
         int set = PyDict_SetItem(table, h, merged);
         Py_DECREF(merged);
@@ -129,12 +134,10 @@ static PyObject *loops_link(PyObject *module, PyObject *const *args, Py_ssize_t 
         unsigned long long v;
         if (hash_bits(prev, &v) < 0) goto fail;
         PyObject *table = PyList_GET_ITEM(successors, v & HOLDER_MASK);
-        PyObject *seen = PyDict_GetItemWithError(table, prev); /* borrowed */
-        if (seen == NULL) {
-            if (PyErr_Occurred() || PyDict_SetItem(table, prev, h) < 0) goto fail;
-            continue;
-        }
-        if (seen == forked) continue;
+        Py_ssize_t before = PyDict_GET_SIZE(table);
+        PyObject *seen = PyDict_SetDefault(table, prev, h); /* borrowed; stores h when prev is new */
+        if (seen == NULL) goto fail;
+        if (PyDict_GET_SIZE(table) != before || seen == forked) continue;
         int differs = PyObject_RichCompareBool(seen, h, Py_NE);
         if (differs < 0) goto fail;
         if (differs && PyDict_SetItem(table, prev, forked) < 0) goto fail;

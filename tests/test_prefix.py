@@ -321,10 +321,12 @@ class Model:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(op_st, max_size=60), st.sampled_from([None, 0, 3, 6]), st.booleans())
-def test_matches_brute_force_model(ops, cap, touch) -> None:
+@given(st.lists(op_st, max_size=60), st.sampled_from([None, 0, 3, 6]), st.booleans(), st.sampled_from([1, 3, 256]))
+def test_matches_brute_force_model(ops, cap, touch, step) -> None:
+    """Whatever the record step (a chain longer than it is applied in steps, the lock let go
+    between them), one thread's calls leave what one hold per call would."""
     caps = {"r0": cap, "r1": 5, "r2": 4}
-    idx = PrefixIndex(capacity_blocks=cap, touch_on_match=touch)
+    idx = PrefixIndex(capacity_blocks=cap, touch_on_match=touch, record_step=step)
     idx.add_replica("r0")  # index default
     idx.add_replica("r1", capacity_blocks=5)
     idx.add_replica("r2", capacity_blocks=4)
@@ -363,21 +365,22 @@ sharded_op_st = st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(sharded_op_st, max_size=60), st.sampled_from([4, 6, 9]))
-def test_sharded_lru_matches_a_per_shard_model(ops, cap) -> None:
+@given(st.lists(sharded_op_st, max_size=60), st.sampled_from([4, 6, 9]), st.sampled_from([1, 2, 256]))
+def test_sharded_lru_matches_a_per_shard_model(ops, cap, step) -> None:
     """With LRU_SHARD_BLOCKS = 2, a capacity of 4..9 is 2 or 4 shards: each keeps exact LRU order
     within its share of the capacity, the holder table stays exact, and match stops at the first
-    miss even where a shard evicted a chain's block another shard still follows."""
-    import kvgate.index.kv.prefix as prefix
+    miss even where a shard evicted a chain's block another shard still follows; records applied
+    in steps (and their evictions, a step at a time) give the same evictions in the same order."""
+    import kvgate.index.kv.prefix_replica as replica
 
-    saved, prefix.LRU_SHARD_BLOCKS = prefix.LRU_SHARD_BLOCKS, 2
+    saved, replica.LRU_SHARD_BLOCKS = replica.LRU_SHARD_BLOCKS, 2
     try:
-        k = prefix.lru_shards(cap)
-        idx = PrefixIndex(capacity_blocks=cap)
+        k = replica.lru_shards(cap)
+        idx = PrefixIndex(capacity_blocks=cap, record_step=step)
         for r in REPLICAS:
             idx.add_replica(r)
     finally:
-        prefix.LRU_SHARD_BLOCKS = saved
+        replica.LRU_SHARD_BLOCKS = saved
     assert k in (2, 4)
     shard_caps = [cap // k + (i < cap % k) for i in range(k)]
     model = {r: [[] for _ in range(k)] for r in REPLICAS}  # per replica, per shard, LRU order

@@ -47,13 +47,13 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
+import time
 from types import ModuleType
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from kvgate.index.kv.hashing import BlockHash
 from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops, unset
+from kvgate.index.kv.prefix_replica import LRU_SHARD_BLOCKS, Replica, lru_shards  # noqa: F401  (re-exported)
 
 # Default per-replica bound of an event-fed (precise mode) index, in blocks. Far above an engine's
 # cache (a vLLM replica with 50 GB of KV at 128 KiB/token holds ~25k blocks of 16 tokens; with CPU
@@ -61,52 +61,14 @@ from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops, uns
 # 200 bytes per block here plus the EventApplier's mapping (~50 MB per replica at the bound).
 EVENT_FED_CAPACITY = 1 << 18
 # HOLDER_SHARDS (kvgate.index.kv.prefix_loops): holder dicts, by hash & 63, each ~1/64 of the blocks
-LRU_SHARD_BLOCKS = 8192  # a replica's LRU is split into shards of about this many blocks
 # successor table value of a block that recorded chains have continued in two different ways
 _FORKED = object()
 _GAP = object()  # resize's filler where an old shard has run out
-
-
-def lru_shards(capacity: int | None) -> int:
-    """How many LRU shards a replica of this capacity gets: the largest power of two k with
-    k × LRU_SHARD_BLOCKS ≤ capacity (1 when unbounded or smaller: the exact LRU order)."""
-    if capacity is None:
-        return 1
-    k = 1
-    while 2 * k * LRU_SHARD_BLOCKS <= capacity:
-        k *= 2
-    return k
-
-
-@dataclass
-class _Replica:
-    name: str
-    bit: int  # 1 << slot
-    capacity: int | None
-    # LRU order per shard: first = least recently used. Values unused (OrderedDict as an ordered set).
-    shards: list[OrderedDict[BlockHash, None]] = field(default_factory=list)
-    caps: list[int | None] = field(default_factory=list)  # each shard's share of the capacity
-    evictions: int = 0
-
-    def __post_init__(self) -> None:
-        self.bound(self.capacity)
-
-    def bound(self, cap: int | None) -> None:
-        """Empty shards laid out for capacity `cap` (the caller moves any blocks over)."""
-        k = lru_shards(cap)
-        self.capacity = cap
-        self.shards = [OrderedDict() for _ in range(k)]
-        self.caps = [None] * k if cap is None else [cap // k + (i < cap % k) for i in range(k)]
-
-    def shard(self, h: BlockHash) -> OrderedDict[BlockHash, None]:
-        # bits 6.. of the hash: independent of the holder shard (bits 0-5)
-        return self.shards[(h >> 6) & (len(self.shards) - 1)]
-
-    def __len__(self) -> int:
-        return sum(len(s) for s in self.shards)
-
-    def __contains__(self, h: BlockHash) -> bool:
-        return h in self.shard(h)
+# A record of a longer chain takes the lock in steps of this many blocks (about a quarter of a
+# millisecond each where a block costs ~1 µs), so a match waits for a step, not for the chain.
+RECORD_STEP = 128
+YIELD_WAIT_S = 0.001  # between steps, the longest a record waits for a waiting match to take the lock
+YIELD_NAP_S = 0.00005
 
 
 class PrefixIndex:
@@ -119,27 +81,39 @@ class PrefixIndex:
     a block's entry goes with its last holder, evicted or removed).
 
     Thread-safe: every public method takes one lock (events arrive on a subscriber thread while
-    the router matches on another).
+    the router matches on another). A record of more than `record_step` blocks takes it once per
+    step and lets a waiting `match` in between, so a long prompt's record delays a routing
+    decision by a step, not by the whole chain.
     """
 
     def __init__(
-        self, capacity_blocks: int | None = None, *, touch_on_match: bool = False, chain_loops: ModuleType | None = None
+        self,
+        capacity_blocks: int | None = None,
+        *,
+        touch_on_match: bool = False,
+        chain_loops: ModuleType | None = None,
+        record_step: int = RECORD_STEP,
     ) -> None:
         """capacity_blocks: default per-replica capacity in blocks; None = unlimited.
         touch_on_match: `match` marks matched blocks most recently used (precise mode; see the
         module docstring). Off for approximate mode, where only the chosen replica's blocks are
         used, and `record` touches them.
-        chain_loops: the per-block loops (kvgate.index.kv.prefix_loops); default: C where built."""
+        chain_loops: the per-block loops (kvgate.index.kv.prefix_loops); default: C where built.
+        record_step: the most blocks a record applies per hold of the lock (RECORD_STEP)."""
         _check_capacity(capacity_blocks)
         self._loops = chain_loops if chain_loops is not None else loops()
         self._default_capacity = capacity_blocks
         self._touch_on_match = touch_on_match
-        self._replicas: dict[str, _Replica] = {}
-        self._by_slot: dict[int, _Replica] = {}  # slot index -> replica, for decoding masks
+        self._replicas: dict[str, Replica] = {}
+        self._by_slot: dict[int, Replica] = {}  # slot index -> replica, for decoding masks
         self._holders: list[dict[BlockHash, int]] = [{} for _ in range(HOLDER_SHARDS)]
         # block → the one block recorded after it, or _FORKED once two different ones were (`forked`)
         self._successors: list[dict[BlockHash, object]] = [{} for _ in range(HOLDER_SHARDS)]
         self._lock = threading.Lock()
+        if record_step < 1:
+            raise ValueError(f"record_step must be at least 1, got {record_step}")
+        self._record_step = record_step
+        self._matcher_waiting = False  # a match is waiting for the lock (set and read under the GIL)
 
     # -- replicas ---------------------------------------------------------------------------
 
@@ -153,7 +127,7 @@ class PrefixIndex:
             slot = 0
             while slot in self._by_slot:  # reuse freed slots so masks stay small
                 slot += 1
-            rep = _Replica(name=name, bit=1 << slot, capacity=cap)
+            rep = Replica(name=name, bit=1 << slot, capacity=cap)
             self._replicas[name] = rep
             self._by_slot[slot] = rep
 
@@ -208,11 +182,60 @@ class PrefixIndex:
         most recent: like vLLM, which frees a finished request's blocks in reverse so the tail is
         evicted before the head. Evicting a head block would orphan every block after it.
         """
+        if len(hashes) > self._record_step:
+            return self._record_in_steps(replica, hashes, parent)
         with self._lock:
             rep = self._get(replica)
             held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
             self._loops.link(self._successors, [parent, *hashes] if held_parent else hashes, _FORKED)
             return self._evict_over_capacity(rep, self._loops.insert(self._holders, rep.shards, rep.bit, hashes))
+
+    def _record_in_steps(self, replica: str, hashes: Sequence[BlockHash], parent: BlockHash | None) -> list[BlockHash]:
+        """`record` of a long chain, `record_step` blocks per hold of the lock, last step first,
+        then the evictions in steps of the same size: a `match` waiting for the lock gets it
+        between steps. With no other writer in between (approximate mode's one recorder thread;
+        precise mode's events thread, when `match` does not touch), the tables end as one hold
+        would leave them: each step links its blocks to the block after it, which the step
+        before inserted, and nothing is evicted until the whole chain is most recently used.
+        A replica removed between steps ends the record ([] evicted)."""
+        step, end = self._record_step, len(hashes)
+        grown: set[int] = set()
+        rep: Replica | None = None
+        layout: list[Any] | None = None
+        held_parent = False
+        while end > 0:
+            start = max(0, end - step)
+            with self._lock:
+                current = self._get(replica) if rep is None else self._replicas.get(replica)
+                if rep is not None and current is not rep:
+                    return []
+                if rep is None:  # whether the chain goes on from a held block: as before any step
+                    held_parent = parent is not None and parent in self._holders[parent & (HOLDER_SHARDS - 1)]
+                    rep, layout = current, current.shards
+                links = [parent, *hashes[start : end + 1]] if start == 0 and held_parent else hashes[start : end + 1]
+                self._loops.link(self._successors, links, _FORKED)
+                grown |= self._loops.insert(self._holders, rep.shards, rep.bit, hashes[start:end])
+            end = start
+            self._let_matchers_in()
+        evicted: list[BlockHash] = []
+        while True:
+            with self._lock:
+                if rep is None or self._replicas.get(replica) is not rep:
+                    return evicted
+                if rep.shards is not layout:  # resized between steps: any shard may be over
+                    grown, layout = set(range(len(rep.shards))), rep.shards
+                out = self._evict_over_capacity(rep, grown, step)
+            evicted += out
+            if len(out) < step:
+                return evicted
+            self._let_matchers_in()
+
+    def _let_matchers_in(self) -> None:
+        """Between a long record's steps: while a `match` waits for the lock (and at most
+        YIELD_WAIT_S), sleep, so it takes the lock rather than this thread taking it again."""
+        deadline = time.monotonic() + YIELD_WAIT_S
+        while self._matcher_waiting and time.monotonic() < deadline:
+            time.sleep(YIELD_NAP_S)
 
     # -- precise mode (engine events) -------------------------------------------------------
 
@@ -254,7 +277,11 @@ class PrefixIndex:
         every replica's matched blocks become most recently used, last to first like `record`,
         which adds O(sum of the match lengths).
         """
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # a long record holds it: ask it to step aside
+            self._matcher_waiting = True
+            self._lock.acquire()
+        try:
+            self._matcher_waiting = False
             result = dict.fromkeys(self._replicas, 0)
             by_slot = self._by_slot
             holders = self._holders
@@ -273,6 +300,8 @@ class PrefixIndex:
             if self._touch_on_match:
                 self._touch(result, hashes)
             return result
+        finally:
+            self._lock.release()
 
     def blocks(self, replica: str) -> int:
         """Number of blocks the index believes `replica` holds."""
@@ -323,7 +352,7 @@ class PrefixIndex:
 
     # -- internals (lock held) --------------------------------------------------------------
 
-    def _get(self, name: str) -> _Replica:
+    def _get(self, name: str) -> Replica:
         try:
             return self._replicas[name]
         except KeyError:
@@ -335,8 +364,9 @@ class PrefixIndex:
             if n:
                 self._loops.touch(self._replicas[name].shards, hashes, n)
 
-    def _evict_over_capacity(self, rep: _Replica, grown: set[int]) -> list[BlockHash]:
-        """Evict least recently used blocks from the shards in `grown` while over their share."""
+    def _evict_over_capacity(self, rep: Replica, grown: set[int], most: int | None = None) -> list[BlockHash]:
+        """Evict least recently used blocks from the shards in `grown` while over their share
+        (at most `most` blocks this call, shards in order; None: all that are over)."""
         if rep.capacity is None or not grown:
             return []
         keep, evict = ~rep.bit, self._loops.evict
@@ -344,18 +374,20 @@ class PrefixIndex:
         for slot in sorted(grown):
             lru, cap = rep.shards[slot], rep.caps[slot]
             over = len(lru) - cap  # type: ignore[operator]  # bounded replicas have int caps
+            if most is not None:
+                over = min(over, most - len(evicted))
             if over > 0:
                 evicted += evict(self._holders, self._successors, lru, over, keep)
         rep.evictions += len(evicted)
         return evicted
 
-    def _drop_all(self, rep: _Replica) -> None:
+    def _drop_all(self, rep: Replica) -> None:
         keep = ~rep.bit
         for lru in rep.shards:
             self._loops.evict(self._holders, self._successors, lru, len(lru), keep)
 
     @staticmethod
-    def _settle(result: dict[str, int], by_slot: dict[int, _Replica], mask: int, n: int) -> None:
+    def _settle(result: dict[str, int], by_slot: dict[int, Replica], mask: int, n: int) -> None:
         """Give every replica whose bit is in `mask` a match length of n."""
         while mask:
             low = mask & -mask

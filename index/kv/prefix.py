@@ -48,8 +48,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import OrderedDict
 from types import ModuleType
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from kvgate.index.kv.hashing import BlockHash
 from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops, unset
@@ -64,8 +65,7 @@ EVENT_FED_CAPACITY = 1 << 18
 # successor table value of a block that recorded chains have continued in two different ways
 _FORKED = object()
 _GAP = object()  # resize's filler where an old shard has run out
-# A record of a longer chain takes the lock in steps of this many blocks (about a quarter of a
-# millisecond each where a block costs ~1 µs), so a match waits for a step, not for the chain.
+# a record of a longer chain takes the lock in steps of this many blocks: a match waits for a step
 RECORD_STEP = 128
 YIELD_WAIT_S = 0.001  # between steps, the longest a record waits for a waiting match to take the lock
 YIELD_NAP_S = 0.00005
@@ -201,7 +201,7 @@ class PrefixIndex:
         step, end = self._record_step, len(hashes)
         grown: set[int] = set()
         rep: Replica | None = None
-        layout: list[Any] | None = None
+        layout: list[OrderedDict[BlockHash, None]] | None = None
         held_parent = False
         while end > 0:
             start = max(0, end - step)

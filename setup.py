@@ -23,7 +23,12 @@ setup(
     packages=["kvgate"] + [f"kvgate.{name}" for name in find_packages(include=[f"{f}*" for f in FOLDERS])],
     package_dir={"kvgate": "kvgate", **{f"kvgate.{f}": f for f in FOLDERS}},
     ext_modules=[
-        Extension("kvgate.index.kv._prefix_loops", ["index/kv/_prefix_loops.c"], optional=True),
+        Extension(
+            "kvgate.index.kv._prefix_loops",
+            ["index/kv/_prefix_loops.c", "index/kv/_native_loops.c", "index/kv/_u64_tables.c"],
+            depends=["index/kv/_u64_tables.h"],
+            optional=True,
+        ),
         Extension("kvgate.index.kv._hash_loops", ["index/kv/_hash_loops.c"], libraries=["crypto"], optional=True),
     ],
 )

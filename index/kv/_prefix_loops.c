@@ -1,12 +1,13 @@
 /* The prefix index's loops over one chain of block hashes, in C: the same names, arguments and
  * results as kvgate/index/kv/prefix_loops.py, whose docstrings are the contracts (the tables'
- * layout included). The tables stay Python objects, read and changed through the same operations
- * the Python loops use (an LRU shard is an OrderedDict: it is changed only through its own
- * methods, never through PyDict_SetItem, which would bypass its order). Callers hold the index's
- * lock; with the GIL held throughout, each call is one uninterrupted step for other threads too.
+ * layout included). Two kinds of tables: this module's own U64Map and U64Lru (_u64_tables.c; the
+ * loops over them are _native_loops.c), which the index uses while its masks fit 64 bits, and
+ * dicts and OrderedDicts, read and changed here through the same operations the Python loops use
+ * (an LRU shard is an OrderedDict: it is changed only through its own methods, never through
+ * PyDict_SetItem, which would bypass its order). Callers hold the index's lock; with the GIL held
+ * throughout, each call is one uninterrupted step for other threads too.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_u64_tables.h"
 
 #define HOLDER_SHARDS 64
 #define HOLDER_MASK (HOLDER_SHARDS - 1)
@@ -26,18 +27,42 @@ static int hash_bits(PyObject *h, unsigned long long *out) {
     return 0;
 }
 
+/* 1: a list of HOLDER_SHARDS U64Maps, 0: of as many dicts, -1 with TypeError: anything else */
 static int check_tables(PyObject *tables, const char *what) {
     if (!PyList_CheckExact(tables) || PyList_GET_SIZE(tables) != HOLDER_SHARDS) {
-        PyErr_Format(PyExc_TypeError, "%s must be a list of %d dicts", what, HOLDER_SHARDS);
+        PyErr_Format(PyExc_TypeError, "%s must be a list of %d dicts or U64Maps", what, HOLDER_SHARDS);
         return -1;
     }
+    int native = Py_IS_TYPE(PyList_GET_ITEM(tables, 0), &U64Map_Type);
     for (Py_ssize_t i = 0; i < HOLDER_SHARDS; i++) {
-        if (!PyDict_CheckExact(PyList_GET_ITEM(tables, i))) {
-            PyErr_Format(PyExc_TypeError, "%s must be a list of %d dicts", what, HOLDER_SHARDS);
+        PyObject *t = PyList_GET_ITEM(tables, i);
+        if (native ? !Py_IS_TYPE(t, &U64Map_Type) : !PyDict_CheckExact(t)) {
+            PyErr_Format(PyExc_TypeError, "%s must be a list of %d dicts or U64Maps, not both", what, HOLDER_SHARDS);
             return -1;
         }
     }
-    return 0;
+    return native;
+}
+
+/* 1: every LRU shard is a U64Lru, 0: none is, -1 with TypeError: some are */
+static int native_shards(PyObject *shards) {
+    Py_ssize_t n = PyList_GET_SIZE(shards), count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) count += Py_IS_TYPE(PyList_GET_ITEM(shards, i), &U64Lru_Type);
+    if (count != 0 && count != n) {
+        PyErr_SetString(PyExc_TypeError, "shards must be all U64Lrus or none");
+        return -1;
+    }
+    return count != 0;
+}
+
+/* the holder and LRU tables' kinds agree: 1 (native) or 0; -1 with TypeError */
+static int same_kind(int tables, int shards) {
+    if (tables < 0 || shards < 0) return -1;
+    if (tables != shards) {
+        PyErr_SetString(PyExc_TypeError, "the holder tables and the LRU shards must be both native or both dicts");
+        return -1;
+    }
+    return tables;
 }
 
 /* len(shards) - 1 for a non-empty list whose length is a power of two; -1 with an error else */
@@ -60,11 +85,17 @@ static PyObject *loops_insert(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *holders = args[0], *shards = args[1], *bit = args[2];
-    if (check_tables(holders, "holders") < 0) return NULL;
+    int kind = check_tables(holders, "holders");
+    if (kind < 0) return NULL;
     Py_ssize_t smask = shard_mask(shards);
-    if (smask < 0) return NULL;
+    if (smask < 0 || (kind = same_kind(kind, native_shards(shards))) < 0) return NULL;
     PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence");
     if (seq == NULL) return NULL;
+    if (kind) {
+        PyObject *out = kvg_insert_native(holders, shards, smask, bit, seq);
+        Py_DECREF(seq);
+        return out;
+    }
     PyObject *grown = PySet_New(NULL);
     unsigned char *seen = PyMem_Calloc((size_t)smask + 1, 1); /* shards already in `grown` */
     if (grown == NULL || seen == NULL) goto fail;
@@ -124,9 +155,16 @@ static PyObject *loops_link(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject *successors = args[0], *forked = args[2];
-    if (check_tables(successors, "successors") < 0) return NULL;
+    int kind = check_tables(successors, "successors");
+    if (kind < 0) return NULL;
     PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
     if (seq == NULL) return NULL;
+    if (kind) {
+        int done = kvg_link_native(successors, seq, forked);
+        Py_DECREF(seq);
+        if (done < 0) return NULL;
+        Py_RETURN_NONE;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t k = 1; k < n; k++) {
@@ -155,7 +193,8 @@ static PyObject *loops_walk(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject *holders = args[0], *active = args[3];
-    if (check_tables(holders, "holders") < 0) return NULL;
+    int kind = check_tables(holders, "holders");
+    if (kind < 0) return NULL;
     Py_ssize_t start = PyLong_AsSsize_t(args[2]);
     if (start == -1 && PyErr_Occurred()) return NULL;
     if (!PyLong_Check(active)) {
@@ -164,9 +203,14 @@ static PyObject *loops_walk(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
     if (seq == NULL) return NULL;
+    if (start < 0) start = 0;
+    if (kind) {
+        PyObject *out = kvg_walk_native(holders, seq, start, active);
+        Py_DECREF(seq);
+        return out;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    if (start < 0) start = 0;
     /* masks of up to 64 replicas in C integers; wider ones as Python ints */
     int overflow = 0;
     long long signed_active = PyLong_AsLongLongAndOverflow(active, &overflow);
@@ -217,9 +261,12 @@ static PyObject *loops_evict(PyObject *module, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     PyObject *holders = args[0], *successors = args[1], *lru = args[2], *keep = args[4];
-    if (check_tables(holders, "holders") < 0 || check_tables(successors, "successors") < 0) return NULL;
+    int kind = check_tables(holders, "holders"), next_kind = check_tables(successors, "successors");
+    if (kind < 0 || next_kind < 0 || (kind = same_kind(kind, next_kind)) < 0) return NULL;
+    if ((kind = same_kind(kind, Py_IS_TYPE(lru, &U64Lru_Type))) < 0) return NULL;
     Py_ssize_t over = PyLong_AsSsize_t(args[3]);
     if (over == -1 && PyErr_Occurred()) return NULL;
+    if (kind) return kvg_evict_native(holders, successors, (U64Lru *)lru, over, keep);
     if (!PyLong_Check(keep)) {
         PyErr_SetString(PyExc_TypeError, "keep must be an int");
         return NULL;
@@ -274,6 +321,8 @@ static PyObject *loops_touch(PyObject *module, PyObject *const *args, Py_ssize_t
     PyObject *shards = args[0];
     Py_ssize_t smask = shard_mask(shards);
     if (smask < 0) return NULL;
+    int kind = native_shards(shards);
+    if (kind < 0) return NULL;
     Py_ssize_t count = PyLong_AsSsize_t(args[2]);
     if (count == -1 && PyErr_Occurred()) return NULL;
     PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
@@ -283,6 +332,12 @@ static PyObject *loops_touch(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_DECREF(seq);
         PyErr_SetString(PyExc_IndexError, "touch: n is longer than the chain");
         return NULL;
+    }
+    if (kind) {
+        int done = kvg_touch_native(shards, smask, seq, count);
+        Py_DECREF(seq);
+        if (done < 0) return NULL;
+        Py_RETURN_NONE;
     }
     PyObject *move_to_end = state_of(module)->move_to_end;
     PyObject **items = PySequence_Fast_ITEMS(seq);
@@ -321,6 +376,7 @@ static int exec_module(PyObject *module) {
     if (st->move_to_end == NULL) return -1;
     st->popitem = PyUnicode_InternFromString("popitem");
     if (st->popitem == NULL) return -1;
+    if (kvg_tables_ready(module) < 0) return -1;
     return PyModule_AddIntConstant(module, "HOLDER_SHARDS", HOLDER_SHARDS);
 }
 

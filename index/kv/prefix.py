@@ -25,22 +25,23 @@ Two ways to feed it:
   so at that bound the blocks evicted are the least recently stored or matched (an engine's hits
   produce no events: without this a hot system prompt stored long ago would go first).
 
-Holders are kept as an int bitmask (one bit per replica): intersecting is one `&`, and small ints
-are cached by CPython, so 1M blocks cost one dict entry each in the global table plus one entry
-in the holding replica's LRU, and one in the successor table (`forked`: which blocks several
-conversations continue, for cache_aware's wait bound), sharded the same way.
+Holders are kept as a bitmask (one bit per replica): intersecting is one `&`. Each block has an
+entry in the holder table, one in each holding replica's LRU, and one in the successor table
+(`forked`: which blocks several conversations continue, for cache_aware's wait bound). With the
+C loops these are the C module's tables, hashes inline (kvgate.index.kv.prefix_tables);
+otherwise dicts and OrderedDicts.
 
-No single table is large. A Python dict under steady churn (a block in, a block out) rebuilds its
-whole table every so often, in one C call that holds the GIL, and the larger the table the
-longer that call stalls the proxy's event loop (an OrderedDict's rebuild is longer still). So the
-holder table is HOLDER_SHARDS dicts picked by the hash's low
-bits, and a replica whose capacity is at least 2 × LRU_SHARD_BLOCKS keeps its LRU as a power of
-two of OrderedDicts picked by other bits of the hash, each with an equal share of the capacity
+No single table is large: a table under steady churn rebuilds itself every so often, in one C
+call that holds the GIL, and the larger the table the longer that call stalls the proxy's event
+loop. So the holder and successor tables are HOLDER_SHARDS tables picked by the hash's low bits,
+and a replica whose capacity is at least 2 × LRU_SHARD_BLOCKS keeps its LRU as a power of two of
+shards picked by other bits of the hash, each with an equal share of the capacity
 and evicting its own least recently used. Hashes are uniform, so each shard holds a random slice
 of the blocks and its oldest block is among the globally oldest; the order is exact LRU only for
 a single shard (capacities below 2 × LRU_SHARD_BLOCKS, e.g. every test of the exact order). A
 shard may then evict a chain's block while another keeps a later one: `match` stops at the first
 miss, so such an orphan costs space, never a wrong match.
+never a wrong match.
 """
 
 from __future__ import annotations
@@ -48,20 +49,18 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import OrderedDict
 from types import ModuleType
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from kvgate.index.kv.hashing import BlockHash
 from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops, unset
-from kvgate.index.kv.prefix_replica import LRU_SHARD_BLOCKS, Replica, lru_shards  # noqa: F401  (re-exported)
+from kvgate.index.kv.prefix_replica import LRU_SHARD_BLOCKS, Replica, check_capacity, lru_shards  # noqa: F401
+from kvgate.index.kv.prefix_tables import NATIVE_MASK_BITS, new_tables, widened
 
 # Default per-replica bound of an event-fed (precise mode) index, in blocks. Far above an engine's
 # cache (a vLLM replica with 50 GB of KV at 128 KiB/token holds ~25k blocks of 16 tokens; with CPU
-# offload maybe 10x), so it only matters when removal events are lost. A full replica costs about
-# 200 bytes per block here plus the EventApplier's mapping (~50 MB per replica at the bound).
+# offload maybe 10x), so it only matters when removal events are lost.
 EVENT_FED_CAPACITY = 1 << 18
-# HOLDER_SHARDS (kvgate.index.kv.prefix_loops): holder dicts, by hash & 63, each ~1/64 of the blocks
 # successor table value of a block that recorded chains have continued in two different ways
 _FORKED = object()
 _GAP = object()  # resize's filler where an old shard has run out
@@ -100,15 +99,15 @@ class PrefixIndex:
         used, and `record` touches them.
         chain_loops: the per-block loops (kvgate.index.kv.prefix_loops); default: C where built.
         record_step: the most blocks a record applies per hold of the lock (RECORD_STEP)."""
-        _check_capacity(capacity_blocks)
+        check_capacity(capacity_blocks)
         self._loops = chain_loops if chain_loops is not None else loops()
         self._default_capacity = capacity_blocks
         self._touch_on_match = touch_on_match
         self._replicas: dict[str, Replica] = {}
         self._by_slot: dict[int, Replica] = {}  # slot index -> replica, for decoding masks
-        self._holders: list[dict[BlockHash, int]] = [{} for _ in range(HOLDER_SHARDS)]
-        # block → the one block recorded after it, or _FORKED once two different ones were (`forked`)
-        self._successors: list[dict[BlockHash, object]] = [{} for _ in range(HOLDER_SHARDS)]
+        # holders: block → mask of its replicas; successors: block → the one block recorded after
+        # it, or _FORKED once two different ones were (`forked`); both sharded by the hash's low bits
+        self._holders, self._successors, self._new_lru = new_tables(self._loops, _FORKED)
         self._lock = threading.Lock()
         if record_step < 1:
             raise ValueError(f"record_step must be at least 1, got {record_step}")
@@ -120,14 +119,18 @@ class PrefixIndex:
     def add_replica(self, name: str, capacity_blocks: int | None = None) -> None:
         """Register a replica; capacity_blocks overrides the index default (None = default)."""
         cap = self._default_capacity if capacity_blocks is None else capacity_blocks
-        _check_capacity(cap)
+        check_capacity(cap)
         with self._lock:
             if name in self._replicas:
                 raise ValueError(f"replica {name!r} already registered")
             slot = 0
             while slot in self._by_slot:  # reuse freed slots so masks stay small
                 slot += 1
-            rep = Replica(name=name, bit=1 << slot, capacity=cap)
+            if slot >= NATIVE_MASK_BITS:  # masks wider than the native tables hold
+                self._holders, self._successors, self._new_lru = widened(
+                    self._holders, self._successors, self._replicas.values()
+                )
+            rep = Replica(name=name, bit=1 << slot, capacity=cap, new_lru=self._new_lru)
             self._replicas[name] = rep
             self._by_slot[slot] = rep
 
@@ -136,7 +139,7 @@ class PrefixIndex:
         evicted hashes. The blocks move to the new bound's LRU shards, taken from the old shards
         oldest first and in turn, so each shard's order is kept and the oldest go first at the new
         bound (the order across old shards was never kept: see the module docstring)."""
-        _check_capacity(capacity_blocks)
+        check_capacity(capacity_blocks)
         with self._lock:
             rep = self._get(name)
             if capacity_blocks == rep.capacity:
@@ -201,7 +204,7 @@ class PrefixIndex:
         step, end = self._record_step, len(hashes)
         grown: set[int] = set()
         rep: Replica | None = None
-        layout: list[OrderedDict[BlockHash, None]] | None = None
+        layout: list[Any] | None = None
         held_parent = False
         while end > 0:
             start = max(0, end - step)
@@ -393,8 +396,3 @@ class PrefixIndex:
             low = mask & -mask
             result[by_slot[low.bit_length() - 1].name] = n
             mask ^= low
-
-
-def _check_capacity(cap: int | None) -> None:
-    if cap is not None and cap < 0:
-        raise ValueError("capacity_blocks must be >= 0 or None")

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from kvgate.index.kv.hashing import BlockHash
 
 LRU_SHARD_BLOCKS = 8192  # a replica's LRU is split into shards of about this many blocks
+
+
+def check_capacity(cap: int | None) -> None:
+    """A replica's bound in blocks: None (unbounded) or at least 0."""
+    if cap is not None and cap < 0:
+        raise ValueError("capacity_blocks must be >= 0 or None")
 
 
 def lru_shards(capacity: int | None) -> int:
@@ -31,10 +38,12 @@ class Replica:
     name: str
     bit: int  # 1 << slot
     capacity: int | None
-    # LRU order per shard: first = least recently used. Values unused (OrderedDict as an ordered set).
-    shards: list[OrderedDict[BlockHash, None]] = field(default_factory=list)
+    # LRU order per shard: first = least recently used. An ordered set: an OrderedDict whose values
+    # are unused, or the C module's U64Lru (kvgate.index.kv.prefix_tables)
+    shards: list[Any] = field(default_factory=list)
     caps: list[int | None] = field(default_factory=list)  # each shard's share of the capacity
     evictions: int = 0
+    new_lru: Callable[[], Any] = OrderedDict  # makes an empty shard
 
     def __post_init__(self) -> None:
         self.bound(self.capacity)
@@ -43,10 +52,10 @@ class Replica:
         """Empty shards laid out for capacity `cap` (the caller moves any blocks over)."""
         k = lru_shards(cap)
         self.capacity = cap
-        self.shards = [OrderedDict() for _ in range(k)]
+        self.shards = [self.new_lru() for _ in range(k)]
         self.caps = [None] * k if cap is None else [cap // k + (i < cap % k) for i in range(k)]
 
-    def shard(self, h: BlockHash) -> OrderedDict[BlockHash, None]:
+    def shard(self, h: BlockHash) -> Any:
         # bits 6.. of the hash: independent of the holder shard (bits 0-5)
         return self.shards[(h >> 6) & (len(self.shards) - 1)]
 

@@ -95,6 +95,9 @@ def test_each_loop_changes_the_tables_as_the_python_one(native: ModuleType, seed
         over = min(rng.randrange(0, 6), len(a[1][slot]))
         keep = ~rng.choice([1, 4, 1 << 65, 1 << 70])
         assert PY.evict(a[0], a[2], a[1][slot], over, keep) == native.evict(b[0], b[2], b[1][slot], over, keep)
+        gone = [h for h in chain if rng.random() < 0.3] + [rng.getrandbits(64)]  # one never held
+        PY.remove(a[0], a[2], a[1], gone, keep)
+        native.remove(b[0], b[2], b[1], iter(gone), keep)
         assert snapshot(a) == snapshot(b)
 
 

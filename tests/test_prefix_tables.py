@@ -174,6 +174,9 @@ def test_the_loops_over_native_tables_leave_what_the_python_loops_leave_over_dic
         over = min(rng.randrange(0, 6), len(a[1][slot]))
         keep = ~rng.choice([1, 4, 1 << 63])
         assert PY.evict(a[0], a[2], a[1][slot], over, keep) == mod.evict(b[0], b[2], b[1][slot], over, keep)
+        gone = [h for h in chain if rng.random() < 0.3] + [rng.getrandbits(64)]  # one never held
+        PY.remove(a[0], a[2], a[1], gone, keep)
+        mod.remove(b[0], b[2], b[1], iter(gone), keep)
         assert snapshot(a) == snapshot(b)
 
 
@@ -197,6 +200,12 @@ def test_the_c_loops_refuse_what_native_tables_cannot_hold(native: ModuleType) -
         native.touch(shards, [6], 1)
     with pytest.raises(TypeError):
         native.walk(holders, ["x"], 0, 1)
+    shards[0][5] = None  # the evict above popped it before it raised
+    with pytest.raises(KeyError):  # held in the LRU, unknown to the holder table
+        native.remove(holders, successors, shards, [5], ~1)
+    with pytest.raises(TypeError):
+        native.remove(holders, successors, shards, ["x"], ~1)
+    native.remove(holders, successors, shards, [-1, 1 << 64, 7], ~1)  # never held: nothing to do
 
 
 def test_an_index_past_64_replicas_moves_to_dicts_with_nothing_lost(native: ModuleType) -> None:

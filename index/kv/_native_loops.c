@@ -133,6 +133,20 @@ PyObject *kvg_walk_native(PyObject *holders, PyObject *seq, Py_ssize_t start, Py
     return Py_BuildValue("(nO)", n, active);
 }
 
+/* clear the bits outside `kept` from the mask in slot i of `table` (v's); v leaves the holder
+ * and successor tables when no holder is left */
+static void unset_at(U64Map *table, Py_ssize_t i, PyObject *successors, uint64_t v, uint64_t kept) {
+    uint64_t left = table->slots[i].value & kept;
+    if (left) {
+        table->slots[i].value = left;
+        return;
+    }
+    map_delete_at(table, i);
+    U64Map *next = holder(successors, v);
+    Py_ssize_t j = map_find(next, v);
+    if (j >= 0) map_delete_at(next, j);
+}
+
 PyObject *kvg_evict_native(PyObject *holders, PyObject *successors, U64Lru *lru, Py_ssize_t over, PyObject *keep) {
     if (!PyLong_Check(keep)) {
         PyErr_SetString(PyExc_TypeError, "keep must be an int");
@@ -160,15 +174,7 @@ PyObject *kvg_evict_native(PyObject *holders, PyObject *successors, U64Lru *lru,
             goto fail;
         }
         Py_DECREF(h);
-        uint64_t left = table->slots[i].value & kept;
-        if (left) {
-            table->slots[i].value = left;
-            continue;
-        }
-        map_delete_at(table, i);
-        U64Map *next = holder(successors, v);
-        Py_ssize_t j = map_find(next, v);
-        if (j >= 0) map_delete_at(next, j);
+        unset_at(table, i, successors, v, kept);
     }
     return out;
 fail:
@@ -191,4 +197,75 @@ int kvg_touch_native(PyObject *shards, Py_ssize_t smask, PyObject *seq, Py_ssize
         lru_move_to_end(lru, (uint32_t)j);
     }
     return 0;
+}
+
+int kvg_remove_native(PyObject *holders, PyObject *successors, PyObject *shards, Py_ssize_t smask, PyObject *seq,
+                      PyObject *keep) {
+    uint64_t kept = PyLong_AsUnsignedLongLongMask(keep);
+    if (kept == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (k + AHEAD < n) prefetch_lru(shards, smask, peek_key(items[k + AHEAD]));
+        uint64_t v;
+        if (!PyLong_Check(items[k])) {
+            PyErr_Format(PyExc_TypeError, "a block hash must be an int, not %.100s", Py_TYPE(items[k])->tp_name);
+            return -1;
+        }
+        if (u64_key(items[k], &v) < 0) { /* outside 64 bits: never stored, so not held */
+            PyErr_Clear();
+            continue;
+        }
+        U64Lru *lru = (U64Lru *)PyList_GET_ITEM(shards, (Py_ssize_t)((v >> 6) & (uint64_t)smask));
+        Py_ssize_t i = lru_find(lru, v);
+        if (i < 0) continue;
+        lru_delete_at(lru, i);
+        U64Map *table = holder(holders, v);
+        Py_ssize_t j = map_find(table, v);
+        if (j < 0) {
+            PyErr_SetObject(PyExc_KeyError, items[k]);
+            return -1;
+        }
+        unset_at(table, j, successors, v, kept);
+    }
+    return 0;
+}
+
+PyObject *kvg_tally_native(U64Map *counts, PyObject *seq, int up) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *gone = PyList_New(0);
+    if (gone == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (k + AHEAD < n) {
+            uint64_t w = peek_key(items[k + AHEAD]);
+            __builtin_prefetch(&counts->slots[u64_home(w, counts->shift)]);
+        }
+        uint64_t v;
+        if (u64_key(items[k], &v) < 0) goto fail;
+        if (up) {
+            Py_ssize_t i = map_slot_for(counts, v);
+            if (i < 0) goto fail;
+            map_slot *s = &counts->slots[i];
+            if (s->state == SLOT_EMPTY) {
+                counts->used++;
+                s->state = SLOT_VALUE;
+                s->value = 0;
+            }
+            s->value++;
+            continue;
+        }
+        Py_ssize_t i = map_find(counts, v);
+        if (i < 0) continue;
+        if (counts->slots[i].value > 1) {
+            counts->slots[i].value--;
+            continue;
+        }
+        map_delete_at(counts, i);
+        if (PyList_Append(gone, items[k]) < 0) goto fail;
+    }
+    return gone;
+fail:
+    Py_DECREF(gone);
+    return NULL;
 }

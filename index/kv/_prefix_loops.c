@@ -255,6 +255,28 @@ fail:
     return NULL;
 }
 
+/* prefix_loops.unset over dict tables: clear the bits outside `keep` from h's holder mask (h must
+ * be in `holders`: KeyError else); h leaves `holders` and `successors` when no holder is left */
+static int unset_dict(PyObject *holders, PyObject *successors, PyObject *h, PyObject *keep) {
+    unsigned long long v;
+    if (hash_bits(h, &v) < 0) return -1;
+    PyObject *table = PyList_GET_ITEM(holders, v & HOLDER_MASK);
+    PyObject *mask = PyDict_GetItemWithError(table, h); /* borrowed */
+    if (mask == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, h);
+        return -1;
+    }
+    PyObject *left = PyNumber_And(mask, keep);
+    if (left == NULL) return -1;
+    int held = PyObject_IsTrue(left);
+    int done = held < 0 ? -1 : held ? PyDict_SetItem(table, h, left) : PyDict_DelItem(table, h);
+    Py_DECREF(left);
+    if (done < 0 || held) return done;
+    PyObject *next = PyList_GET_ITEM(successors, v & HOLDER_MASK);
+    int linked = PyDict_Contains(next, h);
+    return linked < 0 || (linked && PyDict_DelItem(next, h) < 0) ? -1 : 0;
+}
+
 static PyObject *loops_evict(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "evict(holders, successors, lru, over, keep)");
@@ -288,29 +310,75 @@ static PyObject *loops_evict(PyObject *module, PyObject *const *args, Py_ssize_t
         int appended = PyList_Append(out, h);
         Py_DECREF(h); /* `out` holds it */
         if (appended < 0) goto fail;
-        unsigned long long v;
-        if (hash_bits(h, &v) < 0) goto fail;
-        PyObject *table = PyList_GET_ITEM(holders, v & HOLDER_MASK);
-        PyObject *mask = PyDict_GetItemWithError(table, h); /* borrowed */
-        if (mask == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, h);
-            goto fail;
-        }
-        PyObject *left = PyNumber_And(mask, keep);
-        if (left == NULL) goto fail;
-        int held = PyObject_IsTrue(left);
-        int done = held < 0 ? -1 : held ? PyDict_SetItem(table, h, left) : PyDict_DelItem(table, h);
-        Py_DECREF(left);
-        if (done < 0) goto fail;
-        if (held) continue;
-        PyObject *next = PyList_GET_ITEM(successors, v & HOLDER_MASK);
-        int linked = PyDict_Contains(next, h);
-        if (linked < 0 || (linked && PyDict_DelItem(next, h) < 0)) goto fail;
+        if (unset_dict(holders, successors, h, keep) < 0) goto fail;
     }
     return out;
 fail:
     Py_DECREF(out);
     return NULL;
+}
+
+static PyObject *loops_remove(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "remove(holders, successors, shards, hashes, keep)");
+        return NULL;
+    }
+    PyObject *holders = args[0], *successors = args[1], *shards = args[2], *keep = args[4];
+    int kind = check_tables(holders, "holders"), next_kind = check_tables(successors, "successors");
+    if (kind < 0 || next_kind < 0 || (kind = same_kind(kind, next_kind)) < 0) return NULL;
+    Py_ssize_t smask = shard_mask(shards);
+    if (smask < 0 || (kind = same_kind(kind, native_shards(shards))) < 0) return NULL;
+    if (!PyLong_Check(keep)) {
+        PyErr_SetString(PyExc_TypeError, "keep must be an int");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[3], "hashes must be iterable");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (kind) {
+        int done = kvg_remove_native(holders, successors, shards, smask, seq, keep);
+        Py_DECREF(seq);
+        if (done < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *h = items[k];
+        unsigned long long v;
+        if (hash_bits(h, &v) < 0) goto fail;
+        PyObject *lru = PyList_GET_ITEM(shards, (Py_ssize_t)((v >> 6) & (unsigned long long)smask));
+        int held = PySequence_Contains(lru, h);
+        if (held < 0) goto fail;
+        if (!held) continue;
+        if (PyObject_DelItem(lru, h) < 0 || unset_dict(holders, successors, h, keep) < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *loops_tally(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "tally(counts, hashes, up)");
+        return NULL;
+    }
+    if (!Py_IS_TYPE(args[0], &U64Map_Type)) { /* the counts are this module's own table, always */
+        PyErr_SetString(PyExc_TypeError, "counts must be a U64Map");
+        return NULL;
+    }
+    int up = PyObject_IsTrue(args[2]);
+    if (up < 0) return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *out = kvg_tally_native((U64Map *)args[0], seq, up);
+    Py_DECREF(seq);
+    if (out != NULL && up) {
+        Py_DECREF(out);
+        return PyList_New(0);
+    }
+    return out;
 }
 
 static PyObject *loops_touch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -365,6 +433,10 @@ static PyMethodDef methods[] = {
      "walk(holders, hashes, start, active) -> (index, still) (see prefix_loops.walk)"},
     {"evict", (PyCFunction)(void (*)(void))loops_evict, METH_FASTCALL,
      "evict(holders, successors, lru, over, keep) -> evicted hashes (see prefix_loops.evict)"},
+    {"remove", (PyCFunction)(void (*)(void))loops_remove, METH_FASTCALL,
+     "remove(holders, successors, shards, hashes, keep) (see prefix_loops.remove)"},
+    {"tally", (PyCFunction)(void (*)(void))loops_tally, METH_FASTCALL,
+     "tally(counts, hashes, up) -> hashes counted down to 0 (see prefix_loops.tally)"},
     {"touch", (PyCFunction)(void (*)(void))loops_touch, METH_FASTCALL,
      "touch(shards, hashes, n) (see prefix_loops.touch)"},
     {NULL, NULL, 0, NULL},

@@ -71,6 +71,9 @@ int kvg_link_native(PyObject *successors, PyObject *seq, PyObject *forked);
 PyObject *kvg_walk_native(PyObject *holders, PyObject *seq, Py_ssize_t start, PyObject *active);
 PyObject *kvg_evict_native(PyObject *holders, PyObject *successors, U64Lru *lru, Py_ssize_t over, PyObject *keep);
 int kvg_touch_native(PyObject *shards, Py_ssize_t smask, PyObject *seq, Py_ssize_t count);
+PyObject *kvg_tally_native(U64Map *counts, PyObject *seq, int up);
+int kvg_remove_native(PyObject *holders, PyObject *successors, PyObject *shards, Py_ssize_t smask, PyObject *seq,
+                      PyObject *keep);
 
 static inline Py_ssize_t u64_home(uint64_t key, int shift) { return (Py_ssize_t)((key * U64_FIB) >> shift); }
 

@@ -53,7 +53,7 @@ from types import ModuleType
 from typing import Any, Iterable, Sequence
 
 from kvgate.index.kv.hashing import BlockHash
-from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops, unset
+from kvgate.index.kv.prefix_loops import HOLDER_SHARDS, loops, python_loops
 from kvgate.index.kv.prefix_replica import LRU_SHARD_BLOCKS, Replica, check_capacity, lru_shards  # noqa: F401
 from kvgate.index.kv.prefix_tables import NATIVE_MASK_BITS, new_tables, widened
 
@@ -256,12 +256,7 @@ class PrefixIndex:
         """The engine reports these blocks evicted from `replica`; unknown hashes are ignored."""
         with self._lock:
             rep = self._get(replica)
-            keep = ~rep.bit
-            for h in hashes:
-                lru = rep.shard(h)
-                if h in lru:
-                    del lru[h]
-                    unset(self._holders, self._successors, h, keep)
+            self._loops.remove(self._holders, self._successors, rep.shards, hashes, ~rep.bit)
 
     def cleared(self, replica: str) -> None:
         """The engine reports its whole prefix cache reset."""

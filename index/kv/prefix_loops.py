@@ -6,8 +6,9 @@ of the prompt (and `evict` over every block a record pushes out), so they exist 
 Python, and in `_prefix_loops.c`, a C extension with the same names and contracts that `pip
 install` builds where a C compiler is found (setup.py; the build is optional and a failed one
 leaves this module in use). `unset`, one block's step, is Python's only. `loops()` gives the C one when it
-is importable. tests/test_prefix_loops.py holds both to the same results, call for call and over
-random sequences of index operations.
+is importable. tests/test_prefix_loops.py (over dicts) and tests/test_prefix_tables.py (over the C
+module's tables) hold both to the same results, call for call and over random sequences of index
+operations.
 
 The tables, as PrefixIndex keeps them:
 - `holders`: HOLDER_SHARDS dicts, hash → int bitmask of the replicas holding it, picked by
@@ -16,6 +17,9 @@ The tables, as PrefixIndex keeps them:
   different ones were;
 - `shards`: one replica's LRU as a power of two of OrderedDicts (first = least recently used),
   picked by `(h >> 6) & (len(shards) - 1)`.
+With the C loops these are the C module's own tables, which read like those (kvgate.index.kv.
+prefix_tables). `tally` counts in one more table, BlockCounts' (kvgate.index.kv.block_counts):
+hash → count, a U64Map for the C loops.
 
 May import: kvgate.index.kv.native (which of the twins runs); the C module nothing.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from kvgate.index.kv.native import twin
 
@@ -94,6 +98,24 @@ def evict(
     return out
 
 
+def remove(
+    holders: list[dict[int, int]],
+    successors: list[dict[int, Any]],
+    shards: list[OrderedDict[int, None]],
+    hashes: Iterable[int],
+    keep: int,
+) -> None:
+    """Take `hashes` out of one replica's LRU shards, clearing the bits outside `keep` from each
+    one's holder mask (a hash left with no holder leaves `holders` and `successors`); a hash not
+    in the LRU is skipped."""
+    smask = len(shards) - 1
+    for h in hashes:
+        lru = shards[(h >> 6) & smask]
+        if h in lru:
+            del lru[h]
+            unset(holders, successors, h, keep)
+
+
 def unset(holders: list[dict[int, int]], successors: list[dict[int, Any]], h: int, keep: int) -> None:
     """Clear the bits outside `keep` from h's holder mask (h must be in `holders`); h leaves
     `holders` and `successors` when no holder is left."""
@@ -113,6 +135,27 @@ def touch(shards: list[OrderedDict[int, None]], hashes: Sequence[int], n: int) -
     for i in range(n - 1, -1, -1):
         h = hashes[i]
         shards[(h >> 6) & smask].move_to_end(h)
+
+
+def tally(counts: Any, hashes: Sequence[int], up: bool) -> list[int]:
+    """Count each of `hashes` once more (`up`) or once less in `counts` (hash → count, absent =
+    0). Counting down drops a hash whose count reaches 0 and returns the dropped ones in order; a
+    hash counted down that has no count is skipped."""
+    if up:
+        for h in hashes:
+            counts[h] = counts.get(h, 0) + 1
+        return []
+    gone = []
+    for h in hashes:
+        n = counts.get(h)
+        if n is None:
+            continue
+        if n > 1:
+            counts[h] = n - 1
+        else:
+            del counts[h]
+            gone.append(h)
+    return gone
 
 
 def python_loops() -> ModuleType:

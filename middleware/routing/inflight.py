@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from typing import Callable, Sequence
 
+from kvgate.index.kv.block_counts import BlockCounts
 from kvgate.index.kv.hashing import BlockHash
 from kvgate.index.kv.prefix import PrefixIndex
 
@@ -31,7 +32,7 @@ class InFlightPrefixes:
         self.index = index
         self._clock = clock
         self._lock = threading.Lock()
-        self._counts: dict[str, Counter[BlockHash]] = {}
+        self._counts: dict[str, BlockCounts] = {}
         self._due: deque[tuple[float, str, tuple[BlockHash, ...]]] = deque()
 
     def sent(self, replica: str, hashes: Sequence[BlockHash]) -> None:
@@ -43,7 +44,10 @@ class InFlightPrefixes:
         with self._lock:
             if name not in self.index.replicas:
                 self.index.add_replica(name)
-            self._counts.setdefault(replica, Counter()).update(hashes)
+            counts = self._counts.get(replica)
+            if counts is None:
+                counts = self._counts[replica] = BlockCounts()
+            counts.add(hashes)
         self.index.record(name, hashes)
 
     def done(self, replica: str, hashes: Sequence[BlockHash]) -> None:
@@ -80,12 +84,8 @@ class InFlightPrefixes:
             while self._due and self._due[0][0] <= now:
                 _, replica, hashes = self._due.popleft()
                 counts = self._counts.get(replica)
-                if counts is None:
-                    continue
-                for h in hashes:
-                    counts[h] -= 1
-                    if counts[h] <= 0:
-                        del counts[h]
-                        gone.setdefault(replica, []).append(h)
+                dropped = counts.drop(hashes) if counts is not None else []
+                if dropped:
+                    gone.setdefault(replica, []).extend(dropped)
         for replica, hashes in gone.items():
             self.index.removed(ROUTED + replica, hashes)

@@ -1,6 +1,6 @@
-"""The prefix index's per-block loops: the C extension gives what the Python loops give, call for
-call on the same tables and over random sequences of index operations; it is built wherever a C
-compiler is; bad arguments raise, never crash."""
+"""The prefix index's per-block loops: the C extension gives what the Python loops give over random
+sequences of index operations (call for call: tests/test_prefix_tables.py); it is built wherever
+a C compiler is; bad arguments raise, never crash."""
 
 from __future__ import annotations
 
@@ -44,61 +44,8 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
     assert loops().HOLDER_SHARDS == HOLDER_SHARDS
 
 
-def tables(seed: int, n_shards: int) -> tuple[list[dict[int, int]], list[OrderedDict[int, None]], list[dict[int, Any]]]:
-    """Holders, one replica's LRU shards and successors, partly filled the same way for a seed."""
-    rng = random.Random(seed)
-    holders: list[dict[int, int]] = [{} for _ in range(HOLDER_SHARDS)]
-    shards: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n_shards)]
-    successors: list[dict[int, Any]] = [{} for _ in range(HOLDER_SHARDS)]
-    for _ in range(200):
-        h = rng.getrandbits(64)
-        holders[h & 63][h] = rng.choice([1, 2, 3, 5, 1 << 70 | 1])
-        shards[(h >> 6) & (n_shards - 1)][h] = None
-        successors[h & 63][h] = rng.choice([FORKED, rng.getrandbits(64)])
-    return holders, shards, successors
-
-
-def snapshot(t: tuple[Any, ...]) -> tuple[Any, ...]:
-    holders, shards, successors = t
-    return (
-        [dict(d) for d in holders],
-        [list(s) for s in shards],  # the LRU order
-        [{k: ("F" if v is FORKED else v) for k, v in d.items()} for d in successors],
-    )
-
-
-def a_chain(rng: random.Random, known: list[int], n: int) -> list[int]:
-    """Hashes a chain might hold: some already in the tables, some new."""
-    return [rng.choice(known) if known and rng.random() < 0.5 else rng.getrandbits(64) for _ in range(n)]
-
-
-@pytest.mark.parametrize("seed", range(20))
-@pytest.mark.parametrize("n_shards", [1, 4])
-def test_each_loop_changes_the_tables_as_the_python_one(native: ModuleType, seed: int, n_shards: int) -> None:
-    rng = random.Random(seed)
-    a, b = tables(seed, n_shards), tables(seed, n_shards)
-    known = [h for d in a[0] for h in d]
-    for _ in range(10):
-        chain = a_chain(rng, known, rng.randrange(0, 40))
-        bit = rng.choice([1, 4, 1 << 65])
-        assert PY.insert(a[0], a[1], bit, chain) == native.insert(b[0], b[1], bit, tuple(chain))
-        PY.link(a[2], chain, FORKED)
-        native.link(b[2], chain, FORKED)
-        active = rng.choice([1, 3, 7, (1 << 70) | 1, 0])
-        start = rng.randrange(0, len(chain) + 1)
-        assert PY.walk(a[0], chain, start, active) == native.walk(b[0], chain, start, active)
-        held = [h for h in chain if h in b[1][(h >> 6) & (n_shards - 1)]]
-        n = rng.randrange(0, len(held) + 1)
-        PY.touch(a[1], held, n)
-        native.touch(b[1], held, n)
-        slot = rng.randrange(n_shards)
-        over = min(rng.randrange(0, 6), len(a[1][slot]))
-        keep = ~rng.choice([1, 4, 1 << 65, 1 << 70])
-        assert PY.evict(a[0], a[2], a[1][slot], over, keep) == native.evict(b[0], b[2], b[1][slot], over, keep)
-        gone = [h for h in chain if rng.random() < 0.3] + [rng.getrandbits(64)]  # one never held
-        PY.remove(a[0], a[2], a[1], gone, keep)
-        native.remove(b[0], b[2], b[1], iter(gone), keep)
-        assert snapshot(a) == snapshot(b)
+# The loops' call-for-call parity over random tables (dicts, and the C module's own) is in
+# tests/test_prefix_tables.py.
 
 
 def test_walk_reports_the_first_change_and_who_is_left(native: ModuleType) -> None:

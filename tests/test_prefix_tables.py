@@ -1,6 +1,6 @@
 """The prefix index's native tables (U64Map, U64Lru in kvgate.index.kv._prefix_loops): each reads
 and changes like the dict or OrderedDict it stands in for, through growth and shrinking; the C
-loops over them leave what the Python loops leave over dicts; an index past 64 replicas moves to
+loops over them, and over dicts, leave what the Python loops leave over dicts, call for call; an index past 64 replicas moves to
 dicts with nothing lost; bad input raises, never crashes."""
 
 from __future__ import annotations
@@ -123,15 +123,16 @@ def test_an_lru_says_what_it_cannot_do(native: ModuleType) -> None:
     assert list(lru) == [3] and lru[3] is None and "x" not in lru
 
 
-def tables(mod: ModuleType, seed: int, n_shards: int) -> tuple[list[Any], list[Any], list[Any]]:
-    """Holders, one replica's LRU shards and successors, as `mod`'s index would make them, partly
-    filled the same way for a seed."""
+def tables(mod: ModuleType, seed: int, n_shards: int, top: int) -> tuple[list[Any], list[Any], list[Any]]:
+    """Holders, one replica's LRU shards and successors, as an index on `mod`'s loops makes them
+    (the C module's own tables, or dicts), partly filled the same way for a seed; `top`: the
+    widest bit a mask has."""
     holders, successors, new_lru = new_tables(mod, FORKED)
     shards = [new_lru() for _ in range(n_shards)]
     rng = random.Random(seed)
     for _ in range(200):
         h = rng.getrandbits(64)
-        holders[h & 63][h] = rng.choice([1, 2, 3, 5, 1 << 63 | 1])
+        holders[h & 63][h] = rng.choice([1, 2, 3, 5, top | 1])
         shards[(h >> 6) & (n_shards - 1)][h] = None
         successors[h & 63][h] = rng.choice([FORKED, rng.getrandbits(64)])
     return holders, shards, successors
@@ -148,22 +149,24 @@ def snapshot(t: tuple[Any, ...]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("n_shards", [1, 4])
-@pytest.mark.parametrize("walker", ["c", "python"])
-def test_the_loops_over_native_tables_leave_what_the_python_loops_leave_over_dicts(
-    native: ModuleType, seed: int, n_shards: int, walker: str
+@pytest.mark.parametrize(("kind", "walker"), [("dicts", "c"), ("native", "c"), ("native", "python")])
+def test_each_loop_leaves_what_the_python_loops_leave_over_dicts(
+    native: ModuleType, seed: int, n_shards: int, kind: str, walker: str
 ) -> None:
+    """Dicts take masks of any width; the native tables 64 bits. The Python loops also run on the
+    native tables, which read like dicts."""
+    top = 1 << 70 if kind == "dicts" else 1 << 63
     rng = random.Random(seed)
-    a, b = tables(PY, seed, n_shards), tables(native, seed, n_shards)
-    assert type(b[0][0]) is native.U64Map and type(b[1][0]) is native.U64Lru
-    mod = native if walker == "c" else PY  # the Python loops run on the native tables too
+    a, b = tables(PY, seed, n_shards, top), tables(native if kind == "native" else PY, seed, n_shards, top)
+    mod = native if walker == "c" else PY
     known = [h for d in a[0] for h in d]
     for _ in range(12):
         chain = [rng.choice(known) if rng.random() < 0.5 else rng.getrandbits(64) for _ in range(rng.randrange(40))]
-        bit = rng.choice([1, 4, 1 << 63])
+        bit = rng.choice([1, 4, top])
         assert PY.insert(a[0], a[1], bit, chain) == mod.insert(b[0], b[1], bit, tuple(chain))
         PY.link(a[2], chain, FORKED)
         mod.link(b[2], chain, FORKED)
-        active = rng.choice([1, 3, 7, (1 << 63) | 1, 0])
+        active = rng.choice([1, 3, 7, top | 1, 0])
         start = rng.randrange(0, len(chain) + 1)
         assert PY.walk(a[0], chain, start, active) == mod.walk(b[0], chain, start, active)
         held = [h for h in chain if h in a[1][(h >> 6) & (n_shards - 1)]]
@@ -172,7 +175,7 @@ def test_the_loops_over_native_tables_leave_what_the_python_loops_leave_over_dic
         mod.touch(b[1], held, n)
         slot = rng.randrange(n_shards)
         over = min(rng.randrange(0, 6), len(a[1][slot]))
-        keep = ~rng.choice([1, 4, 1 << 63])
+        keep = ~rng.choice([1, 4, top])
         assert PY.evict(a[0], a[2], a[1][slot], over, keep) == mod.evict(b[0], b[2], b[1][slot], over, keep)
         gone = [h for h in chain if rng.random() < 0.3] + [rng.getrandbits(64)]  # one never held
         PY.remove(a[0], a[2], a[1], gone, keep)
@@ -183,6 +186,7 @@ def test_the_loops_over_native_tables_leave_what_the_python_loops_leave_over_dic
 def test_the_c_loops_refuse_what_native_tables_cannot_hold(native: ModuleType) -> None:
     holders, successors, new_lru = new_tables(native, FORKED)
     shards = [new_lru()]
+    assert type(holders[0]) is native.U64Map and type(shards[0]) is native.U64Lru
     with pytest.raises(OverflowError):  # a 65th replica's bit: the index widens before this
         native.insert(holders, shards, 1 << 64, [1])
     with pytest.raises(TypeError):  # native holders, an OrderedDict shard

@@ -307,7 +307,7 @@ class PrefixIndex:
             return len(self._get(replica))
 
     def held(self, h: BlockHash) -> bool:
-        """Whether any replica holds block `h`. Lock-free (one dict lookup, atomic under the GIL):
+        """Whether any replica holds block `h`. Lock-free (one table look-up, atomic under the GIL):
         a hint for where hashing may stop (kvgate.index.kv.prompt), which `Router.prepare` re-checks."""
         return h in self._holders[h & (HOLDER_SHARDS - 1)]
 
@@ -315,7 +315,7 @@ class PrefixIndex:
         """Whether chains recorded or stored through block `h` went on from it in at least two
         different ways: a prefix that more than one conversation extends (a shared document or
         system prompt), as opposed to one conversation's own history, which only its next turn
-        extends. Forgotten with the block. Lock-free (one dict lookup, atomic under the GIL).
+        extends. Forgotten with the block. Lock-free (one table look-up, atomic under the GIL).
         Precise mode sees the links within each stored batch and to its `parent`."""
         return self._successors[h & (HOLDER_SHARDS - 1)].get(h) is _FORKED
 

@@ -41,7 +41,6 @@ of the blocks and its oldest block is among the globally oldest; the order is ex
 a single shard (capacities below 2 × LRU_SHARD_BLOCKS, e.g. every test of the exact order). A
 shard may then evict a chain's block while another keeps a later one: `match` stops at the first
 miss, so such an orphan costs space, never a wrong match.
-never a wrong match.
 """
 
 from __future__ import annotations

@@ -181,3 +181,13 @@ def test_sigkill_one_of_four_replicas_under_load(tmp_path: Path) -> None:
     assert result["circuit_opened"]
     assert result["failovers_before_first_byte"] + result["failovers_mid_stream"] >= 1
     assert result["victim_requests_after_restart"] >= 1, result["served_by"]
+
+
+@pytest.mark.slow
+def test_a_replica_down_from_the_start_costs_no_errors(tmp_path):
+    """The down scenario of `kvgate bench replica-faults`: r1 is never started; every request is
+    answered, none by r1, and the proxy's CPU per request is reported."""
+    result = run_scenario("down", work=tmp_path, requests=120, concurrency=8)
+    assert result["errors"] == 0, result["error_samples"]
+    assert result["victim_share"] == 0.0
+    assert result["proxy_cpu_ms_per_request"] > 0

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from kvgate.middleware.forward.http1 import HIGH_WATER, Pool, request_head, target_of
+from kvgate.middleware.forward.http1 import HIGH_WATER, Connection, Pool, request_head, target_of
 
 Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
@@ -228,5 +228,27 @@ def test_a_response_left_unread_drops_its_connection():
             assert await (await pool.post(url, b"{}", {}, 5)).read() == b"x" * 100_000
             assert server.connections == 2
             await pool.aclose()
+
+    run(main)
+
+
+def test_a_connection_closed_before_the_request_fails_at_once():
+    """A replica that accepts and drops a connection before the request is written (a crashing
+    server, a balancer with nothing behind it): the request fails at once, for the relay to fail
+    over, instead of waiting out its timeout for an answer that cannot come."""
+
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, conn = await asyncio.get_running_loop().create_connection(Connection, "127.0.0.1", port)
+        for _ in range(200):  # until the close has reached this side
+            if conn.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert conn.closed
+        with pytest.raises(ConnectionError):
+            conn.begin(request_head(target_of(f"http://127.0.0.1:{port}/v1"), 2, {}) + b"{}")
+        server.close()
+        await server.wait_closed()
 
     run(main)

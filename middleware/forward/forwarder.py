@@ -14,12 +14,14 @@ failover booked), also when the client goes away mid-stream (the replica's books
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, Mapping
 
 from kvgate.middleware.config import RouteConfig
 from kvgate.middleware.errors import BackendError
 from kvgate.middleware.forward.failover import Failover
 from kvgate.middleware.forward.forwarded import Forwarded
+from kvgate.middleware.forward.http_gets import PooledGets
 from kvgate.middleware.forward.litellm_call import Call, LiteLLMCall
 from kvgate.middleware.forward.relay import Relay, Relayed, wire_model
 from kvgate.middleware.request import RequestView
@@ -27,6 +29,8 @@ from kvgate.middleware.routing.router import Router
 from kvgate.middleware.telemetry.metrics import Metrics
 
 ENGINE_PROBE_S = 3.0  # how long a route's first request waits to learn its replicas' engines
+ENGINE_ASK_EVERY_S = 5.0  # requests ask a replica that did not describe itself at most this often
+ENGINE_ASK_TIMEOUT_S = 2.0  # each of those questions
 
 
 class Forwarder:
@@ -131,12 +135,15 @@ class Forwarder:
 
 async def know_engines(forwarders: Mapping[str, Forwarder], forwarder: Forwarder) -> bool:
     """Before a route's first requests: ask its replicas what engine they run (salting and precise
-    hashing depend on it); bounded, and a replica that does not answer is asked again by the health
-    loop. True once every route's replicas have answered."""
+    hashing depend on it), bounded. A replica that does not answer is asked again by the health
+    loop, and in the background at most once per ENGINE_ASK_EVERY_S by requests (the SDK has no
+    health loop), which do not wait for it. True once every route's replicas have answered."""
     router = forwarder.router
-    if router is not None and not router.discovered:
-        try:
-            await asyncio.wait_for(router.discover(), ENGINE_PROBE_S)
-        except (asyncio.TimeoutError, OSError):
-            pass
+    gets = functools.partial(PooledGets, ENGINE_ASK_TIMEOUT_S)  # no TLS set-up unless a replica speaks https
+    if router is not None and not router.discovered and not router.know_engines_soon(ENGINE_ASK_EVERY_S, gets):
+        async with gets() as client:
+            try:
+                await asyncio.wait_for(router.discover(client, not_within=ENGINE_ASK_EVERY_S), ENGINE_PROBE_S)
+            except (asyncio.TimeoutError, OSError):
+                pass
     return all(f.router.discovered for f in forwarders.values() if f.router is not None)

@@ -167,7 +167,11 @@ class Connection(asyncio.Protocol):
         return bool(self._body)
 
     def begin(self, head_and_body: bytes) -> None:
+        """Send a request; ConnectionError at once when the replica already closed the connection
+        (it accepted, then dropped it before a byte was written), which no read would report."""
         assert self.transport is not None
+        if self.closed:
+            raise self.error or ConnectionError("replica closed the connection")
         self._reset()
         self.transport.write(head_and_body)
 

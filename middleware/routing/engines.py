@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import httpx
 
@@ -40,19 +41,60 @@ class EngineBook:
         # so an engine that is down makes no answer fresh again; dropped with the replica
         self.revisions: dict[str, str] = {}
         self._asking: asyncio.Lock | None = None  # one discovery at a time (made on the serving loop)
+        self._asked_at: float | None = None  # when a discovery last finished (or was given up on)
+        self._later: asyncio.Task[None] | None = None  # a discovery a request started and did not wait for
 
     def missing(self, names: Sequence[str]) -> list[str]:
         return [n for n in names if n not in self.engines]
 
-    async def discover(self, replicas: Sequence[tuple[str, str]], client: httpx.AsyncClient | None = None) -> None:
-        """Ask each (name, api_base) not yet described; one that does not answer is asked again
-        on the next call."""
-        if not [n for n, _ in replicas if n not in self.engines]:
+    async def discover(
+        self, replicas: Sequence[tuple[str, str]], client: httpx.AsyncClient | None = None, *, not_within: float = 0.0
+    ) -> None:
+        """Ask each (name, api_base) not yet described. Callers that queued behind a discovery in
+        flight ask only for what it left undescribed, and nothing (no client made) when that is
+        nothing. `not_within` (seconds; a request waiting for its route's engines): not when a
+        discovery finished that recently, whatever it found, so a replica that is down is asked
+        once per that interval, not by every request."""
+        if not self.missing([n for n, _ in replicas]) or self._recent(not_within):
             return
         if self._asking is None:
             self._asking = asyncio.Lock()
         async with self._asking:
-            await self._discover([(n, base) for n, base in replicas if n not in self.engines], client)
+            todo = [(n, base) for n, base in replicas if n not in self.engines]
+            if not todo or self._recent(not_within):
+                return
+            try:
+                await self._discover(todo, client)
+            finally:
+                self._asked_at = time.monotonic()
+
+    def discover_later(
+        self, replicas: Sequence[tuple[str, str]], not_within: float, new_client: Callable[[], Any] | None = None
+    ) -> bool:
+        """Once a discovery has finished: `discover(replicas, not_within=...)` in a task of its
+        own (one at a time; on a client from `new_client`, closed after) and True, for a request
+        that must not wait on a replica that already failed to answer once; False before that
+        (the caller waits on `discover`)."""
+        if self._asked_at is None:
+            return False
+        busy = self._later is not None and not self._later.done()
+        if not busy and self.missing([n for n, _ in replicas]) and not self._recent(not_within):
+            self._later = asyncio.get_running_loop().create_task(self._ask_later(replicas, not_within, new_client))
+            self._later.add_done_callback(_log_failure)
+        return True
+
+    async def _ask_later(
+        self, replicas: Sequence[tuple[str, str]], not_within: float, new_client: Callable[[], Any] | None
+    ) -> None:
+        client = new_client() if new_client is not None else None
+        try:
+            await self.discover(replicas, client, not_within=not_within)
+        finally:
+            if client is not None:
+                await client.aclose()
+
+    def _recent(self, within: float) -> bool:
+        return self._asked_at is not None and time.monotonic() - self._asked_at < within
 
     async def _discover(self, todo: list[tuple[str, str]], client: httpx.AsyncClient | None) -> None:
         own = client is None
@@ -121,3 +163,8 @@ class EngineBook:
     def describe(self, name: str) -> dict[str, object] | None:
         info = self.engines.get(name)
         return None if info is None else {"kind": info.kind, "version": info.version, "error": info.error}
+
+
+def _log_failure(task: "asyncio.Task[None]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("engine discovery failed", exc_info=task.exception())

@@ -156,9 +156,13 @@ class Router:
     def discovered(self) -> bool:
         return not self.book.missing([r.name for r in self.replicas])
 
-    async def discover(self, client: httpx.AsyncClient | None = None) -> None:
-        """Ask every replica not yet described what engine it runs (kvgate.middleware.engines)."""
-        await self.book.discover([(r.name, r.api_base) for r in self.replicas], client)
+    async def discover(self, client: httpx.AsyncClient | None = None, *, not_within: float = 0.0) -> None:
+        """Ask every replica not yet described what engine it runs (EngineBook.discover)."""
+        await self.book.discover([(r.name, r.api_base) for r in self.replicas], client, not_within=not_within)
+
+    def know_engines_soon(self, not_within: float, new_client: Callable[[], Any] | None = None) -> bool:
+        """EngineBook.discover_later over this route's replicas."""
+        return self.book.discover_later([(r.name, r.api_base) for r in self.replicas], not_within, new_client)
 
     def readiness(self) -> str | None:
         """None when requests are routed as configured; else what the route still waits for

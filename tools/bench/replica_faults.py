@@ -18,7 +18,11 @@ Scenarios
     slow  r1's prefill costs `--slow-ms` per request (a slow replica): reports its share.
     hang  r1's prefill costs 60 s, far beyond `backend.timeout` (`--timeout`): every request sent
           there times out and moves on; reports errors, failovers and the share it answered.
-Timings are reported (p50/p99 latency per request), never judged.
+    down  r1 is never started (its port refuses connections) for the whole run: it cannot say
+          what engine it runs, so this is also what the requests pay while a replica stays
+          undescribed.
+The steady scenarios (slow, hang, down) also report the proxy's CPU per request. Timings are
+reported (p50/p99 latency per request), never judged.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 import httpx
 
 from kvgate.engines.sim.server import answer_words
+from kvgate.tools.bench.procs import group_cpu_s
 from kvgate.tools.bench.replica_faults_cluster import SIM_NAME, Cluster
 from kvgate.tools.bench.stats import pct, write_json
 
@@ -233,9 +238,10 @@ async def steady_scenario(
     cluster: Cluster, name: str, requests: int, concurrency: int, max_tokens: int
 ) -> dict[str, Any]:
     load = Load(cluster.url, concurrency, max_tokens, limit=requests)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), group_cpu_s(cluster.proxy_pgid)
     await load.run()
     seconds = time.perf_counter() - started
+    cpu = group_cpu_s(cluster.proxy_pgid) - cpu
     async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:
         metrics = await _metrics(client)
     result = summarize(load.outcomes, seconds)
@@ -245,6 +251,7 @@ async def steady_scenario(
             "scenario": name,
             "victim": victim,
             "victim_share": round(result["served_by"].get(victim, 0) / max(1, len(load.outcomes)), 4),
+            "proxy_cpu_ms_per_request": round(cpu / max(1, len(load.outcomes)) * 1e3, 3),
             "failovers_before_first_byte": _failovers(metrics, "before_first_byte"),
             "failovers_mid_stream": _failovers(metrics, "mid_stream"),
         }
@@ -270,7 +277,8 @@ def run_scenario(
     """Start a fresh cluster in `work`, run one scenario, stop everything, return its figures."""
     overhead = {"slow": {VICTIM: slow_ms}, "hang": {VICTIM: 60_000.0}}.get(scenario, {})
     timeout = timeout_s if scenario == "hang" else 10.0
-    cluster = Cluster(work, replicas, overhead, timeout, policy, decode_tps)
+    absent = frozenset({VICTIM}) if scenario == "down" else frozenset()
+    cluster = Cluster(work, replicas, overhead, timeout, policy, decode_tps, absent)
     try:
         cluster.start()
         if scenario == "kill":
@@ -293,7 +301,11 @@ def run_scenario(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenarios", default="kill,slow,hang", help="comma list of kill, slow, hang")
+    p.add_argument(
+        "--scenarios",
+        default="kill,slow,hang",
+        help="comma list of kill, slow, hang, down (one replica never started: nothing listens on its port)",
+    )
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=16)

@@ -1,6 +1,6 @@
 """The processes of `kvgate bench replica-faults`: N `kvgate sim-replica` that all answer with one
 text, and one `kvgate serve` whose only route spreads misses over them; a replica can be SIGKILLed
-and restarted on its port."""
+and restarted on its port, or left unstarted (`absent`: nothing listens on its port)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class Cluster:
     timeout_s: float = 5.0
     policy: str = "cache_aware"
     decode_tps: float = 60.0
+    absent: frozenset[int] = frozenset()  # replicas in the config never started
     procs: dict[str, Proc] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     proxy_port: int = 0
@@ -33,7 +34,8 @@ class Cluster:
     def start(self) -> "Cluster":
         self.ports = [free_port() for _ in range(self.replicas)]
         for i in range(self.replicas):
-            self.start_replica(i)
+            if i not in self.absent:
+                self.start_replica(i)
         self.proxy_port = free_port()
         config = {
             "cache_dir": str(self.work / "cache"),
@@ -62,8 +64,13 @@ class Cluster:
         self.procs["proxy"] = proxy
         proxy.wait_http(f"{self.url}/health", timeout=120)
         for i in range(self.replicas):
-            self.wait_replica(i)
+            if i not in self.absent:
+                self.wait_replica(i)
         return self
+
+    @property
+    def proxy_pgid(self) -> int:
+        return self.procs["proxy"].proc.pid  # a session of its own: its pid is its group's id
 
     @property
     def url(self) -> str:

@@ -225,7 +225,7 @@ bench-e2e:
 bench-faults:
 	@# issue 6 parts 1-2: replica kill/slow/hang under load, 20x SIGKILL of proxy + disk-tier writer, full disk
 	mkdir -p bench-out
-	$(BIN)/kvgate bench replica-faults --requests 1000 --concurrency 16 --json bench-out/replica_faults.json
+	$(BIN)/kvgate bench replica-faults --scenarios kill,slow,hang,down --requests 1000 --concurrency 16 --json bench-out/replica_faults.json
 	$(BIN)/kvgate bench storage-faults --rounds 20 --json bench-out/storage_faults.json
 
 clean:

@@ -303,7 +303,7 @@ def run_scenario(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scenarios",
-        default="kill,slow,hang",
+        default="kill,slow,hang,down",
         help="comma list of kill, slow, hang, down (one replica never started: nothing listens on its port)",
     )
     p.add_argument("--replicas", type=int, default=4)

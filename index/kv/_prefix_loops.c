@@ -372,12 +372,8 @@ static PyObject *loops_tally(PyObject *module, PyObject *const *args, Py_ssize_t
     if (up < 0) return NULL;
     PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
     if (seq == NULL) return NULL;
-    PyObject *out = kvg_tally_native((U64Map *)args[0], seq, up);
+    PyObject *out = kvg_tally_native((U64Map *)args[0], seq, up); /* empty when counting up */
     Py_DECREF(seq);
-    if (out != NULL && up) {
-        Py_DECREF(out);
-        return PyList_New(0);
-    }
     return out;
 }
 

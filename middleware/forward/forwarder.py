@@ -31,6 +31,8 @@ from kvgate.middleware.telemetry.metrics import Metrics
 ENGINE_PROBE_S = 3.0  # how long a route's first request waits to learn its replicas' engines
 ENGINE_ASK_EVERY_S = 5.0  # requests ask a replica that did not describe itself at most this often
 ENGINE_ASK_TIMEOUT_S = 2.0  # each of those questions
+# their client: the relay pool's, with no TLS set-up unless a replica speaks https
+_GETS = functools.partial(PooledGets, ENGINE_ASK_TIMEOUT_S)
 
 
 class Forwarder:
@@ -139,9 +141,8 @@ async def know_engines(forwarders: Mapping[str, Forwarder], forwarder: Forwarder
     loop, and in the background at most once per ENGINE_ASK_EVERY_S by requests (the SDK has no
     health loop), which do not wait for it. True once every route's replicas have answered."""
     router = forwarder.router
-    gets = functools.partial(PooledGets, ENGINE_ASK_TIMEOUT_S)  # no TLS set-up unless a replica speaks https
-    if router is not None and not router.discovered and not router.know_engines_soon(ENGINE_ASK_EVERY_S, gets):
-        async with gets() as client:
+    if router is not None and not router.discovered and not router.know_engines_soon(ENGINE_ASK_EVERY_S, _GETS):
+        async with _GETS() as client:
             try:
                 await asyncio.wait_for(router.discover(client, not_within=ENGINE_ASK_EVERY_S), ENGINE_PROBE_S)
             except (asyncio.TimeoutError, OSError):

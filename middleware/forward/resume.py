@@ -108,14 +108,14 @@ class StreamResume:
             self._pieces.append(content)
         return chunk
 
-    def took(self, chunk_id: Any, content: str | None) -> None:
-        """`sent` for a chunk its reader already took apart, of the usual shape (choice 0 alone,
-        its delta an object without tool calls): the chunk's id and its content (None: no text).
-        Invariant: the state it leaves is the one `sent` leaves for that chunk."""
+    def took(self, first_id: Any, pieces: list[str]) -> None:
+        """`sent` for a run of chunks their reader already took apart, of the usual shape (choice
+        0 alone, its delta an object without tool calls): the first of their ids that is not None
+        (None: none has one) and the text of each whose content is a str, in order.
+        Invariant: the state it leaves is the one `sent` leaves for those chunks, one by one."""
         if self.stream_id is None:
-            self.stream_id = chunk_id
-        if content is not None:
-            self._pieces.append(content)
+            self.stream_id = first_id
+        self._pieces.extend(pieces)
 
     def _sent_wire(self, chunk: dict[str, Any]) -> bool:
         """`sent` for the relay's chunks (JSON objects, every part a dict), read without the

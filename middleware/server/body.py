@@ -21,6 +21,7 @@ from kvgate.middleware.errors import BadRequest, KvgateError
 from kvgate.middleware.server.input_checks import check_unicode
 from kvgate.middleware.server.responses import validation_message
 from kvgate.middleware.server.schema import ChatCompletionRequest
+from kvgate.middleware.server.schema_check import passes
 
 Scope = dict[str, Any]
 
@@ -85,6 +86,8 @@ def _parse_body(raw: bytes, schema: type[BaseModel]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     check_unicode(body, raw)
+    if passes(body, schema):  # the usual body, checked warm; anything else pydantic judges and explains
+        return body
     try:
         schema.model_validate(body)
     except ValidationError as exc:

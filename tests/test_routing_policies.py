@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvgate.middleware.routing import RoutePlan, make_policy
 from kvgate.middleware.routing.base import ReplicaState
@@ -211,3 +213,57 @@ def test_new_sessions_resident_leaves_a_later_turn_with_its_history():
 def test_new_sessions_is_checked_by_the_config():
     with pytest.raises(ValueError, match="new_sessions"):
         make_policy("cache_aware", new_sessions="fewest")
+
+
+def _composed_choice(policy: CacheAware, candidates, p):
+    """cache_aware's rule as the composition of its pure functions: admissible, then the least
+    expected cost (ties: fewer in flight, then the rotation's order)."""
+    rotated = policy._ties.rotated(candidates)
+    best_match = max(p.held_tokens(r.name) for r in rotated)
+    starts = p.shared_prefix or best_match == 0
+    slack = policy.queue_slack if starts else policy.session_slack
+    allowed = admissible(rotated, p, policy.decode_weight, slack, policy.prompt_slack)
+
+    def cost(r):
+        return expected_cost(r, p, policy.decode_weight, policy.miss_weight, best_match)
+
+    if policy.reads_resident and starts:
+        return min(allowed, key=lambda r: (r.resident_tokens, cost(r), r.in_flight))
+    return min(allowed, key=lambda r: (cost(r), r.in_flight))
+
+
+_replica_figures = st.tuples(st.integers(0, 6000), st.integers(0, 6), st.integers(0, 9000))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_replica_figures, min_size=1, max_size=5),
+    st.lists(st.tuples(st.integers(0, 120), st.integers(0, 120)), min_size=5, max_size=5),
+    st.integers(0, 2000),
+    st.sampled_from([16, 64]),
+    st.sampled_from([0.0, 0.3, 1.0]),
+    st.booleans(),
+    st.sampled_from([(2.5, 0.5, float("inf")), (0.0, 0.0, 1.0), (float("inf"), 0.5, 2.0)]),
+    st.sampled_from(["load", "resident"]),
+    st.sampled_from([1.0, 64.0]),
+)
+def test_cache_aware_chooses_what_its_pure_functions_compose_to(
+    figures, blocks, tokens, block_size, load_cost, shared, slacks, new_sessions, miss_weight
+):
+    """choose() works each candidate's figures out once; its choice is the composition's, for any
+    queues, matches, tier blocks, slacks and placement of new conversations."""
+    made = []
+    for _ in range(2):
+        rs = replicas(len(figures))
+        for r, (pending, in_flight, resident) in zip(rs, figures):
+            r.pending_prefill_tokens, r.in_flight, r.resident_tokens = pending, in_flight, resident
+        made.append(rs)
+    matched = {f"r{i}": m for i, (m, _) in enumerate(blocks[: len(figures)]) if m}
+    tiers = {f"r{i}": t for i, (_, t) in enumerate(blocks[: len(figures)]) if t}
+    p = RoutePlan([], tokens, block_size, matched, None, shared_prefix=shared, tier_blocks=tiers, load_cost=load_cost)
+    queue_slack, prompt_slack, session_slack = slacks
+    knobs = dict(miss_weight=miss_weight, queue_slack=queue_slack, prompt_slack=prompt_slack)
+    knobs.update(session_slack=session_slack, new_sessions=new_sessions)
+    ours, composed = CacheAware(**knobs), CacheAware(**knobs)
+    for _ in range(3):  # the rotation moves on each call, in both alike
+        assert ours.choose(made[0], p).name == _composed_choice(composed, made[1], p).name

@@ -170,22 +170,32 @@ class CacheAware:
         self._ties = Rotation()
 
     def choose(self, candidates: Sequence[ReplicaState], plan: RoutePlan) -> ReplicaState:
+        """The rule above, each candidate's figures worked out once: the same choice as
+        `admissible` then the least `expected_cost` (tests/test_routing_policies.py holds it to
+        that composition)."""
         rotated = self._ties.rotated(candidates)
-        best_match = max(plan.held_tokens(r.name) for r in rotated)
+        decode_weight, prompt_tokens, load_cost = self.decode_weight, plan.prompt_tokens, plan.load_cost
+        held, ttft, queues = [], [], []
+        for r in rotated:
+            matched = plan.matched_tokens(r.name)
+            loaded = plan.loadable_tokens(r.name)
+            queue = queue_ahead(r, decode_weight)
+            held.append(matched + loaded)
+            queues.append(queue)
+            ttft.append(queue + max(0, prompt_tokens - matched - loaded) + load_cost * loaded)  # = ttft_estimate
+        best_match = max(held)
         starts = plan.shared_prefix or best_match == 0  # a conversation's start, not its own history
-        allowed = admissible(
-            rotated, plan, self.decode_weight, self.queue_slack if starts else self.session_slack, self.prompt_slack
-        )
-        if self.reads_resident and starts:
-            return min(
-                allowed,
-                key=lambda r: (
-                    r.resident_tokens,
-                    expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match),
-                    r.in_flight,
-                ),
-            )
-        return min(
-            allowed,
-            key=lambda r: (expected_cost(r, plan, self.decode_weight, self.miss_weight, best_match), r.in_flight),
-        )
+        slack = self.queue_slack if starts else self.session_slack
+        bound = wait_bound(min(ttft), sum(queues) / len(rotated), prompt_tokens, slack, self.prompt_slack)
+        charge = self.miss_weight - 1
+        resident = self.reads_resident and starts
+        best: tuple[float, ...] | None = None
+        chosen = rotated[0]
+        for r, h, t in zip(rotated, held, ttft):
+            if t > bound:  # not admissible
+                continue
+            cost = t + charge * duplicate_charge(h, best_match, prompt_tokens)  # = expected_cost
+            key = (r.resident_tokens, cost, r.in_flight) if resident else (cost, r.in_flight)
+            if best is None or key < best:  # the first of equals, as min() keeps it
+                best, chosen = key, r
+        return chosen

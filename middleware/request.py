@@ -178,7 +178,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         raise BadRequest("`messages` must be a non-empty list", param="messages")
     out = []
     for i, msg in enumerate(messages):
-        if hasattr(msg, "model_dump"):
+        if type(msg) is not dict and hasattr(msg, "model_dump"):  # a plain dict has none: no lookup that fails
             msg = msg.model_dump(exclude_none=True)
         if not isinstance(msg, Mapping):
             raise BadRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")

@@ -24,36 +24,26 @@ static PyObject *get(PyObject *d, PyObject *key, int *err) {
 /* truthiness of a borrowed value that may be NULL (absent: false); -1 on an error. */
 static int truthy(PyObject *v) { return v == NULL ? 0 : PyObject_IsTrue(v); }
 
+/* the keys the shapes are read by, in this order; made once per module, kept in its state */
+enum { ERROR, CHOICES, USAGE, LOGPROBS, DELTA, TOOL_CALLS, FUNCTION_CALL, CONTENT, FINISH_REASON, ID, ROLE, TEXT, NKEYS };
+static const char *const NAMES[NKEYS] = {"error", "choices", "usage", "logprobs", "delta", "tool_calls",
+                                         "function_call", "content", "finish_reason", "id", "role", "text"};
+
 typedef struct {
-    PyObject *error, *choices, *usage, *logprobs, *delta, *tool_calls, *function_call;
-    PyObject *content, *finish_reason, *id, *role, *text;
+    PyObject *key[NKEYS];
 } Keys;
 
 static void keys_clear(Keys *k) {
-    Py_CLEAR(k->error); Py_CLEAR(k->choices); Py_CLEAR(k->usage); Py_CLEAR(k->logprobs);
-    Py_CLEAR(k->delta); Py_CLEAR(k->tool_calls); Py_CLEAR(k->function_call);
-    Py_CLEAR(k->content); Py_CLEAR(k->finish_reason); Py_CLEAR(k->id); Py_CLEAR(k->role);
-    Py_CLEAR(k->text);
+    for (int i = 0; i < NKEYS; i++) Py_CLEAR(k->key[i]);
 }
 
 static int keys_init(Keys *k) {
     memset(k, 0, sizeof(*k));
-    k->error = PyUnicode_InternFromString("error");
-    k->choices = PyUnicode_InternFromString("choices");
-    k->usage = PyUnicode_InternFromString("usage");
-    k->logprobs = PyUnicode_InternFromString("logprobs");
-    k->delta = PyUnicode_InternFromString("delta");
-    k->tool_calls = PyUnicode_InternFromString("tool_calls");
-    k->function_call = PyUnicode_InternFromString("function_call");
-    k->content = PyUnicode_InternFromString("content");
-    k->finish_reason = PyUnicode_InternFromString("finish_reason");
-    k->id = PyUnicode_InternFromString("id");
-    k->role = PyUnicode_InternFromString("role");
-    k->text = PyUnicode_InternFromString("text");
-    if (!k->error || !k->choices || !k->usage || !k->logprobs || !k->delta || !k->tool_calls ||
-        !k->function_call || !k->content || !k->finish_reason || !k->id || !k->role || !k->text) {
-        keys_clear(k);
-        return -1;
+    for (int i = 0; i < NKEYS; i++) {
+        if ((k->key[i] = PyUnicode_InternFromString(NAMES[i])) == NULL) {
+            keys_clear(k);
+            return -1;
+        }
     }
     return 0;
 }
@@ -63,25 +53,25 @@ static int fold(Keys *k, PyObject *chunk, PyObject **first_id, PyObject **finish
                 int *seen, PyObject *pieces) {
     int err = 0, t;
     if (!PyDict_CheckExact(chunk)) return 0;
-    if (get(chunk, k->error, &err) != NULL) return 0;
+    if (get(chunk, k->key[ERROR], &err) != NULL) return 0;
     if (err) return -1;
-    PyObject *choices = get(chunk, k->choices, &err);
+    PyObject *choices = get(chunk, k->key[CHOICES], &err);
     if (err) return -1;
     if (choices == NULL || !PyList_CheckExact(choices) || PyList_GET_SIZE(choices) != 1) return 0;
-    if ((t = truthy(get(chunk, k->usage, &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
+    if ((t = truthy(get(chunk, k->key[USAGE], &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
     PyObject *first = PyList_GET_ITEM(choices, 0);
     if (!PyDict_CheckExact(first)) return 0;
-    if ((t = truthy(get(first, k->logprobs, &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
-    PyObject *delta = get(first, k->delta, &err);
+    if ((t = truthy(get(first, k->key[LOGPROBS], &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
+    PyObject *delta = get(first, k->key[DELTA], &err);
     if (err) return -1;
     if (delta == NULL || !PyDict_CheckExact(delta)) return 0;
-    if ((t = truthy(get(delta, k->tool_calls, &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
-    if ((t = truthy(get(delta, k->function_call, &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
+    if ((t = truthy(get(delta, k->key[TOOL_CALLS], &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
+    if ((t = truthy(get(delta, k->key[FUNCTION_CALL], &err))) != 0 || err) return (t < 0 || err) ? -1 : 0;
 
     /* taken: everything below only reads */
-    PyObject *content = get(delta, k->content, &err);
-    PyObject *reason = err ? NULL : get(first, k->finish_reason, &err);
-    PyObject *chunk_id = err ? NULL : get(chunk, k->id, &err);
+    PyObject *content = get(delta, k->key[CONTENT], &err);
+    PyObject *reason = err ? NULL : get(first, k->key[FINISH_REASON], &err);
+    PyObject *chunk_id = err ? NULL : get(chunk, k->key[ID], &err);
     if (err) return -1;
     if ((*first_id == NULL || *first_id == Py_None) && chunk_id != NULL && chunk_id != Py_None) {
         Py_INCREF(chunk_id);
@@ -95,7 +85,7 @@ static int fold(Keys *k, PyObject *chunk, PyObject **first_id, PyObject **finish
         Py_XSETREF(*finish, reason);
     }
     if (*role == NULL) {
-        PyObject *r = get(delta, k->role, &err);
+        PyObject *r = get(delta, k->key[ROLE], &err);
         if (err) return -1;
         if ((t = truthy(r)) < 0) return -1;
         if (t) {
@@ -107,7 +97,7 @@ static int fold(Keys *k, PyObject *chunk, PyObject **first_id, PyObject **finish
         if ((t = truthy(content)) < 0) return -1;
         if (!t) t = reason_true;
         if (!t) {
-            PyObject *text = get(first, k->text, &err);
+            PyObject *text = get(first, k->key[TEXT], &err);
             if (err) return -1;
             if ((t = truthy(text)) < 0) return -1;
         }
@@ -196,7 +186,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* the keys the shapes are read by: made once per module, kept in its state */
+/* the module state: its keys (above) */
 static int exec_module(PyObject *module) { return keys_init((Keys *)PyModule_GetState(module)); }
 
 static int traverse(PyObject *module, visitproc visit, void *arg) {

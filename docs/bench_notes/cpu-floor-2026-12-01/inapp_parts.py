@@ -1,7 +1,9 @@
-"""Inclusive thread-CPU per request of chosen functions, in pipeline_cpu (sync functions only)."""
+"""Wall time inside chosen functions per request, in pipeline_cpu (sync functions only). The default
+set has none nested in another; `--finish` times the answer's bookkeeping, nested (each figure
+includes what it calls that is also timed)."""
 import sys, time, argparse, importlib, collections, functools
 from kvgate.tools.bench import pipeline_cpu as pc
-TARGETS = [
+PARTS = [
  ("kvgate.index.kv.prompt", "PromptHasher.prompt"),
  ("kvgate.middleware.forward.relay_events", "SseParser.feed"),
  ("kvgate.middleware.server.body", "_parse_body"),
@@ -16,6 +18,23 @@ TARGETS = [
  ("kvgate.middleware.cache.response_cache", "ResponseCache.record"),
  ("kvgate.middleware.cache.response_cache", "ResponseCache.miss"),
 ]
+
+FINISH = [
+ ("kvgate.middleware.routing.router", "Router.finished"),
+ ("kvgate.middleware.routing.router", "Router.started"),
+ ("kvgate.middleware.routing.router", "Router.first_token"),
+ ("kvgate.middleware.routing.records", "Records.record"),
+ ("kvgate.index.kv.prefix", "PrefixIndex.record"),
+ ("kvgate.middleware.routing.state_local", "LocalState.add_load"),
+ ("kvgate.middleware.routing.state_local", "LocalState.recorded"),
+ ("kvgate.middleware.routing.health", "ReplicaHealth.mark_up"),
+ ("kvgate.middleware.forward.forwarder", "Forwarder.done"),
+ ("kvgate.middleware.forward.forwarder", "Forwarder.hash_answer"),
+ ("kvgate.middleware.forward.failover", "Failover.done"),
+]
+TARGETS = FINISH if "--finish" in sys.argv else PARTS
+if "--finish" in sys.argv:
+    sys.argv.remove("--finish")
 acc = collections.Counter(); cnt = collections.Counter()
 tt = time.perf_counter
 def wrap(name, f):

@@ -89,13 +89,19 @@ def queue_ahead(replica: ReplicaState, decode_weight: float = DEFAULT_DECODE_WEI
     return replica.pending_prefill_tokens + decode_weight * replica.in_flight
 
 
+def ttft_of(queue: float, prompt_tokens: int, matched: int, loaded: int, load_cost: float) -> float:
+    """ttft(r) from its parts, in prefill tokens (pure): the work queued ahead, the request's own
+    prefill of what neither the engine holds (`matched`) nor a tier supplies (`loaded`), and the
+    loads at `load_cost` prefill tokens each."""
+    return queue + max(0, prompt_tokens - matched - loaded) + load_cost * loaded
+
+
 def ttft_estimate(replica: ReplicaState, plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:
     """This request's time to first token on `replica`, in prefill tokens: queued work, running
     decodes, its own prefill of what neither its engine holds nor a tier it reads can supply,
     and the loads at plan.load_cost prefill tokens each (pure)."""
-    loaded = plan.loadable_tokens(replica.name)
-    own = max(0, plan.prompt_tokens - plan.matched_tokens(replica.name) - loaded)
-    return queue_ahead(replica, decode_weight) + own + plan.load_cost * loaded
+    matched, loaded = plan.matched_tokens(replica.name), plan.loadable_tokens(replica.name)
+    return ttft_of(queue_ahead(replica, decode_weight), plan.prompt_tokens, matched, loaded, plan.load_cost)
 
 
 def duplicate_charge(matched: float, best_match: float, prompt_tokens: int) -> float:
@@ -118,8 +124,18 @@ def expected_cost(
     match among the candidates (default: among every replica in the plan)."""
     if best_match is None:
         best_match = max((plan.held_tokens(name) for name in {*plan.matched_blocks, *plan.tier_blocks}), default=0)
-    dup = duplicate_charge(plan.held_tokens(replica.name), best_match, plan.prompt_tokens)
-    return ttft_estimate(replica, plan, decode_weight) + (miss_weight - 1) * dup
+    return cost_of(
+        ttft_estimate(replica, plan, decode_weight),
+        plan.held_tokens(replica.name),
+        best_match,
+        plan.prompt_tokens,
+        miss_weight,
+    )
+
+
+def cost_of(ttft: float, held: float, best_match: float, prompt_tokens: int, miss_weight: float) -> float:
+    """cost(r) from ttft(r) and the tokens r holds: ttft + (miss_weight − 1) · duplicate charge (pure)."""
+    return ttft + (miss_weight - 1) * duplicate_charge(held, best_match, prompt_tokens)
 
 
 def wait_bound(
@@ -174,27 +190,25 @@ class CacheAware:
         `admissible` then the least `expected_cost` (tests/test_routing_policies.py holds it to
         that composition)."""
         rotated = self._ties.rotated(candidates)
-        decode_weight, prompt_tokens, load_cost = self.decode_weight, plan.prompt_tokens, plan.load_cost
+        prompt_tokens = plan.prompt_tokens
         held, ttft, queues = [], [], []
         for r in rotated:
-            matched = plan.matched_tokens(r.name)
-            loaded = plan.loadable_tokens(r.name)
-            queue = queue_ahead(r, decode_weight)
+            matched, loaded = plan.matched_tokens(r.name), plan.loadable_tokens(r.name)
+            queue = queue_ahead(r, self.decode_weight)
             held.append(matched + loaded)
             queues.append(queue)
-            ttft.append(queue + max(0, prompt_tokens - matched - loaded) + load_cost * loaded)  # = ttft_estimate
+            ttft.append(ttft_of(queue, prompt_tokens, matched, loaded, plan.load_cost))
         best_match = max(held)
         starts = plan.shared_prefix or best_match == 0  # a conversation's start, not its own history
         slack = self.queue_slack if starts else self.session_slack
         bound = wait_bound(min(ttft), sum(queues) / len(rotated), prompt_tokens, slack, self.prompt_slack)
-        charge = self.miss_weight - 1
         resident = self.reads_resident and starts
         best: tuple[float, ...] | None = None
         chosen = rotated[0]
         for r, h, t in zip(rotated, held, ttft):
             if t > bound:  # not admissible
                 continue
-            cost = t + charge * duplicate_charge(h, best_match, prompt_tokens)  # = expected_cost
+            cost = cost_of(t, h, best_match, prompt_tokens, self.miss_weight)
             key = (r.resident_tokens, cost, r.in_flight) if resident else (cost, r.in_flight)
             if best is None or key < best:  # the first of equals, as min() keeps it
                 best, chosen = key, r

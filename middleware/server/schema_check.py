@@ -12,7 +12,8 @@ Why a second statement of the schema: pydantic's validator is a large native lib
 once per request, and on the request path its code and tables are cold every time; msgspec
 already parses the body (kvgate.middleware.server.body), so its checks run warm.
 
-May import: the standard library, msgspec and kvgate.middleware.server.schema.
+May import: the standard library, msgspec, pydantic (the model a body is checked for) and
+kvgate.middleware.server.schema.
 """
 
 from __future__ import annotations

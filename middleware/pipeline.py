@@ -86,10 +86,14 @@ class Pipeline:
         looked = look_up(*step) if inline else await asyncio.to_thread(look_up, *step)
         if looked.result is not None:
             return looked.result
+        back = time.perf_counter()  # on the loop again after the look-up (a worker thread's, or inline)
         forwarded = await forwarder.forward(looked.view, raw=raw)
         attempts = forwarded.attempts
         info = self.cache.miss(looked, attempts.replica, attempts.expected_cached_tokens())
-        info.timing = (started, forwarded.sent_at, forwarded.first_at) if forwarded.first_at else (started,)
+        if forwarded.first_at and looked.spans is not None:  # relayed: the replica's send and first bytes
+            info.timing = (started, *looked.spans, back, forwarded.sent_at, forwarded.first_at)
+        else:  # forwarded through LiteLLM
+            info.timing = (started,)
         if looked.view.stream:  # recorded once read to its end, before the end reaches the client
             stream = ending(self.cache, forwarder, looked, info, forwarded)
             return Result(info, raw=stream) if forwarded.raw else Result(info, stream=stream)

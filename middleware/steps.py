@@ -11,6 +11,7 @@ is entered once per request (`acomplete`), whatever runs on a thread or on the c
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, AsyncIterator
 
 from kvgate.middleware.cache.group_commit import Settle
@@ -38,11 +39,14 @@ def look_up(
     """The request view, the cache's tiers (a hit is served from here; `raw`: as bytes, for the
     proxy) and, on a miss, the forwarder's prepare: the prompt hashed and matched for the
     router's plan. Inline, the plan hashes the small prompt itself, on the loop, where `prepare`
-    would only add a copy."""
+    would only add a copy. Stamps its parts' ends in `Looked.spans`."""
+    begun = time.perf_counter()
     view = cache.view(route, kwargs, tenant, control, endpoint)
     looked = cache.look_up(view, started, inline, raw)
+    tiers = time.perf_counter()
     if looked.result is None and not inline:
         forwarder.prepare(view)
+    looked.spans = (begun, tiers, time.perf_counter())
     return looked
 
 

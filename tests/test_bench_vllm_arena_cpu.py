@@ -286,3 +286,15 @@ def test_proxy_steps_split_kvgates_turns_by_kind_and_step():
     assert later["outside"]["p50"] == pytest.approx(400.0 - 391.3, abs=0.01)
     assert later["after"]["p50"] == pytest.approx(100.0)
     assert proxy_steps([{"request_records": [{"c": 0, "t": 0, "ttft_s": 1.0}]}]) == {}
+
+
+def test_proxy_steps_sum_the_plans_parts_where_the_header_splits_it():
+    parts = {"read": 0.2, "hop": 0.3, "cache": 0.4, "prefix": 0.5, "route": 0.6, "engine": 900.0, "relay": 0.1}
+    records = [{"c": 0, "t": 0, "ttft_s": 1.0, "head_s": 0.9021, "proxy_ms": parts}]
+    first = proxy_steps([{"request_records": records}])["proxy_steps_ms"]["first_turns"]
+    assert first["plan"]["mean"] == pytest.approx(1.8)
+    assert first["prefix"]["p50"] == pytest.approx(0.5)
+    assert first["outside"]["mean"] == pytest.approx(0.0, abs=0.01)
+    older = {"read": 0.2, "plan": 1.8, "engine": 900.0, "relay": 0.1}  # no parts: none reported
+    first = proxy_steps([{"request_records": [{**records[0], "proxy_ms": older}]}])["proxy_steps_ms"]["first_turns"]
+    assert first["plan"]["mean"] == pytest.approx(1.8) and "prefix" not in first

@@ -18,11 +18,20 @@ from tests.conftest import ServedProxy
 WAIT_S = 0.3  # the fake replica's wait before it answers ([[sleep=S]])
 
 
+RELAYED = ["read", "hop", "cache", "prefix", "route", "engine", "relay"]
+
+
 def test_the_steps_add_up_to_the_handlers_time() -> None:
-    relayed = steps(server_timing(10.0, (10.002, 10.005, 10.905), 10.906, hit=False))
-    assert list(relayed) == ["read", "plan", "engine", "relay"]
-    assert relayed == pytest.approx({"read": 2.0, "plan": 3.0, "engine": 900.0, "relay": 1.0})
+    # pipeline start, look-up start / tiers / prefix, back on the loop, sent, first bytes
+    stamps = (10.002, 10.0025, 10.0030, 10.0045, 10.0047, 10.005, 10.905)
+    relayed = steps(server_timing(10.0, stamps, 10.906, hit=False))
+    assert list(relayed) == RELAYED
+    assert relayed == pytest.approx(
+        {"read": 2.0, "hop": 0.7, "cache": 0.5, "prefix": 1.5, "route": 0.3, "engine": 900.0, "relay": 1.0}
+    )
     assert sum(relayed.values()) == pytest.approx(906.0)
+    inline = steps(server_timing(10.0, (10.002, 10.002, 10.003, 10.003, 10.003, 10.005, 10.905), 10.906, False))
+    assert inline["hop"] == 0.0 and inline["prefix"] == 0.0 and inline["route"] == pytest.approx(2.0)
     assert steps(server_timing(1.0, (1.001,), 1.004, hit=True)) == pytest.approx({"read": 1.0, "cache": 3.0})
     assert list(steps(server_timing(1.0, (1.001,), 1.5, hit=False))) == ["read", "forward"]
     assert list(steps(server_timing(1.0, (), 1.5, hit=False))) == ["read"]
@@ -67,9 +76,9 @@ def test_a_relayed_miss_then_its_hit(proxy: Proxy, stream: bool) -> None:
     assert miss.status_code == 200, miss.text
     assert miss.headers["x-kvgate-cache"] == "miss"
     timing = steps(miss.headers["server-timing"])
-    assert list(timing) == ["read", "plan", "engine", "relay"]
+    assert list(timing) == RELAYED
     assert timing["engine"] >= WAIT_S * 1000  # the replica's wait is the engine's step
-    assert timing["read"] + timing["plan"] + timing["relay"] < WAIT_S * 1000  # and no other step's
+    assert sum(timing.values()) - timing["engine"] < WAIT_S * 1000  # and no other step's
     assert sum(timing.values()) <= elapsed_ms  # the header only sees time the client waited
     if stream:
         assert miss.text.rstrip().endswith("data: [DONE]")
@@ -84,7 +93,7 @@ def test_a_relayed_miss_then_its_hit(proxy: Proxy, stream: bool) -> None:
 def test_completions_carry_it_and_a_batch_does_not(proxy: Proxy) -> None:
     one = proxy.http.post("/v1/completions", json={"model": "fake", "prompt": "a prompt"})
     assert one.status_code == 200, one.text
-    assert list(steps(one.headers["server-timing"])) == ["read", "plan", "engine", "relay"]
+    assert list(steps(one.headers["server-timing"])) == RELAYED
     batch = proxy.http.post("/v1/completions", json={"model": "fake", "prompt": ["one prompt", "another"]})
     assert batch.status_code == 200, batch.text
     assert len(batch.json()["choices"]) == 2
@@ -102,3 +111,21 @@ def test_off_by_default(tmp_path: Path) -> None:
         assert json.loads(resp.text)["choices"]
     finally:
         p.stop()
+
+
+def test_the_header_says_where_the_look_up_ran(proxy: Proxy) -> None:
+    """A short prompt's look-up runs on the loop (its prefix is matched in `route`); a
+    prompt past the inline bound (kvgate.middleware.cache.offload) runs it on a worker thread,
+    which hashes and matches the prompt there (`prefix`), and the hand-offs show as `hop`."""
+    from kvgate.middleware.cache.offload import INLINE_TOTAL_CHARS
+
+    def timing(content: str) -> dict[str, float]:
+        body = {"model": "fake", "messages": [{"role": "user", "content": content}], "temperature": 0}
+        resp = proxy.http.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        return steps(resp.headers["server-timing"])
+
+    short = timing("a short question?")
+    assert short["prefix"] == 0.0
+    long = timing("words of a long document " * (INLINE_TOTAL_CHARS // 20))
+    assert long["hop"] > 0.0 and long["prefix"] > 0.0

@@ -48,6 +48,9 @@ class Looked:
     inline: bool  # its cache steps run on the event loop
     started: float
     result: Result | None = None
+    # perf_counter stamps of the look-up step (steps.look_up): its start, the tiers looked up, the
+    # prompt's prefix matched; for the Server-Timing header (middleware/server/timing.py)
+    spans: tuple[float, float, float] | None = None
 
 
 class ResponseCache:

@@ -23,7 +23,7 @@ where the replica is known: the client's view, not the engine's scheduler queue)
 told its guess (x-kvgate-expected-cached-tokens) the uncached tokens it expected
 (`expected_uncached`, beside the engine's `uncached`). Through kvgate,
 also `head_s` (the client's wait for the response head, which kvgate sends once the engine's first
-event is in) and `proxy_ms` (its Server-Timing steps: read, plan, engine, relay), so `head_s` less
+event is in) and `proxy_ms` (its Server-Timing steps: read, the plan's parts, engine, relay), so `head_s` less
 their sum is the time outside the proxy's handler: the server's parsing, the loop's wait before
 the handler ran, and the loopback on either side.
 """
@@ -253,12 +253,18 @@ def timing_steps(header: str) -> dict[str, float]:
 
 
 STEPS = ("read", "plan", "engine", "relay", "outside", "after")
+PLAN_PARTS = ("hop", "cache", "prefix", "route")  # the header's parts of `plan` (middleware/server/timing.py)
+
+
+def plan_ms(steps: dict[str, float]) -> float:
+    """A relayed miss's `plan`: the header's own (older proxies), else the sum of its parts."""
+    return steps["plan"] if "plan" in steps else sum(steps.get(part, 0.0) for part in PLAN_PARTS)
 
 
 def proxy_steps(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Where kvgate's turns spent their time, over every run's request_records that carry its
     steps: per turn kind (a conversation's first turn, its later ones) and step, the mean, median
-    and 99th percentile in ms. `outside` is the head's wait less the steps (the server's parsing,
+    and 99th percentile in ms (`plan` with its parts where the header gives them). `outside` is the head's wait less the steps (the server's parsing,
     the loop's wait before the handler, the loopback both ways), `after` the first token's wait
     after the head. {} for an arm whose records carry none (the anchors, the replay)."""
     out: dict[str, Any] = {}
@@ -271,11 +277,14 @@ def proxy_steps(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ]
         if not recs:
             continue
-        values: dict[str, list[float]] = {step: [] for step in STEPS}
+        values: dict[str, list[float]] = {step: [] for step in STEPS + PLAN_PARTS}
         for r in recs:
             steps = r["proxy_ms"]
-            for step in STEPS[:4]:
+            for step in ("read", "engine", "relay"):
                 values[step].append(steps.get(step, 0.0))
+            values["plan"].append(plan_ms(steps))
+            for part in PLAN_PARTS if "plan" not in steps else ():  # an older proxy's header has no parts
+                values[part].append(steps.get(part, 0.0))
             values["outside"].append(r["head_s"] * 1000 - sum(steps.values()))
             values["after"].append((r["ttft_s"] - r["head_s"]) * 1000)
         out[kind] = {"turns": len(recs)} | {
@@ -285,6 +294,7 @@ def proxy_steps(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "p99": round(sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))], 2),
             }
             for step, xs in values.items()
+            if xs
         }
     return {"proxy_steps_ms": out} if out else {}
 

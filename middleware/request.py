@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from functools import cached_property, partial
+from typing import Any, Callable, Mapping
 
 from kvgate.index.kv.prompt import TextPrompt
 from kvgate.middleware.canonical import canonical_json, canonical_list, digest
@@ -114,10 +115,11 @@ class RequestView:
     forwarded: dict[str, Any]  # sent to the backend, not part of any key
     stream: bool
     tenant: str
-    # the exact key and the semantic scope: None on a route that caches nothing
-    # (RouteConfig.caches false), where nothing is looked up or stored under them
+    # the exact key and the semantic scope (`scope`, digested when first asked: a route without a
+    # semantic tier needs it only to store the answer, after the replica has answered): None on a
+    # route that caches nothing (RouteConfig.caches false), where nothing is looked up or stored
     exact_key: str | None
-    scope: str | None
+    scope_digest: Callable[[], str | None] = field(repr=False, compare=False)
     query_text: str | None  # the last user turn, when it is plain text
     control: CacheControl = field(default_factory=CacheControl)
     parents: tuple[str, ...] | None = None  # context: semantic: the earlier user turns (texts), judged per entry
@@ -125,6 +127,11 @@ class RequestView:
     skip: str | None = (
         None  # why this request is neither looked up nor stored (the answer is not a function of the key)
     )
+
+    @cached_property
+    def scope(self) -> str | None:
+        """The semantic scope's digest (once per view)."""
+        return self.scope_digest()
 
     @property
     def completions(self) -> bool:
@@ -225,20 +232,30 @@ def build_view(
     )
 
 
+def _none() -> None:
+    return None
+
+
+_NONE: Callable[[], str | None] = _none  # the scope of a request on a route that caches nothing
+
+
 def _chat_keys(
     route: RouteConfig, model: str, messages: list[dict[str, Any]], params: dict[str, Any], tenant: str | None
-) -> tuple[str | None, str | None]:
-    """(exact key, semantic scope) of a chat request; (None, None) on a route that caches nothing.
-    The scope covers the earlier messages its route's `semantic.context` keeps: all of them, or
-    only the system ones (earlier user turns judged per entry, or left out)."""
+) -> tuple[str | None, Callable[[], str | None]]:
+    """(exact key, semantic scope's digest on demand) of a chat request; (None, a None scope) on a
+    route that caches nothing. The scope covers the earlier messages its route's `semantic.context`
+    keeps: all of them, or only the system ones (earlier user turns judged per entry, or left out)."""
     if not route.caches:
-        return None, None
+        return None, _NONE
     rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
     exact_key = digest("exact", route.name, model, canonical_list(rendered), params, tenant)
     earlier = range(len(messages) - 1)
     if route.semantic.context in ("semantic", "last_user_only"):
         earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
-    scope = digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), tenant)
+
+    def scope() -> str:
+        return digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), tenant)
+
     return exact_key, scope
 
 
@@ -294,11 +311,11 @@ def build_text_view(
     forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
-    exact_key = scope = None
+    exact_key, scope = None, _NONE
     if route.caches:
         keyed = ["text", prompt.text] if prompt.text is not None else ["ids", list(prompt.token_ids or ())]
         exact_key = digest("exact-completions", route.name, model, keyed, params, cache_tenant)
-        scope = digest("scope-completions", route.name, model, params, cache_tenant)
+        scope = partial(digest, "scope-completions", route.name, model, params, cache_tenant)
     skip = uncacheable(params)
     if skip is not None:
         control = CacheControl(no_cache=True, no_store=True)

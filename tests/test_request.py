@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgate.middleware.canonical import canonical_json
+from kvgate.middleware.canonical import canonical_json, digest
 from kvgate.middleware.config import parse_config
 from kvgate.middleware.errors import BadRequest
 from kvgate.middleware.replay import replay_chunks, split_text
@@ -179,7 +181,7 @@ def test_canonical_json_is_json_dumps_byte_for_byte(value):
     import hashlib
     import json
 
-    from kvgate.middleware.canonical import KEY_VERSION, _drop_none, canonical_json, digest
+    from kvgate.middleware.canonical import KEY_VERSION, _drop_none
 
     clean, _ = _drop_none(value)
     want = json.dumps(clean, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -277,3 +279,21 @@ def test_a_route_that_caches_nothing_writes_no_keys(endpoint):
     for model in ("s-1", "c-1"):
         assert isinstance(views[model].exact_key, str) and isinstance(views[model].scope, str)
     assert views["r-1"].messages == views["c-1"].messages and views["r-1"].params == views["c-1"].params
+
+
+def test_the_scope_is_digested_once_and_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A route without a semantic tier needs the scope only to store the answer, after the
+    replica answered: building the view digests the exact key alone."""
+    import kvgate.middleware.request as request
+
+    calls: list[str] = []
+
+    def counted(*parts: Any) -> str:
+        calls.append(parts[0])
+        return digest(*parts)
+
+    monkeypatch.setattr(request, "digest", counted)
+    built = view([{"role": "system", "content": "long " * 5000}, user("x")], model="last-1")
+    assert calls == ["exact"]
+    first = built.scope
+    assert calls == ["exact", "scope"] and built.scope == first  # asked twice, digested once

@@ -2,6 +2,8 @@
 open loop at --rate; per request the server-timing steps, the head's wait and the first content's."""
 import argparse, asyncio, statistics, sys, tempfile, time
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 import orjson, yaml
 from kvgate.middleware.forward.http1 import Pool
 from kvgate.tools.bench.loop_load import Prompts
@@ -44,9 +46,9 @@ try:
     (work / "c.yaml").write_text(yaml.safe_dump(cfg))
     pport = free_port(); purl = f"http://127.0.0.1:{pport}"
     if args.stamped:
-        proxy = Proc("proxy", [sys.executable, "/work/b55/stamped_serve.py", str(work / "c.yaml"), str(pport), args.stamped, *[w for w in args.wrap.split(",") if w]], work)
+        proxy = Proc("proxy", [sys.executable, str(HERE / "stamped_serve.py"), str(work / "c.yaml"), str(pport), args.stamped, *[w for w in args.wrap.split(",") if w]], work)
     elif args.floor:
-        proxy = Proc("proxy", [sys.executable, "/work/main/docs/bench_notes/cpu-floor-2026-12-01/floor_server.py", args.floor, str(pport), burl], work)
+        proxy = Proc("proxy", [sys.executable, str(HERE.parent / "cpu-floor-2026-12-01" / "floor_server.py"), args.floor, str(pport), burl], work)
     else:
         proxy = Proc("proxy", kvgate_argv("serve", "--config", str(work / "c.yaml"), "--port", str(pport), "--log-level", "warning"), work)
     try:
@@ -76,7 +78,7 @@ import json as _j
 if args.label:
     _j.dump({"shape": args.shape, "rate": args.rate, "n": args.n, "prompt_words": args.prompt_words, "floor": args.floor,
              "direct_ttft_ms": [r[1] * 1e3 for r in d], "proxy_ttft_ms": [r[1] * 1e3 for r in p],
-             "steps_ms": steps}, open(f"/work/b55/steps-{args.label}.json", "w"))
+             "steps_ms": steps}, open(f"steps-{args.label}.json", "w"))
 print(f"  added ttft p50 {(pct([r[1] for r in p],.5)-pct([r[1] for r in d],.5))*1e3:.2f} p99 {(pct([r[1] for r in p],.99)-pct([r[1] for r in d],.99))*1e3:.2f} ms")
 for k, xs in steps.items():
     print(f"  {k:22s} mean {statistics.fmean(xs):6.2f}  p50 {pct(xs,.5):6.2f}  p90 {pct(xs,.9):6.2f}  p99 {pct(xs,.99):6.2f} ms")

@@ -4,8 +4,8 @@ clients read.
 
 Steps, in milliseconds, each from the end of the one before:
 - `read`: the body read, parsed and checked (from the handler's start);
-- a relayed miss, what was `plan` (from the pipeline's start until the request is written to the
-  replica) in four parts:
+- a relayed miss, from the pipeline's start until the request is written to the replica, in four
+  parts:
   - `hop`: before and after the look-up step: the route matched, and where the look-up runs on a
     worker thread (a long prompt, a store on the network: kvgate.middleware.cache.offload) the
     hand-offs to it and back to the event loop, waits for a core and the GIL included;

@@ -257,7 +257,7 @@ PLAN_PARTS = ("hop", "cache", "prefix", "route")  # the header's parts of `plan`
 
 
 def plan_ms(steps: dict[str, float]) -> float:
-    """A relayed miss's `plan`: the header's own (older proxies), else the sum of its parts."""
+    """A relayed miss's `plan`: the header's own where it gives one as a whole, else the sum of its parts."""
     return steps["plan"] if "plan" in steps else sum(steps.get(part, 0.0) for part in PLAN_PARTS)
 
 
@@ -283,7 +283,7 @@ def proxy_steps(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for step in ("read", "engine", "relay"):
                 values[step].append(steps.get(step, 0.0))
             values["plan"].append(plan_ms(steps))
-            for part in PLAN_PARTS if "plan" not in steps else ():  # an older proxy's header has no parts
+            for part in PLAN_PARTS if "plan" not in steps else ():  # a header with `plan` whole has no parts
                 values[part].append(steps.get(part, 0.0))
             values["outside"].append(r["head_s"] * 1000 - sum(steps.values()))
             values["after"].append((r["ttft_s"] - r["head_s"]) * 1000)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvgate.middleware.server.timing import server_timing
 from kvgate.tools.bench.vllm_arena_cpu import timing_steps as steps  # the bench's reader of the header
@@ -37,6 +39,19 @@ def test_the_steps_add_up_to_the_handlers_time() -> None:
     assert list(steps(server_timing(1.0, (), 1.5, hit=False))) == ["read"]
     # a clock read out of order never gives a negative duration
     assert steps(server_timing(2.0, (1.9,), 2.1, hit=True))["read"] == 0.0
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=5.0), min_size=8, max_size=8))
+def test_any_ordered_stamps_add_up(gaps: list[float]) -> None:
+    """Whatever the gaps between the stamps (in ms), the relayed steps are non-negative and their
+    sum is the handler's time, to the header's rounding."""
+    clock = [10.0]
+    for gap in gaps:
+        clock.append(clock[-1] + gap / 1000)
+    arrived, *stamps, now = clock
+    relayed = steps(server_timing(arrived, tuple(stamps), now, hit=False))
+    assert list(relayed) == RELAYED and min(relayed.values()) >= 0.0
+    assert sum(relayed.values()) == pytest.approx((now - arrived) * 1000, abs=0.005 * len(relayed))
 
 
 class Proxy(ServedProxy):

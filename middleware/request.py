@@ -233,10 +233,8 @@ def build_view(
 
 
 def _none() -> None:
+    """The scope of a request on a route that caches nothing."""
     return None
-
-
-_NONE: Callable[[], str | None] = _none  # the scope of a request on a route that caches nothing
 
 
 def _chat_keys(
@@ -246,7 +244,7 @@ def _chat_keys(
     route that caches nothing. The scope covers the earlier messages its route's `semantic.context`
     keeps: all of them, or only the system ones (earlier user turns judged per entry, or left out)."""
     if not route.caches:
-        return None, _NONE
+        return None, _none
     rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
     exact_key = digest("exact", route.name, model, canonical_list(rendered), params, tenant)
     earlier = range(len(messages) - 1)
@@ -311,7 +309,7 @@ def build_text_view(
     forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
-    exact_key, scope = None, _NONE
+    exact_key, scope = None, _none
     if route.caches:
         keyed = ["text", prompt.text] if prompt.text is not None else ["ids", list(prompt.token_ids or ())]
         exact_key = digest("exact-completions", route.name, model, keyed, params, cache_tenant)

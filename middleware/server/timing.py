@@ -27,8 +27,12 @@ from __future__ import annotations
 HEADER = "server-timing"
 
 
+def _dur(name: str, seconds: float) -> str:
+    return f"{name};dur={seconds * 1000:.2f}"
+
+
 def _step(name: str, start: float, end: float) -> str:
-    return f"{name};dur={max(0.0, end - start) * 1000:.2f}"
+    return _dur(name, max(0.0, end - start))
 
 
 def server_timing(arrived: float, stamps: tuple[float, ...], now: float, hit: bool) -> str:
@@ -44,7 +48,7 @@ def server_timing(arrived: float, stamps: tuple[float, ...], now: float, hit: bo
         begun, tiers, matched, back, sent, first = stamps[1:]
         hop = max(0.0, begun - started) + max(0.0, back - matched)
         steps += [
-            f"hop;dur={hop * 1000:.2f}",
+            _dur("hop", hop),
             _step("cache", begun, tiers),
             _step("prefix", tiers, matched),
             _step("route", back, sent),

@@ -197,7 +197,9 @@ class PrefixConfig(_Strict):
         "EVENT_FED_CAPACITY (262144)",
     )
     record_answers: bool = Field(
-        True, description="approximate mode: the engine caches generated tokens too (vLLM does)"
+        True,
+        description="approximate mode: the engine caches generated tokens too (vLLM does); a process "
+        "routing alone hashes an answer when its conversation's next turn comes",
     )
 
     @model_validator(mode="after")

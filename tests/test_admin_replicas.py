@@ -310,6 +310,8 @@ def test_bad_bodies(make_proxy):
 class FixedState:
     """A routing state laid out at start-up, like WorkerState: an unknown name is a KeyError."""
 
+    shared = True
+
     def __init__(self, names: list[str]) -> None:
         self.counts = {n: [0, 0] for n in names}
 

@@ -19,6 +19,7 @@ from kvgate.middleware.cache.offload import INLINE_NEW_CHARS, prompt_chars
 from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig, parse_config
 from kvgate.middleware.routing.records import INLINE_RECORD_BLOCKS
 from kvgate.middleware.routing.router import Router
+from kvgate.middleware.routing.state_local import LocalState
 from kvgate.middleware.server.body import OFF_LOOP_BODY_BYTES, _parse_body
 from kvgate.middleware.server.proxy import create_app
 from kvgate.middleware.server.schema import ChatCompletionRequest
@@ -142,9 +143,17 @@ def test_plan_says_whether_the_longest_match_is_a_shared_prefix():
 
 
 # ------------------------------------------------------------------ Router.prepare / answer_hashes
-def router(**cfg: Any) -> Router:
+class Shared(LocalState):
+    """A LocalState standing for one other processes share: answers are hashed as they finish
+    (a process routing alone notes them for their next turn: tests/test_pending_answers.py)."""
+
+    shared = True
+
+
+def router(shared: bool = False, **cfg: Any) -> Router:
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
-    return Router(reps, RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, **cfg)))
+    state = Shared([r.name for r in reps]) if shared else None
+    return Router(reps, RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, **cfg)), state=state)
 
 
 def test_prepared_plan_equals_a_computed_one_and_is_taken_once():
@@ -166,7 +175,7 @@ def test_prepared_plan_equals_a_computed_one_and_is_taken_once():
 
 def test_answer_hashes_resume_from_the_prompt_and_are_what_finished_records():
     answer = {"role": "assistant", "content": "a long answer " * 30}
-    r = router()
+    r = router(shared=True)
     msgs = chat(2)
     plan = r.plan(msgs)
     ticket = r.started(r.replicas[0], plan)
@@ -199,7 +208,8 @@ def test_deferred_records_run_in_order_off_the_callers_thread_and_reads_see_them
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(3)]
     cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16))
     index = ThreadNoting(cfg.prefix.capacity_blocks)
-    r, inline = Router(reps, cfg, index=index, defer_records=True), router()
+    r = Router(reps, cfg, index=index, defer_records=True, state=Shared([x.name for x in reps]))
+    inline = router(shared=True)
     answer = {"role": "assistant", "content": "a long answer " * 30}
     assert len(r.plan(long_chat(1)).hashes) > INLINE_RECORD_BLOCKS
     try:
@@ -233,12 +243,12 @@ class ArgsNoting(PrefixIndex):
         return super().record(replica, hashes, parent)
 
 
-@pytest.mark.parametrize("record_answers", [True, False])
-def test_a_start_records_only_what_the_replica_lacks_when_the_answer_will_record_it_all(record_answers):
+@pytest.mark.parametrize("answers", ["at_finish", "noted", "off"])
+def test_a_start_records_only_what_the_replica_lacks_when_the_answer_will_record_it_all(answers):
     reps = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9000 + i}/v1") for i in range(2)]
-    cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, record_answers=record_answers))
+    cfg = RoutingConfig(prefix=PrefixConfig(tokenizer="text", block_size=16, record_answers=answers != "off"))
     index = ArgsNoting(cfg.prefix.capacity_blocks)
-    r = Router(reps, cfg, index=index)
+    r = Router(reps, cfg, index=index, state=Shared([x.name for x in reps]) if answers == "at_finish" else None)
     first = r.plan(chat(1))
     r.finished(r.started(r.replicas[0], first), True, r.answer_hashes(first, chat(2)[:-1]))
     plan = r.plan(chat(2))
@@ -246,9 +256,9 @@ def test_a_start_records_only_what_the_replica_lacks_when_the_answer_will_record
     assert 0 < held < len(plan.hashes)
     index.calls.clear()
     ticket = r.started(r.replicas[0], plan)
-    if record_answers:  # the new part, linked to the last block held
+    if answers == "at_finish":  # the new part, linked to the last block held
         assert index.calls == [(len(plan.hashes) - held, plan.hashes[held - 1])]
-    else:  # the start is the only record: all of it, touched
+    else:  # the start may be the only record: all of it, touched
         assert index.calls == [(len(plan.hashes), None)]
     assert r.index.match(plan.hashes)["r0"] == len(plan.hashes)
     r.finished(ticket, True, r.answer_hashes(plan, [*chat(2), {"role": "assistant", "content": "ok"}]))
@@ -283,7 +293,7 @@ def test_a_short_chain_is_recorded_on_the_callers_thread_unless_records_are_queu
 
 
 def test_a_failed_attempt_records_no_answer():
-    r = router()
+    r = router(shared=True)
     msgs = chat(1)
     plan = r.plan(msgs)
     ticket = r.started(r.replicas[0], plan)
@@ -358,8 +368,9 @@ def test_prompt_work_runs_on_the_event_loop_only_when_small(embedder, tmp_path):
                     assert resp.headers["x-kvgate-cache"] == "miss"
                     threads = {name for _, name in tok.calls[before:]}
                     assert threads == {loop_thread} if on_loop else (threads and loop_thread not in threads), threads
-                    # a prompt's segments are rendered once for its plan and once for prompt + answer
-                    assert sum(1 for what, _ in tok.calls[before:] if what == "segments") == 2
+                    # a prompt's segments are rendered once, for its plan: prompt + answer only if a
+                    # next turn comes (tests/test_pending_answers.py)
+                    assert sum(1 for what, _ in tok.calls[before:] if what == "segments") == 1
             assert client.get("/health").status_code == 200
     finally:
         server.stop()

@@ -139,9 +139,11 @@ class PromptHashes:
         tokens: int,
         states: dict[bytes, ChainState] | None = None,
         rest: _Rest | None = None,
+        run: int | None = None,
     ) -> None:
         self.hashes = hashes
         self.tokens = tokens
+        self.run = run  # a chat prompt's last message_runs key (None for a completions prompt)
         self.states: dict[bytes, ChainState] = states if states is not None else {}
         self._rest = rest
         self._lock = threading.Lock() if rest is not None else None
@@ -217,6 +219,7 @@ class PromptHasher:
         known: PromptHashes | None = None,
         until: Callable[[BlockHash], bool] | None = None,
         salt: str | None = None,
+        runs: list[int] | None = None,
     ) -> PromptHashes:
         """The prompt's hashes, resuming from the longest run of leading segments whose chain
         state is in `known` (an earlier prompt of the same conversation) or in the cache.
@@ -229,7 +232,8 @@ class PromptHasher:
         prompts with different salts share no block.
 
         A TextPrompt is one segment: its text tokenized as the engine tokenizes a completions
-        prompt (special tokens added, no template), or its token ids as given."""
+        prompt (special tokens added, no template), or its token ids as given. `runs`: the
+        messages' message_runs, when the caller has them already."""
         if known is not None:
             known.complete()
         seed = salted_seed(self.seed, salt)
@@ -261,12 +265,13 @@ class PromptHasher:
                 continue
             states[digests[k]] = (digests_so_far, tail)
             new.append(digests[k])
-        runs = message_runs(messages) if not isinstance(messages, TextPrompt) else []
+        if runs is None:
+            runs = message_runs(messages) if not isinstance(messages, TextPrompt) else []
         unhashed = len(tail) + sum(len(p) for _, p in left) if left else len(tail)
         tokens = (len(digests_so_far) // 8) * self.block_size + unhashed // 4
         rest = _Rest(self, seed, digests_so_far, tail, left, runs) if left else None
         self._remember(states, new, runs if rest is None else [])  # a partial prompt's runs: at complete()
-        return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest)
+        return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest, runs[-1] if runs else None)
 
     def _root(self, seed: str) -> tuple[bytes, bytes]:
         """(the segment digests' root, the chain's parent digest) under `seed`."""
@@ -375,7 +380,12 @@ def message_runs(messages: Sequence[dict[str, Any]]) -> list[int]:
     sent. O(characters), at C speed."""
     out: list[int] = []
     d = 0
-    for m in messages:
+    for m in messages:  # next_run's step, written out: this loop runs for every prompt
         d = hash((d, m.get("role", "user"), content_text(m.get("content"))))
         out.append(d)
     return out
+
+
+def next_run(run: int, message: dict[str, Any]) -> int:
+    """The message_runs entry after `run` (0 before the first message) for one more message."""
+    return hash((run, message.get("role", "user"), content_text(message.get("content"))))

@@ -24,6 +24,7 @@ from kvgate.middleware.config import RouteConfig
 from kvgate.middleware.errors import BackendError, BadRequest
 from kvgate.middleware.forward.resume import StreamResume, resumable
 from kvgate.middleware.request import RequestView
+from kvgate.middleware.routing.pending_answers import AnswerNote
 from kvgate.middleware.routing.router import RoutePlan, Router, Ticket
 from kvgate.middleware.telemetry.metrics import Metrics
 
@@ -208,9 +209,9 @@ class Failover:
         if attempts.ticket is not None and self.router is not None:
             self.router.first_token(attempts.ticket)
 
-    def done(self, attempts: Attempts, ok: bool, hashes: list[int] | None = None) -> None:
+    def done(self, attempts: Attempts, ok: bool, hashes: list[int] | AnswerNote | None = None) -> None:
         """The answer is complete (or abandoned); tell the router what the replica now holds
-        (`hashes`: prompt + answer's, from `Router.answer_hashes`)."""
+        (`hashes`: prompt + answer's, or a note of them, from `Router.answer_hashes`)."""
         ticket, attempts.ticket = attempts.ticket, None
         if ticket is None or self.router is None:
             return

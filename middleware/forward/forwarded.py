@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from kvgate.middleware.forward.failover import Attempts
 from kvgate.middleware.request import RequestView
+from kvgate.middleware.routing.pending_answers import AnswerNote
 
 
 @dataclass(eq=False)
@@ -22,7 +23,8 @@ class Forwarded:
     attempts: Attempts  # ticket (follows the replica now answering), plan and replicas tried
     reply: Any = None
     ok: bool = False  # the answer is complete (a stream reached its end)
-    hashes: list[int] | None = None  # prompt + answer's routing hashes, once the record step made them
+    # prompt + answer's routing record (its hashes, or a note for its next turn), once the record step made it
+    hashes: list[int] | AnswerNote | None = None
     # perf_counter when the request went to the answering replica and when its first bytes were
     # read (a stream: its first event); 0.0 where the transport does not stamp them
     sent_at: float = 0.0

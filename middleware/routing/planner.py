@@ -4,7 +4,8 @@ Work that grows with the prompt (rendering, tokenising, hashing, matching) can b
 worker thread, so the event loop only chooses: `prepare(messages)` before `plan` of the same
 messages list (optional: without it `plan` computes the same hashes itself), and
 `answer_hashes(plan, conversation)` for the router's `finished`, wherever the caller's record
-step runs.
+step runs. With `pending` (PendingAnswers: this process routes alone) an answer is only noted
+there, and hashed by the next turn's `prepare` or `plan` before its match (pending_answers.py).
 
 With deferred records, `prepare` waits up to SETTLE_WAIT_S for the records submitted before it, so
 a next turn normally finds its previous answer's blocks; bounded, because under overload an
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kvgate.index.kv.prefix import PrefixIndex
-from kvgate.index.kv.prompt import Prompt, PromptHasher, PromptHashes, TextPrompt
+from kvgate.index.kv.prompt import Prompt, PromptHasher, PromptHashes, TextPrompt, message_runs, next_run
 from kvgate.middleware.routing.base import RoutePlan
 from kvgate.middleware.routing.inflight import InFlightPrefixes
+from kvgate.middleware.routing.pending_answers import AnswerNote, PendingAnswers
 from kvgate.middleware.routing.records import Records
 from kvgate.middleware.routing.tiers import TierMedia
 
@@ -32,13 +34,20 @@ SETTLE_WAIT_S = 0.005  # how long `prepare` waits for the records before it (see
 
 class Planner:
     def __init__(
-        self, hasher: PromptHasher | None, index: PrefixIndex, records: Records, block_size: int, records_answers: bool
+        self,
+        hasher: PromptHasher | None,
+        index: PrefixIndex,
+        records: Records,
+        block_size: int,
+        records_answers: bool,
+        pending: PendingAnswers | None = None,
     ) -> None:
         self.hasher = hasher  # None in precise mode until the engines said how to hash
         self.index = index
         self.records = records
         self._block_size = block_size  # until there is a hasher
         self.records_answers = records_answers
+        self.pending = pending if records_answers else None  # answers noted, hashed by their next turn
         self.tiers: TierMedia | None = None  # precise mode's KV tiers, once the router has a feed
         self.inflight: InFlightPrefixes | None = None  # precise mode: prefixes routed, not yet reported
         self._lock = threading.Lock()
@@ -66,7 +75,7 @@ class Planner:
         hasher = self.hasher
         if hasher is None:
             return
-        prompt = hasher.prompt(messages, until=self.index.held if self.records.deferred else None, salt=salt)
+        prompt = self._hash(hasher, messages, salt, self.index.held if self.records.deferred else None)
         self.records.settle(SETTLE_WAIT_S)
         if self.inflight is not None:
             self.inflight.expire()
@@ -90,7 +99,7 @@ class Planner:
         if held is not None and held[0] is messages:
             prompt, matched = held[1], held[2]
         else:  # not prepared: computed here, on the caller's thread, without waiting
-            prompt = hasher.prompt(messages, salt=salt)
+            prompt = self._hash(hasher, messages, salt)
             if self.inflight is not None:
                 self.inflight.expire()
             matched = self.index.match(prompt.hashes)
@@ -111,14 +120,46 @@ class Planner:
             tier_blocks=tier_blocks,
         )
 
-    def answer_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int] | None:
-        """The hashes of `conversation` (the plan's prompt + its answer), resuming from the
-        prompt's own chain states so only the answer is tokenised; None when this route does not
-        record answers, or when the plan was hashed with another block size (the engines said
-        theirs since: mirror.py) (thread-safe; the caller's record step may run on a worker thread)."""
+    def answer_hashes(self, plan: RoutePlan, conversation: Prompt) -> list[int] | AnswerNote | None:
+        """What `finished` records of `conversation` (the plan's messages + one answer): with
+        pending answers, a note for its next turn to hash (a chat; pending_answers.py); else its
+        hashes, resuming from the prompt's own chain states so only the answer is tokenised. None
+        when this route does not record answers, or when the plan was hashed with another block
+        size (the engines said theirs since: mirror.py) (thread-safe; the caller's record step
+        may run on a worker thread)."""
         hasher = self.hasher
         if not (self.records_answers and conversation and hasher is not None):
             return None
         if plan.block_size != hasher.block_size:
             return None
+        if self.pending is not None and not isinstance(conversation, TextPrompt):
+            run = plan.prompt.run if plan.prompt is not None else None
+            key = next_run(run, conversation[-1]) if run is not None else message_runs(conversation)[-1]
+            return AnswerNote(key, len(conversation), plan.salt)
         return hasher.prompt(conversation, plan.prompt, salt=plan.salt).hashes
+
+    def answered(self, replica: str, hashes: list[int] | AnswerNote) -> None:
+        """`replica` gave the answer `answer_hashes` worked out: recorded now, or noted."""
+        if isinstance(hashes, AnswerNote):
+            if self.pending is not None:
+                self.pending.note(replica, hashes)
+        else:
+            self.records.record(replica, hashes)
+
+    def forget(self, replica: str) -> None:
+        """The replica left the route: no noted answer is recorded on it later."""
+        if self.pending is not None:
+            self.pending.forget(replica)
+
+    def _hash(
+        self, hasher: PromptHasher, messages: Prompt, salt: str | None, until: Callable[[int], bool] | None = None
+    ) -> PromptHashes:
+        """The prompt's hashes, once the noted answers it continues are recorded on the replicas
+        that gave them (pending_answers.py), so that its match sees them. A noted conversation's
+        prompt usually left its chain states in the hasher's caches: mostly its answer is new work."""
+        runs = None
+        if self.pending is not None and not isinstance(messages, TextPrompt):
+            runs = message_runs(messages)
+            for replica, count in self.pending.take(salt, runs):
+                self.records.record(replica, hasher.prompt(messages[:count], salt=salt, runs=runs[:count]))
+        return hasher.prompt(messages, until=until, salt=salt, runs=runs)

@@ -33,6 +33,7 @@ from kvgate.middleware.routing.health import ReplicaHealth
 from kvgate.middleware.routing.inflight import InFlightPrefixes
 from kvgate.middleware.routing.load_cost import LoadCost
 from kvgate.middleware.routing.mirror import EngineMirror
+from kvgate.middleware.routing.pending_answers import AnswerNote, PendingAnswers
 from kvgate.middleware.routing.planner import Planner
 from kvgate.middleware.routing.precise import PreciseRouting, Watch
 from kvgate.middleware.routing.records import Records
@@ -104,13 +105,10 @@ class Router:
         self.state: RoutingState = state or LocalState([r.name for r in replicas])
         self.health = ReplicaHealth(cfg.down_for_s, clock)
         self.records = Records(self.index, self.state, deferred=defer_records and prefix.mode == "approximate")
-        self.planner = Planner(
-            hasher,
-            self.index,
-            self.records,
-            prefix.block_size or 1,
-            records_answers=prefix.mode == "approximate" and prefix.record_answers,
-        )
+        records_answers = prefix.mode == "approximate" and prefix.record_answers
+        # alone, an answer is hashed by its next turn (pending_answers.py); shared, as it finishes
+        pending = PendingAnswers() if records_answers and not self.state.shared else None
+        self.planner = Planner(hasher, self.index, self.records, prefix.block_size or 1, records_answers, pending)
         self.mirror: EngineMirror | None = None
         if prefix.mode == "approximate":
             self.state.follow(self._apply_peer)
@@ -263,8 +261,9 @@ class Router:
             replica.pending_prefill_tokens += pending
         watch = None
         if self.cfg.prefix.mode == "approximate":
-            # with answers recorded, the finish touches the whole chain again: here only what is new there
-            held = plan.matched_blocks.get(replica.name, 0) if self.planner.records_answers else 0
+            # with answers recorded at the finish, it touches the whole chain again: here only what is new there
+            eager = self.planner.records_answers and self.planner.pending is None
+            held = plan.matched_blocks.get(replica.name, 0) if eager else 0
             chain = plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes
             self.records.record(replica.name, chain, held)
         elif self.precise is not None:
@@ -284,9 +283,10 @@ class Router:
         if measured and self.precise is not None and ticket.plan.hashes:
             self.load_cost.observe(ticket.queued + ticket.pending, ticket.loaded, self._clock() - ticket.sent_at)
 
-    def finished(self, ticket: Ticket, ok: bool, hashes: list[int] | None = None) -> None:
+    def finished(self, ticket: Ticket, ok: bool, hashes: list[int] | AnswerNote | None = None) -> None:
         """The attempt ended. On success the replica is healthy; in approximate mode the blocks of
-        prompt + answer (`hashes`, from `answer_hashes`) are now in its cache, ready for the next turn."""
+        prompt + answer (`hashes`, or a note of them, from `answer_hashes`) are now in its cache,
+        ready for the next turn."""
         self.first_token(ticket, measured=False)
         with self._lock:
             self.state.add_load(ticket.replica.name, -1, 0)
@@ -298,7 +298,7 @@ class Router:
         if self.inflight is not None:
             self.inflight.done(ticket.replica.name, ticket.plan.hashes)
         if ok and hashes and self.planner.records_answers:
-            self.records.record(ticket.replica.name, hashes)
+            self.planner.answered(ticket.replica.name, hashes)
 
     def mark_down(self, replica: ReplicaState, reason: str) -> None:
         self.health.mark_down(replica, reason)
@@ -395,4 +395,5 @@ class Router:
             self.inflight.forget(name)
         if self.mirror is not None:
             self.mirror.forget(name)
+        self.planner.forget(name)
         self.index.remove_replica(name)

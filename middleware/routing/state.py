@@ -32,6 +32,9 @@ ApplyRecord = Callable[[str, list[int]], None]
 class RoutingState(Protocol):
     """One route's replica load and routing decisions, shared by the proxies routing it."""
 
+    # whether other processes route on this state too (a next turn may reach one of them)
+    shared: bool
+
     def add_load(self, replica: str, in_flight: int, pending_tokens: int) -> None:
         """Add this process's change to `replica`'s counts (deltas, may be negative)."""
         ...

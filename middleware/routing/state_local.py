@@ -12,6 +12,8 @@ class LocalState:
 
     Not locked: the Router calls it under its own lock."""
 
+    shared = False
+
     def __init__(self, replicas: Sequence[str]) -> None:
         self._load = {name: [0, 0] for name in replicas}
 

@@ -245,6 +245,8 @@ class RedisRoutingHub:
 class RedisState:
     """One route's RoutingState on a proxy sharing Redis (see the module docstring)."""
 
+    shared = True
+
     def __init__(self, hub: RedisRoutingHub, route: str) -> None:
         self._hub, self._route = hub, route
 

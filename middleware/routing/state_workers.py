@@ -199,6 +199,8 @@ class WorkerHub:
 class WorkerState:
     """One route's RoutingState inside one worker (see the module docstring)."""
 
+    shared = True
+
     def __init__(self, hub: WorkerHub, route: str, slots: dict[str, int]) -> None:
         self._hub, self._route, self._slots = hub, route, slots
 

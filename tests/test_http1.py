@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvgate.middleware.forward.http1 import HIGH_WATER, Connection, Pool, request_head, target_of
 
@@ -98,6 +100,23 @@ def test_targets_and_heads_are_well_framed():
     for bad in ({"x-a": "1\r\nx-injected: 2"}, {"x\nb": "1"}, {"x:b": "1"}, {"x-a": "\0"}):
         with pytest.raises(ValueError):
             request_head(("http", "h", 80, "/"), 0, bad)
+
+
+_CHARS = st.sampled_from(["a", "x", "-", " ", ":", "\r", "\n", "\0", "é"])
+
+
+@given(st.dictionaries(st.text(_CHARS, min_size=1, max_size=4), st.text(_CHARS, max_size=4), max_size=4))
+def test_a_head_is_refused_exactly_when_a_header_would_break_it(headers):
+    breaks = any(set(n) & set("\r\n\0:") or set(v) & set("\r\n\0") for n, v in headers.items())
+    if breaks:
+        with pytest.raises(ValueError, match="header"):
+            request_head(("http", "h", 80, "/"), 0, headers)
+        return
+    head = request_head(("http", "h", 80, "/"), 3, headers).decode("latin-1")
+    assert head.endswith("\r\n\r\n") and head.count("\r\n\r\n") == 1
+    lines = head[: -len("\r\n\r\n")].split("\r\n")
+    assert lines[:3] == ["POST / HTTP/1.1", "host: h", "content-length: 3"]
+    assert lines[3:] == [f"{n}: {v}" for n, v in headers.items()]
 
 
 def test_a_kept_alive_connection_carries_the_next_requests():

@@ -48,6 +48,8 @@ class Planner:
         self._block_size = block_size  # until there is a hasher
         self.records_answers = records_answers
         self.pending = pending if records_answers else None  # answers noted, hashed by their next turn
+        # prompt + answer recorded as the answer finishes (it touches the whole chain then)
+        self.answers_at_finish = records_answers and self.pending is None
         self.tiers: TierMedia | None = None  # precise mode's KV tiers, once the router has a feed
         self.inflight: InFlightPrefixes | None = None  # precise mode: prefixes routed, not yet reported
         self._lock = threading.Lock()

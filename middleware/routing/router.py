@@ -107,7 +107,7 @@ class Router:
         self.records = Records(self.index, self.state, deferred=defer_records and prefix.mode == "approximate")
         records_answers = prefix.mode == "approximate" and prefix.record_answers
         # alone, an answer is hashed by its next turn (pending_answers.py); shared, as it finishes
-        pending = PendingAnswers() if records_answers and not self.state.shared else None
+        pending = None if self.state.shared else PendingAnswers()  # Planner keeps it only with records_answers
         self.planner = Planner(hasher, self.index, self.records, prefix.block_size or 1, records_answers, pending)
         self.mirror: EngineMirror | None = None
         if prefix.mode == "approximate":
@@ -262,8 +262,7 @@ class Router:
         watch = None
         if self.cfg.prefix.mode == "approximate":
             # with answers recorded at the finish, it touches the whole chain again: here only what is new there
-            eager = self.planner.records_answers and self.planner.pending is None
-            held = plan.matched_blocks.get(replica.name, 0) if eager else 0
+            held = plan.matched_blocks.get(replica.name, 0) if self.planner.answers_at_finish else 0
             chain = plan.prompt if plan.prompt is not None and plan.prompt.partial else plan.hashes
             self.records.record(replica.name, chain, held)
         elif self.precise is not None:

@@ -83,6 +83,10 @@ class Connection(asyncio.Protocol):
         self.kept: dict[str, str] = {}
         self.closed = False
         self.idle_since = time.monotonic()
+        self._body: deque[bytes] = deque()
+        # the parser calls on_body once per chunk of a streamed answer: the deque's own append takes
+        # them, with no Python frame; bound before the parser is made, which looks its callbacks up once
+        self.on_body = self._body.append
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
         self._reset()
@@ -97,7 +101,7 @@ class Connection(asyncio.Protocol):
         self.got_bytes = False
         self.error: BaseException | None = None
         self._framed = False  # content-length or chunked: its end is in the stream, not at EOF
-        self._body: deque[bytes] = deque()
+        self._body.clear()
         self._buffered = 0
         self._paused = False
 
@@ -109,6 +113,11 @@ class Connection(asyncio.Protocol):
         self.got_bytes = True
         try:
             self._parser.feed_data(data)
+            # counted as read (heads and chunk framing too): at most what the body holds, plus its framing
+            self._buffered += len(data)
+            if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
             self._wake()  # once per read, whatever the parser's callbacks found in it
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"replica sent a response that is not HTTP/1.1: {exc}"))
@@ -137,13 +146,6 @@ class Connection(asyncio.Protocol):
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
         self.headers_done = True
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-        self._buffered += len(body)
-        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
         self.complete = True

@@ -14,6 +14,7 @@ from kvgate.middleware.telemetry.collectors import (
     StorageCollector,
     StoreLinkCollector,
 )
+from kvgate.middleware.telemetry.lean_metrics import LeanCounter, LeanHistogram, exports_created
 
 if TYPE_CHECKING:
     from kvgate.index.storage.redis_link import RedisLink
@@ -24,65 +25,37 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5
 LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
-class Children:
-    """A labelled family whose children are found once per label values: prometheus_client's
-    `labels()` checks and locks on every call, and the families a request updates are updated on
-    every request. Label values are route and replica names and fixed words, so the cache is as
-    small as what the family exports; a child is the family's own, so what it counts is exported."""
-
-    def __init__(self, family: Any) -> None:
-        self.family = family
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:  # two threads may both ask the family: it hands both the same child
-            child = self._children[values] = self.family.labels(*values)
-        return child
-
-
 class Metrics:
     """Labels are route names and fixed words only: never prompts, keys or tenants."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        seconds: dict[str, Any] = {"buckets": LATENCY_BUCKETS, "registry": r}  # every latency histogram's
-        self.lookups = Children(Counter("kvgate_cache_lookups", "Cache lookups by tier", ["route", "tier"], registry=r))
-        self.hits = Children(Counter("kvgate_cache_hits", "Cache hits by tier", ["route", "tier"], registry=r))
-        self.requests = Children(Counter("kvgate_requests", "Requests by outcome", ["route", "cache"], registry=r))
-        self.backend_calls = Children(
-            Counter("kvgate_backend_calls", "Backend calls", ["route", "outcome"], registry=r)
-        )
-        self.stores = Children(
-            Counter("kvgate_cache_stores", "Answers written / skipped", ["route", "result"], registry=r)
-        )
-        self.latency = Children(
-            Histogram("kvgate_request_seconds", "Request latency in the pipeline", ["route", "cache"], **seconds)
-        )
+        # the families a request updates, lean (kvgate.middleware.telemetry.lean_metrics); the rest
+        # change rarely and stay prometheus_client's
+        created = exports_created()
+
+        def counter(name: str, doc: str, labels: list[str]) -> LeanCounter:
+            return LeanCounter(name, doc, labels, r, created)
+
+        def seconds(name: str, doc: str, labels: list[str]) -> LeanHistogram:
+            return LeanHistogram(name, doc, labels, r, created, LATENCY_BUCKETS)
+
+        self.lookups = counter("kvgate_cache_lookups", "Cache lookups by tier", ["route", "tier"])
+        self.hits = counter("kvgate_cache_hits", "Cache hits by tier", ["route", "tier"])
+        self.requests = counter("kvgate_requests", "Requests by outcome", ["route", "cache"])
+        self.backend_calls = counter("kvgate_backend_calls", "Backend calls", ["route", "outcome"])
+        self.stores = counter("kvgate_cache_stores", "Answers written / skipped", ["route", "result"])
+        self.latency = seconds("kvgate_request_seconds", "Request latency in the pipeline", ["route", "cache"])
         # vLLM's convention: TTFT as a histogram; here from the request's arrival to the first chunk
         # a streamed answer sends (a replayed hit's first chunk, or the backend's)
-        self.ttft = Children(
-            Histogram(
-                "kvgate_time_to_first_token_seconds",
-                "Streamed requests: arrival to first chunk",
-                ["route", "cache"],
-                **seconds,
-            )
+        self.ttft = seconds(
+            "kvgate_time_to_first_token_seconds", "Streamed requests: arrival to first chunk", ["route", "cache"]
         )
-        self.lookup_latency = Children(
-            Histogram("kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"], **seconds)
-        )
-        self.tokens_saved = Children(
-            Counter("kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"], registry=r)
-        )
-        self.cost_saved = Children(
-            Counter(
-                "kvgate_cost_saved_usd",
-                "Estimated USD saved by hits (where LiteLLM knows the price)",
-                ["route"],
-                registry=r,
-            )
+        self.lookup_latency = seconds("kvgate_lookup_seconds", "Cache lookup latency", ["route", "tier"])
+        self.tokens_saved = counter("kvgate_tokens_saved", "Tokens not sent to a backend thanks to hits", ["route"])
+        self.cost_saved = counter(
+            "kvgate_cost_saved_usd", "Estimated USD saved by hits (where LiteLLM knows the price)", ["route"]
         )
         self.feedback = Counter(
             "kvgate_cache_feedback", "Feedback on served answers", ["route", "tier", "verdict"], registry=r
@@ -123,21 +96,15 @@ class Metrics:
             registry=r,
         )
         # when: before_first_byte (nothing sent yet) | mid_stream (resumed after what was sent)
-        self.expected_cached = Children(
-            Counter(
-                "kvgate_replica_expected_cached_tokens",
-                "Prompt tokens of misses the router expected the chosen replica to find cached (its prefix-index match)",
-                ["route", "replica"],
-                registry=r,
-            )
+        self.expected_cached = counter(
+            "kvgate_replica_expected_cached_tokens",
+            "Prompt tokens of misses the router expected the chosen replica to find cached (its prefix-index match)",
+            ["route", "replica"],
         )
-        self.reported_cached = Children(
-            Counter(
-                "kvgate_replica_reported_cached_tokens",
-                "Prompt tokens the replica reported cached on the same misses (usage.prompt_tokens_details.cached_tokens)",
-                ["route", "replica"],
-                registry=r,
-            )
+        self.reported_cached = counter(
+            "kvgate_replica_reported_cached_tokens",
+            "Prompt tokens the replica reported cached on the same misses (usage.prompt_tokens_details.cached_tokens)",
+            ["route", "replica"],
         )
         self.cache_surprises = Counter(
             "kvgate_replica_cache_surprises",

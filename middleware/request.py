@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from itertools import repeat
 from typing import Any, Callable, Mapping
 
 from kvgate.index.kv.prompt import TextPrompt
@@ -52,6 +53,9 @@ NON_OUTPUT_PARAMS = frozenset(
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids are int32 in every engine we front
 # Sent on to the backend but kept out of the keys.
 FORWARDED_NON_OUTPUT = ("stream_options", "user", "metadata", "extra_headers", "headers")
+_FORWARDED_SET = frozenset(FORWARDED_NON_OUTPUT)
+_ONLY_DICT = frozenset({dict})
+_ONLY_STR = frozenset({str})
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,13 @@ def output_params(kwargs: Mapping[str, Any], skip: str | None = None) -> dict[st
     return json.loads(canonical_json(params))
 
 
+def forwarded_params(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The set parameters sent on to the engine that do not shape the answer, in FORWARDED_NON_OUTPUT's order."""
+    if _FORWARDED_SET.isdisjoint(kwargs):  # the usual request sets none of them
+        return {}
+    return {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
+
+
 def text_of(content: Any) -> str | None:
     """Plain text of a message content, or None when it holds anything but text parts."""
     if isinstance(content, str):
@@ -183,6 +194,15 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     """Check the OpenAI message shape; return plain dicts. Raises BadRequest naming the field."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("`messages` must be a non-empty list", param="messages")
+    try:  # the usual shape, checked at C speed: plain dicts, each with a known role and string content
+        if (
+            set(map(type, messages)) == _ONLY_DICT
+            and ROLES.issuperset(map(dict.get, messages, repeat("role")))
+            and _ONLY_STR.issuperset(map(type, map(dict.get, messages, repeat("content"))))
+        ):
+            return list(map(dict, messages))
+    except TypeError:  # an unhashable role: the loop below names it
+        pass
     out = []
     for i, msg in enumerate(messages):
         if type(msg) is not dict and hasattr(msg, "model_dump"):  # a plain dict has none: no lookup that fails
@@ -190,7 +210,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(msg, Mapping):
             raise BadRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list or dict role is no member, not a TypeError
             raise BadRequest(
                 f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}", param=f"messages[{i}].role"
             )
@@ -215,7 +235,7 @@ def build_view(
     model = kwargs["model"]
     messages = validate_messages(kwargs.get("messages"))
     params = output_params(kwargs)
-    forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
+    forwarded = forwarded_params(kwargs)
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
 
@@ -306,7 +326,7 @@ def build_text_view(
     n = params.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise BadRequest(f"`n` must be a positive integer, got {n!r}", param="n")
-    forwarded = {k: kwargs[k] for k in FORWARDED_NON_OUTPUT if kwargs.get(k) is not None}
+    forwarded = forwarded_params(kwargs)
     stream = bool(kwargs.get("stream", False))
     cache_tenant = tenant if route.scope == "tenant" else None
     exact_key, scope = None, _none

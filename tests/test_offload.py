@@ -32,6 +32,8 @@ def test_prompt_chars_counts_text_and_refuses_what_is_not_messages():
     ]
     assert prompt_chars(msgs) == 5
     assert prompt_chars([]) == 0
+    assert prompt_chars([{"role": "user", "content": "héllo"}, {"role": "assistant", "content": ""}]) == 5
+    assert prompt_chars([{"role": "user", "content": "abc"}, {"role": "assistant"}]) == 3  # no content: none counted
     assert prompt_chars("hello") == -1 and prompt_chars(None) == -1 and prompt_chars([{"role": "user"}, "x"]) == -1
 
 

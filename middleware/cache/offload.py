@@ -14,6 +14,7 @@ Pure functions; each limit says what it bounds where it is defined.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 # The cold cost of hashing a prompt (kvgate.index.kv.prompt.PromptHasher, nothing cached) grows with its
@@ -30,6 +31,8 @@ from typing import Any
 # INLINE_TOTAL_CHARS. Long continuations run inline add more to the tail of every other request's
 # time to first token than their hops cost, so long prompts keep hopping.
 INLINE_TOTAL_CHARS = 16 * 1024
+_ONLY_DICT = frozenset({dict})
+_ONLY_STR = frozenset({str})
 INLINE_NEW_CHARS = 4096
 
 
@@ -40,6 +43,10 @@ def prompt_chars(messages: Any) -> int:
     Invariant: O(number of messages and parts), never O(characters)."""
     if not isinstance(messages, list):
         return -1
+    if set(map(type, messages)) == _ONLY_DICT:  # the usual list: string contents, summed at C speed
+        contents = list(map(dict.get, messages, repeat("content")))
+        if set(map(type, contents)) == _ONLY_STR:
+            return sum(map(len, contents))
     total = 0
     for m in messages:
         if not isinstance(m, dict):

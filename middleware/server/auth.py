@@ -44,18 +44,30 @@ ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The token of an `Authorization: Bearer <token>` header, raw bytes; None without one."""
+    """The token of a request's first `Authorization` header when it says `Bearer <token>`, raw
+    bytes; None without one."""
     for name, value in headers:
         if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            return token.strip() or None if scheme.lower() == b"bearer" else None
+            return bearer_of(value)
     return None
+
+
+def bearer_of(authorization: bytes | None) -> bytes | None:
+    """The token of an `Authorization` header's value when it says `Bearer <token>`; None otherwise."""
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.partition(b" ")
+    return token.strip() or None if scheme.lower() == b"bearer" else None
 
 
 def bearer_text(scope: Scope) -> str | None:
     """The bearer token of a request's scope, decoded as Starlette decodes headers (latin-1);
-    None without one. The one place a tenant's token is read (proxy handlers, the chat path)."""
-    token = bearer_token(scope.get("headers") or [])
+    None without one. Where a tenant's token is read (proxy handlers; the chat path reads the
+    header's value from its own map of the headers, through `text_of_bearer`)."""
+    return text_of_bearer(bearer_token(scope.get("headers") or []))
+
+
+def text_of_bearer(token: bytes | None) -> str | None:
     return token.decode("latin-1") if token is not None else None
 
 

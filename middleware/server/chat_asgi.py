@@ -31,8 +31,8 @@ from kvgate.middleware.errors import KvgateError
 from kvgate.middleware.outcome import CacheInfo
 from kvgate.middleware.pipeline import Pipeline, Result
 from kvgate.middleware.request import CacheControl
-from kvgate.middleware.server.auth import bearer_text
-from kvgate.middleware.server.body import ClientGone, header, read_body
+from kvgate.middleware.server.auth import bearer_of, text_of_bearer
+from kvgate.middleware.server.body import ClientGone, headers_of, read_declared
 from kvgate.middleware.server.input_checks import check_token_caps
 from kvgate.middleware.server.responses import error_response
 from kvgate.middleware.server.timing import HEADER as TIMING_HEADER
@@ -41,6 +41,7 @@ from kvgate.middleware.tags import TAGS_HEADER, parse_tags
 from kvgate.middleware.text_answers import DONE, Last
 
 CONTROL_HEADER = b"x-kvgate-cache-control"
+TAGS_BYTES = TAGS_HEADER.encode()
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 LEAN_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
@@ -111,12 +112,14 @@ class ChatHandler:
 
     async def request(self, scope: Scope, receive: Any) -> tuple[str, dict[str, Any], CacheControl]:
         """(tenant, the parsed and checked body, the cache-control and tags headers' directives)."""
-        tenant = self._tenant(bearer_text(scope))
-        body = await self._parse(await read_body(scope, receive, self.config.server.max_body_bytes))
+        headers = headers_of(scope)
+        tenant = self._tenant(text_of_bearer(bearer_of(headers.get(b"authorization"))))
+        limit = self.config.server.max_body_bytes
+        body = await self._parse(await read_declared(receive, limit, headers.get(b"content-length")))
         check_token_caps(body, self.config.server)
-        control_header = header(scope, CONTROL_HEADER)
+        control_header = headers.get(CONTROL_HEADER)
         control = CacheControl.from_header(control_header.decode("latin-1") if control_header is not None else None)
-        tags = header(scope, TAGS_HEADER.encode())
+        tags = headers.get(TAGS_BYTES)
         if tags is not None:  # checked before the request goes anywhere: a bad tag is a 400
             control = replace(control, tags=parse_tags(tags.decode("latin-1")))
         return tenant, body, control
@@ -138,7 +141,7 @@ class ChatHandler:
     async def respond(self, result: Result, extra: dict[str, str], scope: Scope, receive: Any, send: Any) -> None:
         """Send a pipeline result: the replica's or the store's bytes as they are, else the JSON
         or SSE rendering of LiteLLM's objects; `extra`: the kvgate headers."""
-        headers = [(k.encode(), v.encode()) for k, v in extra.items()] + self.extra
+        headers = list(zip(map(str.encode, extra), map(str.encode, extra.values()))) + self.extra
         if isinstance(result.raw, bytes):  # relayed from a replica as it answered (middleware/forward/relay.py)
             headers += [(b"content-type", b"application/json"), (b"content-length", str(len(result.raw)).encode())]
             await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -15,8 +15,8 @@ from kvgate.middleware.forward.http1 import HIGH_WATER, Connection, Pool, reques
 Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
 
-async def read_request(reader: asyncio.StreamReader) -> bytes | None:
-    """One request's body (None at EOF)."""
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+    """One request's head and body (None at EOF)."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -24,7 +24,7 @@ async def read_request(reader: asyncio.StreamReader) -> bytes | None:
     length = next(
         int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
     )
-    return await reader.readexactly(length)
+    return head, await reader.readexactly(length)
 
 
 class Server:
@@ -34,6 +34,7 @@ class Server:
     def __init__(self, behaviour: Behaviour) -> None:
         self.behaviour = behaviour
         self.connections = 0
+        self.heads: list[bytes] = []
         self.bodies: list[bytes] = []
 
     async def __aenter__(self) -> str:
@@ -48,8 +49,9 @@ class Server:
         self.connections += 1
         n = 0
         try:
-            while (body := await read_request(reader)) is not None:
-                self.bodies.append(body)
+            while (request := await read_request(reader)) is not None:
+                self.heads.append(request[0])
+                self.bodies.append(request[1])
                 if not await self.behaviour(reader, writer, n):
                     break
                 n += 1
@@ -128,6 +130,30 @@ def test_a_kept_alive_connection_carries_the_next_requests():
                 response = await pool.post(url, b'{"i": %d}' % i, {"content-type": "application/json"}, 5)
                 assert response.status == 200 and await response.read() == b'{"ok": true}'
             assert server.connections == 1 and server.bodies == [b'{"i": 0}', b'{"i": 1}', b'{"i": 2}']
+            await pool.aclose()
+
+    run(main)
+
+
+def test_the_pools_heads_are_request_head_whatever_the_headers_and_bodies():
+    async def main() -> None:
+        server = Server(fixed(b"{}"))
+        async with server as url:
+            pool = Pool(keepalive_s=30)
+            sent = [
+                ({"content-type": "application/json"}, b"{}"),
+                ({"content-type": "application/json"}, b'{"a": 12345}'),
+                ({"content-type": "application/json", "x-trace": "1"}, b"{}"),
+                ({"x-trace": "1", "content-type": "application/json"}, b""),
+                ({"content-type": "application/json"}, b"{}"),
+            ]
+            for headers, body in sent:
+                response = await pool.post(url, body, headers, 5)
+                await response.read()
+            target = target_of(url)
+            assert server.heads == [request_head(target, len(body), headers) for headers, body in sent]
+            with pytest.raises(ValueError, match="header"):  # a memo of good heads lets no bad one through
+                await pool.post(url, b"{}", {"content-type": "application/json\r\nx: 1"}, 5)
             await pool.aclose()
 
     run(main)

@@ -24,6 +24,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -58,6 +59,12 @@ def request_head(target: Target, body_len: int, headers: dict[str, str], method:
 
     Invariant: the result is one well-framed HTTP/1.1 head (ValueError for a header name or
     value holding CR, LF or NUL, or a name holding ':', which would end or split it)."""
+    return with_length(head_parts(target, headers, method), body_len, method)
+
+
+def head_parts(target: Target, headers: dict[str, str], method: str = "POST") -> tuple[bytes, bytes]:
+    """A head without its length: (the request and host lines, the headers after them); checked
+    as `request_head` checks them. The same for every request to a replica with the same headers."""
     _, host, port, path = target
     default = 443 if target[0] == "https" else 80
     authority = host if port == default else f"{host}:{port}"
@@ -67,11 +74,16 @@ def request_head(target: Target, body_len: int, headers: dict[str, str], method:
     if _BREAKS_NAME.search("".join(headers)) or _BREAKS_VALUE.search("".join(headers.values())):
         name = next(n for n, v in headers.items() if _BREAKS_NAME.search(n) or _BREAKS_VALUE.search(v))
         raise ValueError(f"header {name!r} holds a character that would break the request")
-    lines = [f"{method} {path} HTTP/1.1", f"host: {authority}"]
+    start = f"{method} {path} HTTP/1.1\r\nhost: {authority}"
+    rest = "".join([f"\r\n{name}: {value}" for name, value in headers.items()]) + "\r\n\r\n"
+    return start.encode("latin-1"), rest.encode("latin-1")
+
+
+def with_length(parts: tuple[bytes, bytes], body_len: int, method: str) -> bytes:
+    """`head_parts`' head with the body's length between its two parts (none for a GET without a body)."""
     if body_len or method != "GET":
-        lines.append(f"content-length: {body_len}")
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return b"%s\r\ncontent-length: %d%s" % (parts[0], body_len, parts[1])
+    return parts[0] + parts[1]
 
 
 class Connection(asyncio.Protocol):
@@ -251,6 +263,7 @@ class Pool:
         self._keep = frozenset(h.encode("latin-1") for h in keep_headers)
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._targets: dict[str, Target] = {}
+        self._heads: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
         self._tls: ssl.SSLContext | None = None
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Response:
@@ -265,7 +278,14 @@ class Pool:
             if len(self._targets) > 1024:  # replicas come from the config: this never grows for long
                 self._targets.pop(next(iter(self._targets)))
         key = target[:3]
-        message = request_head(target, len(body), headers, method) + body
+        # a replica gets the same headers on every request: their checked head is made once
+        head_key = (url, method, *headers.items())
+        parts = self._heads.get(head_key)
+        if parts is None:
+            parts = self._heads[head_key] = head_parts(target, headers, method)
+            if len(self._heads) > 1024:  # a caller's own extra headers may vary: the oldest go
+                self._heads.pop(next(iter(self._heads)))
+        message = with_length(parts, len(body), method) + body
         conn = self._idle_connection(key)
         if conn is not None:
             try:

@@ -45,6 +45,7 @@ KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "custom_openai": "OPENAI_API_KEY", 
 # Idle pooled connections are dropped before uvicorn-based replicas (vLLM, ours) drop them (5 s).
 KEEPALIVE_S = 3.0
 # headers the relay writes itself (the body's framing, the replica's key): a caller's are dropped
+_OURS = (("content-type", "application/json"), ("accept-encoding", "identity"))  # on every request
 OWN_HEADERS = frozenset(
     {"content-type", "content-length", "transfer-encoding", "host", "connection", "accept-encoding", "authorization"}
 )
@@ -283,10 +284,12 @@ def _body(view: RequestView, model: str, options: dict[str, Any]) -> dict[str, A
 
 def _headers(view: RequestView) -> dict[str, str]:
     """The caller's extra headers (as LiteLLM passes them on), then ours; never framing headers."""
+    if not view.forwarded:  # the usual request forwards none of them
+        return dict(_OURS)
     headers = {}
     for key in ("extra_headers", "headers"):
         extra = view.forwarded.get(key)
         if isinstance(extra, dict):
             headers.update({str(k): str(v) for k, v in extra.items() if str(k).lower() not in OWN_HEADERS})
-    headers.update({"content-type": "application/json", "accept-encoding": "identity"})
+    headers.update(_OURS)
     return headers

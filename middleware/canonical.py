@@ -11,11 +11,14 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import orjson
 
 KEY_VERSION = 1
+_ONLY_STR = frozenset({str})
+_ONLY_DICT = frozenset({dict})
 _INT64 = 1 << 63  # orjson writes integers within 64 bits; json.dumps any
 
 
@@ -35,8 +38,8 @@ def canonical_json(value: Any) -> str:
             return json.dumps(value, ensure_ascii=False)
     elif value is None or kind is bool or (kind is int and -_INT64 <= value < _INT64):
         return orjson.dumps(value).decode()
-    if kind is dict and all(type(k) is str and type(v) is str for k, v in value.items()):
-        try:  # the usual message: string keys and values, nothing to clean
+    if kind is dict and _ONLY_STR.issuperset(map(type, value)) and _ONLY_STR.issuperset(map(type, value.values())):
+        try:  # the usual message: string keys and values, nothing to clean (checked at C speed)
             return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
         except orjson.JSONEncodeError:
             pass
@@ -87,8 +90,31 @@ def canonical_list(rendered: Sequence[str]) -> Rendered:
     return Rendered("[" + ",".join(rendered) + "]")
 
 
+def plain_messages(messages: Sequence[Any]) -> bool:
+    """Whether every message is a dict of str keys to str values: then orjson writes the list's
+    canonical JSON as canonical_json writes it item by item (or refuses: a lone surrogate)."""
+    return (
+        _ONLY_DICT.issuperset(map(type, messages))
+        and _ONLY_STR.issuperset(map(type, chain.from_iterable(messages)))
+        and _ONLY_STR.issuperset(map(type, chain.from_iterable(map(dict.values, messages))))
+    )
+
+
+def render_plain(messages: Sequence[dict[str, str]]) -> Rendered | None:
+    """canonical_list of plain messages (see plain_messages) in one pass at C speed; None where
+    orjson refuses a text (a lone surrogate), which the item-by-item writer takes."""
+    try:
+        return Rendered(orjson.dumps(messages, option=orjson.OPT_SORT_KEYS).decode())
+    except orjson.JSONEncodeError:
+        return None
+
+
 def digest(*parts: Any) -> str:
     """sha256 over the canonical JSON of `parts`; equal inputs ⇔ equal digests (up to sha256).
     Each part is written on its own (see canonical_json), joined as json.dumps joins a list."""
-    text = "[" + ",".join(p.text if isinstance(p, Rendered) else canonical_json(p) for p in (KEY_VERSION, *parts)) + "]"
+    text = "[" + ",".join(map(_part_text, (KEY_VERSION, *parts))) + "]"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _part_text(part: Any) -> str:
+    return part.text if type(part) is Rendered else canonical_json(part)

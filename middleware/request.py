@@ -13,7 +13,7 @@ from itertools import repeat
 from typing import Any, Callable, Mapping
 
 from kvgate.index.kv.prompt import TextPrompt
-from kvgate.middleware.canonical import canonical_json, canonical_list, digest
+from kvgate.middleware.canonical import canonical_json, canonical_list, digest, plain_messages, render_plain
 from kvgate.middleware.config import Config, RouteConfig
 from kvgate.middleware.errors import BadRequest, ModelNotFound
 
@@ -265,11 +265,21 @@ def _chat_keys(
     keeps: all of them, or only the system ones (earlier user turns judged per entry, or left out)."""
     if not route.caches:
         return None, _none
-    rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
-    exact_key = digest("exact", route.name, model, canonical_list(rendered), params, tenant)
     earlier = range(len(messages) - 1)
     if route.semantic.context in ("semantic", "last_user_only"):
         earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
+    whole = render_plain(messages) if plain_messages(messages) else None
+    if whole is not None:  # the usual conversation: each list written in one pass at C speed
+        exact_key = digest("exact", route.name, model, whole, params, tenant)
+
+        def plain_scope() -> str:
+            kept = [messages[i] for i in earlier]  # a part of a list orjson wrote: it writes this too
+            part = render_plain(kept) or canonical_list([canonical_json(m) for m in kept])
+            return digest("scope", route.name, model, params, part, tenant)
+
+        return exact_key, plain_scope
+    rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
+    exact_key = digest("exact", route.name, model, canonical_list(rendered), params, tenant)
 
     def scope() -> str:
         return digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), tenant)

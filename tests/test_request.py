@@ -297,3 +297,55 @@ def test_the_scope_is_digested_once_and_only_when_asked(monkeypatch: pytest.Monk
     assert calls == ["exact"]
     first = built.scope
     assert calls == ["exact", "scope"] and built.scope == first  # asked twice, digested once
+
+
+_ROLE = st.sampled_from(["system", "user", "assistant", "developer"])
+_TEXT = st.text(max_size=6) | st.sampled_from(["\ud800", 'é"\\', "\n"])  # a lone surrogate, escapes
+_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": _ROLE, "content": _TEXT}),
+    st.fixed_dictionaries({"role": _ROLE, "content": _TEXT}, optional={"name": _TEXT}),
+    st.fixed_dictionaries({"role": _ROLE, "content": st.just([{"type": "text", "text": "hi"}])}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none()}),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    messages=st.lists(_MESSAGE, min_size=1, max_size=5),
+    model=st.sampled_from(["m-1", "last-1", "shared-1"]),
+    temperature=st.none() | st.floats(min_value=0, max_value=2),
+)
+def test_the_keys_are_the_item_by_item_writers_on_every_path(messages, model, temperature):
+    """Plain conversations are written whole at C speed: the exact key and the scope are the ones
+    the message-by-message writer gives, for every route's context and with or without a float."""
+    from kvgate.middleware.canonical import canonical_list
+    from kvgate.middleware.request import SYSTEM_ROLES, output_params
+
+    kwargs: dict[str, Any] = {"model": model, "messages": messages}
+    if temperature is not None:
+        kwargs["temperature"] = temperature
+    try:
+        got = build_view(CONFIG, kwargs, "t1", CacheControl())
+    except UnicodeEncodeError:  # a lone surrogate: no key, as before
+        with pytest.raises(UnicodeEncodeError):
+            digest("exact", canonical_list([canonical_json(m) for m in messages]))
+        return
+    route = got.route
+    params, tenant = output_params(kwargs), "t1" if route.scope == "tenant" else None
+    rendered = [canonical_json(m) for m in messages]
+    assert got.exact_key == digest("exact", route.name, model, canonical_list(rendered), params, tenant)
+    earlier = range(len(messages) - 1)
+    if route.semantic.context in ("semantic", "last_user_only"):
+        earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
+    scope = digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), tenant)
+    assert got.scope_digest() == scope
+
+
+def test_plain_messages_are_dicts_of_strings_only():
+    from kvgate.middleware.canonical import plain_messages
+
+    assert plain_messages([{"role": "user", "content": "x"}, {"role": "system", "content": ""}])
+    assert not plain_messages([{"role": "user", "content": None}])
+    assert not plain_messages([{"role": "user", "content": [{"type": "text", "text": "x"}]}])
+    assert not plain_messages([{"role": "user", 1: "x"}])
+    assert not plain_messages(["user"])

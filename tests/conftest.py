@@ -162,14 +162,17 @@ def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
     """Two real vLLM servers (SmolLM2, one core each, prefix caching, KV events with a replay
     socket, cached-token details), started once for the whole test session, on 127.0.0.1. Both
     load kvgate's KV connector over one shared disk tier (`servers[0].kv_connector`), raw chunks,
-    so a load gives bit-exact KV and tests can compare outputs exactly."""
+    so a load gives bit-exact KV and tests can compare outputs exactly. In float32 on every host:
+    where vLLM's CPU build would run bfloat16 (a host with native bfloat16), an engine that found
+    more of a prompt cached prefills the rest in other shapes, and bfloat16's rounding can then
+    turn a greedy answer a few tokens in, which is no fault of the loaded KV."""
     from kvgate.engines.vllm.launch import default_model_dir, start_pair, tier_settings, vllm_available, vllm_python
 
     if not vllm_available():
         pytest.fail(f"vLLM's environment is missing ({vllm_python()}): run `make install`")
     logs = tmp_path_factory.mktemp("vllm")
     tier = tier_settings(logs / "kv-tier", codec="raw", memory_mb=64, disk_mb=2048)
-    servers = start_pair(str(default_model_dir()), log_dir=logs, timeout=300, kv_connector=tier)
+    servers = start_pair(str(default_model_dir()), log_dir=logs, timeout=300, kv_connector=tier, dtype="float32")
     yield servers
     for server in servers:
         server.stop()

@@ -163,9 +163,9 @@ def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
     socket, cached-token details), started once for the whole test session, on 127.0.0.1. Both
     load kvgate's KV connector over one shared disk tier (`servers[0].kv_connector`), raw chunks,
     so a load gives bit-exact KV and tests can compare outputs exactly. In float32 on every host:
-    where vLLM's CPU build would run bfloat16 (a host with native bfloat16), an engine that found
-    more of a prompt cached prefills the rest in other shapes, and bfloat16's rounding can then
-    turn a greedy answer a few tokens in, which is no fault of the loaded KV."""
+    where vLLM's CPU build would run bfloat16 (a host with native bfloat16), the engine that loaded
+    a history and the one that had it cached once answered alike for six greedy tokens and then
+    apart; float32 is the precision the exact comparisons were made in."""
     from kvgate.engines.vllm.launch import default_model_dir, start_pair, tier_settings, vllm_available, vllm_python
 
     if not vllm_available():

@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 
 KEY_VERSION = 1
-_ONLY_STR = frozenset({str})
-_ONLY_DICT = frozenset({dict})
+# shape checks at C speed: ONLY_STR.issuperset(map(type, items)) holds when every item is a str
+ONLY_STR = frozenset({str})
+ONLY_DICT = frozenset({dict})
 _INT64 = 1 << 63  # orjson writes integers within 64 bits; json.dumps any
 
 
@@ -38,7 +39,7 @@ def canonical_json(value: Any) -> str:
             return json.dumps(value, ensure_ascii=False)
     elif value is None or kind is bool or (kind is int and -_INT64 <= value < _INT64):
         return orjson.dumps(value).decode()
-    if kind is dict and _ONLY_STR.issuperset(map(type, value)) and _ONLY_STR.issuperset(map(type, value.values())):
+    if kind is dict and ONLY_STR.issuperset(map(type, value)) and ONLY_STR.issuperset(map(type, value.values())):
         try:  # the usual message: string keys and values, nothing to clean (checked at C speed)
             return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
         except orjson.JSONEncodeError:
@@ -90,19 +91,16 @@ def canonical_list(rendered: Sequence[str]) -> Rendered:
     return Rendered("[" + ",".join(rendered) + "]")
 
 
-def plain_messages(messages: Sequence[Any]) -> bool:
-    """Whether every message is a dict of str keys to str values: then orjson writes the list's
-    canonical JSON as canonical_json writes it item by item (or refuses: a lone surrogate)."""
-    return (
-        _ONLY_DICT.issuperset(map(type, messages))
-        and _ONLY_STR.issuperset(map(type, chain.from_iterable(messages)))
-        and _ONLY_STR.issuperset(map(type, chain.from_iterable(map(dict.values, messages))))
-    )
-
-
-def render_plain(messages: Sequence[dict[str, str]]) -> Rendered | None:
-    """canonical_list of plain messages (see plain_messages) in one pass at C speed; None where
-    orjson refuses a text (a lone surrogate), which the item-by-item writer takes."""
+def plain_list(messages: Sequence[Any]) -> Rendered | None:
+    """canonical_list of `messages` written in one pass at C speed, when every message is a dict of
+    str keys to str values (where orjson writes what canonical_json writes item by item); None
+    otherwise, and where orjson refuses a text (a lone surrogate), which the item-by-item writer takes."""
+    if not (
+        ONLY_DICT.issuperset(map(type, messages))
+        and ONLY_STR.issuperset(map(type, chain.from_iterable(messages)))
+        and ONLY_STR.issuperset(map(type, chain.from_iterable(map(dict.values, messages))))
+    ):
+        return None
     try:
         return Rendered(orjson.dumps(messages, option=orjson.OPT_SORT_KEYS).decode())
     except orjson.JSONEncodeError:

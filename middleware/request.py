@@ -13,7 +13,7 @@ from itertools import repeat
 from typing import Any, Callable, Mapping
 
 from kvgate.index.kv.prompt import TextPrompt
-from kvgate.middleware.canonical import canonical_json, canonical_list, digest, plain_messages, render_plain
+from kvgate.middleware.canonical import ONLY_DICT, ONLY_STR, canonical_json, canonical_list, digest, plain_list
 from kvgate.middleware.config import Config, RouteConfig
 from kvgate.middleware.errors import BadRequest, ModelNotFound
 
@@ -54,8 +54,6 @@ MAX_TOKEN_ID = (1 << 31) - 1  # token ids are int32 in every engine we front
 # Sent on to the backend but kept out of the keys.
 FORWARDED_NON_OUTPUT = ("stream_options", "user", "metadata", "extra_headers", "headers")
 _FORWARDED_SET = frozenset(FORWARDED_NON_OUTPUT)
-_ONLY_DICT = frozenset({dict})
-_ONLY_STR = frozenset({str})
 
 
 @dataclass(frozen=True)
@@ -196,9 +194,9 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         raise BadRequest("`messages` must be a non-empty list", param="messages")
     try:  # the usual shape, checked at C speed: plain dicts, each with a known role and string content
         if (
-            set(map(type, messages)) == _ONLY_DICT
+            set(map(type, messages)) == ONLY_DICT
             and ROLES.issuperset(map(dict.get, messages, repeat("role")))
-            and _ONLY_STR.issuperset(map(type, map(dict.get, messages, repeat("content"))))
+            and ONLY_STR.issuperset(map(type, map(dict.get, messages, repeat("content"))))
         ):
             return list(map(dict, messages))
     except TypeError:  # an unhashable role: the loop below names it
@@ -268,21 +266,16 @@ def _chat_keys(
     earlier = range(len(messages) - 1)
     if route.semantic.context in ("semantic", "last_user_only"):
         earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
-    whole = render_plain(messages) if plain_messages(messages) else None
-    if whole is not None:  # the usual conversation: each list written in one pass at C speed
-        exact_key = digest("exact", route.name, model, whole, params, tenant)
-
-        def plain_scope() -> str:
-            kept = [messages[i] for i in earlier]  # a part of a list orjson wrote: it writes this too
-            part = render_plain(kept) or canonical_list([canonical_json(m) for m in kept])
-            return digest("scope", route.name, model, params, part, tenant)
-
-        return exact_key, plain_scope
-    rendered = [canonical_json(m) for m in messages]  # each message written once, for both keys
-    exact_key = digest("exact", route.name, model, canonical_list(rendered), params, tenant)
+    whole = plain_list(messages)  # the usual conversation: written in one pass at C speed
+    rendered = [] if whole is not None else [canonical_json(m) for m in messages]  # else each once, for both keys
+    exact_key = digest("exact", route.name, model, whole or canonical_list(rendered), params, tenant)
 
     def scope() -> str:
-        return digest("scope", route.name, model, params, canonical_list([rendered[i] for i in earlier]), tenant)
+        kept = [messages[i] for i in earlier]
+        part = plain_list(kept) if whole is not None else canonical_list([rendered[i] for i in earlier])
+        return digest(
+            "scope", route.name, model, params, part or canonical_list(list(map(canonical_json, kept))), tenant
+        )
 
     return exact_key, scope
 

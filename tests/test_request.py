@@ -342,10 +342,10 @@ def test_the_keys_are_the_item_by_item_writers_on_every_path(messages, model, te
 
 
 def test_plain_messages_are_dicts_of_strings_only():
-    from kvgate.middleware.canonical import plain_messages
+    from kvgate.middleware.canonical import plain_list
 
-    assert plain_messages([{"role": "user", "content": "x"}, {"role": "system", "content": ""}])
-    assert not plain_messages([{"role": "user", "content": None}])
-    assert not plain_messages([{"role": "user", "content": [{"type": "text", "text": "x"}]}])
-    assert not plain_messages([{"role": "user", 1: "x"}])
-    assert not plain_messages(["user"])
+    assert plain_list([{"role": "user", "content": "x"}, {"role": "system", "content": ""}]) is not None
+    assert plain_list([{"role": "user", "content": None}]) is None
+    assert plain_list([{"role": "user", "content": [{"type": "text", "text": "x"}]}]) is None
+    assert plain_list([{"role": "user", 1: "x"}]) is None
+    assert plain_list(["user"]) is None

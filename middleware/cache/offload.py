@@ -17,6 +17,8 @@ from __future__ import annotations
 from itertools import repeat
 from typing import Any
 
+from kvgate.middleware.canonical import ONLY_DICT, ONLY_STR
+
 # The cold cost of hashing a prompt (kvgate.index.kv.prompt.PromptHasher, nothing cached) grows with its
 # characters. A prompt whose leading messages were hashed before resumes from there (the
 # conversation's earlier turns, a shared system prompt): only its new characters are tokenised.
@@ -31,8 +33,6 @@ from typing import Any
 # INLINE_TOTAL_CHARS. Long continuations run inline add more to the tail of every other request's
 # time to first token than their hops cost, so long prompts keep hopping.
 INLINE_TOTAL_CHARS = 16 * 1024
-_ONLY_DICT = frozenset({dict})
-_ONLY_STR = frozenset({str})
 INLINE_NEW_CHARS = 4096
 
 
@@ -43,9 +43,9 @@ def prompt_chars(messages: Any) -> int:
     Invariant: O(number of messages and parts), never O(characters)."""
     if not isinstance(messages, list):
         return -1
-    if set(map(type, messages)) == _ONLY_DICT:  # the usual list: string contents, summed at C speed
+    if set(map(type, messages)) == ONLY_DICT:  # the usual list: string contents, summed at C speed
         contents = list(map(dict.get, messages, repeat("content")))
-        if set(map(type, contents)) == _ONLY_STR:
+        if set(map(type, contents)) == ONLY_STR:
             return sum(map(len, contents))
     total = 0
     for m in messages:

@@ -13,7 +13,15 @@ from itertools import repeat
 from typing import Any, Callable, Mapping
 
 from kvgate.index.kv.prompt import TextPrompt
-from kvgate.middleware.canonical import ONLY_DICT, ONLY_STR, canonical_json, canonical_list, digest, plain_list
+from kvgate.middleware.canonical import (
+    ONLY_DICT,
+    ONLY_STR,
+    canonical_json,
+    canonical_list,
+    digest,
+    plain_list,
+    rendered,
+)
 from kvgate.middleware.config import Config, RouteConfig
 from kvgate.middleware.errors import BadRequest, ModelNotFound
 
@@ -267,14 +275,15 @@ def _chat_keys(
     if route.semantic.context in ("semantic", "last_user_only"):
         earlier = [i for i in earlier if messages[i].get("role") in SYSTEM_ROLES]
     whole = plain_list(messages)  # the usual conversation: written in one pass at C speed
-    rendered = [] if whole is not None else [canonical_json(m) for m in messages]  # else each once, for both keys
-    exact_key = digest("exact", route.name, model, whole or canonical_list(rendered), params, tenant)
+    each = [] if whole is not None else [canonical_json(m) for m in messages]  # else each once, for both keys
+    params_text = rendered(params)  # once, for both keys
+    exact_key = digest("exact", route.name, model, whole or canonical_list(each), params_text, tenant)
 
     def scope() -> str:
         kept = [messages[i] for i in earlier]
-        part = plain_list(kept) if whole is not None else canonical_list([rendered[i] for i in earlier])
+        part = plain_list(kept) if whole is not None else canonical_list([each[i] for i in earlier])
         return digest(
-            "scope", route.name, model, params, part or canonical_list(list(map(canonical_json, kept))), tenant
+            "scope", route.name, model, params_text, part or canonical_list(list(map(canonical_json, kept))), tenant
         )
 
     return exact_key, scope
@@ -335,8 +344,9 @@ def build_text_view(
     exact_key, scope = None, _none
     if route.caches:
         keyed = ["text", prompt.text] if prompt.text is not None else ["ids", list(prompt.token_ids or ())]
-        exact_key = digest("exact-completions", route.name, model, keyed, params, cache_tenant)
-        scope = partial(digest, "scope-completions", route.name, model, params, cache_tenant)
+        params_text = rendered(params)  # once, for both keys
+        exact_key = digest("exact-completions", route.name, model, rendered(keyed), params_text, cache_tenant)
+        scope = partial(digest, "scope-completions", route.name, model, params_text, cache_tenant)
     skip = uncacheable(params)
     if skip is not None:
         control = CacheControl(no_cache=True, no_store=True)

@@ -6,6 +6,7 @@ that cost the record and nothing else) must still hold."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 
 import diskcache
@@ -14,7 +15,7 @@ import pytest
 from kvgate.index.responses.entries import disk as entries_disk
 from kvgate.index.responses.entries.base import CacheEntry
 from kvgate.index.responses.entries.disk import DiskEntryStore
-from kvgate.index.storage.disk_sql import put_ints
+from kvgate.index.storage.disk_sql import get_int, put_ints
 from kvgate.middleware.cache import request_log as request_log_mod
 from kvgate.middleware.cache.request_log import DiskRequestLog, RequestRecord, new_request_id
 
@@ -143,3 +144,53 @@ def test_a_failed_write_of_a_batchs_records_costs_those_records_only(tmp_path, m
         assert log.get(rid).entry_id == 1
     finally:
         log.close()
+
+
+def test_get_int_reads_live_integers_only(tmp_path):
+    cache = diskcache.Cache(str(tmp_path))
+    try:
+        put_ints(cache, {"n": 7, "b": b"bytes", "old": 3}, None)
+        put_ints(cache, {"gone": 5}, 0.05)
+        cache.set("via-set", 11)
+        cache.set("text", "7")
+        time.sleep(0.1)
+        assert get_int(cache, "n") == 7 and get_int(cache, "via-set") == 11  # put_ints's rows and set's alike
+        assert get_int(cache, "absent") is None and get_int(cache, "gone") is None  # absent; expired
+        assert get_int(cache, "b") is None and get_int(cache, "text") is None  # not an integer
+    finally:
+        cache.close()
+
+
+def _entry_rows(directory) -> int:
+    return len(_rows(directory, "e:%"))
+
+
+def test_puts_in_a_batch_join_its_transaction_and_puts_outside_commit_at_once(tmp_path):
+    store = DiskEntryStore(tmp_path, DIM)
+    try:
+        with store.batch():
+            store.put(CacheEntry(1, "scope", {"a": 1}, exact_key="k1"))
+            store.put(CacheEntry(2, "scope", {"a": 2}, exact_key="k2"))
+            assert _entry_rows(tmp_path) == 0  # another connection: nothing until the batch commits
+            assert store.exact_id("k2") == 2  # its own writes, read inside the batch
+        assert _entry_rows(tmp_path) == 2
+        store.put(CacheEntry(3, "scope", {"a": 3}, exact_key="k3"))
+        assert _entry_rows(tmp_path) == 3  # no batch: its own transaction, committed
+    finally:
+        store.close()
+
+
+def test_a_put_from_another_thread_during_a_batch_is_not_part_of_it(tmp_path):
+    store = DiskEntryStore(tmp_path, DIM)
+    try:
+        with store.batch():
+            store.put(CacheEntry(1, "scope", {"a": 1}, exact_key="k1"))
+            done = threading.Thread(target=store.put, args=(CacheEntry(2, "scope", {"a": 2}, exact_key="k2"),))
+            done.start()
+            time.sleep(0.2)  # it waits for the batch's lock rather than writing into the batch
+            assert _entry_rows(tmp_path) == 0
+        done.join(10)
+        assert not done.is_alive() and _entry_rows(tmp_path) == 2
+        assert store.get_exact("k2").response == {"a": 2}
+    finally:
+        store.close()

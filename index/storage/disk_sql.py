@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from itertools import compress, repeat
+from operator import is_
 from pathlib import Path
 
 import diskcache
@@ -30,6 +32,7 @@ _PUT_INT = (
     " access_time = excluded.access_time, access_count = 0, tag = NULL, size = 0, mode = 1, filename = NULL,"
     " value = excluded.value"
 )
+_GET_RAW = "SELECT value FROM Cache WHERE key = ? AND raw = 1 AND mode = 1 AND (expire_time IS NULL OR expire_time > ?)"
 # rows written by `put_ints` between two culls of expired rows (diskcache's `set` culls on every
 # write): a store's expired rows and size bound lag by at most this many writes
 CULL_EVERY = 64
@@ -46,6 +49,14 @@ def keys_between(cache: diskcache.Cache, low: str, high: str) -> list[str]:
     return [key for (key,) in rows if isinstance(key, str)]
 
 
+def get_int(cache: diskcache.Cache, key: str) -> int | None:
+    """The live integer value of string key `key` (as `put_ints` or `set` store an int), or None
+    when it is absent, expired or not an integer. One indexed read: `cache.get` reads the same
+    row with more Python around it (its fetch, statistics and retry options)."""
+    row = cache._con.execute(_GET_RAW, (key, time.time())).fetchone()  # noqa: SLF001  (see keys_between)
+    return row[0] if row is not None and type(row[0]) is int else None
+
+
 def put_ints(cache: diskcache.Cache, items: dict[str, int | bytes], expire: float | None) -> None:
     """Write string keys with integer values (pointers, index rows), or bytes values shorter
     than the cache's `min_file_size`, in one statement, as `set` would store them (kept raw in
@@ -55,12 +66,13 @@ def put_ints(cache: diskcache.Cache, items: dict[str, int | bytes], expire: floa
     would leave the file behind: `set` replaces those). It culls nothing: the caller culls
     expired rows (`set` calls around it, `cache.expire()` or `cache.cull()`)."""
     limit = cache.disk.min_file_size
-    if any(type(value) is bytes and len(value) >= limit for value in items.values()):
+    values = items.values()  # the longest bytes value, found at C speed (a row per request path write)
+    if max(map(len, compress(values, map(is_, map(type, values), repeat(bytes)))), default=0) >= limit:
         raise ValueError(f"put_ints writes bytes values shorter than {limit} bytes")
     now = time.time()
     expire_time = None if expire is None else now + expire
     cache._con.executemany(  # noqa: SLF001  (the batched write diskcache has no public call for)
-        _PUT_INT, [(key, now, expire_time, now, value) for key, value in items.items()]
+        _PUT_INT, zip(items, repeat(now), repeat(expire_time), repeat(now), values)
     )
 
 

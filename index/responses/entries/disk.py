@@ -25,14 +25,14 @@ budgets are SemanticIndex's (kvgate.index.responses.eviction).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 import diskcache
 import numpy as np
@@ -41,7 +41,7 @@ from kvgate.index.responses.entries.base import CacheEntry, Stored
 from kvgate.index.responses.tags import index_terms
 from kvgate.index.responses.tighten import Mark, decode_marks, encode_marks
 from kvgate.index.storage.cipher import EntryCipher, open_with, seal_with
-from kvgate.index.storage.disk_sql import CULL_EVERY, SECURE_DELETE, keys_between, put_ints, scrub
+from kvgate.index.storage.disk_sql import CULL_EVERY, SECURE_DELETE, get_int, keys_between, put_ints, scrub
 from kvgate.index.storage.recover import open_cache
 from kvgate.index.storage.sealed import SEAL_BYTES, SealedDisk, seal
 from kvgate.index.storage.wal import WalCheckpointer
@@ -87,6 +87,7 @@ class DiskEntryStore:
         # answers are stored before a stream's [DONE]: the WAL's checkpoints happen off that path
         self._wal = WalCheckpointer(self.directory / diskcache.core.DBNAME, log)
         self._unculled = 0  # entries written as rows since the last cull of expired rows
+        self._batch_thread: int | None = None  # the thread inside `batch()`, whose writes join its transaction
 
     @property
     def damaged(self) -> int:
@@ -100,8 +101,14 @@ class DiskEntryStore:
     def put(self, entry: CacheEntry, vector: np.ndarray | None = None, ttl: float | None = None) -> int:
         return self._put(entry, vector, ttl)
 
-    def batch(self) -> AbstractContextManager[Any]:
-        return self.cache.transact()
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        with self.cache.transact():
+            outer, self._batch_thread = self._batch_thread, threading.get_ident()
+            try:
+                yield
+            finally:
+                self._batch_thread = outer
 
     def put_many(self, items: Sequence[tuple[CacheEntry, np.ndarray]]) -> list[int]:
         with self.cache.transact():
@@ -110,6 +117,8 @@ class DiskEntryStore:
     def _put(self, entry: CacheEntry, vector: np.ndarray | None, ttl: float | None) -> int:
         # one transaction (a commit costs more than the writes in it); vector before entry, entry
         # before exact pointer all the same, so no reader sees a half entry
+        if self._batch_thread == threading.get_ident():  # this thread's batch: already its transaction
+            return self._put_rows(entry, vector, ttl)
         with self.cache.transact():
             return self._put_rows(entry, vector, ttl)
 
@@ -217,8 +226,7 @@ class DiskEntryStore:
         return entry
 
     def exact_id(self, key: str) -> int | None:
-        entry_id = self.cache.get(f"x:{key}")
-        return None if entry_id is None else int(entry_id)
+        return get_int(self.cache, f"x:{key}")
 
     def scan(self) -> Iterator[Stored]:
         for key in self.cache.iterkeys():

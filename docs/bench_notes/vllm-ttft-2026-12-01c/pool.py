@@ -17,25 +17,30 @@ def turn_means(run):
     return (sum(first) / len(first) if first else None, sum(later) / len(later) if later else None)
 
 
-for arm in ("kvgate_precise", "kvgate_approximate"):
-    k_all, s_all, kf, sf, kl, sl, agree, total = [], [], [], [], [], [], 0, 0
-    for path in sys.argv[1:]:
-        routers = json.load(open(path))["routers"]
-        k, s = routers[arm]["runs"], routers["sglang"]["runs"]
-        print(arm, path, "set", paired_ratio([r["ttft_mean_s"] for r in k], [r["ttft_mean_s"] for r in s]))
-        k_all += [r["ttft_mean_s"] for r in k]
-        s_all += [r["ttft_mean_s"] for r in s]
-        for rk, rs in zip(k, s):
-            (fk, lk), (fs, ls) = turn_means(rk), turn_means(rs)
-            if None not in (fk, fs):
-                kf.append(fk)
-                sf.append(fs)
-            if None not in (lk, ls):
-                kl.append(lk)
-                sl.append(ls)
-            for rec in rk["request_records"]:
-                total += 1
-                agree += rec.get("expected_uncached") == rec.get("uncached")
-    print(arm, "pooled", len(k_all), "runs:", paired_ratio(k_all, s_all))
-    print(arm, "first turns:", paired_ratio(kf, sf), "| later turns:", paired_ratio(kl, sl))
-    print(arm, "requests whose expected uncached tokens equal vLLM's:", agree, "of", total)
+def main():
+    for arm in ("kvgate_precise", "kvgate_approximate"):
+        k_all, s_all, kf, sf, kl, sl, agree, total = [], [], [], [], [], [], 0, 0
+        for path in sys.argv[1:]:
+            routers = json.load(open(path))["routers"]
+            k, s = routers[arm]["runs"], routers["sglang"]["runs"]
+            print(arm, path, "set", paired_ratio([r["ttft_mean_s"] for r in k], [r["ttft_mean_s"] for r in s]))
+            k_all += [r["ttft_mean_s"] for r in k]
+            s_all += [r["ttft_mean_s"] for r in s]
+            for rk, rs in zip(k, s):
+                (fk, lk), (fs, ls) = turn_means(rk), turn_means(rs)
+                if None not in (fk, fs):
+                    kf.append(fk)
+                    sf.append(fs)
+                if None not in (lk, ls):
+                    kl.append(lk)
+                    sl.append(ls)
+                for rec in rk["request_records"]:
+                    total += 1
+                    agree += rec.get("expected_uncached") == rec.get("uncached")
+        print(arm, "pooled", len(k_all), "runs:", paired_ratio(k_all, s_all))
+        print(arm, "first turns:", paired_ratio(kf, sf), "| later turns:", paired_ratio(kl, sl))
+        print(arm, "requests whose expected uncached tokens equal vLLM's:", agree, "of", total)
+
+
+if __name__ == "__main__":
+    main()

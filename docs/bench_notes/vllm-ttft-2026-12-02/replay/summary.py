@@ -6,15 +6,19 @@ minus the replay's for the same conversation and turn in the same run. Usage: py
 import json
 import statistics as st
 import sys
+from pathlib import Path
 
 from kvgate.tools.bench.vllm_arena_stats import paired_ratio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vllm-ttft-2026-12-01c"))
+from pool import turn_means  # noqa: E402
 
 ARMS = ("kvgate_precise", "replay_precise", "sglang")
 
 
 def means(run, later):
-    xs = [r["ttft_s"] for r in run["request_records"] if r.get("ttft_s") is not None and (r["t"] > 0) == later]
-    return sum(xs) / len(xs)
+    """The run's mean TTFT over its first turns, or over its later ones."""
+    return turn_means(run)[1 if later else 0]
 
 
 def turns(run):

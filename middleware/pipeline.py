@@ -85,6 +85,7 @@ class Pipeline:
         step = (self.cache, forwarder, route, kwargs, tenant, control, endpoint, started, inline, raw)
         looked = look_up(*step) if inline else await asyncio.to_thread(look_up, *step)
         if looked.result is not None:
+            await self.cache.logged(looked)
             return looked.result
         back = time.perf_counter()  # on the loop again after the look-up (a worker thread's, or inline)
         forwarded = await forwarder.forward(looked.view, raw=raw)

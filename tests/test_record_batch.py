@@ -1,9 +1,11 @@
-"""A record step run in a worker thread (a long prompt or answer: kvgate.middleware.cache.offload)
-writes in a batch of its own, as the event loop's group commit does for small ones: the entry's
-rows and the request-log record each committed once, the batch's fate counted, never raised."""
+"""Where a request's cache writes are committed: a record step run in a worker thread (a long
+prompt or answer: kvgate.middleware.cache.offload) in a batch of its own, as the event loop's group
+commit does for small ones (the entry's rows and the request-log record each committed once, the
+batch's fate counted, never raised); an inline hit's request-log record in the group commit."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import sqlite3
@@ -83,6 +85,37 @@ def test_an_offloaded_record_whose_commit_fails_counts_a_failed_store(embedder, 
             entries.batch = real  # type: ignore[method-assign]
             assert _ask(client, LONG).headers["x-kvgate-cache"] == "miss"  # the lost write left nothing
             assert _stores(client, "stored") == 1
+    finally:
+        server.stop()
+        pipeline.close()
+        replica.stop()
+
+
+def test_inline_hits_log_their_request_ids_in_the_loops_group_commit(embedder, tmp_path):
+    """Concurrent small hits: each one's record is a step of the group commit, written before its
+    answer goes out, so every hit's request id can be judged at once."""
+    replica = ServerThread(create_fake_app(Calls())).start()
+    config = one_replica_config(tmp_path / "cache", replica.url, routing={"prefix": {"tokenizer": "text"}})
+    pipeline = build_pipeline(config, embedder=embedder)
+    server = ServerThread(create_app(config, pipeline)).start()
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "a small question?"}]}
+
+    async def hits(n: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            return await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(n)))
+
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert _ask(client, body["messages"][0]["content"]).headers["x-kvgate-cache"] == "miss"
+            steps = pipeline.cache.commits.steps
+            answers = asyncio.run(hits(8))
+            assert [r.headers["x-kvgate-cache"] for r in answers] == ["exact"] * 8
+            assert pipeline.cache.commits.steps == steps + 8
+            for resp in answers:
+                verdict = client.post(
+                    "/v1/cache/feedback", json={"request_id": resp.headers["x-kvgate-request-id"], "correct": True}
+                )
+                assert verdict.status_code == 200 and verdict.json()["tier"] == "exact", verdict.text
     finally:
         server.stop()
         pipeline.close()

@@ -100,9 +100,21 @@ class ResponseCache:
         answer is small too). `raw`: the caller (the proxy) sends a hit's bytes as they are."""
         hit = self.lookup_exact(view)
         found = Lookup(hit) if hit else self.semantic.look_up(view)
-        if found.hit:
-            return Looked(view, found, inline, started, self.served(view, found.hit, started, raw))
+        if found.hit:  # inline, its request-log record waits for the loop turn's group commit (`logged`)
+            return Looked(view, found, inline, started, self.served(view, found.hit, started, raw, log=not inline))
         return Looked(view, found, inline, started)
+
+    async def logged(self, looked: Looked) -> None:
+        """An inline hit's request-log record, written with the other inline steps of this loop
+        turn: one row in the batch's transaction rather than a lone `set` (a read, the write and
+        a cull, committed on its own). Awaited before the hit is answered, so its request id can
+        be judged as soon as the client has it."""
+        if looked.inline and looked.result is not None:
+            await self.step(True, self._log_hit, looked.view, looked.result.info, writes=looked.view.route.caches)
+
+    def _log_hit(self, view: RequestView, info: CacheInfo) -> Settle:
+        self.remember(view, info)
+        return _nothing_to_count
 
     def lookup_exact(self, view: RequestView) -> Hit | None:
         if view.control.no_cache or not view.route.exact:
@@ -112,10 +124,10 @@ class ResponseCache:
         count_lookup(self.metrics, view, "exact", started, entry is not None)
         return Hit(entry, "exact") if entry else None
 
-    def served(self, view: RequestView, hit: Hit, started: float, raw: bool = False) -> Result:
+    def served(self, view: RequestView, hit: Hit, started: float, raw: bool = False, log: bool = True) -> Result:
         """A hit as the caller takes it; with `raw` (the proxy), a chat answer is its stored JSON
         (the miss's own body for a relayed one), or that answer's chunks as SSE bytes, rather
-        than LiteLLM's objects."""
+        than LiteLLM's objects. `log`: its request-log record is written here (else by `logged`)."""
         info = CacheInfo(
             hit.tier,
             view.route.name,
@@ -124,7 +136,8 @@ class ResponseCache:
             entry_age_s=max(0.0, time.time() - hit.entry.created),
             timing=(started,),
         )
-        self.remember(view, info)
+        if log:
+            self.remember(view, info)
         stored = hit.entry.response
         route = view.route.name
         self.metrics.requests.labels(route, hit.tier).inc()
@@ -318,6 +331,10 @@ class ResponseCache:
         ):  # a verdict on a served hit: an observation like an exploration's
             trust.observe(route.name, record.entry_id, record.similarity, correct, mark_ttl)  # type: ignore[union-attr]
         return outcome
+
+
+def _nothing_to_count(lost: bool) -> None:
+    """A hit's record step: a lost request-log record is the log's to count."""
 
 
 def _tagged(chunks: Iterator[Any], info: CacheInfo) -> Iterator[Any]:

@@ -73,7 +73,7 @@ class ResponseCache:
         self.metrics = metrics
         self.inline_chars = inline_chars  # per route: the prompt size up to which cache steps run inline
         self.commits = GroupCommit(self._write_batch)  # inline record steps, a batch per loop turn
-        self._batching = threading.local()  # `active`: this thread is inside `_write_batch`
+        self._batching = threading.local()  # `active`: this thread runs a group commit's batch
         self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
 
     def close(self) -> None:
@@ -254,22 +254,19 @@ class ResponseCache:
         fate is known."""
         view = looked.view
         body = payload() if self.stores(view) else None
-        with self._own_batch(body is not None or view.route.caches) as own:  # one transaction per store
-            written, entry = self.store(view, body, looked.lookup.vector, model) if body else (False, None)
-            info.stored = entry is not None
-            if entry is not None:
-                info.entry_id = entry.id
-            self.remember(view, info)
-        lost_here = own is not None and own.lost
+        written, entry = self.store(view, body, looked.lookup.vector, model) if body else (False, None)
         route = view.route.name
+        info.stored = entry is not None
+        if entry is not None:
+            info.entry_id = entry.id
+        self.remember(view, info)
         self.metrics.requests.labels(route, "miss").inc()
         self.metrics.latency.labels(route, "miss").observe(time.perf_counter() - looked.started)
         self.semantic.explored(view, info.exploration, answer)
 
         def settle(lost: bool) -> None:  # `lost`: the write's transaction failed to commit
             if written:
-                stored = entry is not None and not (lost or lost_here)
-                self.metrics.stores.labels(route, "stored" if stored else "failed").inc()
+                self.metrics.stores.labels(route, "stored" if entry is not None and not lost else "failed").inc()
 
         return settle
 
@@ -283,7 +280,7 @@ class ResponseCache:
             await self.commits.run(fn, *args)
         else:
             settle = await asyncio.to_thread(fn, *args)
-            settle(False)  # `record` committed its own batch, and its settle knows that batch's fate
+            settle(False)  # its writes committed one by one
 
     @contextlib.contextmanager
     def _write_batch(self) -> Iterator[Batch]:
@@ -294,22 +291,19 @@ class ResponseCache:
             finally:
                 self._batching.active = False
 
-    def _own_batch(self, writes: bool) -> contextlib.AbstractContextManager[Batch | None]:
-        """A record step's writes outside a group commit (a worker thread's step) in a batch of
-        their own: the entry's rows in one transaction, its request-log record in another,
-        written as one row rather than by a lone `set` (a read, the write and a cull, each
-        committed). Inside a group commit's batch, or with nothing to write: none (None)."""
-        if not writes or getattr(self._batching, "active", False):
-            return contextlib.nullcontext(None)
-        return self._write_batch()
-
     def remember(self, view: RequestView, info: CacheInfo) -> None:
         """Log what this request id was served from / stored as, for feedback (on a route that
         caches answers, `RouteConfig.caches`: elsewhere there is nothing to judge)."""
         if not view.route.caches:
             return
         record = RequestRecord(view.tenant, view.route.name, info.cache, view.scope, info.entry_id, info.similarity)
-        self.requests.record(info.request_id, record)
+        if getattr(self._batching, "active", False):  # a group commit's step: its batch commits the record
+            self.requests.record(info.request_id, record)
+            return
+        # a worker thread's step: one row in a transaction of its own, where a lone `set` would
+        # add a read and a cull of expired rows to the write
+        with self.requests.batch():
+            self.requests.record(info.request_id, record)
 
     # ------------------------------------------------------------------ feedback
     def feedback(self, request_id: str, correct: bool, tenant: str = "anonymous") -> FeedbackOutcome:

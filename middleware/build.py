@@ -131,7 +131,7 @@ def build_pipeline(
         for r in config.routes
     }
     lookup = SemanticLookup(index, embedder, settings, verifier, trust, metrics)
-    cache = ResponseCache(config, index, stores.requests, lookup, metrics, inline_chars)
+    cache = ResponseCache(config, index, stores.requests, lookup, metrics, inline_chars, stores.link is None)
     # closed before the cache, in this order: queued trust comparisons finish while the index is open
     closing: list[Any] = [
         *([trust] if trust is not None else []),

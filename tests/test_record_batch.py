@@ -1,11 +1,15 @@
-"""Where a request's request-log record is committed: a record step run in a worker thread (a long
-prompt or answer: kvgate.middleware.cache.offload) writes it in a transaction of its own, and a hit
-answered on the event loop in the loop's group commit, with the inline record steps of its turn."""
+"""Where a request's cache writes are committed: a record step run in a worker thread (a long
+prompt or answer: kvgate.middleware.cache.offload) in a batch of its own, as the event loop's group
+commit does for small ones (the entry's rows and the request-log record one transaction per
+store, the batch's fate counted, never raised); a hit answered on the loop logs its request id in
+the loop's group commit, with the inline record steps of its turn."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import sqlite3
 
 import httpx
 
@@ -58,6 +62,38 @@ def test_an_offloaded_record_stores_the_answer_and_its_request_record(embedder, 
             )
             assert verdict.status_code == 200 and verdict.json()["removed"] is True, verdict.text
             assert _ask(client, LONG).headers["x-kvgate-cache"] == "miss"  # the judged answer is gone
+    finally:
+        server.stop()
+        pipeline.close()
+        replica.stop()
+
+
+def test_an_offloaded_record_whose_commit_fails_counts_a_failed_store(embedder, tmp_path):
+    """The entry store's transaction fails at its end: the client still has its answer, the store
+    is counted failed (not stored), and nothing of it is served afterwards."""
+    replica = ServerThread(create_fake_app(Calls())).start()
+    config = one_replica_config(tmp_path / "cache", replica.url, routing={"prefix": {"tokenizer": "text"}})
+    pipeline = build_pipeline(config, embedder=embedder)
+    entries = pipeline.cache.index.entries
+    real = entries.batch
+
+    @contextlib.contextmanager
+    def failing():  # the body's writes rolled back, then the commit reported failed
+        with contextlib.suppress(LookupError):
+            with real():
+                yield
+                raise LookupError("roll back")
+        raise sqlite3.OperationalError("disk I/O error")
+
+    entries.batch = failing  # type: ignore[method-assign]
+    server = ServerThread(create_app(config, pipeline)).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert _ask(client, LONG).headers["x-kvgate-cache"] == "miss"
+            assert _stores(client, "failed") == 1 and _stores(client, "stored") == 0
+            entries.batch = real  # type: ignore[method-assign]
+            assert _ask(client, LONG).headers["x-kvgate-cache"] == "miss"  # the lost write left nothing
+            assert _stores(client, "stored") == 1
     finally:
         server.stop()
         pipeline.close()

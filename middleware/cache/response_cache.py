@@ -65,6 +65,7 @@ class ResponseCache:
         semantic: SemanticLookup,
         metrics: Metrics,
         inline_chars: dict[str, int | None],
+        transactional: bool = True,
     ) -> None:
         self.config = config
         self.index = index
@@ -72,6 +73,9 @@ class ResponseCache:
         self.semantic = semantic
         self.metrics = metrics
         self.inline_chars = inline_chars  # per route: the prompt size up to which cache steps run inline
+        # the stores commit a batch's writes together (local files); over the network (Redis)
+        # each write is its own call, and a batch would only hold the index's lock across them
+        self.transactional = transactional
         self.commits = GroupCommit(self._write_batch)  # inline record steps, a batch per loop turn
         self._batching = threading.local()  # `active`: this thread runs a group commit's batch
         self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
@@ -188,12 +192,19 @@ class ResponseCache:
         """Write an answer (exact + semantic); skipped on no-store or an unfinished answer.
         (written?, the entry or None when the write failed); `record`'s settle counts the
         outcome once the write has committed. `model`: what the miss was sent as (its price)."""
-        route = view.route.name
+        ready = self._ready(view, response, vector, model)
+        return (True, self._write(view, ready)) if ready is not None else (False, None)
+
+    def _ready(
+        self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None, model: str
+    ) -> tuple[dict[str, Any], np.ndarray | None] | None:
+        """What `_write` stores (the answer priced, its vector on a semantic route), or None when
+        nothing is stored (counted as skipped). Slow parts (a price look-up, an embedding) run
+        here, before any store's lock or transaction is taken."""
         if not self.stores(view) or not cacheable(response):
-            self.metrics.stores.labels(route, "skipped").inc()
-            return False, None
-        sem = view.route.semantic
-        semantic = sem.enabled and view.query_text is not None
+            self.metrics.stores.labels(view.route.name, "skipped").inc()
+            return None
+        semantic = view.route.semantic.enabled and view.query_text is not None
         # LiteLLM's price lookup costs more than the rest of a store; a model it cannot price is asked once
         price = None if model in self._unpriced else cost(response, model)
         if price is None and len(self._unpriced) < UNPRICED_MODELS:
@@ -202,21 +213,25 @@ class ResponseCache:
             response = {**response, "_kvgate_cost_usd": price}
         if semantic and vector is None:
             vector = self.semantic.embed(view.query_text)  # type: ignore[arg-type]
-        entry = self.index.add(
+        return response, vector if semantic else None
+
+    def _write(self, view: RequestView, ready: tuple[dict[str, Any], np.ndarray | None]) -> CacheEntry | None:
+        """The entry of `_ready`'s answer; None: the cache could not write (disk full, damaged
+        store), and the answer is served anyway."""
+        response, vector = ready
+        return self.index.add(
             view.scope,
             response,
             exact_key=view.exact_key if view.route.exact else None,
             text=view.query_text or "",
-            vector=vector if semantic else None,
+            vector=vector,
             ttl=view.control.ttl or view.route.ttl,
-            route=route,
+            route=view.route.name,
             model=view.model,
             parents=list(view.parents) if view.parents is not None else None,
             tenant=view.tenant,
             tags=entry_tags(view),
         )
-        # None: the cache could not write (disk full, damaged store); the answer is served anyway
-        return True, entry
 
     # ------------------------------------------------------------------ a miss
     def miss(self, looked: Looked, replica: str | None, expected_cached_tokens: int | None) -> CacheInfo:
@@ -254,19 +269,23 @@ class ResponseCache:
         fate is known."""
         view = looked.view
         body = payload() if self.stores(view) else None
-        written, entry = self.store(view, body, looked.lookup.vector, model) if body else (False, None)
+        ready = self._ready(view, body, looked.lookup.vector, model) if body else None
+        with self._own_batch(ready is not None or view.route.caches) as own:
+            entry = self._write(view, ready) if ready is not None else None
+            info.stored = entry is not None
+            if entry is not None:
+                info.entry_id = entry.id
+            self.remember(view, info)
+        lost_here = own is not None and own.lost  # the step's own batch failed to commit
         route = view.route.name
-        info.stored = entry is not None
-        if entry is not None:
-            info.entry_id = entry.id
-        self.remember(view, info)
         self.metrics.requests.labels(route, "miss").inc()
         self.metrics.latency.labels(route, "miss").observe(time.perf_counter() - looked.started)
         self.semantic.explored(view, info.exploration, answer)
 
-        def settle(lost: bool) -> None:  # `lost`: the write's transaction failed to commit
-            if written:
-                self.metrics.stores.labels(route, "stored" if entry is not None and not lost else "failed").inc()
+        def settle(lost: bool) -> None:  # `lost`: the group commit's batch failed to commit
+            if ready is not None:
+                stored = entry is not None and not (lost or lost_here)
+                self.metrics.stores.labels(route, "stored" if stored else "failed").inc()
 
         return settle
 
@@ -290,6 +309,16 @@ class ResponseCache:
                 yield batch  # a lost request-log batch is the log's to count: the answers' fate is the index's
             finally:
                 self._batching.active = False
+
+    def _own_batch(self, writes: bool) -> contextlib.AbstractContextManager[Batch | None]:
+        """A record step's writes outside a group commit (a worker thread's step, on a store with
+        transactions) in a batch of their own: the entry's rows and the request-log record one
+        transaction per store, the steps of concurrent threads taking the index's lock in turn
+        for their writes only (the answer is priced and embedded before). Inside a group commit's
+        batch, with nothing to write, or on a store without transactions: none (None)."""
+        if not writes or not self.transactional or getattr(self._batching, "active", False):
+            return contextlib.nullcontext(None)
+        return self._write_batch()
 
     def remember(self, view: RequestView, info: CacheInfo) -> None:
         """Log what this request id was served from / stored as, for feedback (on a route that

@@ -186,21 +186,13 @@ class ResponseCache:
             view.route.exact or (view.route.semantic.enabled and view.query_text is not None)
         )
 
-    def store(
-        self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None, model: str
-    ) -> tuple[bool, CacheEntry | None]:
-        """Write an answer (exact + semantic); skipped on no-store or an unfinished answer.
-        (written?, the entry or None when the write failed); `record`'s settle counts the
-        outcome once the write has committed. `model`: what the miss was sent as (its price)."""
-        ready = self._ready(view, response, vector, model)
-        return (True, self._write(view, ready)) if ready is not None else (False, None)
-
     def _ready(
         self, view: RequestView, response: dict[str, Any], vector: np.ndarray | None, model: str
     ) -> tuple[dict[str, Any], np.ndarray | None] | None:
         """What `_write` stores (the answer priced, its vector on a semantic route), or None when
-        nothing is stored (counted as skipped). Slow parts (a price look-up, an embedding) run
-        here, before any store's lock or transaction is taken."""
+        nothing is stored: no-store, or an unfinished answer (counted as skipped). `model`: what
+        the miss was sent as (its price). Slow parts (a price look-up, an embedding) run here,
+        before any store's lock or transaction is taken."""
         if not self.stores(view) or not cacheable(response):
             self.metrics.stores.labels(view.route.name, "skipped").inc()
             return None

@@ -1,6 +1,7 @@
-"""The thirtieth session's A/B: start (88512e4) against the record-batch trees, alternated, the
-order swapped each round. Geometric means with a Student's t interval; new over start paired by round.
-Run from this folder: python summary.py > summary.txt"""
+"""The thirtieth session's A/B: start (88512e4) against a later tree ("new"), alternated, the
+order swapped each round. Geometric means with a Student's t interval; new over start paired by
+round. Run from this folder: python summary.py > summary.txt (the final tree), python summary.py
+first > first/summary.txt (the first runs: see README)."""
 
 import glob
 import importlib.util
@@ -89,7 +90,15 @@ def loop_load(folder):
 
 
 if __name__ == "__main__":
-    in_process("ipl", "relay, 4,000-word system prompts (record steps in worker threads), first tree 4422634")
-    loop_load("ll")
-    hit_heavy("hh")
-    goal_cell("tp")
+    import sys
+
+    base = sys.argv[1] if len(sys.argv) > 1 else "."
+    parts = (
+        ("ipl", lambda f: in_process(f, "relay, 4,000-word system prompts (record steps in worker threads)")),
+        ("ll", loop_load),
+        ("hh", hit_heavy),
+        ("tp", goal_cell),
+    )
+    for name, show in parts:
+        if glob.glob(f"{base}/{name}/head-*.json"):
+            show(f"{base}/{name}")

@@ -186,6 +186,23 @@ def test_a_failed_commit_is_counted_and_never_raised(caplog):
             raise KeyError("the body's")
 
 
+def test_a_write_that_failed_inside_a_transaction_is_no_recovery(caplog):
+    """A full disk: a write fails inside the transaction and the (empty) commit works; the
+    operation still fails, so no "works again" is logged, until a transaction with no failure."""
+    soft = SoftFailures(logging.getLogger("test"), "store")
+    failures = (sqlite3.Error,)
+    caplog.set_level(logging.INFO, logger="test")
+    with soft_transaction(contextlib.nullcontext, soft, "store", failures):
+        soft.failed("store", OSError(28, "No space left on device"))
+    with soft_transaction(contextlib.nullcontext, soft, "store", failures):
+        soft.failed("store", OSError(28, "No space left on device"))
+    assert soft.counts == {"store": 2} and "works again" not in caplog.text
+    assert caplog.text.count("further failures are counted") == 1
+    with soft_transaction(contextlib.nullcontext, soft, "store", failures):
+        soft.succeeded("store")  # held until the commit
+    assert "works again after 2 failures" in caplog.text
+
+
 def test_request_log_batches_nest_with_its_own_writes(tmp_path):
     log = DiskRequestLog(tmp_path, ttl=60, max_bytes=10**7)
     try:

@@ -101,8 +101,8 @@ def test_an_offloaded_record_whose_commit_fails_counts_a_failed_store(embedder, 
 
 
 def test_inline_hits_log_their_request_ids_in_the_loops_group_commit(embedder, tmp_path):
-    """Concurrent small hits: each one's record is a step of the group commit, written before its
-    answer goes out, so every hit's request id can be judged at once."""
+    """Concurrent small hits: each one's record is a step of the log's group commit, written before
+    its answer goes out, so every hit's request id can be judged at once."""
     replica = ServerThread(create_fake_app(Calls())).start()
     config = one_replica_config(tmp_path / "cache", replica.url, routing={"prefix": {"tokenizer": "text"}})
     pipeline = build_pipeline(config, embedder=embedder)
@@ -116,10 +116,10 @@ def test_inline_hits_log_their_request_ids_in_the_loops_group_commit(embedder, t
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             assert _ask(client, body["messages"][0]["content"]).headers["x-kvgate-cache"] == "miss"
-            steps = pipeline.cache.commits.steps
+            steps = pipeline.cache.log_commits.steps
             answers = asyncio.run(hits(8))
             assert [r.headers["x-kvgate-cache"] for r in answers] == ["exact"] * 8
-            assert pipeline.cache.commits.steps == steps + 8
+            assert pipeline.cache.log_commits.steps == steps + 8
             for resp in answers:
                 verdict = client.post(
                     "/v1/cache/feedback", json={"request_id": resp.headers["x-kvgate-request-id"], "correct": True}

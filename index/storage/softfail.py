@@ -64,6 +64,11 @@ class SoftFailures:
             with self._lock:
                 self._held.discard(op)
 
+    def failures(self, op: str) -> int:
+        """How many times `op` has failed so far."""
+        with self._lock:
+            return self.counts.get(op, 0)
+
     @property
     def total(self) -> int:
         with self._lock:
@@ -87,8 +92,9 @@ def soft_transaction(
     """The body inside one transaction of a store (`begin()`), where a failure to begin or to
     commit is counted as `op` and never raised: without a transaction each write commits on its
     own; a failed commit loses the body's writes (`Batch.lost`), as a failed write would have
-    lost its own, and the writes' successes are reported only once the commit worked. An
-    exception from the body rolls the transaction back and goes on."""
+    lost its own, and the writes' successes are reported only once the commit worked, and only
+    when no write of `op` failed meanwhile. An exception from the body rolls the transaction
+    back and goes on."""
     stack, batch = contextlib.ExitStack(), Batch()
     try:
         stack.enter_context(begin())
@@ -96,6 +102,7 @@ def soft_transaction(
         soft.failed(op, exc)
         yield batch  # each write commits, and reports, on its own
         return
+    failed_before = soft.failures(op)
     try:
         with soft.holding(op):
             yield batch
@@ -108,4 +115,5 @@ def soft_transaction(
         batch.lost = True
         soft.failed(op, exc)
         return
-    soft.succeeded(op)
+    if soft.failures(op) == failed_before:  # a write that failed inside (a full disk) is no recovery
+        soft.succeeded(op)

@@ -77,6 +77,9 @@ class ResponseCache:
         # each write is its own call, and a batch would only hold the index's lock across them
         self.transactional = transactional
         self.commits = GroupCommit(self._write_batch)  # inline record steps, a batch per loop turn
+        # inline hits' request-log records, a batch per loop turn of the log alone: a hit writes
+        # no entry, and an empty transaction of the index would count as the store working
+        self.log_commits = GroupCommit(self._log_batch)
         self._batching = threading.local()  # `active`: this thread runs a group commit's batch
         self._unpriced: set[str] = set()  # models LiteLLM's price map does not know (see `store`)
 
@@ -109,12 +112,12 @@ class ResponseCache:
         return Looked(view, found, inline, started)
 
     async def logged(self, looked: Looked) -> None:
-        """An inline hit's request-log record, written with the other inline steps of this loop
-        turn: one row in the batch's transaction rather than a lone `set` (a read, the write and
-        a cull, committed on its own). Awaited before the hit is answered, so its request id can
-        be judged as soon as the client has it."""
-        if looked.inline and looked.result is not None:
-            await self.step(True, self._log_hit, looked.view, looked.result.info, writes=looked.view.route.caches)
+        """An inline hit's request-log record, written with the other inline hits' of this loop
+        turn: one row in the log's batch rather than a lone `set` (a read, the write and a cull,
+        committed on its own). Awaited before the hit is answered, so its request id can be
+        judged as soon as the client has it."""
+        if looked.inline and looked.result is not None and looked.view.route.caches:
+            await self.log_commits.run(self._log_hit, looked.view, looked.result.info)
 
     def _log_hit(self, view: RequestView, info: CacheInfo) -> Settle:
         self.remember(view, info)
@@ -262,7 +265,7 @@ class ResponseCache:
         view = looked.view
         body = payload() if self.stores(view) else None
         ready = self._ready(view, body, looked.lookup.vector, model) if body else None
-        with self._own_batch(ready is not None or view.route.caches) as own:
+        with self._own_batch(ready is not None) as own:  # nothing to store: the record alone (`remember`)
             entry = self._write(view, ready) if ready is not None else None
             info.stored = entry is not None
             if entry is not None:
@@ -302,12 +305,21 @@ class ResponseCache:
             finally:
                 self._batching.active = False
 
+    @contextlib.contextmanager
+    def _log_batch(self) -> Iterator[Batch]:
+        with self.requests.batch() as batch:
+            self._batching.active = True
+            try:
+                yield batch if isinstance(batch, Batch) else Batch()  # a log without transactions: nothing to lose
+            finally:
+                self._batching.active = False
+
     def _own_batch(self, writes: bool) -> contextlib.AbstractContextManager[Batch | None]:
         """A record step's writes outside a group commit (a worker thread's step, on a store with
         transactions) in a batch of their own: the entry's rows and the request-log record one
         transaction per store, the steps of concurrent threads taking the index's lock in turn
         for their writes only (the answer is priced and embedded before). Inside a group commit's
-        batch, with nothing to write, or on a store without transactions: none (None)."""
+        batch, with no entry to write, or on a store without transactions: none (None)."""
         if not writes or not self.transactional or getattr(self._batching, "active", False):
             return contextlib.nullcontext(None)
         return self._write_batch()

@@ -1,6 +1,6 @@
 import time
 from kvgate.middleware.tags import entry_tags
-from setup import ANSWER as resp, pipeline, views as make_views
+from micro_setup import ANSWER as resp, pipeline, views as make_views
 
 p, route = pipeline()
 cache = p.cache

@@ -4,7 +4,7 @@ an entry's write and the request-log record in batches of ten (first-time keys).
 import statistics
 import time
 
-from setup import ANSWER, body, pipeline, views
+from micro_setup import ANSWER, body, pipeline, views
 
 from kvgate.index.storage.disk_sql import get_int
 from kvgate.middleware.cache.request_log import RequestRecord, new_request_id

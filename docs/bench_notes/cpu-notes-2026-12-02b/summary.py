@@ -1,6 +1,6 @@
 """The thirtieth session's A/B: start (88512e4) against a later tree ("new"), alternated, the
 order swapped each round. Geometric means with a Student's t interval; new over start paired by
-round. Run from this folder: python summary.py > summary.txt (the final tree), python summary.py
+round. Run from this folder: python summary.py > summary.txt (53d3e41), python summary.py
 first > first/summary.txt (the first runs: see README)."""
 
 import glob

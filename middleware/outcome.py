@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,10 +21,8 @@ REQUEST_ID_PREFIX = "kvg-"
 
 def new_request_id() -> str:
     """An unguessable id (128 random bits, 32 hex digits), so knowing one proves having seen the
-    response, behind the time it was made (milliseconds since the epoch, 12 hex digits), so ids
-    made together sort together: a store indexed by id (the request log) writes a batch of them
-    into the same few pages of its index instead of one page each."""
-    return f"{REQUEST_ID_PREFIX}{time.time_ns() // 1_000_000:012x}{secrets.token_hex(16)}"
+    response."""
+    return REQUEST_ID_PREFIX + secrets.token_hex(16)
 
 
 @dataclass

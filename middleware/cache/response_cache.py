@@ -298,21 +298,25 @@ class ResponseCache:
 
     @contextlib.contextmanager
     def _write_batch(self) -> Iterator[Batch]:
-        with self.index.batch() as batch, self.requests.batch():
-            self._batching.active = True
-            try:
-                yield batch  # a lost request-log batch is the log's to count: the answers' fate is the index's
-            finally:
-                self._batching.active = False
+        with self.index.batch() as batch, self.requests.batch(), self._batching_here():
+            yield batch  # a lost request-log batch is the log's to count: the answers' fate is the index's
 
     @contextlib.contextmanager
     def _log_batch(self) -> Iterator[Batch]:
-        with self.requests.batch() as batch:
-            self._batching.active = True
-            try:
-                yield batch if isinstance(batch, Batch) else Batch()  # a log without transactions: nothing to lose
-            finally:
-                self._batching.active = False
+        with self.requests.batch() as batch, self._batching_here():
+            yield batch if isinstance(batch, Batch) else Batch()  # a log without transactions: nothing to lose
+
+    @contextlib.contextmanager
+    def _batching_here(self) -> Iterator[None]:
+        """Marks this thread as inside a batch, whose end commits the writes made meanwhile."""
+        self._batching.active = True
+        try:
+            yield
+        finally:
+            self._batching.active = False
+
+    def _in_batch(self) -> bool:
+        return getattr(self._batching, "active", False)
 
     def _own_batch(self, writes: bool) -> contextlib.AbstractContextManager[Batch | None]:
         """A record step's writes outside a group commit (a worker thread's step, on a store with
@@ -320,7 +324,7 @@ class ResponseCache:
         transaction per store, the steps of concurrent threads taking the index's lock in turn
         for their writes only (the answer is priced and embedded before). Inside a group commit's
         batch, with no entry to write, or on a store without transactions: none (None)."""
-        if not writes or not self.transactional or getattr(self._batching, "active", False):
+        if not writes or not self.transactional or self._in_batch():
             return contextlib.nullcontext(None)
         return self._write_batch()
 
@@ -330,7 +334,7 @@ class ResponseCache:
         if not view.route.caches:
             return
         record = RequestRecord(view.tenant, view.route.name, info.cache, view.scope, info.entry_id, info.similarity)
-        if getattr(self._batching, "active", False):  # a group commit's step: its batch commits the record
+        if self._in_batch():  # a group commit's step: its batch commits the record
             self.requests.record(info.request_id, record)
             return
         # a worker thread's step: one row in a transaction of its own, where a lone `set` would

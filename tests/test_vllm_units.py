@@ -199,3 +199,36 @@ def test_the_launcher_asks_for_float32_only_on_an_x86_cpu_without_native_bfloat1
     assert server.argv()[server.argv().index("--dtype") + 1] == "bfloat16"
     chosen = VllmServer(model="m").argv()
     assert ("--dtype" in chosen) == (host_dtype() != "auto")
+
+
+def test_a_server_that_never_answers_says_what_its_port_answered(tmp_path: Path) -> None:
+    """The readiness wait of a launched vLLM server names what its port answered last and the
+    log's last line, so a start-up that logged success but never listed its models (another
+    process on the port) is told apart from a slow one."""
+    import http.server
+
+    from kvgate.engines.vllm.launch import VllmServer
+
+    class NotVllm(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), NotVllm)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO loading\nINFO:     Application startup complete.\n\n")
+    try:
+        server = VllmServer("model", port=other.server_address[1], log_path=log)
+        assert server.probe() == "HTTPError: HTTP Error 404: Not Found"
+        with pytest.raises(RuntimeError) as late:
+            server.wait_ready(timeout=1.0)
+    finally:
+        other.shutdown()
+        other.server_close()
+    message = str(late.value)
+    assert "HTTP Error 404" in message and "Application startup complete." in message, message
+    assert "Connection refused" in (server.probe() or "")  # nothing listens there any more

@@ -206,24 +206,36 @@ class VllmServer:
         return self
 
     def ready(self) -> bool:
+        return self.probe() is None
+
+    def probe(self) -> str | None:
+        """None when the server lists its models, else what the look at `/v1/models` got."""
         try:
             with urllib.request.urlopen(f"{self.api_base}/models", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
+                return None if r.status == 200 else f"HTTP {r.status}"
+        except OSError as exc:  # refused, reset, timed out, or an HTTP error status
+            return f"{type(exc).__name__}: {exc}"
 
     def wait_ready(self, timeout: float = 240.0) -> "VllmServer":
         deadline = time.monotonic() + timeout
+        seen = "no look yet"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(
                     f"vLLM on port {self.port} exited with {self.proc.returncode}"
                     + (f"; see {self.log_path}" if self.log_path else "")
                 )
-            if self.ready():
+            answer = self.probe()
+            if answer is None:
                 return self
+            seen = answer
             time.sleep(0.5)
-        raise RuntimeError(f"vLLM on port {self.port} not ready within {timeout:.0f}s")
+        # what the last look got, and the log's last line: a server that logged its start-up yet
+        # never answered here (another process on its port) reads differently from a slow one
+        raise RuntimeError(
+            f"vLLM on port {self.port} not ready within {timeout:.0f}s (the last look at /v1/models: {seen}"
+            + (f"; its log ends: {_last_line(self.log_path)!r}, see {self.log_path})" if self.log_path else ")")
+        )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (SIGKILL: a crash, as a fault test wants it)."""
@@ -246,6 +258,17 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log ('' when there is none or it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
 
 
 def env_level() -> str:

@@ -257,6 +257,11 @@ class ServerConfig(_Strict):
 class FeedbackConfig(_Strict):
     """Request ids and `POST /v1/cache/feedback` (middleware/cache/feedback.py)."""
 
+    enabled: bool = Field(
+        True,
+        description="keep a record of every cached route's request ids, so that they can be judged; "
+        "false: no request-id log is written or opened, and feedback answers 404",
+    )
     record_ttl: float = Field(86400, gt=0, description="seconds a request id can still receive feedback")
     record_max_mb: float = Field(64, gt=0, description="size bound of the request-id log on disk")
     margin: float = Field(

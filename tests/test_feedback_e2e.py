@@ -238,3 +238,35 @@ def test_proxy_feedback_example(make_proxy):
     lines = _run_example("proxy_feedback.py", proxy.url)
     assert [line.split()[0] for line in lines] == ["miss", "semantic", "feedback:", "miss"]
     assert "'removed': True" in lines[2]
+
+
+def test_feedback_off_keeps_no_request_ids(make_proxy, backend, tmp_path):
+    """`feedback.enabled: false`: answers are cached and served as before and still carry request
+    ids, but no request-id log is made (no directory, no records), feedback answers 404 naming the
+    setting (the proxy's OpenAI error, the pipeline's RequestNotFound), and an erasure finds no
+    records to remove."""
+    from tests.conftest import route_config
+
+    raw = route_config(backend.api_base, tmp_path / "cache")
+    raw["feedback"] = {"enabled": False}
+    proxy = make_proxy(raw=raw)
+    ids = []
+    for stream in (False, True, False):  # a miss, then exact hits (inline: the loop's group commit)
+        resp = proxy.chat("What is the capital of France?", stream=stream)
+        assert resp.status_code == 200
+        ids.append(resp.headers["x-kvgate-request-id"])
+    assert [proxy.chat("What is the capital of France?").headers["x-kvgate-cache"]] == ["exact"]
+    assert all(i.startswith("kvg-") for i in ids) and len(set(ids)) == 3
+    assert not (tmp_path / "cache" / "requests").exists()
+    assert proxy.pipeline.requests.get(ids[0]) is None
+    resp = feedback(proxy, ids[0], False)
+    assert resp.status_code == 404
+    error = resp.json()["error"]
+    assert "feedback.enabled" in error["message"] and error["param"] == "request_id"
+    assert proxy.chat("What is the capital of France?").headers["x-kvgate-cache"] == "exact"  # nothing removed
+    with pytest.raises(RequestNotFound, match="feedback.enabled"):
+        proxy.pipeline.feedback(ids[1], False, tenant="key-a")
+    tenant = proxy.pipeline.requests  # the log the pipeline holds: one that keeps nothing
+    assert tenant.stats() == {"storage_errors": 0} and tenant.erase_tenant("anyone") == 0
+    erased = proxy.pipeline.governance.erase_tenant("anyone")
+    assert erased.request_log == 0 and erased.scrubbed

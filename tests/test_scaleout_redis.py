@@ -191,3 +191,26 @@ def test_link_backs_off_after_a_failure_and_closes_on_success() -> None:
         link.close()
         server.stop()
     assert redacted("redis://user:pw@10.0.0.5:6380/2") == "redis://10.0.0.5:6380/2"
+
+
+def test_feedback_off_writes_no_request_ids_to_redis(
+    backend, embedder, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """With `feedback.enabled: false` on the Redis store the answer is shared as before, and no key
+    of the request log is made (with it on, the same requests make them: the check can fail)."""
+    import redis as redis_client
+
+    made = {}
+    for enabled in (True, False):
+        prefix = f"kvg{int(enabled)}:"
+        raw = redis_config(backend.api_base, tmp_path / prefix, redis_server.url, key_prefix=prefix)
+        raw["feedback"] = {"enabled": enabled}
+        pipeline = build_pipeline(parse_config(raw), embedder=embedder)
+        try:
+            assert ask(pipeline, QUESTION)[0] == "miss" and ask(pipeline, QUESTION)[0] == "exact"
+        finally:
+            pipeline.close()
+        keys = redis_client.Redis.from_url(redis_server.url).keys(f"{prefix}*")
+        made[enabled] = [k for k in keys if k.startswith(f"{prefix}r:kvg-".encode())]
+        assert len(keys) > len(made[enabled])  # the entries themselves are there either way
+    assert len(made[True]) == 2 and made[False] == []

@@ -31,6 +31,7 @@ from kvgate.middleware.cache.group_commit import GroupCommit, Settle
 from kvgate.middleware.cache.request_log import RequestLog, RequestRecord
 from kvgate.middleware.cache.semantic_lookup import SemanticLookup, count_lookup
 from kvgate.middleware.config import Config, RouteConfig
+from kvgate.middleware.errors import RequestNotFound
 from kvgate.middleware.outcome import CacheInfo, Hit, Lookup, Result
 from kvgate.middleware.request import CacheControl, RequestView, build_text_view, build_view
 from kvgate.middleware.tags import entry_tags
@@ -70,6 +71,7 @@ class ResponseCache:
         self.config = config
         self.index = index
         self.requests = requests
+        self.keeps_ids = config.feedback.enabled  # false: no request-log record is made at all
         self.semantic = semantic
         self.metrics = metrics
         self.inline_chars = inline_chars  # per route: the prompt size up to which cache steps run inline
@@ -116,7 +118,7 @@ class ResponseCache:
         turn: one row in the log's batch rather than a lone `set` (a read, the write and a cull,
         committed on its own). Awaited before the hit is answered, so its request id can be
         judged as soon as the client has it."""
-        if looked.inline and looked.result is not None and looked.view.route.caches:
+        if looked.inline and looked.result is not None and looked.view.route.caches and self.keeps_ids:
             await self.log_commits.run(self._log_hit, looked.view, looked.result.info)
 
     def _log_hit(self, view: RequestView, info: CacheInfo) -> Settle:
@@ -330,8 +332,9 @@ class ResponseCache:
 
     def remember(self, view: RequestView, info: CacheInfo) -> None:
         """Log what this request id was served from / stored as, for feedback (on a route that
-        caches answers, `RouteConfig.caches`: elsewhere there is nothing to judge)."""
-        if not view.route.caches:
+        caches answers, `RouteConfig.caches`: elsewhere there is nothing to judge; and only while
+        `feedback.enabled`)."""
+        if not view.route.caches or not self.keeps_ids:
             return
         record = RequestRecord(view.tenant, view.route.name, info.cache, view.scope, info.entry_id, info.similarity)
         if self._in_batch():  # a group commit's step: its batch commits the record
@@ -344,7 +347,14 @@ class ResponseCache:
 
     # ------------------------------------------------------------------ feedback
     def feedback(self, request_id: str, correct: bool, tenant: str = "anonymous") -> FeedbackOutcome:
-        """Judge an earlier answer (see middleware/cache/feedback.py); RequestNotFound if not this tenant's."""
+        """Judge an earlier answer (see middleware/cache/feedback.py); RequestNotFound if not this
+        tenant's, or when this proxy keeps no request ids (`feedback.enabled: false`)."""
+        if not self.keeps_ids:
+            raise RequestNotFound(
+                f"no request {request_id!r} to give feedback on: this proxy keeps no request ids "
+                "(feedback.enabled is false in its config)",
+                param="request_id",
+            )
         record = self.requests.get(request_id)
         route = next((r for r in self.config.routes if record is not None and r.name == record.route), None)
         mark_ttl = route.ttl if route is not None else None

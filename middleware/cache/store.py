@@ -1,7 +1,8 @@
 """The response cache's stores, opened from the `store:` config: local dirs or a shared Redis.
 
 `local` (the default): entries in `<cache_dir>/responses`, request ids in `<cache_dir>/requests`
-(diskcache; processes on one machine share them). `redis`: both on one Redis, reached through one
+(diskcache; processes on one machine share them); with `feedback.enabled: false` no request-id log
+at all (kvgate.middleware.cache.request_log_null). `redis`: both on one Redis, reached through one
 RedisLink (kvgate.index.storage.redis_link: pool, timeouts, circuit with backoff). An unreachable Redis at
 start-up stops it with one line naming `store.url` (no credentials), unless `on_error: degrade`:
 then the proxy starts and serves misses until Redis answers. With `encryption.key_env` the entry
@@ -25,6 +26,7 @@ from kvgate.index.storage.cipher import EntryCipher, parse_master_key
 from kvgate.index.storage.env import MissingSecret, secret_from_env
 from kvgate.index.storage.redis_link import LinkSettings, RedisLink
 from kvgate.middleware.cache.request_log import DiskRequestLog, RequestLog
+from kvgate.middleware.cache.request_log_null import NullRequestLog
 from kvgate.middleware.cache.request_log_redis import RedisRequestLog
 from kvgate.middleware.config import Config
 from kvgate.middleware.errors import ConfigError
@@ -56,10 +58,15 @@ def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
     """Open the configured backend; ConfigError (naming the store field) when it cannot start."""
     st = config.store
     cipher = entry_cipher(config)
+    keep_ids = config.feedback.enabled  # false: no request-id log at all (NullRequestLog)
     if st.backend == "local":
         entries = DiskEntryStore(config.cache_dir / "responses", dim, cipher) if with_entries else None
-        requests = DiskRequestLog(
-            config.cache_dir / "requests", config.feedback.record_ttl, int(config.feedback.record_max_mb * 2**20)
+        requests: RequestLog = (
+            DiskRequestLog(
+                config.cache_dir / "requests", config.feedback.record_ttl, int(config.feedback.record_max_mb * 2**20)
+            )
+            if keep_ids
+            else NullRequestLog()
         )
         return Stores(entries, requests, LOCAL_FOLLOW_INTERVAL_S)
     link = RedisLink(
@@ -71,7 +78,7 @@ def open_stores(config: Config, dim: int, with_entries: bool = True) -> Stores:
         link.close()
         raise
     entries = RedisEntryStore(link, dim, st.key_prefix, st.log_max, cipher) if with_entries else None
-    requests = RedisRequestLog(link, st.key_prefix, config.feedback.record_ttl)
+    requests = RedisRequestLog(link, st.key_prefix, config.feedback.record_ttl) if keep_ids else NullRequestLog()
     return Stores(entries, requests, st.follow_interval_s, link)
 
 

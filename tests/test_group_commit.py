@@ -52,6 +52,73 @@ def test_steps_of_one_loop_turn_run_in_one_batch_in_order():
     assert (commits.batches, commits.steps) == (2, 6)
 
 
+def _turns_until(done: "asyncio.Future[None]") -> "asyncio.Future[int]":
+    """How many loop turns pass until `done` is resolved (a callback that re-arms itself each turn)."""
+    loop = asyncio.get_running_loop()
+    counted: asyncio.Future[int] = loop.create_future()
+
+    def tick(n: int) -> None:
+        if done.done():
+            counted.set_result(n)
+        else:
+            loop.call_soon(tick, n + 1)
+
+    loop.call_soon(tick, 1)
+    return counted
+
+
+def test_a_lone_step_runs_at_the_next_turn():
+    """An idle proxy's step waits for no one: its batch runs at the next turn's start."""
+    batches = Batches()
+    commits = GroupCommit(batches)
+
+    async def main() -> int:
+        step = asyncio.ensure_future(commits.run(lambda: None))
+        turns = await _turns_until(step)
+        await step
+        return turns
+
+    assert asyncio.run(main()) <= 3  # the step's task starts, queues, and its batch runs next turn
+    assert (commits.batches, commits.steps) == (1, 1)
+
+
+def test_steps_that_keep_arriving_join_one_batch_up_to_max_turns():
+    """Two requests queue a step on each of several consecutive turns (a busy loop): the batch
+    waits while turns add steps, MAX_TURNS turns at most, then runs; later steps go to the next."""
+    from kvgate.middleware.cache.group_commit import MAX_TURNS
+
+    for turns in (1, 2, MAX_TURNS + 1, MAX_TURNS + 3):
+        sizes: list[int] = []
+
+        @contextlib.contextmanager
+        def batch():
+            sizes.append(0)
+            yield Batch()
+
+        commits = GroupCommit(batch)
+
+        def step() -> None:
+            sizes[-1] += 1
+
+        async def main(n: int = turns) -> None:
+            loop = asyncio.get_running_loop()
+            futures: list[asyncio.Future[None]] = []
+
+            def queue(k: int) -> None:  # two requests' steps, whose tasks run next turn
+                futures.extend(asyncio.ensure_future(commits.run(step)) for _ in range(2))
+                if k + 1 < n:
+                    loop.call_soon(queue, k + 1)
+
+            loop.call_soon(queue, 0)
+            while len(futures) < 2 * n:
+                await asyncio.sleep(0)
+            await asyncio.gather(*futures)
+
+        asyncio.run(main())
+        assert sum(sizes) == 2 * turns and (commits.batches, commits.steps) == (len(sizes), 2 * turns)
+        assert sizes[0] == 2 * min(turns, MAX_TURNS + 1), (turns, sizes)
+
+
 @pytest.mark.parametrize("lose", [False, True])
 def test_each_step_learns_its_batchs_fate_before_its_request_resumes(lose):
     batches = Batches(lose)

@@ -1,10 +1,16 @@
 """Group commit of the record steps that run on the event loop.
 
 A small request's record step (the answer stored, its request-log record written) is a few
-SQLite writes, and each commit (a journal sync) costs more than the writes in it.
-Steps queued during one turn of the event loop run together at the start of the next turn,
-inside one write batch (a transaction per store); each request waits for its own step, so the
-answer is still stored before the client is told the response is complete.
+SQLite writes, and each commit (its pages written to the journal) costs more than the writes in it.
+Steps queued while the event loop turns run together in one write batch (a transaction per
+store); each request waits for its own step, so the answer is still stored before the client is
+told the response is complete.
+
+When the batch runs: a lone step at the start of the next turn, as soon as it can; while steps
+keep arriving (a turn added to the batch), one more turn, up to MAX_TURNS. An idle proxy's
+request so waits no longer than before, and a busy one's at most a few turns (each a pass over
+the sockets that were ready), in exchange for fewer, larger batches: a commit's cost is mostly
+per batch (its transaction, the pages every commit writes), not per row.
 
 A step returns a `Settle`: what to count once the batch's fate is known (`lost`: its commit
 failed, so the writes the step made are gone).
@@ -22,12 +28,14 @@ from kvgate.index.storage.softfail import Batch
 
 log = logging.getLogger("kvgate.pipeline")
 
+MAX_TURNS = 4  # turns a batch may wait for more steps while they keep coming (docs/BENCHMARKS.md)
 Settle = Callable[[bool], None]
 Step = tuple[Callable[..., Settle], tuple[Any, ...], "asyncio.Future[None]"]
 
 
 class GroupCommit:
-    """Runs `fn(*args)` for `run` callers in batches, one per event-loop turn, inside `batch()`."""
+    """Runs `fn(*args)` for `run` callers in batches inside `batch()`: a batch gathers steps from
+    one event-loop turn, and from each next turn while that turn added some (MAX_TURNS at most)."""
 
     def __init__(self, batch: Callable[[], AbstractContextManager[Batch]]) -> None:
         self._batch = batch
@@ -41,9 +49,18 @@ class GroupCommit:
         future: asyncio.Future[None] = loop.create_future()
         queue = self._queues.setdefault(loop, [])
         if not queue:
-            loop.call_soon(self._flush, loop)
+            loop.call_soon(self._gather, loop, 1, 0)
         queue.append((fn, args, future))
         await future
+
+    def _gather(self, loop: asyncio.AbstractEventLoop, seen: int, turns: int) -> None:
+        """At a turn's start: wait one more turn if the last one added steps (`seen`: the queue's
+        length then), else run the batch."""
+        waiting = len(self._queues.get(loop, ()))
+        if waiting > seen and turns < MAX_TURNS:
+            loop.call_soon(self._gather, loop, waiting, turns + 1)
+            return
+        self._flush(loop)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         steps = self._queues.pop(loop, [])

@@ -4,28 +4,19 @@ C=32 cell over sglang-router's CPU in the same round, with `g` and with `g` and 
 router overhead from loop-load. Usage: python summary.py (in this folder)."""
 
 import json
-import statistics
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
-rounds = sorted({int(p.stem.split("-")[1]) for p in HERE.glob("new-*.json")})
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from paired import compare, rows as _rows  # noqa: E402
 
 
 def rows(name: str) -> dict[tuple[str, int], dict]:
-    return {(r["mix"], r["concurrency"]): r for r in json.loads((HERE / f"{name}.json").read_text())["rows"]}
+    return _rows(HERE, name)
 
 
-new = {i: rows(f"new-{i}") for i in rounds}
-g = {i: rows(f"g-{i}") for i in rounds}
-for cell in new[rounds[0]]:
-    a, b = [new[i][cell] for i in rounds], [g[i][cell] for i in rounds]
-    cpu = statistics.fmean(y["proxy_cpu_ms_per_req"] / x["proxy_cpu_ms_per_req"] for x, y in zip(a, b))
-    rps = statistics.fmean(y["rps"] / x["rps"] for x, y in zip(a, b))
-    print(
-        f"{cell[0]:9} C={cell[1]:3} new req/s {[r['rps'] for r in a]} CPU {[r['proxy_cpu_ms_per_req'] for r in a]} p99 {[r['p99_ms'] for r in a]}"
-        f" | g req/s {[r['rps'] for r in b]} CPU {[r['proxy_cpu_ms_per_req'] for r in b]} p99 {[r['p99_ms'] for r in b]}"
-        f" | g/new CPU {cpu:.3f} req/s {rps:.3f} | errors {sum(r['errors'] for r in a + b)}"
-    )
+rounds, new, g = compare(HERE, "new", "g")
 cell = ("all_miss", 32)
 sg = {i: rows(f"sglang-{i}")[cell] for i in rounds}
 off = {i: rows(f"g-fboff-{i}")[cell] for i in rounds}

@@ -270,3 +270,28 @@ def test_feedback_off_keeps_no_request_ids(make_proxy, backend, tmp_path):
     assert tenant.stats() == {"storage_errors": 0} and tenant.erase_tenant("anyone") == 0
     erased = proxy.pipeline.governance.erase_tenant("anyone")
     assert erased.request_log == 0 and erased.scrubbed
+
+
+def test_an_inline_hit_with_no_record_still_yields_to_the_loop(make_proxy, backend, tmp_path):
+    """With feedback off an inline hit has no log step to wait for; `logged` still gives the loop
+    one turn (what a hit with a log step waits at least), so a run of hits does not hold it."""
+    from tests.conftest import route_config
+
+    raw = route_config(backend.api_base, tmp_path / "cache")
+    raw["feedback"] = {"enabled": False}
+    proxy = make_proxy(raw=raw)
+    cache = proxy.pipeline.cache
+    route = proxy.pipeline.config.routes[0]
+    body = {"model": "demo-1", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    assert proxy.pipeline.complete(body, "key-a").info.cache == "miss"
+
+    async def main() -> list[str]:
+        order: list[str] = []
+        looked = cache.look_up(cache.view(route, body, tenant="key-a"), 0.0, inline=True)
+        assert looked.result is not None and looked.result.info.cache == "exact"
+        asyncio.get_running_loop().call_soon(order.append, "other socket")
+        await cache.logged(looked)
+        order.append("hit answered")
+        return order
+
+    assert asyncio.run(main()) == ["other socket", "hit answered"]

@@ -118,8 +118,12 @@ class ResponseCache:
         turn: one row in the log's batch rather than a lone `set` (a read, the write and a cull,
         committed on its own). Awaited before the hit is answered, so its request id can be
         judged as soon as the client has it."""
-        if looked.inline and looked.result is not None and looked.view.route.caches and self.keeps_ids:
+        if not (looked.inline and looked.result is not None):
+            return
+        if looked.view.route.caches and self.keeps_ids:
             await self.log_commits.run(self._log_hit, looked.view, looked.result.info)
+        else:  # no record to wait for: still let the loop serve its other ready sockets first, as
+            await asyncio.sleep(0)  # a hit with one does, so a run of hits does not hold the loop
 
     def _log_hit(self, view: RequestView, info: CacheInfo) -> Settle:
         self.remember(view, info)

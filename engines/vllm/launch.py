@@ -205,9 +205,6 @@ class VllmServer:
         )
         return self
 
-    def ready(self) -> bool:
-        return self.probe() is None
-
     def probe(self) -> str | None:
         """None when the server lists its models, else what the look at `/v1/models` got."""
         try:

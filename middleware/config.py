@@ -274,7 +274,18 @@ class StatsConfig(_Strict):
 
     interval_s: float = Field(2.0, ge=0.1, le=300, description="seconds per point of the dashboard's history")
     keep: int = Field(3600, ge=10, le=100_000, description="points kept (interval_s * keep = the window shown)")
-    scrape_replicas: bool = Field(True, description="read each replica's /metrics for KV tiers and prefix hit rate")
+    scrape_replicas: Literal["watched", "always", "never"] = Field(
+        "watched",
+        description="when the dashboard and /metrics read each replica's /metrics (engine numbers, KV tiers): "
+        "`watched` while the dashboard is open and at each scrape of kvgate's /metrics, `always` every "
+        "routing.engine_poll_s, `never`; true / false are read as always / never",
+    )
+
+    @field_validator("scrape_replicas", mode="before")
+    @classmethod
+    def _scrape_flag(cls, value: Any) -> Any:
+        # configs written before the three modes said true (read every interval) or false
+        return {True: "always", False: "never"}.get(value, value) if isinstance(value, bool) else value
 
 
 class Config(_Strict):

@@ -18,6 +18,7 @@ from kvgate.tools.bench.vllm_arena_client import Turn, take_event
 from kvgate.tools.bench.vllm_arena_setup import kvgate_config
 from kvgate.tools.bench.vllm_arena_stats import (
     Computed,
+    added_ttft_ms,
     computed_per_server,
     counters,
     loop_lag,
@@ -245,9 +246,13 @@ def test_kvgate_configs_are_valid(tmp_path):
     resident = parse_config(kvgate_config("kvgate_precise_resident", servers, tmp_path / "res", "/m")).routes[0]
     assert (resident.routing.policy.name, resident.routing.policy.new_sessions) == ("cache_aware", "resident")
     assert resident.routing.prefix.mode == "precise" and all(r.events for r in resident.replicas)
+    polled = parse_config(kvgate_config("kvgate_precise_polled", servers, tmp_path / "pol", "/m"))
+    assert polled.stats.scrape_replicas == "always"
     unpolled = parse_config(kvgate_config("kvgate_precise_unpolled", servers, tmp_path / "unp", "/m"))
-    assert not unpolled.stats.scrape_replicas and unpolled.routes[0].routing.prefix.mode == "precise"
-    assert parse_config(kvgate_config("kvgate_precise", servers, tmp_path / "p", "/m")).stats.scrape_replicas
+    assert unpolled.stats.scrape_replicas == "never" and unpolled.routes[0].routing.prefix.mode == "precise"
+    assert (
+        parse_config(kvgate_config("kvgate_precise", servers, tmp_path / "p", "/m")).stats.scrape_replicas == "watched"
+    )
 
 
 def test_options_checked():
@@ -332,3 +337,30 @@ def test_loop_lag_reads_the_routers_histogram_between_two_pages():
     assert lag == {"samples": 100, "mean_ms": 30.0, "over_10ms": 0.3, "over_50ms": 0.15, "over_100ms": 0.12}
     assert loop_lag(after, after) is None
     assert loop_lag("", "") is None
+
+
+def test_the_clients_ttft_splits_into_vllms_own_and_what_the_path_added():
+    """vLLM's own TTFT is paired run by run like the client's, and the time beyond it is each
+    run's difference, averaged (runs missing either figure left out)."""
+    runs = {
+        "kvgate_precise": [
+            {"run": 1, "ttft_mean_s": 0.50, "engine_ttft_mean_s": 0.45},
+            {"run": 2, "ttft_mean_s": 0.60, "engine_ttft_mean_s": 0.57},
+            {"run": 3, "ttft_mean_s": 0.70, "engine_ttft_mean_s": None},
+        ],
+        "sglang": [
+            {"run": 1, "ttft_mean_s": 0.50, "engine_ttft_mean_s": 0.49},
+            {"run": 2, "ttft_mean_s": 0.60, "engine_ttft_mean_s": 0.59},
+            {"run": 3, "ttft_mean_s": 0.70, "engine_ttft_mean_s": 0.69},
+        ],
+    }
+    engine = paired_ratios(runs, ["kvgate_precise"], ["sglang"], key="engine_ttft_mean_s")["kvgate_precise/sglang"]
+    assert engine["runs"] == 2
+    assert engine["ratio"] == round(math.exp(statistics.fmean([math.log(0.45 / 0.49), math.log(0.57 / 0.59)])), 4)
+    client = paired_ratios(runs, ["kvgate_precise"], ["sglang"])["kvgate_precise/sglang"]
+    assert client["ratio"] == 1.0 and client["runs"] == 3
+    assert math.isclose(added_ttft_ms(runs["kvgate_precise"]), (50 + 30) / 2)
+    assert math.isclose(added_ttft_ms(runs["sglang"]), 10.0)
+    assert added_ttft_ms([{"run": 1, "ttft_mean_s": 0.5}]) is None
+    tokens = {"prompt_tokens": 100, "cached_tokens": 50, "errors": 0, "requests": 1}
+    assert router_summary([{**r, **tokens} for r in runs["kvgate_precise"]])["added_ttft_ms"] == 40.0

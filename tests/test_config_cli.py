@@ -44,12 +44,19 @@ def test_example_config_is_valid():
         ({"routes": [{"name": "a", "model": "x"}], "server": {"port": 70000}}, "server.port"),
         ({"routes": [{"name": "a", "model": "x", "scope": "global"}]}, "routes.0.scope"),
         ({"routes": [{"name": "a", "model": "x", "ttl": 60, "semantic": {"ttl": 30}}]}, "routes.0"),
+        ({"routes": [{"name": "a", "model": "x"}], "stats": {"scrape_replicas": "sometimes"}}, "stats.scrape_replicas"),
     ],
 )
 def test_bad_config_names_the_field(data, field):
     with pytest.raises(ConfigError) as err:
         parse_config(data)
     assert f"{field}:" in err.value.message
+
+
+@pytest.mark.parametrize("given, mode", [(None, "watched"), (True, "always"), (False, "never"), ("always", "always")])
+def test_replicas_are_read_while_watched_by_default_and_the_old_flag_still_reads(given, mode):
+    stats = {} if given is None else {"scrape_replicas": given}
+    assert parse_config({"routes": [{"name": "a", "model": "x"}], "stats": stats}).stats.scrape_replicas == mode
 
 
 @pytest.mark.parametrize(

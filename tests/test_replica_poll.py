@@ -17,7 +17,7 @@ from kvgate.middleware.config import ReplicaConfig, RoutingConfig
 from kvgate.middleware.forward.http_gets import PooledGets
 from kvgate.middleware.routing.router import Router
 from kvgate.middleware.telemetry.engine_metrics import replica_reading
-from kvgate.middleware.telemetry.replica_poll import ReplicaPoller, engine_report, polled_routes
+from kvgate.middleware.telemetry.replica_poll import Poll, ReplicaPoller, engine_report, polled_routes
 from kvgate.middleware.telemetry.replica_scrape import SCRAPED, parse_metrics
 from kvgate.tools.bench.procs import ServerThread
 
@@ -88,8 +88,8 @@ def test_one_poller_feeds_the_router_over_one_connection_per_replica(client) -> 
     router = Router(replicas, RoutingConfig(policy="prefill_time", engine_poll_s=0.1))
     pool = ThreadPoolExecutor(1)
     try:
-        assert polled_routes({"r": router}, dashboard=False) == {"r": 0.1}
-        poller = ReplicaPoller({"r": router}, polled_routes({"r": router}, dashboard=False))
+        assert polled_routes({"r": router}, "never") == {"r": Poll(0.1, True)}  # it routes on them
+        poller = ReplicaPoller({"r": router}, polled_routes({"r": router}, "never"))
 
         async def run() -> None:
             task = asyncio.create_task(poller.run(pool, client))
@@ -117,10 +117,50 @@ def test_one_poller_feeds_the_router_over_one_connection_per_replica(client) -> 
 def test_routes_nobody_reads_are_not_polled() -> None:
     router = Router([ReplicaConfig(name="a", api_base="http://127.0.0.1:9/v1")], RoutingConfig())
     try:
-        assert polled_routes({"r": router}, dashboard=False) == {}  # cache_aware, no dashboard numbers
-        assert polled_routes({"r": router}, dashboard=True) == {"r": 2.0}  # the default interval
+        assert polled_routes({"r": router}, "never") == {}  # cache_aware, no dashboard numbers
+        assert polled_routes({"r": router}, "watched") == {"r": Poll(2.0, False)}  # the default interval
+        assert polled_routes({"r": router}, "always") == {"r": Poll(2.0, True)}
         poller = ReplicaPoller({"r": router}, {})
         asyncio.run(asyncio.wait_for(poller.run(ThreadPoolExecutor(1)), 5))  # returns at once
         assert poller.reads == 0
     finally:
         router.close()
+
+
+def test_watched_replicas_are_read_while_someone_looks_and_once_per_stale_scrape() -> None:
+    """`watched`: nothing is read until the dashboard asks; then every interval for `watch_s`;
+    then nothing again. A scrape of /metrics (`fresh`) gets one read when the last is stale,
+    none when it is not; the dashboard's points take only pages read within their age."""
+    engine = FakeEngine(waiting=0)
+    router = Router([ReplicaConfig(name="a", api_base=f"{engine.server.url}/v1")], RoutingConfig(engine_poll_s=0.1))
+    pool = ThreadPoolExecutor(1)
+    try:
+        poller = ReplicaPoller({"r": router}, polled_routes({"r": router}, "watched"), watch_s=0.5)
+
+        async def run() -> None:
+            task = asyncio.create_task(poller.run(pool, PooledGets))
+            await asyncio.sleep(0.5)
+            assert engine.reads == 0 and poller.readings() == {}  # nobody looked
+            poller.watch()
+            await asyncio.sleep(0.45)
+            watched = engine.reads
+            assert 3 <= watched <= 6, watched  # every 0.1 s while watched
+            assert ("r", "a") in poller.readings() and ("r", "a") in poller.pages(0.2)
+            await asyncio.sleep(0.5)
+            stopped = engine.reads
+            assert stopped - watched <= 2  # the watch ran out
+            await asyncio.sleep(0.5)
+            assert engine.reads == stopped  # and nothing since
+            assert poller.readings() == {} and poller.pages(0.2) == {}  # stale: neither shown nor charted
+            await poller.fresh(2.0)  # a scrape finds it stale: one read, waited for
+            assert engine.reads == stopped + 1 and ("r", "a") in poller.readings()
+            await poller.fresh(2.0)  # read just now: no read
+            await asyncio.sleep(0.3)
+            assert engine.reads == stopped + 1
+            task.cancel()
+
+        asyncio.run(asyncio.wait_for(run(), 20))
+    finally:
+        pool.shutdown()
+        router.close()
+        engine.server.stop()

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvgate.proxy")
 T = TypeVar("T")
+FRESH_WAIT_S = 2.0  # the longest a scrape of /metrics waits for the replicas' numbers (then shows what it has)
 
 
 def tenant_of(token: str | None) -> str:
@@ -92,18 +93,21 @@ def create_app(
         # /health and /metrics read the disk (the index catches up with other processes): in a
         # thread of their own, so a probe never queues behind request work in the default pool
         app.state.probes = ThreadPoolExecutor(1, thread_name_prefix="kvgate-probes")
-        # one reader of the replicas' /metrics for routing (prefill_time) and the dashboard alike
+        # one reader of the replicas' /metrics for routing (prefill_time), the dashboard and /metrics
         app.state.replica_poller = poller = ReplicaPoller(
             pipe.routers, polled_routes(pipe.routers, config.stats.scrape_replicas)
         )
         tasks.append(asyncio.create_task(poller.run(app.state.probes, PooledGets)))
+        pipe.metrics.watch_engines(poller.readings)
         app.state.stats = make_recorder(pipe, config.stats)  # the dashboard's history (middleware/server/ui.py)
+        # a point takes the pages read since the one before (an engine's reads lag its interval a little)
+        page_age = config.stats.interval_s + max((p.interval_s for p in poller.routes.values()), default=0.0)
         tasks.append(
             asyncio.create_task(
                 record_stats(
                     app.state.stats,
                     pipe.metrics.registry,
-                    lambda: poller.latest,
+                    lambda: poller.pages(page_age),
                     app.state.probes,
                     config.stats.interval_s,
                 )
@@ -204,6 +208,7 @@ def create_app(
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         authorise(request)
+        await request.app.state.replica_poller.fresh(FRESH_WAIT_S)  # the engines' numbers, read if stale
         body = await _off_loop(request.app.state.probes, request.app.state.pipeline.metrics.render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -1,6 +1,7 @@
 """The dashboard: GET /ui (one page + plotly.js, served from static/ beside it: no CDN),
 GET /v1/stats (its JSON), and the task that adds one point per `stats.interval_s` (the replicas'
-numbers from the proxy's one reader of their /metrics, middleware/telemetry/replica_poll.py).
+numbers from the proxy's one reader of their /metrics, middleware/telemetry/replica_poll.py, which
+reads them while these two are asked for: `ReplicaPoller.watch`).
 
 Auth is the KeyGate's (middleware/server/auth.py): with `auth.keys` set, both need a key (Bearer, or
 Basic from the browser's login prompt).
@@ -43,7 +44,8 @@ def add_dashboard(app: FastAPI) -> None:
     router = app
 
     @router.get("/ui", response_class=HTMLResponse)
-    async def page() -> FileResponse:
+    async def page(request: Request) -> FileResponse:
+        request.app.state.replica_poller.watch()  # the engines' numbers are read while the page is open
         return FileResponse(STATIC / "dashboard.html", media_type="text/html", headers={"cache-control": "no-cache"})
 
     @router.get("/ui/dashboard.js")
@@ -60,17 +62,14 @@ def add_dashboard(app: FastAPI) -> None:
     async def stats(
         request: Request, since: float | None = Query(None, description="only points after this time (unix s)")
     ) -> dict[str, Any]:
+        request.app.state.replica_poller.watch()
         return request.app.state.stats.view(since)
 
 
 def make_recorder(pipeline: "Pipeline", cfg: StatsConfig) -> StatsRecorder:
     """The recorder for this pipeline's routes and replicas."""
     replicas = [(route, r.name) for route, router in pipeline.routers.items() for r in router.replicas]
-    recorder = StatsRecorder([r.name for r in pipeline.config.routes], replicas, cfg.interval_s, cfg.keep)
-    # /metrics shows the engines' numbers from this recorder's last tick: one read of each replica
-    # serves both, and a Prometheus collect never waits on a replica
-    pipeline.metrics.watch_engines(recorder.engine_readings)
-    return recorder
+    return StatsRecorder([r.name for r in pipeline.config.routes], replicas, cfg.interval_s, cfg.keep)
 
 
 def read_scrape(registry: CollectorRegistry, pages: Mapping[ReplicaId, Samples | None], at: float) -> Scrape:

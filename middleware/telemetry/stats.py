@@ -35,9 +35,7 @@ class Scrape:
 
 class StatsRecorder:
     """Owned by the app (app.state.stats); `advance` turns a Scrape into a point, `view` serves them.
-    `advance` and `view` are called from the event loop only, so the ring needs no lock;
-    `engine_readings` is also called from /metrics' thread, and reads a dict that `advance`
-    replaces whole, never one it changes."""
+    `advance` and `view` are called from the event loop only, so the ring needs no lock."""
 
     def __init__(self, routes: list[str], replicas: list[ReplicaId], interval_s: float, keep: int) -> None:
         self.routes, self.replicas = routes, replicas
@@ -47,7 +45,6 @@ class StatsRecorder:
         self._remote: dict[ReplicaId, Samples] = {}
         self._totals: dict[str, Any] = {}
         self._readings: dict[ReplicaId, ReplicaReading] = {}  # each replica's last recognised reading
-        self._latest: Mapping[ReplicaId, ReplicaReading] = {}  # the replicas read at the last tick
 
     def advance(self, scrape: Scrape) -> dict[str, Any]:
         """Append the point for the interval that ends at `scrape.at`."""
@@ -55,7 +52,6 @@ class StatsRecorder:
         point: dict[str, Any] = {"t": round(scrape.at, 3), "routes": {}, "replicas": {}}
         for route in self.routes:
             point["routes"][route] = {**_route_point(gained, route), "cum": _route_counts(scrape.own, route)}
-        latest: dict[ReplicaId, ReplicaReading] = {}
         for rid in self.replicas:
             remote = scrape.replicas.get(rid)
             remote_gained = growth(self._remote.get(rid, {}), remote) if remote is not None else None
@@ -66,19 +62,12 @@ class StatsRecorder:
             if remote is not None:
                 self._remote[rid] = remote
             if reading is not None:
-                self._readings[rid] = latest[rid] = reading
+                self._readings[rid] = reading
             point["replicas"]["/".join(rid)] = _replica_point(gained, scrape.own, rid, remote_gained, remote, interval)
-        self._latest = latest  # replaced, not changed: the /metrics thread may be reading the old one
         self._own = scrape.own
         self._totals = {route: _route_counts(scrape.own, route) for route in self.routes}
         self.points.append(point)
         return point
-
-    def engine_readings(self) -> Mapping[ReplicaId, ReplicaReading]:
-        """The replicas whose /metrics the last tick read and recognised, cumulative as their engines
-        report them (kvgate.middleware.telemetry.collectors.EngineCollector exports these; a replica that did not
-        answer that tick is absent rather than shown with stale numbers)."""
-        return self._latest
 
     def view(self, since: float | None = None) -> dict[str, Any]:
         """The JSON of /v1/stats: settings, totals since start, and the points after `since`."""

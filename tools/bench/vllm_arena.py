@@ -9,7 +9,9 @@ approximate, tokenizer = the model dir), `round_robin` (kvgate serve), `sglang` 
 cache_aware) and `vllm_router` (vllm-router cache_aware); on request (--arms) the two kvgate arms with
 policy prefill_time instead (`kvgate_precise_prefill_time`, `kvgate_approximate_prefill_time`),
 `kvgate_precise_resident` (cache_aware with `new_sessions: resident`), `kvgate_precise_unpolled`
-(kvgate precise whose proxy reads no replica's /metrics: `stats.scrape_replicas: false`), and the
+(kvgate precise whose proxy reads no replica's /metrics: `stats.scrape_replicas: never`),
+`kvgate_precise_polled` (reads them every `engine_poll_s` whether anyone looks or not:
+`stats.scrape_replicas: always`, the default before `watched`), and the
 ablation `replay_precise`: no router at all, each turn sent straight to the engine kvgate precise
 chose for it in the same run (listed after kvgate_precise), which separates where kvgate places
 requests from what its proxy costs them. kvgate arms run with both response-cache
@@ -45,8 +47,10 @@ request_records: one small dict per request, with per_replica where a kvgate rou
 a kvgate arm's runs add router_loop_lag, its event loop's lateness over the run (vllm_arena_stats.loop_lag),
 and the arm its proxy_steps_ms, those steps over its runs by first and later turns;
 the replay arm's runs add unplaced_turns, the turns the replayed run did not place);
-the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs; top level:
-router_nice (the routers' nice value), oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
+the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs, engine_ttft_mean_s
+vLLM's own mean TTFT and added_ttft_ms the client's beyond it (vllm_arena_stats.added_ttft_ms); top level:
+paired (each kvgate arm's mean TTFT against each anchor's, run by run) and paired_engine_ttft (the
+same of vLLM's own TTFT: the placement's part), router_nice (the routers' nice value), oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
 cache_config_info), machine (with the other vLLM servers found running), command, scaling, tuning.
 A default run (16 conversations × 4 turns, 5 arms × 3 runs, tuning on 8) takes about 30 minutes
 on 2 cores with nothing else running: ~65 s per cache-aware run, ~125 s per round_robin run.
@@ -83,7 +87,7 @@ from kvgate.tools.bench.vllm_arena_setup import (
     placements,
     preflight,
 )
-from kvgate.tools.bench.vllm_arena_stats import paired_ratios, router_summary
+from kvgate.tools.bench.vllm_arena_stats import paired_ratios, print_table, router_summary
 from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
 
 DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
@@ -93,6 +97,7 @@ ARMS = (
     "kvgate_approximate_prefill_time",
     "kvgate_precise_resident",
     "kvgate_precise_unpolled",
+    "kvgate_precise_polled",
     REPLAY_ARM,
 )
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
@@ -331,7 +336,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 **proxy_steps(runs[arm]),
             )
     kvgate_arms = [a for a in arms if a.startswith("kvgate")]
-    result["paired"] = paired_ratios(runs, kvgate_arms, [a for a in arms if a in ANCHOR_OF])
+    anchors = [a for a in arms if a in ANCHOR_OF]
+    result["paired"] = paired_ratios(runs, kvgate_arms, anchors)
+    result["paired_engine_ttft"] = paired_ratios(runs, kvgate_arms, anchors, key="engine_ttft_mean_s")
     done = [r for rs in runs.values() for r in rs]
     oracle_prompt = sum(r["oracle_prompt_tokens"] for r in done)
     result["oracle_cached_fraction"] = (
@@ -340,34 +347,6 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     result["machine"]["other_vllm_servers_at_end"] = other_vllm_servers()
     result.update(wall_s=round(time.perf_counter() - t_start, 1), logs=str(work))
     return result
-
-
-def print_table(result: dict[str, Any]) -> None:
-    def ms(x: float | None) -> str:
-        return "–" if x is None else f"{x * 1000:.0f}"
-
-    print(
-        f"{'router':20s} {'ttft mean ms':>14s} {'p50':>6s} {'p90':>6s} {'cached':>7s} {'errors':>6s} {'requests':>8s} "
-        f"{'router cpu ms/req':>17s} {'engines cpu s':>13s} {'engine ttft ms':>14s} {'wall s':>6s}"
-    )
-    for name, s in result["routers"].items():
-        cached = "–" if s["cached_fraction"] is None else f"{s['cached_fraction']:.3f}"
-        per_req, engines, wall = s.get("router_cpu_ms_per_request"), s.get("engines_cpu_s"), s.get("wall_s")
-        print(
-            f"{name:20s} {ms(s['ttft_mean_s']):>7s} ±{ms(s['ttft_mean_ci_s']):>5s} {ms(s['ttft_p50_s']):>6s} "
-            f"{ms(s['ttft_p90_s']):>6s} {cached:>7s} {s['errors']:>6d} {s['requests']:>8d} "
-            f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s} "
-            f"{ms(s.get('engine_ttft_mean_s')):>14s} {'–' if wall is None else f'{wall:.1f}':>6s}"
-        )
-    for pair, ratio in result.get("paired", {}).items():
-        ci = ratio.get("ci95")
-        interval = f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
-        print(f"mean TTFT {pair}, run by run: {ratio['ratio']:.3f}x over {ratio['runs']} runs{interval}")
-    if result["oracle_cached_fraction"] is not None:
-        print(
-            f"oracle cached fraction {result['oracle_cached_fraction']:.3f}; kv cache {result['kv_cache_tokens']} tokens "
-            f"per server, block {result.get('block_size')}"
-        )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -52,12 +52,14 @@ KVGATE_ARMS = {
     "kvgate_approximate_prefill_time": ("approximate", "prefill_time"),
     "kvgate_precise_resident": ("precise", "cache_aware"),
     "kvgate_precise_unpolled": ("precise", "cache_aware"),
+    "kvgate_precise_polled": ("precise", "cache_aware"),
 }
 # an arm's policy knobs beside the defaults
 KVGATE_ARM_KNOBS = {"kvgate_precise_resident": {"new_sessions": "resident"}}
-# arms whose proxy reads no replica's /metrics (the dashboard's engine numbers off; cache_aware
-# reads none itself), to see what the reads cost the engines
-UNPOLLED_ARMS = {"kvgate_precise_unpolled"}
+# `stats.scrape_replicas` of the arms that set it: none read (the dashboard's engine numbers off;
+# cache_aware reads none itself) or every interval whether watched or not, to see what the reads
+# cost the engines
+SCRAPE_OF_ARM = {"kvgate_precise_unpolled": "never", "kvgate_precise_polled": "always"}
 
 
 # the ablation arm: the turns sent straight to the engines kvgate precise chose for them in the same
@@ -87,7 +89,7 @@ def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, toke
         routing = {"policy": "round_robin"}
     return {
         "cache_dir": str(cache_dir),
-        **({"stats": {"scrape_replicas": False}} if arm in UNPOLLED_ARMS else {}),
+        **({"stats": {"scrape_replicas": SCRAPE_OF_ARM[arm]}} if arm in SCRAPE_OF_ARM else {}),
         "server": {"timing_header": True},  # each turn's steps through the proxy (request_records' proxy_ms)
         "routes": [
             {

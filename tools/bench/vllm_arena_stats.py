@@ -221,9 +221,23 @@ def router_summary(runs: Sequence[dict[str, Any]], **extra: Any) -> dict[str, An
         "errors": sum(r["errors"] for r in runs),
         "requests": sum(r["requests"] for r in runs),
         **{key: _mean_of(runs, key) for key in ("engine_ttft_mean_s", "total_mean_s", "wall_s")},
+        "added_ttft_ms": added_ttft_ms(runs),
         **extra,
         "runs": list(runs),
     }
+
+
+def added_ttft_ms(runs: Sequence[dict[str, Any]]) -> float | None:
+    """The client's mean TTFT less vLLM's own (`engine_ttft_mean_s`), run by run, averaged, in ms
+    (None where no run has both): what the router's path adds both ways, plus what every arm
+    shares (vLLM's HTTP front end rendering and tokenizing the prompt, the client's own reading).
+    With the same engines and prompts in every arm, the arms' difference is their routers'."""
+    gaps = [
+        (r["ttft_mean_s"] - r["engine_ttft_mean_s"]) * 1000
+        for r in runs
+        if r.get("ttft_mean_s") is not None and r.get("engine_ttft_mean_s") is not None
+    ]
+    return round(statistics.fmean(gaps), 2) if gaps else None
 
 
 def _mean_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -253,18 +267,53 @@ def paired_ratio(arm: Sequence[float], anchor: Sequence[float]) -> dict[str, Any
     return out
 
 
-def paired_ratios(runs: dict[str, Sequence[dict[str, Any]]], arms: Sequence[str], anchors: Sequence[str]) -> dict:
-    """`{"<arm>/<anchor>": paired_ratio}` for every arm and anchor that both ran, matched by run
-    number."""
+def paired_ratios(
+    runs: dict[str, Sequence[dict[str, Any]]], arms: Sequence[str], anchors: Sequence[str], key: str = "ttft_mean_s"
+) -> dict:
+    """`{"<arm>/<anchor>": paired_ratio}` of each run's `key` for every arm and anchor that both
+    ran, matched by run number (`engine_ttft_mean_s`: vLLM's own TTFT, the placement's part of
+    the client's)."""
     out = {}
     for arm in arms:
         for anchor in anchors:
             if arm not in runs or anchor not in runs:
                 continue
-            mine = {r["run"]: r.get("ttft_mean_s") for r in runs[arm]}
-            theirs = {r["run"]: r.get("ttft_mean_s") for r in runs[anchor]}
+            mine = {r["run"]: r.get(key) for r in runs[arm]}
+            theirs = {r["run"]: r.get(key) for r in runs[anchor]}
             common = sorted(set(mine) & set(theirs))
             ratio = paired_ratio([mine[n] for n in common], [theirs[n] for n in common])
             if ratio is not None:
                 out[f"{arm}/{anchor}"] = ratio
     return out
+
+
+def print_table(result: dict[str, Any]) -> None:
+    def ms(x: float | None) -> str:
+        return "–" if x is None else f"{x * 1000:.0f}"
+
+    print(
+        f"{'router':20s} {'ttft mean ms':>14s} {'p50':>6s} {'p90':>6s} {'cached':>7s} {'errors':>6s} {'requests':>8s} "
+        f"{'router cpu ms/req':>17s} {'engines cpu s':>13s} {'engine ttft ms':>14s} {'wall s':>6s}"
+    )
+    for name, s in result["routers"].items():
+        cached = "–" if s["cached_fraction"] is None else f"{s['cached_fraction']:.3f}"
+        per_req, engines, wall = s.get("router_cpu_ms_per_request"), s.get("engines_cpu_s"), s.get("wall_s")
+        print(
+            f"{name:20s} {ms(s['ttft_mean_s']):>7s} ±{ms(s['ttft_mean_ci_s']):>5s} {ms(s['ttft_p50_s']):>6s} "
+            f"{ms(s['ttft_p90_s']):>6s} {cached:>7s} {s['errors']:>6d} {s['requests']:>8d} "
+            f"{'–' if per_req is None else f'{per_req:.2f}':>17s} {'–' if engines is None else f'{engines:.1f}':>13s} "
+            f"{ms(s.get('engine_ttft_mean_s')):>14s} {'–' if wall is None else f'{wall:.1f}':>6s}"
+        )
+    for what, key in (("mean TTFT", "paired"), ("vLLM's own mean TTFT", "paired_engine_ttft")):
+        for pair, ratio in result.get(key, {}).items():
+            ci = ratio.get("ci95")
+            interval = f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
+            print(f"{what} {pair}, run by run: {ratio['ratio']:.3f}x over {ratio['runs']} runs{interval}")
+    added = {name: s["added_ttft_ms"] for name, s in result["routers"].items() if s.get("added_ttft_ms") is not None}
+    if added:
+        print("client TTFT beyond vLLM's own, ms: " + ", ".join(f"{name} {ms:.1f}" for name, ms in added.items()))
+    if result["oracle_cached_fraction"] is not None:
+        print(
+            f"oracle cached fraction {result['oracle_cached_fraction']:.3f}; kv cache {result['kv_cache_tokens']} tokens "
+            f"per server, block {result.get('block_size')}"
+        )

@@ -14,7 +14,7 @@ import pytest
 from kvgate.middleware.config import parse_config
 from kvgate.tools.bench.trace import TraceRequest
 from kvgate.tools.bench.vllm_arena import ARMS, add_arguments, run_order, validate
-from kvgate.tools.bench.vllm_arena_client import Turn, take_event
+from kvgate.tools.bench.vllm_arena_client import Turn, inter_token_gaps, inter_token_s, take_event
 from kvgate.tools.bench.vllm_arena_setup import kvgate_config
 from kvgate.tools.bench.vllm_arena_stats import (
     Computed,
@@ -167,6 +167,20 @@ def test_stream_events_folded():
     assert (t.prompt_tokens, t.cached_tokens) == (300, 256)
     take_event(t, {"error": {"message": "boom"}}, 3)
     assert "boom" in t.error
+
+
+def test_the_gap_between_tokens_is_over_the_pieces_after_the_first():
+    """Three pieces at 2.0, 2.1 and 2.4 s: two gaps, 0.2 s on average; an empty content and the
+    usage chunk are not pieces; one piece has no gap."""
+    t = Turn(0, 0, [], sent=1.0)
+    take_event(t, {"choices": [{"delta": {"role": "assistant", "content": ""}}]}, 1.5)
+    for now, text in ((2.0, "a"), (2.1, "b"), (2.4, "c")):
+        take_event(t, {"choices": [{"delta": {"content": text}}]}, now)
+    take_event(t, {"choices": [], "usage": {"prompt_tokens": 3}}, 3.0)
+    assert inter_token_s(t) == pytest.approx(0.2)
+    one = Turn(0, 1, [], sent=1.0)
+    take_event(one, {"choices": [{"delta": {"content": "x"}}]}, 1.2)
+    assert inter_token_s(one) is None and inter_token_gaps([t, one]) == [pytest.approx(0.2)]
 
 
 def test_json_shape_from_fake_runs():

@@ -48,7 +48,9 @@ a kvgate arm's runs add router_loop_lag, its event loop's lateness over the run 
 and the arm its proxy_steps_ms, those steps over its runs by first and later turns;
 the replay arm's runs add unplaced_turns, the turns the replayed run did not place);
 the arm's router_cpu_s / engines_cpu_s / client_cpu_s are means over its runs, engine_ttft_mean_s
-vLLM's own mean TTFT and added_ttft_ms the client's beyond it (vllm_arena_stats.added_ttft_ms); top level:
+vLLM's own mean TTFT and added_ttft_ms the client's beyond it (vllm_arena_stats.added_ttft_ms),
+inter_token_mean_s the mean gap between a stream's events after its first token (vllm_arena_client.inter_token_s,
+per run and over the runs); top level:
 paired (each kvgate arm's mean TTFT against each anchor's, run by run) and paired_engine_ttft (the
 same of vLLM's own TTFT: the placement's part), router_nice (the routers' nice value), oracle_cached_fraction (all runs pooled), kv_cache_tokens and block_size (vLLM's
 cache_config_info), machine (with the other vLLM servers found running), command, scaling, tuning.

@@ -20,7 +20,7 @@ from kvgate.engines.vllm.launch import VllmServer, default_model_dir, start_pair
 from kvgate.middleware.progress import Progress, say
 from kvgate.tools.bench.arena_routers import anchor_launch
 from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
-from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse
+from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse, inter_token_gaps
 from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, cpu_fields, idle_cpu_ms_per_s, replica_summary, request_records
 from kvgate.tools.bench.vllm_arena_setup import (
     ANCHOR_OF,
@@ -242,6 +242,7 @@ class Bench:
             usage_prompt_tokens=sum(t.prompt_tokens or 0 for t in ok),
             usage_cached_tokens=sum(t.cached_tokens or 0 for t in ok),
             total_mean_s=round(statistics.fmean(t.done - t.sent for t in ok), 4) if ok else None,
+            inter_token_mean_s=round(statistics.fmean(gaps), 5) if (gaps := inter_token_gaps(ok)) else None,
             **engine_latency(before_pages, after_pages),
             **oracle,
             **cpu_fields(spent, len(turns), wall, idle, cpu.waited, cpu.main_waited),

@@ -45,11 +45,27 @@ class Turn:
     prompt_tokens: int | None = None  # the engine's usage, when the router passed it on
     cached_tokens: int | None = None
     finish_reason: str | None = None
+    first_piece: float | None = None  # perf_counter of the first and the last event that carried text
+    last_piece: float | None = None
     replica: str | None = None  # x-kvgate-replica: where kvgate sent it (None through the anchors)
     timing: str | None = None  # kvgate's server-timing header
     expected_cached: int | None = None  # x-kvgate-expected-cached-tokens: the router's guess
     head: float = 0.0  # perf_counter when the response head arrived
     pieces: list[str] = field(default_factory=list, repr=False)
+
+
+def inter_token_s(turn: Turn) -> float | None:
+    """The mean gap between the events after the first that carried text (how a streaming client
+    sees the answer come in; None with fewer than two pieces). A router that held events back
+    would show here, not in the time to first token."""
+    if turn.first_piece is None or turn.last_piece is None or len(turn.pieces) < 2:
+        return None
+    return (turn.last_piece - turn.first_piece) / (len(turn.pieces) - 1)
+
+
+def inter_token_gaps(turns: Sequence[Turn]) -> list[float]:
+    """`inter_token_s` of each turn that has one."""
+    return [gap for t in turns if (gap := inter_token_s(t)) is not None]
 
 
 def take_event(turn: Turn, event: dict[str, Any], now: float) -> None:
@@ -62,6 +78,9 @@ def take_event(turn: Turn, event: dict[str, Any], now: float) -> None:
         if content:
             if turn.ttft is None:
                 turn.ttft = now - turn.sent
+            if turn.first_piece is None:
+                turn.first_piece = now
+            turn.last_piece = now
             turn.pieces.append(content)
         if choice.get("finish_reason"):
             turn.finish_reason = choice["finish_reason"]

@@ -220,7 +220,7 @@ def router_summary(runs: Sequence[dict[str, Any]], **extra: Any) -> dict[str, An
         "external_fraction": external / prompt if prompt else None,
         "errors": sum(r["errors"] for r in runs),
         "requests": sum(r["requests"] for r in runs),
-        **{key: _mean_of(runs, key) for key in ("engine_ttft_mean_s", "total_mean_s", "wall_s")},
+        **{key: _mean_of(runs, key) for key in ("engine_ttft_mean_s", "total_mean_s", "inter_token_mean_s", "wall_s")},
         "added_ttft_ms": added_ttft_ms(runs),
         **extra,
         "runs": list(runs),
@@ -312,6 +312,9 @@ def print_table(result: dict[str, Any]) -> None:
     added = {name: s["added_ttft_ms"] for name, s in result["routers"].items() if s.get("added_ttft_ms") is not None}
     if added:
         print("client TTFT beyond vLLM's own, ms: " + ", ".join(f"{name} {ms:.1f}" for name, ms in added.items()))
+    gaps = {name: s["inter_token_mean_s"] for name, s in result["routers"].items() if s.get("inter_token_mean_s")}
+    if gaps:
+        print("mean gap between tokens, ms: " + ", ".join(f"{name} {gap * 1000:.1f}" for name, gap in gaps.items()))
     if result["oracle_cached_fraction"] is not None:
         print(
             f"oracle cached fraction {result['oracle_cached_fraction']:.3f}; kv cache {result['kv_cache_tokens']} tokens "

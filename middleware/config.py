@@ -269,12 +269,16 @@ class FeedbackConfig(_Strict):
     )
 
 
+# when the replicas' own /metrics are read for display (middleware/telemetry/replica_poll.py)
+ScrapeMode = Literal["watched", "always", "never"]
+
+
 class StatsConfig(_Strict):
     """The in-memory history behind /v1/stats and the /ui dashboard (middleware/telemetry/stats.py)."""
 
     interval_s: float = Field(2.0, ge=0.1, le=300, description="seconds per point of the dashboard's history")
     keep: int = Field(3600, ge=10, le=100_000, description="points kept (interval_s * keep = the window shown)")
-    scrape_replicas: Literal["watched", "always", "never"] = Field(
+    scrape_replicas: ScrapeMode = Field(
         "watched",
         description="when the dashboard and /metrics read each replica's /metrics (engine numbers, KV tiers): "
         "`watched` while the dashboard is open and at each scrape of kvgate's /metrics, `always` every "

@@ -25,10 +25,11 @@ import logging
 import math
 import time
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import httpx
 
+from kvgate.middleware.config import ScrapeMode
 from kvgate.middleware.routing.engine_load import EngineReport
 from kvgate.middleware.telemetry.engine_metrics import ReplicaReading, replica_reading
 from kvgate.middleware.telemetry.replica_scrape import SCRAPED, fetch_texts, metrics_url, parse_metrics
@@ -52,7 +53,6 @@ def engine_report(reading: ReplicaReading) -> EngineReport:
     )
 
 
-Scrape = Literal["watched", "always", "never"]
 WATCH_S = 30.0  # how long one look at the dashboard keeps display-only replicas read
 
 
@@ -63,7 +63,7 @@ class Poll(NamedTuple):
     always: bool
 
 
-def polled_routes(routers: Mapping[str, "Router"], scrape: Scrape) -> dict[str, Poll]:
+def polled_routes(routers: Mapping[str, "Router"], scrape: ScrapeMode) -> dict[str, Poll]:
     """Route → how its replicas are read, for the routes anything reads (pure): always where the
     policy routes on the engines' reports or `scrape` is "always", while watched where it is
     "watched", not at all otherwise."""
@@ -156,7 +156,8 @@ class ReplicaPoller:
         async with client(timeout) if client is not None else httpx.AsyncClient(timeout=timeout) as http:
             while True:
                 now = self._clock()
-                asked, self._asked = self._asked, False
+                # the `fresh` callers this round answers: those that asked before it started
+                asked, self._asked, rounds, self._rounds = self._asked, False, self._rounds, []
                 open_ = asked or now < self._watched_until
                 todo = [r for r, at in due.items() if (at <= now or asked) and (self.routes[r].always or open_)]
                 if todo:
@@ -166,11 +167,9 @@ class ReplicaPoller:
                         log.exception("reading the replicas' /metrics failed")
                     for route in todo:
                         due[route] = max(due[route] + self.routes[route].interval_s, self._clock())
-                if asked or todo:
-                    rounds, self._rounds = self._rounds, []
-                    for done in rounds:
-                        if not done.done():
-                            done.set_result(None)
+                for done in rounds:
+                    if not done.done():
+                        done.set_result(None)
                 now = self._clock()
                 waiting = [at for r, at in due.items() if self.routes[r].always or now < self._watched_until]
                 wake.clear()

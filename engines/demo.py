@@ -5,7 +5,9 @@ call number, so a test can tell a cached answer from a fresh one. Triggers in th
 `[[length]]` ends with finish_reason "length"; `[[fail]]` answers 500; `[[sleep=S]]` waits S seconds;
 `[[fixed]]` answers `Answer: <question>` (the same text on every call and server, like a greedy model).
 `break_streams_after=K` makes the server cut every stream after K content chunks (a replica dying
-mid-stream); `delay_s` delays every answer (a slow or, beyond the caller's timeout, hung replica).
+mid-stream); `delay_s` delays every answer (a slow or, beyond the caller's timeout, hung replica);
+`chunk_gap_s` spaces a stream's content chunks as an engine's decode steps do (each its own write,
+so a proxy reads and relays each one on its own wake-up instead of several in one read).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class BrokenStream(Exception):
 
 
 def create_fake_app(
-    calls: Calls | None = None, break_streams_after: int | None = None, delay_s: float = 0.0
+    calls: Calls | None = None, break_streams_after: int | None = None, delay_s: float = 0.0, chunk_gap_s: float = 0.0
 ) -> FastAPI:
     calls = calls or Calls()
     app = FastAPI()
@@ -111,6 +113,8 @@ def create_fake_app(
                 if break_streams_after is not None and sent >= break_streams_after:
                     raise BrokenStream("fake backend cut the stream")
                 if word:
+                    if chunk_gap_s and sent:
+                        await asyncio.sleep(chunk_gap_s)
                     piece = {"index": 0, "delta": {"content": word}, "finish_reason": None}
                     yield f"data: {json.dumps({**base, 'choices': [piece]})}\n\n"
             yield f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': finish}]})}\n\n"
@@ -165,3 +169,15 @@ def create_fake_app(
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
+
+
+def serve_demo(host: str, port: int, chunk_gap_s: float = 0.0) -> int:
+    """`kvgate demo-backend`: the fake app on (host, port) until stopped; the exit status."""
+    import uvicorn
+
+    print(f"kvgate demo backend (echoes 'Answer <n>: <question>') on http://{host}:{port}/v1", flush=True)
+    # keeps idle connections longer than the proxy's pool does (AIOHTTP_KEEPALIVE_TIMEOUT, 3 s)
+    uvicorn.run(
+        create_fake_app(chunk_gap_s=chunk_gap_s), host=host, port=port, log_level="warning", timeout_keep_alive=75
+    )
+    return 0

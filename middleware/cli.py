@@ -67,11 +67,16 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(create_app(config, server_process=True), host=host, port=port, **options)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(low: int) -> Any:
+    """An argparse type: an integer of at least `low`."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -159,14 +164,9 @@ def _prepare_smollm2(note: Any, bar: Any) -> None:
 
 
 def _demo_backend(args: argparse.Namespace) -> int:
-    import uvicorn
+    from kvgate.engines.demo import serve_demo
 
-    from kvgate.engines.demo import create_fake_app
-
-    print(f"kvgate demo backend (echoes 'Answer <n>: <question>') on http://{args.host}:{args.port}/v1", flush=True)
-    # keeps idle connections longer than the proxy's pool does (AIOHTTP_KEEPALIVE_TIMEOUT, 3 s)
-    uvicorn.run(create_fake_app(), host=args.host, port=args.port, log_level="warning", timeout_keep_alive=75)
-    return 0
+    return serve_demo(args.host, args.port, args.chunk_gap_ms / 1000)
 
 
 # Subcommands whose arguments live with their code: (module, entry point, help, description). A module is
@@ -278,7 +278,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="log every request line")
     serve.add_argument(
         "--workers",
-        type=_positive,
+        type=_at_least(1),
         default=1,
         help="proxy processes on the one port, sharing replica load and routing decisions (default 1)",
     )
@@ -313,6 +313,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     demo = sub.add_parser("demo-backend", help="a deterministic fake OpenAI-compatible backend for demos and tests")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=9001)
+    gap_help = "milliseconds between a streamed answer's chunks, as an engine's decode steps space them (default 0)"
+    demo.add_argument("--chunk-gap-ms", type=_at_least(0), default=0, help=gap_help)
     demo.set_defaults(func=_demo_backend)
 
     bench = sub.add_parser("bench", help="benchmarks (results as JSON)")

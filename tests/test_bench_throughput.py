@@ -46,6 +46,8 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
         "40",
         "--question-words",
         "6",
+        "--chunk-gap-ms",
+        "1",  # the backend spaces each stream's chunks, as an engine does
         "--tokenizer",
         "text",
         "--workdir",
@@ -58,6 +60,7 @@ def test_throughput_bench_tiny(tmp_path: Path) -> None:
     assert list((tmp_path / "work").rglob("cache.db"))  # a work directory the user named stays whole
     result = json.loads(out.read_text())
     assert result["bench"] == "throughput" and result["schema"] == throughput.SCHEMA
+    assert result["params"]["chunk_gap_ms"] == 1
     assert set(result["targets"]) == set(throughput.TARGETS)
     ran = {t for t, state in result["targets"].items() if state == "ran"}
     assert {"kvgate_relay", "kvgate_relay_w2", "kvgate_router", "kvgate_backend", "kvgate_litellm", "direct"} <= ran

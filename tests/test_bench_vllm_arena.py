@@ -15,7 +15,7 @@ from kvgate.middleware.config import parse_config
 from kvgate.tools.bench.trace import TraceRequest
 from kvgate.tools.bench.vllm_arena import ARMS, add_arguments, run_order, validate
 from kvgate.tools.bench.vllm_arena_client import Turn, inter_token_gaps, inter_token_s, take_event
-from kvgate.tools.bench.vllm_arena_setup import kvgate_config
+from kvgate.tools.bench.vllm_arena_setup import kvgate_config, serve_argv
 from kvgate.tools.bench.vllm_arena_stats import (
     Computed,
     added_ttft_ms,
@@ -267,6 +267,18 @@ def test_kvgate_configs_are_valid(tmp_path):
     assert (
         parse_config(kvgate_config("kvgate_precise", servers, tmp_path / "p", "/m")).stats.scrape_replicas == "watched"
     )
+    two = parse_config(kvgate_config("kvgate_precise_w2", servers, tmp_path / "w2", "/m")).routes[0]
+    assert two.routing.prefix.mode == "precise" and all(r.events for r in two.replicas)
+
+
+def test_serve_argv_runs_the_arms_workers(tmp_path):
+    def workers(arm):
+        argv = serve_argv(arm, tmp_path / "c.yaml", 8123)
+        assert argv[argv.index("--config") + 1] == str(tmp_path / "c.yaml") and "8123" in argv
+        return argv[argv.index("--workers") + 1]
+
+    assert workers("kvgate_precise_w2") == "2"
+    assert workers("kvgate_precise") == "1" and workers("kvgate_approximate") == "1"
 
 
 def test_options_checked():

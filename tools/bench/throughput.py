@@ -82,6 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system-words", type=int, default=400, help="words of each long system prompt")
     p.add_argument("--question-words", type=int, default=16, help="words of each question (= streamed chunks)")
     p.add_argument(
+        "--chunk-gap-ms",
+        type=int,
+        default=0,
+        help="the backend's milliseconds between a stream's chunks (0: back to back, several may share a read)",
+    )
+    p.add_argument(
         "--tokenizer",
         default="text",
         help="kvgate's routing tokenizer (text: the config default, characters like sglang-router's tree | smollm2)",
@@ -287,10 +293,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = [t for t in targets if t not in TARGETS] + [m for m in mixes if m not in MIXES]
     if unknown:
         raise SystemExit(f"kvgate bench throughput: unknown target or mix {unknown}")
+    if args.chunk_gap_ms < 0:
+        raise SystemExit(f"kvgate bench throughput: --chunk-gap-ms must be at least 0, got {args.chunk_gap_ms}")
     log = say("throughput")
     backend_port = free_port()
     backend = f"http://127.0.0.1:{backend_port}"
-    procs: list[Proc] = [Proc("backend", kvgate_argv("demo-backend", "--port", str(backend_port)), work)]
+    gap = ("--chunk-gap-ms", str(args.chunk_gap_ms))
+    procs: list[Proc] = [Proc("backend", kvgate_argv("demo-backend", "--port", str(backend_port), *gap), work)]
     urls: dict[str, str] = {}
     skipped: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
@@ -351,6 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "stream_share",
                 "system_words",
                 "question_words",
+                "chunk_gap_ms",
                 "tokenizer",
                 "seed",
             )

@@ -100,6 +100,7 @@ ARMS = (
     "kvgate_precise_resident",
     "kvgate_precise_unpolled",
     "kvgate_precise_polled",
+    "kvgate_precise_w2",
     REPLAY_ARM,
 )
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"

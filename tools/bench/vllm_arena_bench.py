@@ -19,7 +19,7 @@ import yaml
 from kvgate.engines.vllm.launch import VllmServer, default_model_dir, start_pair, tier_settings
 from kvgate.middleware.progress import Progress, say
 from kvgate.tools.bench.arena_routers import anchor_launch
-from kvgate.tools.bench.procs import Proc, free_port, kvgate_argv
+from kvgate.tools.bench.procs import Proc, free_port
 from kvgate.tools.bench.vllm_arena_client import ENDPOINTS, Turn, converse, inter_token_gaps
 from kvgate.tools.bench.vllm_arena_cpu import CpuWindow, cpu_fields, idle_cpu_ms_per_s, replica_summary, request_records
 from kvgate.tools.bench.vllm_arena_setup import (
@@ -28,6 +28,7 @@ from kvgate.tools.bench.vllm_arena_setup import (
     REPLAY_ARM,
     kvgate_config,
     other_vllm_servers,
+    serve_argv,
     signals_deferred,
     wait_workers,
     warm_up,
@@ -130,10 +131,7 @@ class Bench:
                 yaml.safe_dump(kvgate_config(arm, self.servers, self.work / f"cache-{name}", self.model_dir))
             )
             proc = Proc(
-                name,
-                self.niced(kvgate_argv("serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning")),
-                self.work,
-                env={"TOKENIZERS_PARALLELISM": "false"},
+                name, self.niced(serve_argv(arm, cfg, port)), self.work, env={"TOKENIZERS_PARALLELISM": "false"}
             )
             label = f"kvgate {arm.removeprefix('kvgate_')}"
         try:

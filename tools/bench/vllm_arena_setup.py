@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import httpx
 
 from kvgate.engines.vllm.launch import VllmServer, default_model_dir, vllm_available, vllm_python
-from kvgate.tools.bench.procs import sglang_router_bin, vllm_router_bin
+from kvgate.tools.bench.procs import kvgate_argv, sglang_router_bin, vllm_router_bin
 from kvgate.tools.bench.vllm_arena_client import Turn, send_turn
 from kvgate.tools.bench.vllm_arena_workload import next_prompt
 
@@ -53,6 +53,7 @@ KVGATE_ARMS = {
     "kvgate_precise_resident": ("precise", "cache_aware"),
     "kvgate_precise_unpolled": ("precise", "cache_aware"),
     "kvgate_precise_polled": ("precise", "cache_aware"),
+    "kvgate_precise_w2": ("precise", "cache_aware"),
 }
 # an arm's policy knobs beside the defaults
 KVGATE_ARM_KNOBS = {"kvgate_precise_resident": {"new_sessions": "resident"}}
@@ -60,6 +61,9 @@ KVGATE_ARM_KNOBS = {"kvgate_precise_resident": {"new_sessions": "resident"}}
 # cache_aware reads none itself) or every interval whether watched or not, to see what the reads
 # cost the engines
 SCRAPE_OF_ARM = {"kvgate_precise_unpolled": "never", "kvgate_precise_polled": "always"}
+# `kvgate serve --workers N` of the arms that run more than one proxy process: one event loop
+# preempted by the engines then holds up only the requests on its own connections
+WORKERS_OF_ARM = {"kvgate_precise_w2": 2}
 
 
 # the ablation arm: the turns sent straight to the engines kvgate precise chose for them in the same
@@ -103,6 +107,15 @@ def kvgate_config(arm: str, servers: Sequence[VllmServer], cache_dir: Path, toke
             }
         ],
     }
+
+
+def serve_argv(arm: str, config: Path, port: int) -> list[str]:
+    """The command line of a kvgate arm's proxy: `kvgate serve` on `config`, `--workers` as the arm runs it."""
+    return kvgate_argv(
+        "serve",
+        *("--config", str(config), "--port", str(port), "--log-level", "warning"),
+        *("--workers", str(WORKERS_OF_ARM.get(arm, 1))),
+    )
 
 
 def wait_workers(url: str, n: int, timeout: float = 120.0) -> None:

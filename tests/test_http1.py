@@ -297,3 +297,69 @@ def test_a_connection_closed_before_the_request_fails_at_once():
         await server.wait_closed()
 
     run(main)
+
+
+def _spaced_stream(pieces: int, gap_s: float, then_silent_s: float = 0.0) -> Behaviour:
+    """A chunked answer of `pieces` events `gap_s` apart; then, with `then_silent_s`, silence that
+    long before the end (a replica that stalls mid-stream)."""
+    steps: list[bytes | float] = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"]
+    for i in range(pieces):
+        piece = b"data: %d\n\n" % i
+        steps += [b"%x\r\n%s\r\n" % (len(piece), piece), gap_s]
+    return sends(*steps, then_silent_s, b"0\r\n\r\n")
+
+
+def test_a_stream_slower_in_total_than_its_timeout_is_read_whole():
+    # each wait is bounded, not the stream: 8 events 0.06 s apart under a 0.25 s timeout
+    async def main() -> None:
+        async with Server(_spaced_stream(8, 0.06)) as url:
+            pool = Pool(keepalive_s=30)
+            body = await (await pool.post(url, b"{}", {}, 0.25)).read()
+            assert body == b"".join(b"data: %d\n\n" % i for i in range(8))
+            await pool.aclose()
+
+    run(main)
+
+
+def test_a_stream_that_stalls_times_out_after_what_it_sent():
+    async def main() -> None:
+        async with Server(_spaced_stream(3, 0.01, then_silent_s=5.0)) as url:
+            pool = Pool(keepalive_s=30)
+            response = await pool.post(url, b"{}", {}, 0.3)
+            got = []
+            with pytest.raises(asyncio.TimeoutError):
+                async for piece in response.chunks():
+                    got.append(piece)
+            assert b"".join(got) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+            response.close()
+            await pool.aclose()
+
+    run(lambda: asyncio.wait_for(main(), 4.0))
+
+
+def test_a_shorter_timeout_on_a_kept_connection_is_its_own():
+    # the first exchange leaves the connection's timer far out (600 s); the next, which stalls,
+    # must still fail at its own 0.3 s
+    async def answer(reader, writer, n):
+        if n == 0:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01")
+        await writer.drain()
+        await asyncio.sleep(5.0)
+        return False
+
+    async def main() -> None:
+        server = Server(answer)
+        async with server as url:
+            pool = Pool(keepalive_s=30)
+            assert await (await pool.post(url, b"{}", {}, 600)).read() == b"ok"
+            response = await pool.post(url, b"{}", {}, 0.3)
+            with pytest.raises(asyncio.TimeoutError):
+                await response.read()
+            response.close()
+            assert server.connections == 1  # the same kept-alive connection carried both
+            await pool.aclose()
+
+    run(lambda: asyncio.wait_for(main(), 4.0))

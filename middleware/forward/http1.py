@@ -32,6 +32,9 @@ import httptools
 HIGH_WATER = 1 << 20  # bytes of a response buffered before the socket is paused
 LOW_WATER = 1 << 18  # resumed once the reader has taken it below this
 Target = tuple[str, str, int, str]  # scheme, host, port, path (with query)
+# uvloop's clock ticks in milliseconds: a deadline less than a tick away counts as reached, so a
+# firing timer never re-arms itself for a fraction of a tick (it would fire again at once)
+CLOCK_TICK_S = 0.001
 
 
 def target_of(url: str) -> Target:
@@ -101,6 +104,10 @@ class Connection(asyncio.Protocol):
         self.on_body = self._body.append
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
+        # One deadline timer per connection, moved only when it fires (see `wait`): arming and
+        # cancelling a timer for every wait would cost more than the read it guards.
+        self._due = 0.0
+        self._timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -164,14 +171,23 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ the response's reader
     async def wait(self, timeout: float) -> None:
-        """Until something happens (head, body bytes, end, error); TimeoutError after `timeout` s."""
+        """Until something happens (head, body bytes, end, error); TimeoutError after `timeout` s.
+
+        Invariant: a wait that sees nothing for `timeout` s fails, and one that sees something
+        first never does. The connection's one timer is armed for the earliest deadline of a wait
+        in progress or past; when it fires it fails the wait in progress if that one is due, and
+        otherwise moves itself to that wait's deadline (or stops, with no wait in progress)."""
         loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, self._timed_out, self._waiter)
+        self._waiter = waiter = loop.create_future()
+        self._due = due = loop.time() + timeout
+        timer = self._timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(due, self._deadline)
         try:
-            await self._waiter
+            await waiter
         finally:
-            timer.cancel()
             self._waiter = None
 
     def take(self) -> bytes:
@@ -198,6 +214,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._stop_timer()
         if self.transport is not None:
             self.transport.close()
 
@@ -210,10 +227,21 @@ class Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    @staticmethod
-    def _timed_out(waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
+    def _deadline(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # no wait in progress: the next one arms the timer again
+        loop = waiter.get_loop()
+        if loop.time() + CLOCK_TICK_S >= self._due:
             waiter.set_exception(asyncio.TimeoutError())
+        else:  # this wait started after the timer was armed: its own deadline
+            self._timer = loop.call_at(self._due, self._deadline)
+
+    def _stop_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
 
 class Response:

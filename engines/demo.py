@@ -176,7 +176,7 @@ def serve_demo(host: str, port: int, chunk_gap_s: float = 0.0) -> int:
     import uvicorn
 
     print(f"kvgate demo backend (echoes 'Answer <n>: <question>') on http://{host}:{port}/v1", flush=True)
-    # keeps idle connections longer than the proxy's pool does (AIOHTTP_KEEPALIVE_TIMEOUT, 3 s)
+    # keeps idle connections longer than the relay's pool does (kvgate.middleware.forward.relay.KEEPALIVE_S)
     uvicorn.run(
         create_fake_app(chunk_gap_s=chunk_gap_s), host=host, port=port, log_level="warning", timeout_keep_alive=75
     )

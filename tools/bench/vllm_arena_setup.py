@@ -61,8 +61,8 @@ KVGATE_ARM_KNOBS = {"kvgate_precise_resident": {"new_sessions": "resident"}}
 # cache_aware reads none itself) or every interval whether watched or not, to see what the reads
 # cost the engines
 SCRAPE_OF_ARM = {"kvgate_precise_unpolled": "never", "kvgate_precise_polled": "always"}
-# `kvgate serve --workers N` of the arms that run more than one proxy process: one event loop
-# preempted by the engines then holds up only the requests on its own connections
+# `kvgate serve --workers N` of the arms that run more than one proxy process, to see whether more
+# event loops wait less for a core beside the engines
 WORKERS_OF_ARM = {"kvgate_precise_w2": 2}
 
 

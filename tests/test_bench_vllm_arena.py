@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from kvgate.tools.bench.vllm_arena_stats import (
     paired_ratios,
     router_summary,
     run_summary,
+    runs_to_resolve,
 )
 from kvgate.tools.bench.vllm_arena_workload import (
     WORDS,
@@ -228,9 +230,28 @@ def test_paired_ratios_run_by_run():
     low, high = out["kvgate_precise/sglang"]["ci95"]
     assert math.isclose(low, math.exp(statistics.fmean(logs) - half), abs_tol=1e-4)
     assert math.isclose(high, math.exp(statistics.fmean(logs) + half), abs_tol=1e-4)
-    # one common run (run 2): its ratio, no interval
+    assert out["kvgate_precise/sglang"]["sd_log"] == round(statistics.stdev(logs), 4)
+    assert out["kvgate_precise/sglang"]["runs_to_resolve"] == runs_to_resolve(statistics.stdev(logs))
+    # one common run (run 2): its ratio, no interval, no spread
     assert out["kvgate_precise/vllm_router"] == {"ratio": 2.0, "runs": 1}
     assert paired_ratio([1.0], [0.0]) is None and paired_ratio([], []) is None
+
+
+def test_runs_to_resolve_grows_with_the_square_of_the_spread():
+    # (1.96 + 0.842) * 0.14 / -ln(0.95) = 7.65 -> 58.5 runs
+    assert runs_to_resolve(0.14) == 59
+    assert runs_to_resolve(0.07) == 15  # half the spread, a quarter of the runs (rounded up)
+    assert runs_to_resolve(0.0) == 2  # no spread: still a pair of runs
+    assert runs_to_resolve(0.14, difference=0.10) < runs_to_resolve(0.14)
+    # what it promises, checked by simulation: at that many runs a true 5% difference shows in the
+    # interval about 80% of the time
+    rng = random.Random(7)
+    n, sd, shown = runs_to_resolve(0.14), 0.14, 0
+    for _ in range(2000):
+        logs = [rng.gauss(math.log(0.95), sd) for _ in range(n)]
+        half = 2.0 * statistics.stdev(logs) / math.sqrt(n)
+        shown += statistics.fmean(logs) + half < 0
+    assert 0.74 <= shown / 2000 <= 0.86
 
 
 class _Server:
@@ -269,6 +290,9 @@ def test_kvgate_configs_are_valid(tmp_path):
     )
     two = parse_config(kvgate_config("kvgate_precise_w2", servers, tmp_path / "w2", "/m")).routes[0]
     assert two.routing.prefix.mode == "precise" and all(r.events for r in two.replicas)
+    decode = parse_config(kvgate_config("kvgate_precise_decode", servers, tmp_path / "dec", "/m")).routes[0]
+    assert (decode.routing.policy.name, decode.routing.policy.decode_weight) == ("cache_aware", 1024)
+    assert decode.routing.prefix.mode == "precise" and resident.routing.policy.decode_weight == 8.0
 
 
 def test_serve_argv_runs_the_arms_workers(tmp_path):

@@ -101,6 +101,7 @@ ARMS = (
     "kvgate_precise_unpolled",
     "kvgate_precise_polled",
     "kvgate_precise_w2",
+    "kvgate_precise_decode",
     REPLAY_ARM,
 )
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"

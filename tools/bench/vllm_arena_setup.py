@@ -54,9 +54,16 @@ KVGATE_ARMS = {
     "kvgate_precise_unpolled": ("precise", "cache_aware"),
     "kvgate_precise_polled": ("precise", "cache_aware"),
     "kvgate_precise_w2": ("precise", "cache_aware"),
+    "kvgate_precise_decode": ("precise", "cache_aware"),
 }
 # an arm's policy knobs beside the defaults
-KVGATE_ARM_KNOBS = {"kvgate_precise_resident": {"new_sessions": "resident"}}
+KVGATE_ARM_KNOBS = {
+    "kvgate_precise_resident": {"new_sessions": "resident"},
+    # a running request counted as the prefill its remaining decode is worth on these CPU engines
+    # (about 15 tokens at ~70 ms each, ~1 s, at ~1,000 prefill tokens per second): a start then
+    # avoids the engine whose decodes it would slow, where the default counts them as 8 tokens
+    "kvgate_precise_decode": {"decode_weight": 1024},
+}
 # `stats.scrape_replicas` of the arms that set it: none read (the dashboard's engine numbers off;
 # cache_aware reads none itself) or every interval whether watched or not, to see what the reads
 # cost the engines

@@ -249,6 +249,9 @@ def _mean_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
 # two-sided 95% quantiles of Student's t by degrees of freedom (the paired ratio's interval)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 T_975_LARGE = 2.0  # beyond the table (df > 10): within 0.09 of the exact quantile
+# a difference worth telling apart, and the normal quantiles for a two-sided 95% test at 80% power
+RESOLVE_DIFFERENCE = 0.05
+Z_975, Z_80 = 1.960, 0.842
 
 
 def paired_ratio(arm: Sequence[float], anchor: Sequence[float]) -> dict[str, Any] | None:
@@ -262,9 +265,20 @@ def paired_ratio(arm: Sequence[float], anchor: Sequence[float]) -> dict[str, Any
     mean = statistics.fmean(logs)
     out: dict[str, Any] = {"ratio": round(math.exp(mean), 4), "runs": len(logs)}
     if len(logs) > 1:
-        half = T_975.get(len(logs) - 1, T_975_LARGE) * statistics.stdev(logs) / math.sqrt(len(logs))
+        spread = statistics.stdev(logs)
+        half = T_975.get(len(logs) - 1, T_975_LARGE) * spread / math.sqrt(len(logs))
         out["ci95"] = [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]
+        out["sd_log"] = round(spread, 4)
+        out["runs_to_resolve"] = runs_to_resolve(spread)
     return out
+
+
+def runs_to_resolve(sd_log: float, difference: float = RESOLVE_DIFFERENCE) -> int:
+    """Paired runs for a two-sided 95% interval to exclude 1 with 80% power when the true ratio
+    is 1 - `difference` and the per-run log ratios spread by `sd_log` (normal approximation);
+    at least 2. Invariant: grows with the square of `sd_log`."""
+    effect = -math.log(1 - difference)
+    return max(2, math.ceil(((Z_975 + Z_80) * sd_log / effect) ** 2))
 
 
 def paired_ratios(
@@ -308,7 +322,13 @@ def print_table(result: dict[str, Any]) -> None:
         for pair, ratio in result.get(key, {}).items():
             ci = ratio.get("ci95")
             interval = f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
-            print(f"{what} {pair}, run by run: {ratio['ratio']:.3f}x over {ratio['runs']} runs{interval}")
+            need = ratio.get("runs_to_resolve")
+            spread = (
+                f"; at this run-to-run spread about {need} runs would tell a {RESOLVE_DIFFERENCE:.0%} difference"
+                if need
+                else ""
+            )
+            print(f"{what} {pair}, run by run: {ratio['ratio']:.3f}x over {ratio['runs']} runs{interval}{spread}")
     added = {name: s["added_ttft_ms"] for name, s in result["routers"].items() if s.get("added_ttft_ms") is not None}
     if added:
         print("client TTFT beyond vLLM's own, ms: " + ", ".join(f"{name} {ms:.1f}" for name, ms in added.items()))

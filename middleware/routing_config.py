@@ -120,6 +120,12 @@ class CacheAwareConfig(_Policy):
         "conversation's own history (no other request continued "
         "that prefix differently); .inf (default): not bounded",
     )
+    stall_weight: float = Field(
+        0.0,
+        ge=0,
+        description="charge per request in flight on a replica, per prefill token this request computes there: "
+        "the running decodes wait while its prompt is computed beside them (1: that wait in full; 0: not counted)",
+    )
     new_sessions: Literal["load", "resident"] = Field(
         "load",
         description="where a conversation's start goes (a prompt matching nothing, or only a prefix other "

@@ -15,6 +15,7 @@ from kvgate.middleware.routing.cache_aware import (
     admissible,
     duplicate_charge,
     expected_cost,
+    stall_charge,
     ttft_estimate,
     wait_bound,
 )
@@ -55,6 +56,32 @@ def test_cache_aware_spills_when_queue_outweighs_savings():
     assert make_policy("cache_aware", miss_weight=1.0).choose(rs, p).name in ("r0", "r1")  # purely greedy
     assert make_policy("cache_aware").choose(rs, p).name == "r2"  # default: stickier
     assert expected_cost(rs[2], p) == 3000 + 0  # queued + nothing left to prefill
+
+
+def test_stall_charge_sends_a_start_where_fewer_decodes_would_wait_for_it():
+    rs = replicas(2)
+    rs[0].in_flight = 4  # four decodes running there
+    rs[1].in_flight, rs[1].pending_prefill_tokens = 1, 400  # one, and a short prompt queued
+    start = plan(tokens=1600)  # no replica holds any of it
+    assert make_policy("cache_aware").choose(rs, start).name == "r0"  # its own first token is sooner there
+    stalling = make_policy("cache_aware", stall_weight=1.0)
+    assert stalling.choose(rs, start).name == "r1"  # 400 tokens later for it, 3 × 1600 less waiting for others
+    assert stall_charge(4, 1600) == 6400 and stall_charge(0, 1600) == 0 and stall_charge(3, -5) == 0
+    assert expected_cost(rs[0], start, stall_weight=1.0) == 4 * 8 + 1600 + 4 * 1600
+
+
+def test_stall_charge_keeps_a_later_turn_at_home_and_inside_the_wait_bound():
+    rs = replicas(2)
+    rs[0].in_flight = 6  # the conversation's home is busy decoding
+    turn = plan({"r0": 90}, tokens=1600)  # 1440 of 1600 tokens held there: own prefill 160
+    turn.shared_prefix = False
+    assert make_policy("cache_aware", stall_weight=1.0).choose(rs, turn).name == "r0"  # 6 × 160 < 1440 + copy
+    start = plan(tokens=1600)
+    rs[0].in_flight, rs[1].pending_prefill_tokens = 12, 10_000
+    # others' decodes would buy this start 10,000 tokens of queueing, unbounded ...
+    assert make_policy("cache_aware", stall_weight=1.0, queue_slack=float("inf")).choose(rs, start).name == "r1"
+    # ... but never more than the wait bound allows
+    assert make_policy("cache_aware", stall_weight=1.0, queue_slack=1.0).choose(rs, start).name == "r0"
 
 
 def test_duplicate_charge_weighs_a_prefix_by_its_share_of_the_prompt():
@@ -225,7 +252,7 @@ def _composed_choice(policy: CacheAware, candidates, p):
     allowed = admissible(rotated, p, policy.decode_weight, slack, policy.prompt_slack)
 
     def cost(r):
-        return expected_cost(r, p, policy.decode_weight, policy.miss_weight, best_match)
+        return expected_cost(r, p, policy.decode_weight, policy.miss_weight, best_match, policy.stall_weight)
 
     if policy.reads_resident and starts:
         return min(allowed, key=lambda r: (r.resident_tokens, cost(r), r.in_flight))
@@ -246,9 +273,10 @@ _replica_figures = st.tuples(st.integers(0, 6000), st.integers(0, 6), st.integer
     st.sampled_from([(2.5, 0.5, float("inf")), (0.0, 0.0, 1.0), (float("inf"), 0.5, 2.0)]),
     st.sampled_from(["load", "resident"]),
     st.sampled_from([1.0, 64.0]),
+    st.sampled_from([0.0, 0.5, 1.0]),
 )
 def test_cache_aware_chooses_what_its_pure_functions_compose_to(
-    figures, blocks, tokens, block_size, load_cost, shared, slacks, new_sessions, miss_weight
+    figures, blocks, tokens, block_size, load_cost, shared, slacks, new_sessions, miss_weight, stall_weight
 ):
     """choose() works each candidate's figures out once; its choice is the composition's, for any
     queues, matches, tier blocks, slacks and placement of new conversations."""
@@ -263,7 +291,7 @@ def test_cache_aware_chooses_what_its_pure_functions_compose_to(
     p = RoutePlan([], tokens, block_size, matched, None, shared_prefix=shared, tier_blocks=tiers, load_cost=load_cost)
     queue_slack, prompt_slack, session_slack = slacks
     knobs = dict(miss_weight=miss_weight, queue_slack=queue_slack, prompt_slack=prompt_slack)
-    knobs.update(session_slack=session_slack, new_sessions=new_sessions)
+    knobs.update(session_slack=session_slack, new_sessions=new_sessions, stall_weight=stall_weight)
     ours, composed = CacheAware(**knobs), CacheAware(**knobs)
     for _ in range(3):  # the rotation moves on each call, in both alike
         assert ours.choose(made[0], p).name == _composed_choice(composed, made[1], p).name

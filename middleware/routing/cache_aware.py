@@ -8,8 +8,10 @@ it can load from a KV tier it reads (tiers.py), λ = what a loaded token costs i
 candidates of h:
 
     queue(r) = queued(r) + decode_weight · in_flight(r)            work ahead of us on r
-    ttft(r)  = queue(r) + (P − h(r)) + λ · l(r)                      ... plus our own prefill and loads
+    own(r)   = (P − h(r)) + λ · l(r)                                 our own prefill and loads
+    ttft(r)  = queue(r) + own(r)
     cost(r)  = ttft(r) + (miss_weight − 1) · (M − h(r)) · M / P      ... plus the duplicate we make
+             + stall_weight · in_flight(r) · own(r)                  ... plus the decodes we stall
 
 With a tier every replica reads, l(r) makes a conversation's history cheap on any replica, so the
 duplicate charge fades and load decides: blocks in the engine, then blocks a tier can supply,
@@ -21,6 +23,13 @@ m = e as the match.
   first token (the Router's `pending_prefill_tokens`; `kvgate bench routing` samples it against
   what the replicas report). decode_weight · in_flight(r): running decodes slow a batched engine
   a little (default 8 prefill tokens per running request).
+- The stall charge: an engine computes a prompt in the same steps as the decodes it is running
+  (chunked prefill), so each of them waits about as long as that prompt takes: own(r) prefill
+  tokens times the requests in flight there (in_flight counts the router's own requests, queued
+  ones too). stall_weight 1 counts that wait in full, 0 (the default) leaves it out and the rule
+  minimises this request's own wait alone. It weighs most on a conversation's start (no replica
+  holds its prompt, so own(r) is the whole prompt everywhere): the start then goes where fewer
+  decodes would wait for it, and a later turn's small own prefill at home keeps it there.
 - The duplicate charge: sending the request to r re-prefills the M − m(r) prompt tokens another
   replica already holds, a second copy that takes cache space a later request would have used.
   It is weighted by M / P, the share of the prompt that prefix is: a short prefix many prompts
@@ -82,6 +91,7 @@ DEFAULT_DECODE_WEIGHT = 8.0
 DEFAULT_MISS_WEIGHT = 64.0
 DEFAULT_QUEUE_SLACK = 2.5
 DEFAULT_PROMPT_SLACK = 0.5
+DEFAULT_STALL_WEIGHT = 0.0
 
 
 def queue_ahead(replica: ReplicaState, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:
@@ -119,23 +129,36 @@ def expected_cost(
     decode_weight: float = DEFAULT_DECODE_WEIGHT,
     miss_weight: float = DEFAULT_MISS_WEIGHT,
     best_match: int | None = None,
+    stall_weight: float = DEFAULT_STALL_WEIGHT,
 ) -> float:
-    """ttft estimate + (miss_weight − 1) · duplicate charge (pure). best_match: the longest
-    match among the candidates (default: among every replica in the plan)."""
+    """ttft estimate + (miss_weight − 1) · duplicate charge + stall_weight · stall charge (pure).
+    best_match: the longest match among the candidates (default: among every replica in the plan)."""
     if best_match is None:
         best_match = max((plan.held_tokens(name) for name in {*plan.matched_blocks, *plan.tier_blocks}), default=0)
+    queue = queue_ahead(replica, decode_weight)
+    ttft = ttft_estimate(replica, plan, decode_weight)
     return cost_of(
-        ttft_estimate(replica, plan, decode_weight),
+        ttft,
         plan.held_tokens(replica.name),
         best_match,
         plan.prompt_tokens,
         miss_weight,
+        stall_weight * stall_charge(replica.in_flight, ttft - queue),
     )
 
 
-def cost_of(ttft: float, held: float, best_match: float, prompt_tokens: int, miss_weight: float) -> float:
-    """cost(r) from ttft(r) and the tokens r holds: ttft + (miss_weight − 1) · duplicate charge (pure)."""
-    return ttft + (miss_weight - 1) * duplicate_charge(held, best_match, prompt_tokens)
+def stall_charge(in_flight: int, own_prefill: float) -> float:
+    """Prefill tokens the requests in flight on a replica wait while this request's own prefill
+    is computed beside them: in_flight · own_prefill (pure; never negative)."""
+    return max(0, in_flight) * max(0.0, own_prefill)
+
+
+def cost_of(
+    ttft: float, held: float, best_match: float, prompt_tokens: int, miss_weight: float, stall: float = 0.0
+) -> float:
+    """cost(r) from ttft(r), the tokens r holds and the weighted stall charge:
+    ttft + (miss_weight − 1) · duplicate charge + stall (pure)."""
+    return ttft + (miss_weight - 1) * duplicate_charge(held, best_match, prompt_tokens) + stall
 
 
 def wait_bound(
@@ -181,6 +204,7 @@ class CacheAware:
         self.queue_slack = self.settings.queue_slack
         self.prompt_slack = self.settings.prompt_slack
         self.session_slack = self.settings.session_slack
+        self.stall_weight = self.settings.stall_weight
         # the Router fills in ReplicaState.resident_tokens before each decision only when this is set
         self.reads_resident = self.settings.new_sessions == "resident"
         self._ties = Rotation()
@@ -191,13 +215,14 @@ class CacheAware:
         that composition)."""
         rotated = self._ties.rotated(candidates)
         prompt_tokens = plan.prompt_tokens
-        held, ttft, queues = [], [], []
+        held, ttft, queues, stalls = [], [], [], []
         for r in rotated:
             matched, loaded = plan.matched_tokens(r.name), plan.loadable_tokens(r.name)
             queue = queue_ahead(r, self.decode_weight)
             held.append(matched + loaded)
             queues.append(queue)
             ttft.append(ttft_of(queue, prompt_tokens, matched, loaded, plan.load_cost))
+            stalls.append(self.stall_weight * stall_charge(r.in_flight, ttft[-1] - queue))
         best_match = max(held)
         starts = plan.shared_prefix or best_match == 0  # a conversation's start, not its own history
         slack = self.queue_slack if starts else self.session_slack
@@ -205,10 +230,10 @@ class CacheAware:
         resident = self.reads_resident and starts
         best: tuple[float, ...] | None = None
         chosen = rotated[0]
-        for r, h, t in zip(rotated, held, ttft):
+        for r, h, t, stall in zip(rotated, held, ttft, stalls):
             if t > bound:  # not admissible
                 continue
-            cost = cost_of(t, h, best_match, prompt_tokens, self.miss_weight)
+            cost = cost_of(t, h, best_match, prompt_tokens, self.miss_weight, stall)
             key = (r.resident_tokens, cost, r.in_flight) if resident else (cost, r.in_flight)
             if best is None or key < best:  # the first of equals, as min() keeps it
                 best, chosen = key, r

@@ -102,6 +102,8 @@ ARMS = (
     "kvgate_precise_polled",
     "kvgate_precise_w2",
     "kvgate_precise_decode",
+    "kvgate_precise_stall",
+    "kvgate_approximate_stall",
     REPLAY_ARM,
 )
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"

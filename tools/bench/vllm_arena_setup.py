@@ -55,6 +55,8 @@ KVGATE_ARMS = {
     "kvgate_precise_polled": ("precise", "cache_aware"),
     "kvgate_precise_w2": ("precise", "cache_aware"),
     "kvgate_precise_decode": ("precise", "cache_aware"),
+    "kvgate_precise_stall": ("precise", "cache_aware"),
+    "kvgate_approximate_stall": ("approximate", "cache_aware"),
 }
 # an arm's policy knobs beside the defaults
 KVGATE_ARM_KNOBS = {
@@ -63,6 +65,9 @@ KVGATE_ARM_KNOBS = {
     # (about 15 tokens at ~70 ms each, ~1 s, at ~1,000 prefill tokens per second): a start then
     # avoids the engine whose decodes it would slow, where the default counts them as 8 tokens
     "kvgate_precise_decode": {"decode_weight": 1024},
+    # the running decodes' wait for this request's prefill counted in full (cache_aware's stall charge)
+    "kvgate_precise_stall": {"stall_weight": 1.0},
+    "kvgate_approximate_stall": {"stall_weight": 1.0},
 }
 # `stats.scrape_replicas` of the arms that set it: none read (the dashboard's engine numbers off;
 # cache_aware reads none itself) or every interval whether watched or not, to see what the reads

@@ -99,11 +99,15 @@ def queue_ahead(replica: ReplicaState, decode_weight: float = DEFAULT_DECODE_WEI
     return replica.pending_prefill_tokens + decode_weight * replica.in_flight
 
 
+def own_prefill(prompt_tokens: int, matched: int, loaded: int, load_cost: float) -> float:
+    """own(r), in prefill tokens (pure): the request's prefill of what neither the engine holds
+    (`matched`) nor a tier supplies (`loaded`), and the loads at `load_cost` prefill tokens each."""
+    return max(0, prompt_tokens - matched - loaded) + load_cost * loaded
+
+
 def ttft_of(queue: float, prompt_tokens: int, matched: int, loaded: int, load_cost: float) -> float:
-    """ttft(r) from its parts, in prefill tokens (pure): the work queued ahead, the request's own
-    prefill of what neither the engine holds (`matched`) nor a tier supplies (`loaded`), and the
-    loads at `load_cost` prefill tokens each."""
-    return queue + max(0, prompt_tokens - matched - loaded) + load_cost * loaded
+    """ttft(r) from its parts, in prefill tokens (pure): the work queued ahead plus `own_prefill`."""
+    return queue + own_prefill(prompt_tokens, matched, loaded, load_cost)
 
 
 def ttft_estimate(replica: ReplicaState, plan: RoutePlan, decode_weight: float = DEFAULT_DECODE_WEIGHT) -> float:
@@ -135,15 +139,15 @@ def expected_cost(
     best_match: the longest match among the candidates (default: among every replica in the plan)."""
     if best_match is None:
         best_match = max((plan.held_tokens(name) for name in {*plan.matched_blocks, *plan.tier_blocks}), default=0)
-    queue = queue_ahead(replica, decode_weight)
-    ttft = ttft_estimate(replica, plan, decode_weight)
+    matched, loaded = plan.matched_tokens(replica.name), plan.loadable_tokens(replica.name)
+    own = own_prefill(plan.prompt_tokens, matched, loaded, plan.load_cost)
     return cost_of(
-        ttft,
-        plan.held_tokens(replica.name),
+        queue_ahead(replica, decode_weight) + own,
+        matched + loaded,
         best_match,
         plan.prompt_tokens,
         miss_weight,
-        stall_weight * stall_charge(replica.in_flight, ttft - queue),
+        stall_weight * stall_charge(replica.in_flight, own),
     )
 
 
@@ -219,10 +223,11 @@ class CacheAware:
         for r in rotated:
             matched, loaded = plan.matched_tokens(r.name), plan.loadable_tokens(r.name)
             queue = queue_ahead(r, self.decode_weight)
+            own = own_prefill(prompt_tokens, matched, loaded, plan.load_cost)
             held.append(matched + loaded)
             queues.append(queue)
-            ttft.append(ttft_of(queue, prompt_tokens, matched, loaded, plan.load_cost))
-            stalls.append(self.stall_weight * stall_charge(r.in_flight, ttft[-1] - queue))
+            ttft.append(queue + own)
+            stalls.append(self.stall_weight * stall_charge(r.in_flight, own))
         best_match = max(held)
         starts = plan.shared_prefix or best_match == 0  # a conversation's start, not its own history
         slack = self.queue_slack if starts else self.session_slack

@@ -61,9 +61,9 @@ KVGATE_ARMS = {
 # an arm's policy knobs beside the defaults
 KVGATE_ARM_KNOBS = {
     "kvgate_precise_resident": {"new_sessions": "resident"},
-    # a running request counted as the prefill its remaining decode is worth on these CPU engines
-    # (about 15 tokens at ~70 ms each, ~1 s, at ~1,000 prefill tokens per second): a start then
-    # avoids the engine whose decodes it would slow, where the default counts them as 8 tokens
+    # a running request counted as the prefill its remaining decode is worth on the CPU engines
+    # (its remaining tokens × a decode step's time × the prefill rate), set before any run: a start
+    # then avoids the engine whose decodes it would slow, where the default counts them as 8 tokens
     "kvgate_precise_decode": {"decode_weight": 1024},
     # the running decodes' wait for this request's prefill counted in full (cache_aware's stall charge)
     "kvgate_precise_stall": {"stall_weight": 1.0},

@@ -27,10 +27,12 @@ install-kvgate:
 	@# system packages the tests start, installed when missing: Debian's redis-server (scale-out tests run a
 	@# real one on a free port) and chromium (the dashboard's browser test drives it; never `playwright install`);
 	@# gcc builds the prefix index's and the prompt hasher's C loops, the latter over OpenSSL's libcrypto
-	@# (setup.py; without them the Python loops run, at more CPU per request)
+	@# (setup.py; without them the Python loops run, at more CPU per request); tcpdump captures loopback
+	@# packets for `kvgate bench vllm --wire` (tests/test_bench_wire.py runs a real capture)
 	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	command -v tcpdump >/dev/null || missing="$$missing tcpdump"; \
 	test -f /usr/include/openssl/sha.h || missing="$$missing libssl-dev"; \
 	if [ -n "$$missing" ]; then echo "apt-get install$$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi

@@ -44,6 +44,10 @@ runs (each run: its position in the run's order, its TTFTs, engine counters, req
 engines_cpu_s and client_cpu_s: CPU seconds over its measured requests, tools/bench/vllm_arena_cpu.py;
 request_records: one small dict per request, with per_replica where a kvgate router named the replica
 (through kvgate also each turn's Server-Timing steps, proxy_ms, and its head's wait, head_s);
+with --wire every routed run adds wire_requests, wire_pre_mean_ms / wire_pre_p50_ms (a request's last
+byte into the router to the router's first byte to an engine) and wire_post_mean_ms / wire_post_p50_ms
+(the engine's first content event to the router's), read off a loopback capture (tools/bench/wire_hops.py),
+and the arm their means over its runs;
 a kvgate arm's runs add router_loop_lag, its event loop's lateness over the run (vllm_arena_stats.loop_lag),
 and the arm its proxy_steps_ms, those steps over its runs by first and later turns;
 the replay arm's runs add unplaced_turns, the turns the replayed run did not place);
@@ -91,6 +95,7 @@ from kvgate.tools.bench.vllm_arena_setup import (
 )
 from kvgate.tools.bench.vllm_arena_stats import paired_ratios, print_table, router_summary
 from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
+from kvgate.tools.bench.wire_capture import unavailable as wire_unavailable
 
 DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
 ARMS = (
@@ -163,6 +168,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "JSON then splits the router's CPU into what it spends idle and per request beyond that",
     )
     p.add_argument(
+        "--wire",
+        action="store_true",
+        help="capture each routed run's loopback packets (tcpdump, root) and report where each request's time "
+        "goes on the wire: before the router's request reaches an engine, and the first token's relay "
+        "(tools/bench/wire_hops.py)",
+    )
+    p.add_argument(
         "--kv-connector",
         action="store_true",
         help="every engine loads kvgate's KV connector over one shared disk directory (emptied with the "
@@ -194,6 +206,8 @@ def validate(args: argparse.Namespace) -> list[str]:
         bad.append(f"--arms: {unknown or 'empty or repeated'}; choose from {','.join(ARMS)}")
     elif REPLAY_ARM in arms and (REPLAYED not in arms or arms.index(REPLAYED) > arms.index(REPLAY_ARM)):
         bad.append(f"--arms: {REPLAY_ARM} replays {REPLAYED}'s placements of the same run: list {REPLAYED} before it")
+    if args.wire and (why := wire_unavailable()):
+        bad.append(f"--wire: {why}")
     try:
         parse_grid(args.anchor_grid)
     except ValueError as exc:

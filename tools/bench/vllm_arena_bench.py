@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -45,6 +46,9 @@ from kvgate.tools.bench.vllm_arena_stats import (
     render_requests,
     run_summary,
 )
+from kvgate.tools.bench.wire_capture import Capture
+from kvgate.tools.bench.wire_hops import hops as wire_hops
+from kvgate.tools.bench.wire_hops import summary as wire_summary
 
 
 class Bench:
@@ -163,6 +167,12 @@ class Bench:
 
         return self.bases[0] + path, place, unplaced
 
+    def capture(self, arm: str, url: str) -> Capture | None:
+        """With --wire, a capture of a routed run's router and engine ports (the replay arm has no router)."""
+        if not getattr(self.args, "wire", False) or arm == REPLAY_ARM:
+            return None
+        return Capture(self.work / f"wire-{arm}-{self.count}.pcap", [_port(url), *(s.port for s in self.servers)])
+
     def run(
         self,
         arm: str,
@@ -181,6 +191,7 @@ class Bench:
         else:
             proc, url, label = self.router(arm, params)
         kvgate_arm = arm != REPLAY_ARM and arm not in ANCHOR_OF
+        capture = self.capture(arm, url)
         try:
             asyncio.run(warm_up(url, endpoint=self.args.endpoint))
             self.reset()
@@ -194,6 +205,8 @@ class Bench:
             router_pids = [proc.proc.pid] if proc is not None else []
             idle = idle_cpu_ms_per_s(router_pids, self.args.idle_s)
             cpu = CpuWindow({"router": router_pids, "engines": [s.proc.pid for s in self.servers if s.proc]})
+            if capture is not None:
+                capture.start()
             t0 = time.perf_counter()
             cpu.start()
             with Progress(total, f"{arm} {tag}", unit="requests") as bar:
@@ -211,12 +224,23 @@ class Bench:
                 )
             spent = cpu.stop()
             wall = time.perf_counter() - t0
+            packets = capture.stop() if capture is not None else b""
             time.sleep(1.0)  # the engines' last stats reach /metrics
             after_pages = self.pages()
             lag = loop_lag(own_before, httpx.get(own, timeout=30).text) if own else None
         finally:
+            if capture is not None:
+                capture.stop()
             if proc is not None:
                 proc.stop()
+        if packets:
+            summary_wire = wire_summary(
+                wire_hops(packets, _port(url), [s.port for s in self.servers], self.args.endpoint)
+            )
+            if capture is not None:
+                capture.path.unlink(missing_ok=True)
+        else:
+            summary_wire = {}
         per_server = [
             int(metric_sum(a, "vllm:request_success_total") - metric_sum(b, "vllm:request_success_total"))
             for a, b in zip(after_pages, before_pages)
@@ -247,7 +271,7 @@ class Bench:
             request_records=(records := request_records(turns)),
             per_replica=replica_summary(records),
         )
-        summary.update(router=label, params=params)
+        summary.update(router=label, params=params, **summary_wire)
         if lag is not None:
             summary["router_loop_lag"] = lag
         if arm == REPLAY_ARM:
@@ -284,3 +308,8 @@ class Bench:
             "oracle_cached_fraction": sum(hits) / prompt_total if prompt_total else None,
             "oracle_prompt_mismatches": mismatched,
         }
+
+
+def _port(url: str) -> int:
+    """The TCP port of an http://127.0.0.1:PORT/... URL."""
+    return urlsplit(url).port or 80

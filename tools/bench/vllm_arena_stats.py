@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from kvgate.tools.bench.arena_table import mean_interval
 from kvgate.tools.bench.stats import pct
+from kvgate.tools.bench.wire_hops import pooled as wire_pooled
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)\s*$", re.M)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -222,6 +223,7 @@ def router_summary(runs: Sequence[dict[str, Any]], **extra: Any) -> dict[str, An
         "requests": sum(r["requests"] for r in runs),
         **{key: _mean_of(runs, key) for key in ("engine_ttft_mean_s", "total_mean_s", "inter_token_mean_s", "wall_s")},
         "added_ttft_ms": added_ttft_ms(runs),
+        **wire_pooled(runs),
         **extra,
         "runs": list(runs),
     }
@@ -332,6 +334,15 @@ def print_table(result: dict[str, Any]) -> None:
     added = {name: s["added_ttft_ms"] for name, s in result["routers"].items() if s.get("added_ttft_ms") is not None}
     if added:
         print("client TTFT beyond vLLM's own, ms: " + ", ".join(f"{name} {ms:.1f}" for name, ms in added.items()))
+    wire = {name: s for name, s in result["routers"].items() if s.get("wire_requests")}
+    if wire:
+        print(
+            "on the wire, mean ms from the request reaching the router to its request to the engine / from the "
+            "engine's first token to the router's: "
+            + ", ".join(
+                f"{name} {s['wire_pre_mean_ms']:.2f} / {s['wire_post_mean_ms']:.2f}" for name, s in wire.items()
+            )
+        )
     gaps = {name: s["inter_token_mean_s"] for name, s in result["routers"].items() if s.get("inter_token_mean_s")}
     if gaps:
         print("mean gap between tokens, ms: " + ", ".join(f"{name} {gap * 1000:.1f}" for name, gap in gaps.items()))

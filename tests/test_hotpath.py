@@ -433,12 +433,18 @@ def test_a_recorder_behind_bounds_the_wait_and_the_queue(monkeypatch):
         waits: list[tuple[float | None, bool]] = []
         settle = r.records.settle
         monkeypatch.setattr(
-            r.records, "settle", lambda timeout=None: waits.append((timeout, settle(timeout))) or waits[-1][1]
+            r.records,
+            "settle",
+            lambda timeout=None, chain=None: waits.append((timeout, settle(timeout, chain))) or waits[-1][1],
         )
         r.prepare(msgs)  # waits at most SETTLE_WAIT_S for the stuck records, then matches what is in
         assert waits == [(planner_module.SETTLE_WAIT_S, False)]  # a bounded wait, and it ran out
         assert not settle(0)  # prepare returned with the records still stuck: it did not wait for them
         assert r.plan(msgs).matched_blocks["r0"] > 0  # the inline records are seen
+        # a prompt that starts otherwise shares no block with any queued chain: nothing to wait for
+        other = [{"role": "system", "content": "Be verbose. " * 160}, *msgs[1:]]
+        r.prepare(other)
+        assert waits[-1] == (planner_module.SETTLE_WAIT_S, True) and not settle(0)
         index.gate.set()
         assert r.settle(5.0)
         assert sum(name.startswith("kvgate-index") for name in index.threads) == 4

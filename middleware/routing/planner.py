@@ -7,9 +7,10 @@ messages list (optional: without it `plan` computes the same hashes itself), and
 step runs. With `pending` (PendingAnswers: this process routes alone) an answer is only noted
 there, and hashed by the next turn's `prepare` or `plan` before its match (pending_answers.py).
 
-With deferred records, `prepare` waits up to SETTLE_WAIT_S for the records submitted before it, so
-a next turn normally finds its previous answer's blocks; bounded, because under overload an
-unbounded wait queues every request behind the recorder.
+With deferred records, `prepare` waits up to SETTLE_WAIT_S for the records submitted before it
+whose chains start as its prompt does (records.py), so a next turn normally finds its previous
+answer's blocks, and a prompt nobody recorded a start of is not held up by the others; bounded,
+because under overload an unbounded wait queues every request behind the recorder.
 
 Invariant: a plan's match is the full one: hashing stops early only past a block no replica holds.
 """
@@ -78,7 +79,7 @@ class Planner:
         if hasher is None:
             return
         prompt = self._hash(hasher, messages, salt, self.index.held if self.records.deferred else None)
-        self.records.settle(SETTLE_WAIT_S)
+        self.records.settle(SETTLE_WAIT_S, prompt.hashes)
         if self.inflight is not None:
             self.inflight.expire()
         matched = self.index.match(prompt.hashes)

@@ -6,14 +6,22 @@ the event loop. Past MAX_PENDING_RECORDS queued records the caller applies its o
 short chain with nothing queued before it is applied at once: a hop to the recorder would cost
 more than the record. A partial prompt's chain is hashed to its end by whoever applies it.
 
+A caller about to match a prompt may wait for the queued records first (`settle`); given the
+prompt's chain it waits only when a queued chain starts with the same block. Block hashes are
+chained, so a chain with another first block shares no block with the prompt: applying it cannot
+raise the prompt's match (it can only evict, in the index's model of a full replica, what a match
+a moment later would no longer see).
+
 Invariant: records of one router are applied in the order they were submitted, whichever thread
-applies them (a chain is applied inline only when nothing is queued before it).
+applies them (a chain is applied inline only when nothing is queued before it); `_firsts` counts
+the first blocks of exactly the records queued and not yet applied.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from kvgate.index.kv.prefix import PrefixIndex
@@ -33,6 +41,7 @@ class Records:
         self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-index") if deferred else None
         self._last: Future[None] | None = None
         self._pending = 0  # submitted, not yet applied (under _lock)
+        self._firsts: Counter[int | None] = Counter()  # their chains' first blocks (None: not hashed yet)
         self._lock = threading.Lock()
 
     @property
@@ -49,34 +58,48 @@ class Records:
         that records the whole chain again soon, as the answer's record does, passes the match)."""
         if self._recorder is not None:
             blocks = (chain.blocks if isinstance(chain, PromptHashes) else len(chain)) - held
+            first = first_block(chain)
             with self._lock:
                 # a short chain with nothing before it in the queue stays in order applied here
                 queued = self._pending < MAX_PENDING_RECORDS and (self._pending > 0 or blocks > INLINE_RECORD_BLOCKS)
                 self._pending += queued
+                if queued:
+                    self._firsts[first] += 1
             if queued:
                 try:
-                    self._last = self._recorder.submit(self._deferred, replica, chain, held)
+                    self._last = self._recorder.submit(self._deferred, replica, chain, held, first)
                     return
                 except RuntimeError:  # closed: a request finishing while the proxy shuts down
-                    with self._lock:
-                        self._pending -= 1
+                    self._dequeued(first)
         self._apply(replica, chain, held)
 
-    def settle(self, timeout: float | None = None) -> bool:
+    def settle(self, timeout: float | None = None, chain: list[int] | None = None) -> bool:
         """Wait until the records submitted so far are in the index, at most `timeout` seconds
-        (None: however long). True when they are (at once when not deferred)."""
+        (None: however long). True when they are (at once when not deferred). With `chain` (the
+        leading block hashes of a prompt about to be matched), True at once unless a queued record
+        could add to its match: one whose chain starts with the same block (module docstring)."""
+        if chain is not None:
+            with self._lock:
+                if not (self._firsts[None] or (chain and self._firsts[chain[0]])):
+                    return True
         last = self._last
         if last is None:
             return True
         done, _ = wait([last], timeout=timeout)
         return bool(done)
 
-    def _deferred(self, replica: str, chain: list[int] | PromptHashes, held: int) -> None:
+    def _deferred(self, replica: str, chain: list[int] | PromptHashes, held: int, first: int | None) -> None:
         try:
             self._apply(replica, chain, held)
         finally:
-            with self._lock:
-                self._pending -= 1
+            self._dequeued(first)
+
+    def _dequeued(self, first: int | None) -> None:
+        with self._lock:
+            self._pending -= 1
+            self._firsts[first] -= 1
+            if not self._firsts[first]:
+                del self._firsts[first]
 
     def _apply(self, replica: str, chain: list[int] | PromptHashes, held: int) -> None:
         try:
@@ -88,3 +111,9 @@ class Records:
             self.state.recorded(replica, hashes)
         except Exception:  # a record lost costs a worse route later, never the request
             log.exception("route record for replica %s failed", replica)
+
+
+def first_block(chain: list[int] | PromptHashes) -> int | None:
+    """A chain's first block hash (pure); None while a partial prompt has hashed none of it."""
+    hashes = chain.hashes if isinstance(chain, PromptHashes) else chain
+    return hashes[0] if hashes else None

@@ -103,6 +103,14 @@ def test_a_request_the_router_never_sent_on_is_left_out() -> None:
     assert [r["turn_messages"] for r in hops(p.bytes(), ROUTER, [ENGINE])] == [1]
 
 
+def test_a_malformed_request_head_is_skipped_not_fatal() -> None:
+    p = Pcap()
+    p.send(99.0, CLIENT, ROUTER, b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: many\r\n\r\n{}")
+    p.send(99.002, ROUTER, CLIENT, HEAD + FIRST)
+    turn(p, 100.0, MESSAGES)
+    assert [r["turn_messages"] for r in hops(p.bytes(), ROUTER, [ENGINE])] == [1]
+
+
 def test_fingerprints_ignore_spacing_and_key_order_and_refuse_other_bodies() -> None:
     a = json.dumps({"model": "m", "messages": MESSAGES}).encode()
     b = json.dumps({"messages": MESSAGES, "model": "m"}, separators=(",", ":")).encode()

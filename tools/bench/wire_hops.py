@@ -143,8 +143,8 @@ def exchanges(requests: Stream, responses: Stream | None, src: int, dst: int, ke
         length = 0
         for line in data[start:head_end].split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value.strip() or 0)
+            if name.strip().lower() == b"content-length" and value.strip().isdigit():
+                length = int(value.strip())
         end = head_end + 4 + length
         first, last = requests.at(start), requests.at(end - 1)
         content = None

@@ -40,8 +40,8 @@ class Records:
         self.state = state
         self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-index") if deferred else None
         self._last: Future[None] | None = None
-        self._pending = 0  # submitted, not yet applied (under _lock)
-        self._firsts: Counter[int | None] = Counter()  # their chains' first blocks (None: not hashed yet)
+        # the first blocks of the chains submitted and not yet applied (None: not hashed yet), under _lock
+        self._firsts: Counter[int | None] = Counter()
         self._lock = threading.Lock()
 
     @property
@@ -61,8 +61,8 @@ class Records:
             first = first_block(chain)
             with self._lock:
                 # a short chain with nothing before it in the queue stays in order applied here
-                queued = self._pending < MAX_PENDING_RECORDS and (self._pending > 0 or blocks > INLINE_RECORD_BLOCKS)
-                self._pending += queued
+                pending = self._firsts.total()
+                queued = pending < MAX_PENDING_RECORDS and (pending > 0 or blocks > INLINE_RECORD_BLOCKS)
                 if queued:
                     self._firsts[first] += 1
             if queued:
@@ -96,7 +96,6 @@ class Records:
 
     def _dequeued(self, first: int | None) -> None:
         with self._lock:
-            self._pending -= 1
             self._firsts[first] -= 1
             if not self._firsts[first]:
                 del self._firsts[first]

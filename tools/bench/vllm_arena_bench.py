@@ -233,14 +233,13 @@ class Bench:
                 capture.stop()
             if proc is not None:
                 proc.stop()
-        if packets:
-            summary_wire = wire_summary(
-                wire_hops(packets, _port(url), [s.port for s in self.servers], self.args.endpoint)
-            )
-            if capture is not None:
-                capture.path.unlink(missing_ok=True)
-        else:
-            summary_wire = {}
+        summary_wire: dict[str, Any] = {}
+        if capture is not None:
+            if packets:
+                summary_wire = wire_summary(
+                    wire_hops(packets, _port(url), [s.port for s in self.servers], self.args.endpoint)
+                )
+            capture.path.unlink(missing_ok=True)
         per_server = [
             int(metric_sum(a, "vllm:request_success_total") - metric_sum(b, "vllm:request_success_total"))
             for a, b in zip(after_pages, before_pages)

@@ -208,6 +208,7 @@ TOOLS = {
 BENCHES = {
     "semantic": ("semantic", "semantic cache precision/recall and lookup latency, vs GPTCache"),
     "route-overhead": ("route_overhead", "routing decision time (tokenize+hash+match+choose)"),
+    "route-fresh": ("route_fresh", "routing a new long prompt: a lead of it vs all of it tokenised"),
     "soak": ("soak", "bounded load through kvgate serve: errors, RSS, fds, cache budget"),
     "routing": ("arena", "the routing arena: kvgate policies vs sglang-router and vllm-router on a replayed trace"),
     "routing-hits": ("arena_hits", "where each router's prefix hits went, from a `bench routing --per-request` result"),

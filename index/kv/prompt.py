@@ -14,7 +14,10 @@ this hasher has hashed before, from hashes of the raw messages (no rendering, no
 A router only needs a prompt's hashes up to the first block no replica holds (a prefix match
 stops there), so `prompt(until=...)` may stop hashing early and leave the rest to
 `PromptHashes.complete()`, which a background thread runs before recording the chain: a fresh
-27k-character prompt is matched after hashing ~16 blocks instead of ~420.
+27k-character prompt is matched after hashing ~16 blocks instead of ~420. A long segment nobody
+tokenised before is then tokenised only as far as that needs (a *lead*, its first characters:
+kvgate.index.kv.tokenizer_light.lead_ids) when the lead's blocks already stop the match; the
+whole segment is tokenised by `complete()`, which checks the lead against it.
 
 Token ids are kept packed (uint32 bytes, kvgate.index.kv.hashing.pack_tokens) and chains as digest bytes,
 so copying, caching and resuming them is C-speed work.
@@ -27,11 +30,11 @@ passes them as `known` and resumes from there even if the shared caches evicted 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from kvgate.index.kv.hash_loops import loops
 from kvgate.index.kv.hashing import (
@@ -44,7 +47,10 @@ from kvgate.index.kv.hashing import (
     seed_hash,
     unpack_tokens,
 )
+from kvgate.index.kv.lru import LRU
+from kvgate.index.kv.prompt_hashes import ChainState, Left, PromptHashes, Rest
 from kvgate.index.kv.tokenizer import ChatTokenizer, content_text
+from kvgate.index.kv.tokenizer_light import LEAD_MARGIN_CHARS
 
 
 @dataclass(frozen=True)
@@ -78,99 +84,16 @@ class TextPrompt:
 # what the hasher takes: a chat conversation, or a completions prompt
 Prompt = Sequence[dict[str, Any]] | TextPrompt
 
+log = logging.getLogger("kvgate.router")
 
-class _LRU(OrderedDict):
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def get_touch(self, key: Any) -> Any:
-        value = self.get(key)
-        if value is not None:
-            self.move_to_end(key)
-        return value
-
-    def put(self, key: Any, value: Any) -> None:
-        self.put_all(((key, value),))
-
-    def put_all(self, items: Iterable[tuple[Any, Any]]) -> None:
-        """Each (key, value) in turn becomes the most recently used; then the oldest go while over size."""
-        move = self.move_to_end
-        for key, value in items:
-            self[key] = value  # an old key keeps its place: moved next
-            move(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
-
-
-# (the block hashes so far as 8-byte digests end to end, the unhashed tail's packed tokens): bytes,
-# so a state is copied, stored and freed at C speed however long the conversation
-ChainState = tuple[bytes, bytes]
-
-
-STOP_CHECK_BLOCKS = 16  # with `until`, hashing checks whether to go on once per this many blocks
-
-
-@dataclass
-class _Rest:
-    """What a partial prompt left unhashed: the chain so far, the unhashed packed tokens, the
-    segments after them (running digest, packed tokens), the message runs to mark as seen."""
-
-    hasher: "PromptHasher"
-    seed: str
-    chain: bytes
-    tail: bytes
-    segments: list[tuple[bytes, bytes]]
-    runs: list[int]
-
-
-class PromptHashes:
-    """A prompt's block hashes and token count, plus the chain state after each of its segment
-    runs this call hashed or resumed from (key: the run's running digest).
-
-    Hashed with `until` (PromptHasher.prompt), it may be *partial*: `hashes` then holds the
-    leading blocks up to one that `until` refused, `tokens` still counts the whole prompt, and
-    `complete()` hashes the rest (once; thread-safe), after which it is what an eager call gives.
-    """
-
-    def __init__(
-        self,
-        hashes: list[BlockHash],
-        tokens: int,
-        states: dict[bytes, ChainState] | None = None,
-        rest: _Rest | None = None,
-        run: int | None = None,
-    ) -> None:
-        self.hashes = hashes
-        self.tokens = tokens
-        self.run = run  # a chat prompt's last message_runs key (None for a completions prompt)
-        self.states: dict[bytes, ChainState] = states if states is not None else {}
-        self._rest = rest
-        self._lock = threading.Lock() if rest is not None else None
-
-    @property
-    def partial(self) -> bool:
-        return self._rest is not None
-
-    @property
-    def blocks(self) -> int:
-        """Full blocks of the whole prompt (the length of `hashes` once complete)."""
-        return self.tokens // self._rest.hasher.block_size if self._rest is not None else len(self.hashes)
-
-    def complete(self) -> "PromptHashes":
-        """Hash what `until` left (nothing when it left nothing), store the chain states in the
-        hasher's cache as an eager call would have; returns self."""
-        if self._lock is None:
-            return self
-        with self._lock:
-            rest = self._rest
-            if rest is not None:
-                self.hashes = rest.hasher._finish(rest, self.states)
-                self._rest = None
-        return self
-
-    def __repr__(self) -> str:
-        return f"PromptHashes(blocks={len(self.hashes)}{'+' if self.partial else ''}, tokens={self.tokens})"
+# With `until`, hashing checks whether to go on once per stretch of this many tokens (at least one
+# block): each stretch is one call of the C hashing loop, and a stop comes at most a stretch late.
+STOP_CHECK_TOKENS = 256
+# Characters of a lead per token the first stretch needs: twice English text's usual four, so the
+# lead reaches the stretch's check for all but very long tokens.
+LEAD_CHARS_PER_TOKEN = 8
+LEAD_FACTOR = 2  # a segment gets a lead when it is at least this many leads long
+DEFAULT_TOKENS_PER_CHAR = 0.25  # the estimate before complete() measured one
 
 
 class PromptHasher:
@@ -190,16 +113,24 @@ class PromptHasher:
         self.block_size = block_size
         self.seed = seed
         self.extra = tuple(extra)
-        self._segments = _LRU(cache_size)
-        self._chains = _LRU(cache_size)
-        self._seen = _LRU(cache_size)  # keys of leading message runs hashed so far (message_runs)
+        self._segments = LRU(cache_size)
+        self._chains = LRU(cache_size)
+        self._seen = LRU(cache_size)  # keys of leading message runs hashed so far (message_runs)
         # per seed (salts make many): (the segment digests' root, the chain's parent digest)
-        self._roots = _LRU(cache_size)
+        self._roots = LRU(cache_size)
         self._step = 4 * block_size  # packed bytes per block
         self._prefix = extra_prefix(self.extra)
         self._lock = threading.Lock()
         # the model-free tokenizer encodes a segment faster than a cache could look it up
         self._memoize = tokenizer.backend != "text"
+        # a long new segment is matched on a lead of it first (lead_ids), when the tokenizer gives
+        # one: enough characters for a stretch and the block after it, at LEAD_CHARS_PER_TOKEN;
+        # public so a benchmark can compare with whole segments (False)
+        self.leads = self._memoize
+        self.stretch = max(1, STOP_CHECK_TOKENS // block_size)  # blocks between two checks of `until`
+        self._lead_chars = LEAD_CHARS_PER_TOKEN * (self.stretch + 1) * block_size
+        # what complete() last measured; guides the token estimate of segments left as text
+        self._tokens_per_char = DEFAULT_TOKENS_PER_CHAR
         hash_loops = hash_loops or loops()
         self._segment_digests = hash_loops.segment_digests
         self._chain_digests = hash_loops.chain_digests
@@ -225,7 +156,7 @@ class PromptHasher:
         state is in `known` (an earlier prompt of the same conversation) or in the cache.
 
         With `until`, hashing stops (leaving a partial result, see PromptHashes) once the last
-        block of a stretch of STOP_CHECK_BLOCKS fails `until`: a router asks "does any replica
+        block of a stretch (`stretch` blocks, STOP_CHECK_TOKENS) fails `until`: a router asks "does any replica
         hold this block?", and a prefix match cannot go past a block nobody holds.
 
         `salt` (an engine's cache_salt) roots the chain elsewhere (kvgate.index.kv.hashing.salted_seed):
@@ -252,26 +183,61 @@ class PromptHasher:
                     digests_so_far, tail = state
                     states[digests[k]] = state
                     break
-        left: list[tuple[bytes, bytes]] = []  # segments after a stop: hashed by complete()
+        left: list[Left] = []  # segments after a stop: hashed by complete()
         new: list[bytes] = []  # digests of the runs this call hashed: their states go to the shared cache
+        resume: ChainState | None = None  # where complete() resumes, when not where hashing stopped
+        estimate = 0  # tokens of the segments left as text, estimated
         for k in range(start, len(materials)):
+            text = self._lead_text(materials[k]) if until is not None else None
             if left:
-                left.append((digests[k], pack(k)))
+                if text is None:
+                    left.append(Left(digests[k], pack(k)))
+                else:
+                    left.append(Left(digests[k], text=text))
+                    estimate += round(len(text) * self._tokens_per_char)
                 continue
+            lead = self.tokenizer.packed_lead(text, self._lead_chars) if text is not None else None
+            if lead is not None:
+                ahead, rest_tail, stopped = self._advance(digests_so_far, tail + lead, until, root[1])
+                if stopped:  # matched on the lead alone: the segment is tokenised whole by complete()
+                    resume = (digests_so_far, tail)
+                    estimate += max(
+                        len(lead) // 4, round(len(text) * len(lead) / 4 / (self._lead_chars - LEAD_MARGIN_CHARS))
+                    )
+                    left.append(Left(digests[k], text=text, lead=lead))
+                    digests_so_far, tail = ahead, rest_tail
+                    continue
             tail += pack(k)
             digests_so_far, tail, stopped = self._advance(digests_so_far, tail, until, root[1])
             if stopped:
-                left.append((digests[k], b""))  # its unhashed blocks are in `tail`
+                left.append(Left(digests[k]))  # its unhashed blocks are in `tail`
                 continue
             states[digests[k]] = (digests_so_far, tail)
             new.append(digests[k])
         if runs is None:
             runs = message_runs(messages) if not isinstance(messages, TextPrompt) else []
-        unhashed = len(tail) + sum(len(p) for _, p in left) if left else len(tail)
-        tokens = (len(digests_so_far) // 8) * self.block_size + unhashed // 4
-        rest = _Rest(self, seed, digests_so_far, tail, left, runs) if left else None
+        rest = None
+        if left:
+            chain, rest_tail = resume if resume is not None else (digests_so_far, tail)
+            tokens = self._tokens_of(chain, rest_tail) + sum(len(s.packed) for s in left) // 4 + estimate
+            rest = Rest(self, seed, chain, rest_tail, left, runs)
+        else:
+            tokens = self._tokens_of(digests_so_far, tail)
         self._remember(states, new, runs if rest is None else [])  # a partial prompt's runs: at complete()
         return PromptHashes(digests_to_hashes(digests_so_far), tokens, states, rest, runs[-1] if runs else None)
+
+    def _tokens_of(self, chain: bytes, tail: bytes) -> int:
+        """Tokens hashed into `chain` (8 bytes a block) and left in `tail` (4 bytes a token)."""
+        return (len(chain) // 8) * self.block_size + len(tail) // 4
+
+    def _lead_text(self, material: str | bytes) -> str | None:
+        """`material` when it is a chat segment long enough that tokenising a lead of it first
+        saves work, and not tokenised before (then it is cached whole); None otherwise."""
+        if not self.leads or not isinstance(material, str) or len(material) < LEAD_FACTOR * self._lead_chars:
+            return None
+        with self._lock:
+            cached = material in self._segments
+        return None if cached else material
 
     def _root(self, seed: str) -> tuple[bytes, bytes]:
         """(the segment digests' root, the chain's parent digest) under `seed`."""
@@ -307,22 +273,41 @@ class PromptHasher:
         view = memoryview(tail)
         done = 0
         while done < full:
-            end = min(full, done + step * STOP_CHECK_BLOCKS)
+            end = min(full, done + step * self.stretch)
             chain += self._chain_digests(view[done:end], step, chain[-8:] if chain else parent, self._prefix)
             done = end
             if done < full and not until(int.from_bytes(chain[-8:], "little")):
                 return chain, tail[done:], True
         return chain, tail[done:], False
 
-    def _finish(self, rest: _Rest, states: dict[bytes, ChainState]) -> list[BlockHash]:
-        """complete()'s work: hash the segments a stop left, as the eager loop would have."""
+    def finish(self, rest: Rest, states: dict[bytes, ChainState]) -> tuple[list[BlockHash], int]:
+        """PromptHashes.complete()'s work: tokenise and hash the segments a stop left, as the
+        eager loop would have: (the whole prompt's hashes, its token count). A lead that is not
+        how the whole segment begins turns leads off for this hasher (said once, in a warning):
+        only the route of the prompts hashed from a lead could have been worse."""
         chain, tail = rest.chain, rest.tail
         parent = self._root(rest.seed)[1]
-        for digest, packed in rest.segments:
+        for left in rest.segments:
+            packed = left.packed
+            if left.text is not None:
+                packed = self._encode(left.text)
+                if left.lead and not packed.startswith(left.lead):
+                    self._lead_differs()
+                if packed:
+                    self._tokens_per_char = len(packed) / 4 / len(left.text)
             chain, tail, _ = self._advance(chain, tail + packed, None, parent)
-            states[digest] = (chain, tail)
-        self._remember(states, [digest for digest, _ in rest.segments], rest.runs)
-        return digests_to_hashes(chain)
+            states[left.digest] = (chain, tail)
+        self._remember(states, [left.digest for left in rest.segments], rest.runs)
+        return digests_to_hashes(chain), self._tokens_of(chain, tail)
+
+    def _lead_differs(self) -> None:
+        if self.leads:
+            self.leads = False
+            log.warning(
+                "tokenizer %s: tokenising the first characters of a long message gave other ids than the "
+                "whole message does; long messages are tokenised whole from now on",
+                self.tokenizer.name,
+            )
 
     def _parts(self, prompt: Prompt) -> tuple[list[str] | list[bytes], Callable[[int], bytes]]:
         """(each segment's digest material, segment k's packed token ids on demand). Chat segments

@@ -23,7 +23,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from kvgate.index.kv.chat_template import boundary_token, chat_messages, content_text, split_segments
 from kvgate.index.kv.hashing import pack_tokens, unpack_tokens
-from kvgate.index.kv.tokenizer_light import encode_ids
+from kvgate.index.kv.tokenizer_light import encode_ids, lead_ids
 from kvgate.index.storage.env import model_cache_dir
 from kvgate.index.storage.tokenizer_files import have_transformers
 
@@ -48,6 +48,12 @@ class ChatTokenizer(Protocol):
 
     def packed(self, segment: str) -> bytes:
         """encode(segment) as kvgate.index.kv.hashing.pack_tokens packs it (what the block hashes read)."""
+        ...
+
+    def packed_lead(self, segment: str, chars: int) -> bytes | None:
+        """The packed ids of the segment's first tokens, from tokenizing about its first `chars`
+        characters only: a prefix of `packed(segment)` (kvgate.index.kv.tokenizer_light.lead_ids).
+        None: this tokenizer gives no lead (the segment is short, or encoding it whole is as cheap)."""
         ...
 
     @property
@@ -84,6 +90,9 @@ class TextTokenizer:
     def packed(self, segment: str) -> bytes:
         return segment.encode("utf-32-le")  # code points as uint32 little-endian: pack_tokens, at C speed
 
+    def packed_lead(self, segment: str, chars: int) -> bytes | None:
+        return None  # a whole segment encodes at C speed
+
     def packed_text(self, text: str) -> bytes:
         return self.packed(text)
 
@@ -117,6 +126,11 @@ class HFChatTokenizer:
 
     def packed(self, segment: str) -> bytes:
         return pack_tokens(self.encode(segment))
+
+    def packed_lead(self, segment: str, chars: int) -> bytes | None:
+        if self._rust is None:
+            return None
+        return pack_tokens(lead_ids(self._rust, segment, chars)) or None
 
     @property
     def vocab_size(self) -> int | None:

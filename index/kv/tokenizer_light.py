@@ -35,6 +35,32 @@ def encode_ids(rust: Any, text: str, add_special_tokens: bool) -> list[int]:
     return rust.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
 
+# Tokens ending this close to where a lead's text was cut are dropped: a cut can change how the
+# text just before it splits into words (a pre-tokenizer's regex looks ahead), never further back
+# than the word it falls in.
+LEAD_MARGIN_CHARS = 64
+
+
+def lead_ids(rust: Any, text: str, chars: int) -> list[int]:
+    """The ids of `text`'s first tokens, from tokenizing only its first `chars` characters: those
+    ending at least LEAD_MARGIN_CHARS before the cut. For a tokenizer that splits text into words
+    before its model runs (byte-level BPE, SentencePiece with a pre-tokenizer) they are the first
+    ids of `encode_ids(rust, text, False)`; kvgate.index.kv.prompt checks that on every prompt it
+    tokenizes whole later, and stops asking for leads if one ever differed.
+
+    Invariant: [] when `text` is no longer than `chars` + LEAD_MARGIN_CHARS (nothing to save)."""
+    if len(text) <= chars + LEAD_MARGIN_CHARS:
+        return []
+    encoding = rust.encode_batch([text[:chars]], add_special_tokens=False)[0]
+    bound = chars - LEAD_MARGIN_CHARS
+    ids: list[int] = []
+    for token, (_, end) in zip(encoding.ids, encoding.offsets):
+        if end > bound:
+            break
+        ids.append(token)
+    return ids
+
+
 class LightChatTokenizer:
     backend = "tokenizers"
 
@@ -63,6 +89,9 @@ class LightChatTokenizer:
 
     def packed(self, segment: str) -> bytes:
         return pack_tokens(self.encode(segment))
+
+    def packed_lead(self, segment: str, chars: int) -> bytes | None:
+        return pack_tokens(lead_ids(self._rust, segment, chars)) or None
 
     @property
     def vocab_size(self) -> int | None:

@@ -4,7 +4,9 @@ index (and shared through the routing state) in order, off the caller's thread w
 With deferral (the proxy's routers) the records run in order on one background thread instead of
 the event loop. Past MAX_PENDING_RECORDS queued records the caller applies its own inline, and a
 short chain with nothing queued before it is applied at once: a hop to the recorder would cost
-more than the record. A partial prompt's chain is hashed to its end by whoever applies it.
+more than the record. A partial prompt's chain is hashed to its end by whoever applies it; one
+with text still to tokenise (a long message matched on its lead) always goes to the recorder,
+whatever is queued: tokenising it is work that grows with the prompt, kept off the caller.
 
 A caller about to match a prompt may wait for the queued records first (`settle`); given the
 prompt's chain it waits only when a queued chain starts with the same block. Block hashes are
@@ -58,11 +60,12 @@ class Records:
         that records the whole chain again soon, as the answer's record does, passes the match)."""
         if self._recorder is not None:
             blocks = (chain.blocks if isinstance(chain, PromptHashes) else len(chain)) - held
+            costly = isinstance(chain, PromptHashes) and chain.untokenized
             first = first_block(chain)
             with self._lock:
                 # a short chain with nothing before it in the queue stays in order applied here
                 pending = self._firsts.total()
-                queued = pending < MAX_PENDING_RECORDS and (pending > 0 or blocks > INLINE_RECORD_BLOCKS)
+                queued = costly or (pending < MAX_PENDING_RECORDS and (pending > 0 or blocks > INLINE_RECORD_BLOCKS))
                 if queued:
                     self._firsts[first] += 1
             if queued:

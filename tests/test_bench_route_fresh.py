@@ -14,15 +14,16 @@ from kvgate.tools.bench import route_fresh
 def args(tmp_path, **over):
     ns = argparse.Namespace(
         tokens="300,3000", samples=2, tokenizer="smollm2", block_size=16, replicas=2, indexed_blocks=2000,
-        json=tmp_path / "fresh.json",
+        json=tmp_path / "fresh.json", mode="approximate",
     )  # fmt: skip
     for k, v in over.items():
         setattr(ns, k, v)
     return ns
 
 
-def test_route_fresh_reports_both_arms_per_length(tmp_path):
-    assert route_fresh.main(args(tmp_path)) == 0
+@pytest.mark.parametrize("mode", ["approximate", "precise"])
+def test_route_fresh_reports_both_arms_per_length(tmp_path, mode):
+    assert route_fresh.main(args(tmp_path, mode=mode)) == 0
     out = json.loads((tmp_path / "fresh.json").read_text())
     assert out["lead_hash_mismatches"] == 0 and [r["tokens"] > 0 for r in out["rows"]] == [True, True]
     assert out["rows"][0]["tokens"] < out["rows"][1]["tokens"]

@@ -43,6 +43,7 @@ class RoutePlan:
     # the prompt's leading block hashes: all of them, or (a partial `prompt`, see Router.prepare)
     # up to a block no replica held, past which no match goes; `prompt.complete()` has them all
     hashes: list[int]
+    # estimated while `prompt` still has a long message to tokenise (kvgate.index.kv.prompt_hashes)
     prompt_tokens: int
     block_size: int
     matched_blocks: dict[str, int] = field(default_factory=dict)  # replica → leading blocks held

@@ -7,39 +7,76 @@ a routed request's block chain counts as held by its replica from the moment it 
 replica of its own in the prefix index (`routed@<name>`), until a short while after the request
 has finished, by which time the engine's own events say what it really holds.
 
+A request routed on a *partial* prompt (hashed only up to a block no replica held, a long new
+message matched on a lead of it: kvgate.index.kv.prompt) is recorded with the blocks it has, and
+with `deferred` a thread of this view's own completes the prompt (tokenises and hashes the rest,
+which also leaves its chain states in the hasher's cache for the next turn) and adds the rest of
+its chain under `routed@R`, unless the request's blocks were dropped meanwhile; so requests
+sharing a long new prefix still find all of it on its way to one replica.
+
 Invariants: a block stays under `routed@R` while at least one request routed to R with it is in
 flight or in its grace period (counted per block); `fold` gives each replica the longer of its
-engine-reported and its routed match, and leaves no `routed@` entry in the result.
+engine-reported and its routed match, and leaves no `routed@` entry in the result; what a
+request added under `routed@R` is counted and removed under one lock, so a completion that comes
+after its request's blocks were dropped adds nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from kvgate.index.kv.block_counts import BlockCounts
 from kvgate.index.kv.hashing import BlockHash
 from kvgate.index.kv.prefix import PrefixIndex
+from kvgate.index.kv.prompt import PromptHashes
+
+log = logging.getLogger("kvgate.router")
 
 ROUTED = "routed@"
 GRACE_S = 1.0  # after a request finished: the engine's events for its blocks arrive within this
 
 
+@dataclass(eq=False)
+class Routed:
+    """One request's blocks under `routed@<replica>` (`sent` returns it, `done` takes it back)."""
+
+    replica: str
+    hashes: tuple[BlockHash, ...]
+    counts: BlockCounts  # the replica's counts it was added to (a forgotten replica's are gone)
+    live: bool = True  # False once its blocks were dropped
+
+
 class InFlightPrefixes:
-    def __init__(self, index: PrefixIndex, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, index: PrefixIndex, clock: Callable[[], float] = time.monotonic, deferred: bool = False) -> None:
+        """`deferred`: a partial prompt is completed on a thread of this view's own (else its
+        caller completes it, when it needs to)."""
         self.index = index
         self._clock = clock
         self._lock = threading.Lock()
         self._counts: dict[str, BlockCounts] = {}
-        self._due: deque[tuple[float, str, tuple[BlockHash, ...]]] = deque()
+        self._due: deque[tuple[float, Routed]] = deque()
+        self._completer = ThreadPoolExecutor(1, thread_name_prefix="kvgate-complete") if deferred else None
 
-    def sent(self, replica: str, hashes: Sequence[BlockHash]) -> None:
-        """A request with these prompt blocks was sent to `replica`."""
+    @property
+    def deferred(self) -> bool:
+        return self._completer is not None
+
+    def close(self) -> None:
+        if self._completer is not None:
+            self._completer.shutdown(wait=True)
+
+    def sent(self, replica: str, hashes: Sequence[BlockHash], prompt: PromptHashes | None = None) -> Routed | None:
+        """A request with these prompt blocks was sent to `replica`; `prompt`: the hashes they
+        came from, completed later (module docstring) when partial."""
         self.expire()
         if not hashes:
-            return
+            return None
         name = ROUTED + replica
         with self._lock:
             if name not in self.index.replicas:
@@ -47,15 +84,40 @@ class InFlightPrefixes:
             counts = self._counts.get(replica)
             if counts is None:
                 counts = self._counts[replica] = BlockCounts()
-            counts.add(hashes)
-        self.index.record(name, hashes)
+            entry = Routed(replica, tuple(hashes), counts)
+            counts.add(entry.hashes)
+            self.index.record(name, entry.hashes)
+        if prompt is not None and prompt.partial and self._completer is not None:
+            try:
+                self._completer.submit(self._complete, entry, prompt)
+            except RuntimeError:  # closed: a request sent while the proxy shuts down
+                pass
+        return entry
 
-    def done(self, replica: str, hashes: Sequence[BlockHash]) -> None:
+    def done(self, entry: Routed | None) -> None:
         """That request finished (or failed): its blocks stop counting after the grace period."""
-        if hashes:
+        if entry is not None:
             with self._lock:
-                self._due.append((self._clock() + GRACE_S, replica, tuple(hashes)))
+                self._due.append((self._clock() + GRACE_S, entry))
         self.expire()
+
+    def _complete(self, entry: Routed, prompt: PromptHashes) -> None:
+        try:
+            full = prompt.complete().hashes
+        except Exception:  # a prompt left partial costs a shorter routed prefix, never the request
+            log.exception("completing a routed prompt's hashes for replica %s failed", entry.replica)
+            return
+        have = len(entry.hashes)
+        # a lead that is not how its message begins hashed other blocks (the hasher says so): keep those
+        if len(full) <= have or tuple(full[:have]) != entry.hashes:
+            return
+        rest = full[have:]
+        with self._lock:
+            if not entry.live or self._counts.get(entry.replica) is not entry.counts:
+                return
+            entry.counts.add(rest)
+            self.index.record(ROUTED + entry.replica, rest, entry.hashes[-1])
+            entry.hashes += tuple(rest)
 
     def fold(self, matched: dict[str, int]) -> dict[str, int]:
         """`matched` (PrefixIndex.match, after `expire`) with each replica's routed match folded
@@ -73,19 +135,18 @@ class InFlightPrefixes:
         with self._lock:
             self._counts.pop(replica, None)
             known = ROUTED + replica in self.index.replicas
-        if known:
-            self.index.cleared(ROUTED + replica)
+            if known:
+                self.index.cleared(ROUTED + replica)
 
     def expire(self) -> None:
         """Drop the blocks whose grace period is over (before matching: cheap when none is)."""
         now = self._clock()
-        gone: dict[str, list[BlockHash]] = {}
         with self._lock:
             while self._due and self._due[0][0] <= now:
-                _, replica, hashes = self._due.popleft()
-                counts = self._counts.get(replica)
-                dropped = counts.drop(hashes) if counts is not None else []
+                _, entry = self._due.popleft()
+                entry.live = False
+                if self._counts.get(entry.replica) is not entry.counts:
+                    continue  # the replica was forgotten since: its blocks went with it
+                dropped = entry.counts.drop(entry.hashes)
                 if dropped:
-                    gone.setdefault(replica, []).extend(dropped)
-        for replica, hashes in gone.items():
-            self.index.removed(ROUTED + replica, hashes)
+                    self.index.removed(ROUTED + entry.replica, dropped)

@@ -7,6 +7,10 @@ messages list (optional: without it `plan` computes the same hashes itself), and
 step runs. With `pending` (PendingAnswers: this process routes alone) an answer is only noted
 there, and hashed by the next turn's `prepare` or `plan` before its match (pending_answers.py).
 
+With deferred records (approximate mode) or a deferred in-flight view (precise mode), `prepare`
+hashes a prompt only up to a block no replica holds, and the recorder or the in-flight view
+completes it off the request's path (kvgate.index.kv.prompt, inflight.py).
+
 With deferred records, `prepare` waits up to SETTLE_WAIT_S for the records submitted before it
 whose chains start as its prompt does (records.py), so a next turn normally finds its previous
 answer's blocks, and a prompt nobody recorded a start of is not held up by the others; bounded,
@@ -30,6 +34,8 @@ from kvgate.middleware.routing.records import Records
 from kvgate.middleware.routing.tiers import TierMedia
 
 PREPARED_MAX = 1024  # prompts hashed ahead and not yet planned (a plan normally follows at once)
+# a prompt's estimated token count past 1 / this of the engines' context is counted exactly
+CONTEXT_ESTIMATE_SLACK = 2
 SETTLE_WAIT_S = 0.005  # how long `prepare` waits for the records before it (see the module docstring)
 
 
@@ -65,26 +71,38 @@ class Planner:
             return len(self._prepared)
 
     @property
+    def _completes_later(self) -> bool:
+        """Whether a partial prompt is completed off the request's path: by the recorder
+        (approximate mode) or by the in-flight view's own thread (precise mode)."""
+        return self.records.deferred or (self.inflight is not None and self.inflight.deferred)
+
+    @property
     def block_size(self) -> int:
         return self.hasher.block_size if self.hasher is not None else self._block_size
 
-    def prepare(self, messages: Prompt, salt: str | None = None) -> None:
+    def prepare(self, messages: Prompt, salt: str | None = None, context: int | None = None) -> None:
         """Hash and match a prompt ahead of its `plan` (thread-safe; meant for a worker thread).
 
-        With deferred records, hashing stops soon after a block no replica holds (a match cannot
-        pass it); the recorder hashes the rest before recording the chain, off the request's path.
+        With deferred records or in-flight view, hashing stops soon after a block no replica holds
+        (a match cannot pass it); the rest is hashed off the request's path (module docstring).
         If a record lands meanwhile and some replica holds every block hashed so far, the rest is
-        hashed here and matched again, so the match is always the full one."""
+        hashed here and matched again, so the match is always the full one. `context`: the
+        engines' context length (precise mode), for its check before the prompt is sent
+        (kvgate.middleware.forward.failover): a token count estimated (a long message matched on
+        its lead) past 1 / CONTEXT_ESTIMATE_SLACK of it is counted exactly here; one estimated
+        far lower and over all the same is refused by the engine itself."""
         hasher = self.hasher
         if hasher is None:
             return
-        prompt = self._hash(hasher, messages, salt, self.index.held if self.records.deferred else None)
+        prompt = self._hash(hasher, messages, salt, self.index.held if self._completes_later else None)
         self.records.settle(SETTLE_WAIT_S, prompt.hashes)
         if self.inflight is not None:
             self.inflight.expire()
         matched = self.index.match(prompt.hashes)
         if prompt.partial and max(matched.values(), default=0) >= len(prompt.hashes):
             matched = self.index.match(prompt.complete().hashes)
+        elif context is not None and prompt.untokenized and prompt.tokens * CONTEXT_ESTIMATE_SLACK > context:
+            prompt.complete()  # the match stays what the lead gave: no replica holds past it
         with self._lock:
             self._prepared[id(messages)] = (messages, prompt, matched)
             while len(self._prepared) > PREPARED_MAX:

@@ -30,7 +30,7 @@ from kvgate.middleware.routing.engine_load import EngineLoad, EngineReport
 from kvgate.middleware.routing.engines import EngineBook
 from kvgate.middleware.routing.factory import make_policy
 from kvgate.middleware.routing.health import ReplicaHealth
-from kvgate.middleware.routing.inflight import InFlightPrefixes
+from kvgate.middleware.routing.inflight import InFlightPrefixes, Routed
 from kvgate.middleware.routing.load_cost import LoadCost
 from kvgate.middleware.routing.mirror import EngineMirror
 from kvgate.middleware.routing.pending_answers import AnswerNote, PendingAnswers
@@ -60,6 +60,7 @@ class Ticket:
     queued: int = 0  # prefill tokens queued ahead of it on the replica then
     loaded: int = 0  # tokens the plan expected the replica to load from a KV tier
     watch: Watch | None = None  # precise mode: what the request is judged by once it finished (PreciseRouting.sent)
+    routed: Routed | None = None  # precise mode: its blocks on their way to the replica (InFlightPrefixes.sent)
 
 
 class Router:
@@ -125,7 +126,7 @@ class Router:
             self.precise = PreciseRouting(name, prefix, self.index, list(replicas), self._use_hasher, clock)
             self.planner.tiers = self.precise.tiers
             # prefixes routed and not yet reported by the engine count as held by their replica
-            self.planner.inflight = self.inflight = InFlightPrefixes(self.index, clock)
+            self.planner.inflight = self.inflight = InFlightPrefixes(self.index, clock, deferred=defer_records)
 
     def _use_hasher(self, hasher: PromptHasher) -> None:
         """The engines' block size (and in precise mode tokenizer) are known (again): hash with them."""
@@ -141,8 +142,9 @@ class Router:
 
     def close(self) -> None:
         self.records.close()
-        if self.precise is not None:
-            self.precise.close()
+        for part in (self.inflight, self.precise):
+            if part is not None:
+                part.close()
         self.state.close()
 
     # ------------------------------------------------------------------ engines
@@ -223,7 +225,7 @@ class Router:
     # ------------------------------------------------------------------ decisions
     def prepare(self, messages: Prompt, salt: str | None = None) -> None:
         """Hash and match a prompt ahead of its `plan` (Planner.prepare; for a worker thread)."""
-        self.planner.prepare(messages, salt)
+        self.planner.prepare(messages, salt, self.context_limit if self.precise is not None else None)
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait for the records submitted so far (Records.settle)."""
@@ -267,9 +269,9 @@ class Router:
             self.records.record(replica.name, chain, held)
         elif self.precise is not None:
             watch = self.precise.sent(replica.name, plan.hashes)
-        if self.inflight is not None:
-            self.inflight.sent(replica.name, plan.hashes)
-        return Ticket(replica, plan, pending, sent_at=self._clock(), queued=queued, loaded=loaded, watch=watch)
+        ticket = Ticket(replica, plan, pending, sent_at=self._clock(), queued=queued, loaded=loaded, watch=watch)
+        ticket.routed = self.inflight.sent(replica.name, plan.hashes, plan.prompt) if self.inflight else None
+        return ticket
 
     def first_token(self, ticket: Ticket, measured: bool = True) -> None:
         """The attempt's first token arrived (`measured`: now, so its time is a TTFT sample)."""
@@ -295,7 +297,7 @@ class Router:
         if self.precise is not None:
             self.precise.finished(ticket.watch, ok)
         if self.inflight is not None:
-            self.inflight.done(ticket.replica.name, ticket.plan.hashes)
+            self.inflight.done(ticket.routed)
         if ok and hashes and self.planner.records_answers:
             self.planner.answered(ticket.replica.name, hashes)
 

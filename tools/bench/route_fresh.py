@@ -1,6 +1,7 @@
 """`kvgate bench route-fresh`: how long a new long prompt waits for its routing decision.
 
-Approximate mode with deferred records, as `kvgate serve` routes: `prepare` (render, tokenise,
+Either mode (`--mode`), deferred as `kvgate serve` routes (approximate mode's records, precise
+mode's in-flight view): `prepare` (render, tokenise,
 hash and match: the worker thread's step) then `plan` and `choose` on the caller's thread, for
 prompts no replica holds, at several lengths. Two routers over one prefix index, in the same run
 and alternated prompt by prompt: one matches a long new message on a lead of it (kvgate's
@@ -40,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=30, help="prompts per length and arm")
     p.add_argument("--tokenizer", default="smollm2")
     p.add_argument("--block-size", type=int, default=16, help="tokens per block (vLLM's default on GPUs: 16)")
+    p.add_argument("--mode", choices=("approximate", "precise"), default="approximate", help="the routes' prefix mode")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--indexed-blocks", type=int, default=200_000, help="unrelated blocks held across the replicas")
     p.add_argument("--json", type=Path, default=None)
@@ -67,7 +69,8 @@ def lengths(spec: str) -> list[int]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(11)
     tokenizer = load_tokenizer(args.tokenizer)
-    cfg = RoutingConfig(policy="cache_aware", prefix=PrefixConfig(tokenizer=args.tokenizer, block_size=args.block_size))
+    prefix = PrefixConfig(mode=args.mode, tokenizer=args.tokenizer, block_size=args.block_size)
+    cfg = RoutingConfig(policy="cache_aware", prefix=prefix)
     replicas = [ReplicaConfig(name=f"r{i}", api_base=f"http://127.0.0.1:{9100 + i}/v1") for i in range(args.replicas)]
     index = PrefixIndex(args.indexed_blocks * 2)
     per = args.indexed_blocks // args.replicas
@@ -82,9 +85,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     hashers = {arm: PromptHasher(tokenizer, args.block_size) for arm in ARMS}
     hashers["whole"].leads = False
     eager = PromptHasher(tokenizer, args.block_size)
-    routers = {
-        arm: Router(replicas, cfg, hasher=hashers[arm], index=index, defer_records=True, name=arm) for arm in ARMS
-    }
+    routers = {arm: Router(replicas, cfg, index=index, defer_records=True, name=arm) for arm in ARMS}
+    for arm, router in routers.items():
+        router.planner.hasher = hashers[arm]  # precise mode builds its own from the configured tokenizer
     for arm in ARMS:  # first-call costs (the tokenizer's, the index's) before anything is timed
         warm = [{"role": "user", "content": fresh_text(2000, rng)}]
         routers[arm].prepare(warm)
@@ -141,6 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "samples": args.samples,
         "tokenizer": args.tokenizer,
         "block_size": args.block_size,
+        "mode": args.mode,
         "replicas": args.replicas,
         "indexed_blocks": index.blocks("r0") * args.replicas,
         "lead_hash_mismatches": mismatches,

@@ -18,6 +18,7 @@ from kvgate.index.kv.hashing import pack_tokens
 from kvgate.index.kv.prompt import LEAD_CHARS_PER_TOKEN, STOP_CHECK_TOKENS, PromptHasher
 from kvgate.index.kv.tokenizer import TextTokenizer, load_tokenizer
 from kvgate.index.kv.tokenizer_light import LEAD_MARGIN_CHARS, lead_ids
+from kvgate.middleware.routing import records as records_module
 from kvgate.middleware.routing.records import MAX_PENDING_RECORDS, Records
 from kvgate.middleware.routing.state_local import LocalState
 from tests.test_records_settle import GatedIndex, chain
@@ -188,3 +189,25 @@ def test_engine_sized_blocks_are_checked_after_as_many_tokens():
     lazy = hasher.prompt(msgs, until=refuse_all)
     assert lazy.untokenized and 0 < len(lazy.hashes) <= hasher.stretch + 1
     assert lazy.complete().hashes == eager.hashes and lazy.tokens == eager.tokens
+
+
+def test_past_its_bound_a_record_still_to_tokenise_is_dropped(monkeypatch, caplog):
+    """Such records always queue (the caller does not tokenise); past MAX_PENDING_COSTLY queued
+    one is dropped instead, so the queue stays bounded, and a warning says so."""
+    monkeypatch.setattr(records_module, "MAX_PENDING_COSTLY", 2)
+    index = GatedIndex(100_000)
+    index.add_replica("r0")
+    records = Records(index, LocalState(["r0"]), deferred=True)
+    try:
+        records.record("r0", chain(1))
+        records.record("r0", chain(2))  # two queued behind the gate
+        lazy = PromptHasher(Leading(), BS).prompt(long_chat(), until=refuse_all)
+        with caplog.at_level(logging.WARNING, logger="kvgate.router"):
+            records.record("r0", lazy)
+        assert records.dropped == 1 and "records of new long prompts are dropped" in caplog.text
+        index.gate.set()
+        assert records.settle(10.0)
+        assert lazy.untokenized and index.match(lazy.hashes)["r0"] == 0  # neither tokenised nor recorded
+    finally:
+        index.gate.set()
+        records.close()

@@ -15,6 +15,7 @@ from kvgate.index.kv.prompt import PromptHasher
 from kvgate.index.kv.tokenizer import TextTokenizer
 from kvgate.index.kv.tokenizer_light import LEAD_MARGIN_CHARS
 from kvgate.middleware.config import PrefixConfig, ReplicaConfig, RoutingConfig
+from kvgate.middleware.routing import inflight as inflight_module
 from kvgate.middleware.routing.inflight import GRACE_S, ROUTED, InFlightPrefixes
 from kvgate.middleware.routing.router import Router
 
@@ -198,3 +199,25 @@ def test_an_estimate_near_the_context_is_counted_before_the_check() -> None:
         assert near.prompt is not None and not near.prompt.untokenized and near.prompt_tokens == exact
     finally:
         router.close()
+
+
+def test_past_its_bound_a_request_keeps_the_blocks_it_was_routed_on(monkeypatch) -> None:
+    monkeypatch.setattr(inflight_module, "MAX_PENDING_COMPLETIONS", 1)
+    index = PrefixIndex()
+    index.add_replica("a")
+    inflight = InFlightPrefixes(index, Clock(), deferred=True)
+    tok = Leading()
+    hasher = PromptHasher(tok, 16)
+    try:
+        tok.gate.clear()
+        first = hasher.prompt([{"role": "user", "content": "word " * 2000}], until=lambda h: False)
+        second = hasher.prompt([{"role": "user", "content": "other " * 2000}], until=lambda h: False)
+        one, two = inflight.sent("a", first.hashes, first), inflight.sent("a", second.hashes, second)
+        assert one is not None and two is not None
+        tok.gate.set()
+        inflight.close()  # waits for the one completion queued
+        assert not first.partial and len(one.hashes) == len(first.hashes)
+        assert second.partial and len(two.hashes) == len(second.hashes)  # not queued: as routed
+    finally:
+        tok.gate.set()
+        inflight.close()

@@ -12,7 +12,8 @@ message matched on a lead of it: kvgate.index.kv.prompt) is recorded with the bl
 with `deferred` a thread of this view's own completes the prompt (tokenises and hashes the rest,
 which also leaves its chain states in the hasher's cache for the next turn) and adds the rest of
 its chain under `routed@R`, unless the request's blocks were dropped meanwhile; so requests
-sharing a long new prefix still find all of it on its way to one replica.
+sharing a long new prefix still find all of it on its way to one replica. At most
+MAX_PENDING_COMPLETIONS wait for that thread; past them a request keeps the blocks it has.
 
 Invariants: a block stays under `routed@R` while at least one request routed to R with it is in
 flight or in its grace period (counted per block); `fold` gives each replica the longer of its
@@ -40,6 +41,8 @@ log = logging.getLogger("kvgate.router")
 
 ROUTED = "routed@"
 GRACE_S = 1.0  # after a request finished: the engine's events for its blocks arrive within this
+# completions queued at most; past it a request stays in flight with the blocks it was routed on
+MAX_PENDING_COMPLETIONS = 64
 
 
 @dataclass(eq=False)
@@ -62,6 +65,7 @@ class InFlightPrefixes:
         self._counts: dict[str, BlockCounts] = {}
         self._due: deque[tuple[float, Routed]] = deque()
         self._completer = ThreadPoolExecutor(1, thread_name_prefix="kvgate-complete") if deferred else None
+        self._pending = 0  # completions submitted and not yet done, under _lock
 
     @property
     def deferred(self) -> bool:
@@ -88,11 +92,20 @@ class InFlightPrefixes:
             counts.add(entry.hashes)
             self.index.record(name, entry.hashes)
         if prompt is not None and prompt.partial and self._completer is not None:
-            try:
-                self._completer.submit(self._complete, entry, prompt)
-            except RuntimeError:  # closed: a request sent while the proxy shuts down
-                pass
+            with self._lock:
+                room = self._pending < MAX_PENDING_COMPLETIONS
+                if room:
+                    self._pending += 1
+            if room:
+                try:
+                    self._completer.submit(self._complete, entry, prompt)
+                except RuntimeError:  # closed: a request sent while the proxy shuts down
+                    self._completed()
         return entry
+
+    def _completed(self) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def done(self, entry: Routed | None) -> None:
         """That request finished (or failed): its blocks stop counting after the grace period."""
@@ -107,6 +120,8 @@ class InFlightPrefixes:
         except Exception:  # a prompt left partial costs a shorter routed prefix, never the request
             log.exception("completing a routed prompt's hashes for replica %s failed", entry.replica)
             return
+        finally:
+            self._completed()
         have = len(entry.hashes)
         # a lead that is not how its message begins hashed other blocks (the hasher says so): keep those
         if len(full) <= have or tuple(full[:have]) != entry.hashes:

@@ -5,8 +5,9 @@ With deferral (the proxy's routers) the records run in order on one background t
 the event loop. Past MAX_PENDING_RECORDS queued records the caller applies its own inline, and a
 short chain with nothing queued before it is applied at once: a hop to the recorder would cost
 more than the record. A partial prompt's chain is hashed to its end by whoever applies it; one
-with text still to tokenise (a long message matched on its lead) always goes to the recorder,
-whatever is queued: tokenising it is work that grows with the prompt, kept off the caller.
+with text still to tokenise (a long message matched on its lead) always goes to the recorder:
+tokenising it is work that grows with the prompt, kept off the caller; past MAX_PENDING_COSTLY
+queued it is dropped instead (the queue stays bounded; a warning says so once).
 
 A caller about to match a prompt may wait for the queued records first (`settle`); given the
 prompt's chain it waits only when a queued chain starts with the same block. Block hashes are
@@ -34,6 +35,9 @@ log = logging.getLogger("kvgate.router")
 
 MAX_PENDING_RECORDS = 64  # deferred records queued before a caller applies its own inline
 INLINE_RECORD_BLOCKS = 128  # a chain this short is applied at once when nothing is queued
+# past this many queued, a record with a message still to tokenise is dropped (a worse route
+# later, never the request) rather than queued: each holds its prompt's text until applied
+MAX_PENDING_COSTLY = 4 * MAX_PENDING_RECORDS
 
 
 class Records:
@@ -45,6 +49,7 @@ class Records:
         # the first blocks of the chains submitted and not yet applied (None: not hashed yet), under _lock
         self._firsts: Counter[int | None] = Counter()
         self._lock = threading.Lock()
+        self.dropped = 0  # records dropped with the queue past MAX_PENDING_COSTLY
 
     @property
     def deferred(self) -> bool:
@@ -65,6 +70,15 @@ class Records:
             with self._lock:
                 # a short chain with nothing before it in the queue stays in order applied here
                 pending = self._firsts.total()
+                if costly and pending >= MAX_PENDING_COSTLY:
+                    self.dropped += 1
+                    if self.dropped == 1:
+                        log.warning(
+                            "the router's recorder is %d records behind: records of new long prompts are dropped "
+                            "until it catches up (those prompts route worse on their next turn)",
+                            pending,
+                        )
+                    return
                 queued = costly or (pending < MAX_PENDING_RECORDS and (pending > 0 or blocks > INLINE_RECORD_BLOCKS))
                 if queued:
                     self._firsts[first] += 1

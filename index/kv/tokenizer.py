@@ -23,7 +23,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from kvgate.index.kv.chat_template import boundary_token, chat_messages, content_text, split_segments
 from kvgate.index.kv.hashing import pack_tokens, unpack_tokens
-from kvgate.index.kv.tokenizer_light import encode_ids, lead_ids
+from kvgate.index.kv.tokenizer_light import encode_ids, packed_lead
 from kvgate.index.storage.env import model_cache_dir
 from kvgate.index.storage.tokenizer_files import have_transformers
 
@@ -128,9 +128,7 @@ class HFChatTokenizer:
         return pack_tokens(self.encode(segment))
 
     def packed_lead(self, segment: str, chars: int) -> bytes | None:
-        if self._rust is None:
-            return None
-        return pack_tokens(lead_ids(self._rust, segment, chars)) or None
+        return packed_lead(self._rust, segment, chars) if self._rust is not None else None
 
     @property
     def vocab_size(self) -> int | None:

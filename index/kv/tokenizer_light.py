@@ -61,6 +61,11 @@ def lead_ids(rust: Any, text: str, chars: int) -> list[int]:
     return ids
 
 
+def packed_lead(rust: Any, text: str, chars: int) -> bytes | None:
+    """`lead_ids` packed (kvgate.index.kv.hashing.pack_tokens); None when there is no lead."""
+    return pack_tokens(lead_ids(rust, text, chars)) or None
+
+
 class LightChatTokenizer:
     backend = "tokenizers"
 
@@ -91,7 +96,7 @@ class LightChatTokenizer:
         return pack_tokens(self.encode(segment))
 
     def packed_lead(self, segment: str, chars: int) -> bytes | None:
-        return pack_tokens(lead_ids(self._rust, segment, chars)) or None
+        return packed_lead(self._rust, segment, chars)
 
     @property
     def vocab_size(self) -> int | None:

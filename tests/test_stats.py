@@ -12,11 +12,17 @@ from typing import Any, Iterator
 import pytest
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from kvgate.engines.demo import create_fake_app
-from kvgate.middleware.config import parse_config
+from kvgate.middleware.config import ReplicaConfig, RoutingConfig, parse_config
+from kvgate.middleware.routing.router import Router
+from kvgate.middleware.server.ui import read_scrape
+from kvgate.middleware.telemetry.metrics import Metrics
 from kvgate.middleware.telemetry.replica_scrape import metrics_url, parse_metrics
-from kvgate.middleware.telemetry.stats_samples import growth, quantile
+from kvgate.middleware.telemetry.stats import Scrape, StatsRecorder
+from kvgate.middleware.telemetry.stats_samples import flatten, growth, quantile
 from kvgate.tools.bench.procs import ServerThread
 from tests.conftest import Proxy
 
@@ -139,3 +145,56 @@ def test_stats_follow_traffic_per_route_and_replica(embedder: Any, tmp_path: Pat
         assert proxy.http.get("/v1/models", auth=("ops", KEY)).status_code == 401
     finally:
         proxy.stop()
+
+
+class Counting(Collector):
+    """A scrape-time family the dashboard does not read, counting its collections."""
+
+    def __init__(self) -> None:
+        self.collected = 0
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily("kvgate_not_on_the_dashboard", "")]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        self.collected += 1
+        return [GaugeMetricFamily("kvgate_not_on_the_dashboard", "", value=1.0)]
+
+
+def test_the_tick_collects_only_what_a_point_reads_and_makes_the_same_points() -> None:
+    reps = [ReplicaConfig(name=n, api_base=f"http://{n}/v1") for n in ("a", "b")]
+    router = Router(reps, RoutingConfig(policy="round_robin"))
+    metrics = Metrics()
+    metrics.watch({"r": router}, {})
+    for replica in router.replicas:
+        metrics.watch_replica("r", replica)
+    other = Counting()
+    metrics.registry.register(other)
+    recorders = {name: StatsRecorder(["r"], [("r", "a"), ("r", "b")], 1.0, 10) for name in ("full", "tick")}
+    messages = [{"role": "user", "content": "a prompt long enough to fill a few blocks " * 4}]
+    for step in range(3):
+        for _ in range(step + 1):
+            ticket = router.started(router.replicas[step % 2], router.plan(messages))
+            router.finished(ticket, ok=step != 1)
+        metrics.requests.labels("r", "miss").inc()
+        metrics.requests.labels("r", "exact").inc(step)
+        metrics.backend_calls.labels("r", "error").inc()
+        metrics.tokens_saved.labels("r").inc(10 * step)
+        metrics.cost_saved.labels("r").inc(0.5)
+        metrics.feedback.labels("r", "exact", "wrong").inc()
+        metrics.explorations.labels("r").inc()
+        metrics.served_wrong_estimate.labels("r").inc(0.25)
+        metrics.failovers.labels("r", "mid_stream").inc()
+        metrics.latency.labels("r", "miss").observe(0.02 * (step + 1))
+        metrics.latency.labels("r", "exact").observe(0.001)
+        metrics.ttft.labels("r", "miss").observe(0.3)
+        if step == 2:
+            router.mark_down(router.replicas[1], "test")
+        full = recorders["full"].advance(Scrape(float(step), flatten(metrics.registry.collect())))
+        collected = other.collected
+        tick = recorders["tick"].advance(read_scrape(metrics.registry, {}, float(step)))
+        assert other.collected == collected  # the tick left the family it does not read alone
+        assert tick == full
+    assert tick["routes"]["r"]["error"] == 1 and tick["routes"]["r"]["hit_p50"] is not None
+    assert tick["replicas"]["r/b"]["up"] == 0 and tick["replicas"]["r/a"]["requests"] == 3
+    assert recorders["tick"].view()["totals"] == recorders["full"].view()["totals"]

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 from prometheus_client import CollectorRegistry
 
 from kvgate.middleware.config import StatsConfig
-from kvgate.middleware.telemetry.stats import ReplicaId, Scrape, StatsRecorder
+from kvgate.middleware.telemetry.stats import OWN_SAMPLES, ReplicaId, Scrape, StatsRecorder
 from kvgate.middleware.telemetry.stats_samples import Samples, flatten
 
 if TYPE_CHECKING:
@@ -73,8 +73,9 @@ def make_recorder(pipeline: "Pipeline", cfg: StatsConfig) -> StatsRecorder:
 
 
 def read_scrape(registry: CollectorRegistry, pages: Mapping[ReplicaId, Samples | None], at: float) -> Scrape:
-    """Collect the proxy's registry (in a worker thread); the replicas' pages are parsed already."""
-    return Scrape(at, flatten(registry.collect()), dict(pages))
+    """Collect the samples of the proxy's registry a point reads (in a worker thread); the
+    replicas' pages are parsed already."""
+    return Scrape(at, flatten(registry.restricted_registry(OWN_SAMPLES).collect()), dict(pages))
 
 
 async def record_stats(

@@ -17,30 +17,15 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from kvgate.index.kv.kv_events import FeedStats
+from kvgate.middleware.telemetry.load_collector import ROUTE_REPLICA
 
 if TYPE_CHECKING:
     from kvgate.index.storage.redis_link import RedisLink
-    from kvgate.middleware.routing.base import ReplicaState
     from kvgate.middleware.routing.router import Router
     from kvgate.middleware.telemetry.engine_metrics import ReplicaReading
 
 log = logging.getLogger("kvgate.metrics")
-ROUTE_REPLICA = ("route", "replica")
 
-# (family, help, value of one replica); counters first, then gauges.
-_REPLICA_COUNTERS: tuple[tuple[str, str, Callable[["ReplicaState"], float]], ...] = (
-    ("kvgate_replica_requests", "Attempts the router sent to a replica", lambda r: r.requests),
-    ("kvgate_replica_marked_down", "Times a replica's circuit opened after a failure", lambda r: r.marked_down),
-)
-_REPLICA_GAUGES: tuple[tuple[str, str, Callable[["ReplicaState"], float]], ...] = (
-    ("kvgate_replica_requests_in_flight", "Requests sent to a replica and not finished", lambda r: r.in_flight),
-    (
-        "kvgate_replica_pending_prefill_tokens",
-        "Uncached prompt tokens of requests not yet past their first token: the queue the policy sees",
-        lambda r: r.pending_prefill_tokens,
-    ),
-    ("kvgate_replica_consecutive_failures", "Failures in a row (0 after a success)", lambda r: r.failures),
-)
 _FEED_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("kvgate_kv_events_received", "KV cache events received in decoded batches", "events"),
     ("kvgate_kv_events_batches", "KV event batches applied to the prefix index", "batches"),
@@ -92,8 +77,8 @@ _PRECISE_COUNTERS = (
 
 
 class RoutingCollector(Collector):
-    """Per route and replica: the router's load and health view, its prefix index, and (precise
-    mode) the KV-event feed that fills it."""
+    """Per route and replica: the router's prefix index, and (precise mode) the KV-event feed
+    that fills it."""
 
     def __init__(self, routers: Mapping[str, "Router"]) -> None:
         self._routers = dict(routers)
@@ -105,11 +90,8 @@ class RoutingCollector(Collector):
         fam = _routing_families()
         for route, router in self._routers.items():
             index = router.index.stats()
-            router.refresh_load()  # every worker's load, not only this one's
             for replica in router.replicas:
                 labels = [route, replica.name]
-                for name, _, value in (*_REPLICA_COUNTERS, *_REPLICA_GAUGES):
-                    fam[name].add_metric(labels, float(value(replica)))
                 fam["kvgate_replica_prefix_blocks"].add_metric(labels, index["blocks"].get(replica.name, 0))
                 fam["kvgate_replica_prefix_evictions"].add_metric(labels, index["evictions"].get(replica.name, 0))
                 cap = index["capacity"].get(replica.name)
@@ -145,10 +127,6 @@ def _add_feed(fam: dict[str, Metric], labels: list[str], feed: FeedStats) -> Non
 def _routing_families() -> dict[str, Metric]:
     """Fresh, empty families (a collector builds new ones per scrape)."""
     fam: dict[str, Metric] = {}
-    for name, doc, _ in _REPLICA_COUNTERS:
-        fam[name] = CounterMetricFamily(name, doc, labels=ROUTE_REPLICA)
-    for name, doc, _ in _REPLICA_GAUGES:
-        fam[name] = GaugeMetricFamily(name, doc, labels=ROUTE_REPLICA)
     fam["kvgate_replica_prefix_blocks"] = GaugeMetricFamily(
         "kvgate_replica_prefix_blocks",
         "Blocks the router's prefix index believes a replica holds",

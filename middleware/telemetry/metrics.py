@@ -15,6 +15,7 @@ from kvgate.middleware.telemetry.collectors import (
     StoreLinkCollector,
 )
 from kvgate.middleware.telemetry.lean_metrics import LeanCounter, LeanHistogram, exports_created
+from kvgate.middleware.telemetry.load_collector import ReplicaLoadCollector
 
 if TYPE_CHECKING:
     from kvgate.index.storage.redis_link import RedisLink
@@ -153,6 +154,7 @@ class Metrics:
     def watch(self, routers: Mapping[str, "Router"], stores: Mapping[str, SoftFailing]) -> None:
         """Export these objects' own counters at scrape time (kvgate.middleware.telemetry.collectors): routers
         (replica load, prefix index, KV-event feeds) and stores (soft storage failures)."""
+        self.registry.register(ReplicaLoadCollector(routers))
         self.registry.register(RoutingCollector(routers))
         self.registry.register(StorageCollector(stores))
 

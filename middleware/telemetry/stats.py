@@ -21,6 +21,26 @@ OUTCOMES = ("exact", "semantic", "miss")
 # engine numbers (engine_metrics.py)
 TIER_SAMPLES = frozenset({"kvgate_replica_kv_bytes", "kvgate_replica_kv_chunk_hits_total"})
 ReplicaId = tuple[str, str]  # (route, replica)
+# every sample of the proxy's own registry a point is made of: the tick collects these alone
+# (CollectorRegistry.restricted_registry), not the prefix index's, the stores' or the feeds'
+OWN_SAMPLES = frozenset(
+    {
+        "kvgate_requests_total",
+        "kvgate_backend_calls_total",
+        "kvgate_tokens_saved_total",
+        "kvgate_cost_saved_usd_total",
+        "kvgate_cache_feedback_total",
+        "kvgate_semantic_explorations_total",
+        "kvgate_semantic_served_wrong_estimate_total",
+        "kvgate_backend_failovers_total",
+        "kvgate_request_seconds_bucket",
+        "kvgate_time_to_first_token_seconds_bucket",
+        "kvgate_replica_requests_total",
+        "kvgate_replica_marked_down_total",
+        "kvgate_replica_requests_in_flight",
+        "kvgate_replica_up",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class InFlightPrefixes:
         if not hashes:
             return None
         name = ROUTED + replica
+        partial = prompt is not None and prompt.partial and self._completer is not None
         with self._lock:
             if name not in self.index.replicas:
                 self.index.add_replica(name)
@@ -91,16 +92,14 @@ class InFlightPrefixes:
             entry = Routed(replica, tuple(hashes), counts)
             counts.add(entry.hashes)
             self.index.record(name, entry.hashes)
-        if prompt is not None and prompt.partial and self._completer is not None:
-            with self._lock:
-                room = self._pending < MAX_PENDING_COMPLETIONS
-                if room:
-                    self._pending += 1
-            if room:
-                try:
-                    self._completer.submit(self._complete, entry, prompt)
-                except RuntimeError:  # closed: a request sent while the proxy shuts down
-                    self._completed()
+            completes = partial and self._pending < MAX_PENDING_COMPLETIONS
+            if completes:
+                self._pending += 1
+        if completes and self._completer is not None:
+            try:
+                self._completer.submit(self._complete, entry, prompt)
+            except RuntimeError:  # closed: a request sent while the proxy shuts down
+                self._completed()
         return entry
 
     def _completed(self) -> None:

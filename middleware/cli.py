@@ -218,6 +218,7 @@ BENCHES = {
     ),
     "gen-trace": ("trace_gen", "write a seeded long-prompt multi-turn trace (Mooncake format) for the arena"),
     "idle": ("idle", "what an idle kvgate serve costs: CPU ms per second and wake-ups per second"),
+    "router-cpu": ("router_cpu", "router CPU per request on `bench vllm`'s turns, sim engines, vs sglang-router"),
     "loop-load": ("loop_load", "long streamed prompts through kvgate serve: event-loop lag, proxy CPU per request"),
     "kv": ("kv", "KV chunk store: TTFT cold vs warm RAM vs warm disk, chunk load GB/s"),
     "kv-remote": ("kv_remote", "remote KV tier on Redis: turn 2 on a second replica vs cold, load GB/s vs raw GET"),

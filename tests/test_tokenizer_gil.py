@@ -9,6 +9,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvgate.index.kv.tokenizer import load_tokenizer, smollm2_tokenizer_dir
 from kvgate.index.kv.tokenizer_light import encode_ids
@@ -24,6 +26,13 @@ def files():
         pytest.skip(f"SmolLM2's tokenizer files are not prepared: {exc}")
 
 
+@pytest.fixture(scope="module")
+def rust(files):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(files / "tokenizer.json"))
+
+
 @pytest.mark.parametrize("backend", ["tokenizers", "transformers"])
 def test_the_ids_are_the_fast_tokenizers_own(files, backend):
     from tokenizers import Tokenizer
@@ -33,6 +42,19 @@ def test_the_ids_are_the_fast_tokenizers_own(files, backend):
     for text in ("", "hi", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", WORDS * 40, "naïve café ☕ 日本語"):
         assert tok.encode(text) == rust.encode(text, add_special_tokens=False).ids
         assert encode_ids(rust, text, True) == rust.encode(text, add_special_tokens=True).ids
+
+
+PIECES = st.sampled_from(["<|im_start|>", "<|im_end|>", "user\n", "  ", "\n\n", "123", "é", "日本", "🙂", " the"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), PIECES), max_size=12), st.booleans())
+def test_any_text_gets_the_ids_plain_encode_gives(rust, parts, special):
+    """The call that leaves out the character offsets gives the ids `encode` gives: any text,
+    special tokens and digits and multi-byte characters among it, with and without the
+    tokenizer's own special tokens added."""
+    text = "".join(parts)
+    assert encode_ids(rust, text, special) == rust.encode(text, add_special_tokens=special).ids
 
 
 def test_another_thread_runs_while_a_long_text_is_tokenized(files):

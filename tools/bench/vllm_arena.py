@@ -81,7 +81,6 @@ from kvgate.tools.bench.arena_routers import ANCHOR_DEFAULTS, ANCHOR_GRID, parse
 from kvgate.tools.bench.machine import hardware_info, machine_info
 from kvgate.tools.bench.sliced import refused as slice_refused
 from kvgate.tools.bench.stats import pct, write_json
-from kvgate.tools.bench.trace import load_trace
 from kvgate.tools.bench.vllm_arena_bench import Bench
 from kvgate.tools.bench.vllm_arena_client import ENDPOINTS
 from kvgate.tools.bench.vllm_arena_cpu import arm_cpu, proxy_steps
@@ -94,7 +93,7 @@ from kvgate.tools.bench.vllm_arena_setup import (
     preflight,
 )
 from kvgate.tools.bench.vllm_arena_stats import paired_ratios, print_table, router_summary
-from kvgate.tools.bench.vllm_arena_workload import group_conversations, scaling, select, user_texts
+from kvgate.tools.bench.vllm_arena_workload import scaling, usable, user_texts
 from kvgate.tools.bench.wire_capture import unavailable as wire_unavailable
 
 DEFAULT_ARMS = ("kvgate_precise", "kvgate_approximate", "round_robin", "sglang", "vllm_router")
@@ -260,13 +259,7 @@ def tune(bench: Bench, arms: Sequence[str], texts: list[list[str]], block_size: 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     arms = parse_arms(args.arms)
     log = say("vllm-arena")
-    convs, counts = select(
-        group_conversations(load_trace(args.trace)),
-        args.turns,
-        args.block_tokens,
-        args.max_tokens,
-        args.max_prompt_tokens,
-    )
+    convs, counts = usable(args)
     tuning_on = args.tune_conversations > 0 and any(a in ANCHOR_OF for a in arms)
     need = args.conversations + (args.tune_conversations if tuning_on else 0)
     if len(convs) < need:

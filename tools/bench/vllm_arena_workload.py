@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-from kvgate.tools.bench.trace import TraceRequest
+from kvgate.tools.bench.trace import TraceRequest, load_trace
 
 TRACE_BLOCK_TOKENS = 512  # Mooncake: one hash id per 512 prompt tokens
 MIN_SHARED_BLOCKS = 2
@@ -129,6 +129,13 @@ def select(
     long = [c for c in convs if c.turns >= max(min_turns, turns)]
     fits = [c.cut(turns) for c in long if estimate_tokens(c, turns, block_tokens, max_tokens) <= max_prompt_tokens]
     return fits, {"conversations": len(convs), "with_enough_turns": len(long), "fitting": len(fits)}
+
+
+def usable(args: Any) -> tuple[list[Conversation], dict[str, int]]:
+    """`select` on the conversations of `args.trace`, with the bench's options (`turns`,
+    `block_tokens`, `max_tokens`, `max_prompt_tokens`)."""
+    convs = group_conversations(load_trace(args.trace))
+    return select(convs, args.turns, args.block_tokens, args.max_tokens, args.max_prompt_tokens)
 
 
 @lru_cache(maxsize=100_000)

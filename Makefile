@@ -185,6 +185,7 @@ bench-routing:
 	$(BIN)/kvgate bench route-overhead --json bench-out/route_overhead.json
 	$(BIN)/kvgate bench routing --trace ../shared/data/mooncake_conversation_trace.jsonl --replicas 4 \
 		--capacity-tokens 1500000 --speed 4 --limit 1600 --json bench-out/routing.json
+	$(BIN)/kvgate bench router-cpu --json bench-out/router_cpu.json
 
 bench-vllm:
 	@# real vLLM servers behind kvgate precise/approximate, round_robin, sglang-router and vllm-router (~1 h)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import statistics
 import tempfile
 import time
@@ -196,7 +195,7 @@ def one_run(arm: str, tree: str, texts: list[list[str]], args: argparse.Namespac
         "errors": errors,
         "error_samples": sorted({str(t.error) for t in turns if t.error is not None})[:3],
         "wall_s": round(wall, 2),
-        # the engines' own count: equal placements quality across arms is what makes the CPU comparable
+        # the engines' own count: equal across arms, the routers placed alike and their CPU compares
         "cached_fraction": cached_fraction(turns),
         "cpu_ms_per_request": round(cpu * 1000 / n, 3) if n else None,
         "idle_cpu_ms_per_s": idle,
@@ -298,5 +297,4 @@ def main(args: argparse.Namespace) -> int:
             f"{against}; {row['errors']} errors"
         )
     write_json(args.json, result)
-    bad_runs = sum(r["errors"] for r in result["runs"])
-    return 0 if bad_runs == 0 and not any(math.isnan(r["cpu_ms_per_request"] or 0) for r in result["runs"]) else 1
+    return 0 if all(r["errors"] == 0 for r in result["runs"]) else 1
